@@ -1,0 +1,1 @@
+"""The fleetmq MQTT broker node."""

@@ -1,0 +1,1 @@
+"""fleetmq: an MQTT broker fleet on Kubernetes."""

@@ -1,0 +1,1 @@
+"""The fleetmq Kubernetes operator (issue 5)."""

@@ -1,0 +1,1 @@
+"""The fleetmq PySpark pipeline over the brokers' event log (issue 7)."""
