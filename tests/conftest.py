@@ -1,0 +1,145 @@
+"""Shared pytest configuration and the integration-test fixtures.
+
+FLEETMQ_TEST_BROKER=mosquitto runs the tests marked `generic` against mosquitto (the others are skipped);
+by default the tests run against `python -m fleetmq.broker`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+
+from tests.integration import harness
+from tests.integration.harness import LIVE_BROKERS, MOSQUITTO, BrokerProc, ClientFactory
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "generic: plain MQTT behaviour; also runs against mosquitto with FLEETMQ_TEST_BROKER=mosquitto",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if not MOSQUITTO:
+        return
+    skip = pytest.mark.skip(reason="fleetmq-specific test (FLEETMQ_TEST_BROKER=mosquitto)")
+    for item in items:
+        if "integration" in item.nodeid and "generic" not in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    if rep.failed and rep.when in ("call", "setup"):
+        for bp in list(LIVE_BROKERS):
+            log = bp.log()
+            tail = log[-8000:]
+            rep.sections.append(
+                (f"{bp.kind} broker pid {bp.pid} port {bp.port} log (tail)", tail or "<empty>")
+            )
+    return rep
+
+
+@pytest.fixture(scope="module")
+def _module_broker(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("broker")
+    holder: list[BrokerProc] = []
+
+    def get() -> BrokerProc:
+        if holder and not holder[-1].alive():
+            holder[-1].stop()  # it died during an earlier test (which failed on its own)
+        if not holder or not holder[-1].alive():
+            holder.append(harness.start_mosquitto(workdir) if MOSQUITTO else harness.start_fleetmq(workdir))
+        return holder[-1]
+
+    yield get
+    for bp in holder:
+        bp.stop()
+
+
+@pytest.fixture
+def broker(_module_broker) -> BrokerProc:
+    """The default broker (zone "default", EMQX defaults), shared by the tests of a module;
+    restarted if an earlier test killed it. Tests use unique client ids and topics."""
+    return _module_broker()
+
+
+@pytest.fixture
+def start_broker(tmp_path):
+    """Factory: start_broker(config=None, *, zone_overrides=None, extra_args=()) -> BrokerProc.
+
+    A fleetmq broker with its own config (zone "default" + overrides); stopped at teardown."""
+    started: list[BrokerProc] = []
+
+    def start(config: dict | None = None, *, zone_overrides: dict | None = None, extra_args=()):
+        if MOSQUITTO:
+            pytest.skip("needs a fleetmq broker with a specific config")
+        bp = harness.start_fleetmq(
+            tmp_path / f"b{len(started)}", config, zone_overrides=zone_overrides, extra_args=extra_args
+        )
+        started.append(bp)
+        return bp
+
+    yield start
+    for bp in started:
+        bp.stop()
+
+
+@pytest.fixture
+def clients(broker):
+    """Factory of connected paho clients on the default broker: clients(client_id=None, version=4, ...)."""
+    f = ClientFactory(broker)
+    yield f
+    f.close_all()
+
+
+@pytest.fixture
+def client_factory():
+    """Factory of paho clients for any broker: client_factory(broker=bp, version=5, ...)."""
+    factories: dict[int, ClientFactory] = {}
+
+    def make(client_id: str | None = None, *, broker: BrokerProc, **kw):
+        f = factories.setdefault(id(broker), ClientFactory(broker))
+        return f(client_id, **kw)
+
+    yield make
+    for f in factories.values():
+        f.close_all()
+
+
+@pytest.fixture
+def raw_clients():
+    """Factory of harness RawClient sockets closed at teardown: raw_clients(broker, version=5)."""
+    from tests.integration.mqttraw import RawClient
+
+    made: list[RawClient] = []
+
+    def make(bp: BrokerProc, version: int = 4, timeout: float = 5.0) -> RawClient:
+        c = RawClient(bp.host, bp.port, version=version, timeout=timeout)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads(request):
+    if "integration" not in request.node.nodeid:
+        yield
+        return
+    before = set(threading.enumerate())
+    yield
+    leaked = []
+    for t in threading.enumerate():
+        if t not in before and t.is_alive() and t.name.startswith("paho-"):
+            with contextlib.suppress(RuntimeError):
+                t.join(2)
+            if t.is_alive():
+                leaked.append(t.name)
+    assert not leaked, f"leaked client threads: {leaked}"
