@@ -1,1 +1,0 @@
-"""fleetmq: an MQTT broker fleet on Kubernetes."""
