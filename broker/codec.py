@@ -494,6 +494,11 @@ _B0_OK = bytes(int(_valid_first_byte(b)) for b in range(256))
 _VARINT1 = [bytes((i,)) for i in range(128)]
 _ACK_CLASSES: dict[int, type] = {}  # filled after the class definitions below
 
+#: Validated PUBLISH topic bytes -> str, shared by all parsers: brokers see the same topics over
+#: and over, and a dict hit is cheaper than UTF-8 decoding plus the wildcard/NUL scans.
+_TOPIC_CACHE: dict[bytes, str] = {}
+_TOPIC_CACHE_SIZE = 4096
+
 # ----------------------------------------------------------------------------------------------
 # Decoding helpers.  All take (buffer, position, end) and bound-check against `end` because the
 # buffer may hold following packets: running past `end` must be Malformed, not silently succeed.
@@ -900,6 +905,8 @@ class Parser:
         append = out.append
         b0_ok = _B0_OK
         decoders = _DECODERS
+        topic_cache = _TOPIC_CACHE
+        topic_cache_get = topic_cache.get
         self._need = 0
         while end - pos >= 2:
             b0 = b[pos]
@@ -942,11 +949,18 @@ class Parser:
                 p = start + 2 + ((b[start] << 8) | b[start + 1])
                 if p > stop:
                     raise _malformed("PUBLISH topic runs past the end of the packet")
-                topic = b[start + 2 : p].decode()
-                if "+" in topic or "#" in topic:
-                    raise ProtocolError(RC.TOPIC_NAME_INVALID, "wildcard in PUBLISH topic")
-                if "\x00" in topic:
-                    raise _malformed("UTF-8 string contains U+0000")
+                raw = b[start + 2 : p]
+                topic = topic_cache_get(raw)
+                if topic is None:
+                    topic = raw.decode()
+                    if "+" in topic or "#" in topic:
+                        raise ProtocolError(RC.TOPIC_NAME_INVALID, "wildcard in PUBLISH topic")
+                    if "\x00" in topic:
+                        raise _malformed("UTF-8 string contains U+0000")
+                    if topic:  # only validated, non-empty topics are cached
+                        if len(topic_cache) >= _TOPIC_CACHE_SIZE:
+                            topic_cache.clear()
+                        topic_cache[raw] = topic
                 qos = (b0 >> 1) & 3
                 if qos:
                     if p + 2 > stop:
