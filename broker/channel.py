@@ -1,0 +1,711 @@
+"""The channel (EMQX's emqx_channel): one client's MQTT protocol state machine.
+
+Sans-I/O: the channel is fed bytes and writes bytes through a small `ChannelIO` interface (write, close,
+timers, clock) that the asyncio connection implements and tests fake. It owns the client's session while
+connected and applies the EMQX delivery rules: QoS0 goes out at once, QoS1/2 through the Inflight Window,
+the Message Queue behind it, retransmission in original order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .codec import (
+    MQTT5,
+    MQTT31,
+    PINGRESP_BYTES,
+    RC,
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    PacketType,
+    Parser,
+    Pingreq,
+    Prop,
+    ProtocolError,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+    encode,
+    encode_ack,
+)
+from .keepalive import KeepAlive, effective_keepalive
+from .message import Delivery, Message
+from .router import Subscription, parse_share, valid_filter, valid_topic
+from .session import AwaitingRelFull, Session
+
+if TYPE_CHECKING:
+    from .node import Node
+
+log = logging.getLogger("fleetmq.channel")
+
+PUBACK, PUBREC, PUBREL, PUBCOMP = PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP
+NEVER_EXPIRE = 0xFFFFFFFF
+
+# v3 CONNACK return codes for the v5 reasons a CONNECT can be refused with.
+V3_CONNACK = {
+    RC.UNSUPPORTED_PROTOCOL_VERSION: 1,
+    RC.CLIENT_IDENTIFIER_NOT_VALID: 2,
+    RC.SERVER_UNAVAILABLE: 3,
+    RC.SERVER_BUSY: 3,
+    RC.QUOTA_EXCEEDED: 3,
+    RC.BAD_USER_NAME_OR_PASSWORD: 4,
+    RC.NOT_AUTHORIZED: 5,
+}
+
+
+def reason_name(code: int) -> str:
+    try:
+        return RC(code).name.lower()
+    except ValueError:
+        return f"0x{code:02x}"
+
+
+class ChannelIO(Protocol):
+    """What a channel needs from its transport (implemented by connection.Connection)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle: ...
+
+    def time(self) -> float: ...
+
+
+class State:
+    NEW, CONNECTING, CONNECTED, CLOSED = range(4)
+
+
+class Channel:
+    __slots__ = (
+        "_acks_pending",
+        "_aliases_in",
+        "_aliases_out",
+        "_ka_timer",
+        "_rel_timer",
+        "_retry_timer",
+        "_stash",
+        "clean_start",
+        "client_alias_max",
+        "client_id",
+        "client_max_packet",
+        "close_reason",
+        "connected_at",
+        "io",
+        "keepalive",
+        "last_recv",
+        "listener",
+        "node",
+        "parser",
+        "peer",
+        "retry",
+        "session",
+        "state",
+        "username",
+        "version",
+        "will",
+        "will_delay",
+        "zm",
+        "zone",
+        "zone_name",
+    )
+
+    def __init__(self, node: Node, zone_name: str, io: ChannelIO, peer: str = "", listener: str = "") -> None:
+        self.node = node
+        self.zone_name = zone_name
+        self.zone = node.zones[zone_name]
+        self.zm = node.metrics.zone(zone_name)
+        self.io = io
+        self.peer = peer
+        self.listener = listener
+        self.parser = Parser(max_packet_size=self.zone.max_packet_size)
+        self.state = State.NEW
+        self.version = 0
+        self.client_id = ""
+        self.username: str | None = None
+        self.clean_start = True
+        self.session: Session | None = None
+        self.will: Message | None = None
+        self.will_delay = 0.0
+        self.keepalive: KeepAlive | None = None
+        self.client_max_packet = 0
+        self.client_alias_max = 0
+        self.retry = False
+        self.close_reason: str | None = None
+        self.last_recv = io.time()
+        self.connected_at = 0.0
+        self._aliases_in: dict[int, str] | None = None
+        self._aliases_out: dict[str, int] | None = None
+        self._acks_pending = 0
+        self._stash: list[Any] | None = None
+        self._ka_timer: asyncio.TimerHandle | None = io.call_later(self.zone.idle_timeout, self._connect_timeout)
+        self._retry_timer: asyncio.TimerHandle | None = None
+        self._rel_timer: asyncio.TimerHandle | None = None
+
+    # ---------------------------------------------------------------------------------------------
+    # input
+    # ---------------------------------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self.state == State.CLOSED:
+            return
+        self.last_recv = self.io.time()
+        try:
+            packets = self.parser.feed(data)
+        except ProtocolError as e:
+            self.protocol_error(e.reason, e.message)
+            return
+        for packet in packets:
+            state = self.state
+            if state == State.CONNECTED:
+                handler = _HANDLERS.get(type(packet))
+                if handler is None:
+                    self.protocol_error(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__} from a client")
+                    return
+                handler(self, packet)
+            elif state == State.CONNECTING:
+                assert self._stash is not None
+                self._stash.append(packet)
+            elif state == State.NEW:
+                if type(packet) is not Connect:
+                    self.protocol_error(RC.PROTOCOL_ERROR, "the first packet must be CONNECT")
+                    return
+                self._on_connect(packet)
+            else:
+                return
+
+    def protocol_error(self, reason: int, message: str) -> None:
+        """Malformed input or a protocol violation: tell a v5 client why, count it, close."""
+        if self.state == State.CLOSED:
+            return
+        log.info("closing %s (%s): %s", self.client_id or self.peer, reason_name(reason), message)
+        if self.state == State.NEW and reason == RC.UNSUPPORTED_PROTOCOL_VERSION:
+            # [MQTT-3.1.2-2]: answer CONNACK 0x01 (v3) / 0x84 and close.
+            level = self.parser.version or 4
+            if level >= MQTT5:
+                self.io.write(encode(Connack(reason_code=reason), MQTT5))
+            else:
+                self.io.write(encode(Connack(reason_code=1), 4))
+            self._close(reason_name(reason))
+            return
+        self.disconnect(reason, reason_name(reason), message if self.version >= MQTT5 else None)
+
+    def disconnect(self, reason: int, why: str, reason_string: str | None = None) -> None:
+        """Server-initiated close; v5 clients get a DISCONNECT with the reason code first."""
+        if self.state == State.CLOSED:
+            return
+        if self.version >= MQTT5 and self.state == State.CONNECTED:
+            props = {Prop.REASON_STRING: reason_string} if reason_string else {}
+            self.io.write(encode(Disconnect(reason, props), MQTT5))
+        self._close(why)
+
+    def _close(self, why: str) -> None:
+        self.close_reason = why
+        self.zm.disconnects[why] += 1
+        self.state = State.CLOSED
+        self._cancel_timers()
+        self.io.close()
+
+    def connection_lost(self) -> None:
+        """The socket is gone (for whatever reason): hand the session to the channel manager."""
+        if self.close_reason is None:
+            self.close_reason = "sock_closed"
+            self.zm.disconnects["sock_closed"] += 1
+        prior = self.state
+        self.state = State.CLOSED
+        self._cancel_timers()
+        if prior in (State.CONNECTED, State.CLOSED) and self.session is not None:
+            self.node.cm.channel_closed(self)
+
+    def _cancel_timers(self) -> None:
+        for name in ("_ka_timer", "_retry_timer", "_rel_timer"):
+            t = getattr(self, name)
+            if t is not None:
+                t.cancel()
+                setattr(self, name, None)
+
+    # ---------------------------------------------------------------------------------------------
+    # CONNECT
+    # ---------------------------------------------------------------------------------------------
+    def _refuse(self, reason: int, why: str) -> None:
+        if self.version >= MQTT5:
+            self.io.write(encode(Connack(reason_code=reason), MQTT5))
+        else:
+            self.io.write(encode(Connack(reason_code=V3_CONNACK.get(reason, 3)), self.version))
+        self._close(why)
+
+    def _on_connect(self, p: Connect) -> None:
+        self.version = p.proto_level
+        zone = self.zone
+        props = p.properties
+        self.clean_start = p.clean_start
+        client_id = p.client_id
+        assigned = False
+        if not client_id:
+            if self.version >= MQTT5:
+                client_id = self.node.assign_client_id()
+                assigned = True
+            elif p.clean_start and self.version > MQTT31:
+                client_id = self.node.assign_client_id()
+            else:
+                return self._refuse(RC.CLIENT_IDENTIFIER_NOT_VALID, "client_id_invalid")
+        if len(client_id) > zone.max_clientid_len:
+            return self._refuse(RC.CLIENT_IDENTIFIER_NOT_VALID, "client_id_invalid")
+        if props.get(Prop.AUTHENTICATION_METHOD) is not None:
+            return self._refuse(RC.BAD_AUTHENTICATION_METHOD, "bad_authentication_method")
+        if p.username is None and not zone.allow_anonymous:
+            return self._refuse(RC.NOT_AUTHORIZED, "not_authorized")
+        will = p.will
+        if will is not None:
+            if not valid_topic(will.topic):
+                return self._refuse(RC.TOPIC_NAME_INVALID, "will_topic_invalid")
+            self.will = Message.from_publish(will.topic, will.payload, will.qos, will.retain, will.properties,
+                                             client_id)
+            self.will_delay = float(will.properties.get(Prop.WILL_DELAY_INTERVAL, 0))
+        self.client_id = client_id
+        self.username = p.username
+        if self.version >= MQTT5:
+            requested = props.get(Prop.SESSION_EXPIRY_INTERVAL, 0)
+            self.client_max_packet = props.get(Prop.MAXIMUM_PACKET_SIZE, 0)
+            self.client_alias_max = props.get(Prop.TOPIC_ALIAS_MAXIMUM, 0)
+            receive_max = props.get(Prop.RECEIVE_MAXIMUM, 65535)
+            self.retry = zone.retry_v5
+        else:
+            requested = 0 if p.clean_start else NEVER_EXPIRE
+            receive_max = 0
+            self.retry = True
+        expiry = requested
+        if requested and zone.session_expiry_interval < requested:
+            expiry = int(zone.session_expiry_interval)
+        ka, overridden = effective_keepalive(p.keepalive, zone.server_keepalive)
+        self.keepalive = KeepAlive(ka, zone.keepalive_backoff)
+        self.state = State.CONNECTING
+        self._stash = []
+        connack_props: dict[int, Any] = {}
+        if self.version >= MQTT5:
+            if assigned:
+                connack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
+            if overridden:
+                connack_props[Prop.SERVER_KEEP_ALIVE] = ka
+            if expiry != requested:
+                connack_props[Prop.SESSION_EXPIRY_INTERVAL] = expiry
+            if zone.receive_maximum != 65535:
+                connack_props[Prop.RECEIVE_MAXIMUM] = zone.receive_maximum
+            connack_props[Prop.MAXIMUM_PACKET_SIZE] = zone.max_packet_size
+            if zone.max_topic_alias:
+                connack_props[Prop.TOPIC_ALIAS_MAXIMUM] = zone.max_topic_alias
+        self.node.spawn(self._open_session(float(expiry), receive_max, connack_props))
+
+    async def _open_session(self, expiry: float, receive_max: int, connack_props: dict[int, Any]) -> None:
+        t0 = time.perf_counter()
+        try:
+            session, present = await self.node.cm.open_session(self, expiry, receive_max)
+        except Exception as e:
+            log.warning("cannot open session for %r: %s", self.client_id, e)
+            if self.state != State.CLOSED:
+                self._refuse(RC.SERVER_UNAVAILABLE, "server_unavailable")
+            return
+        if self.state == State.CLOSED:  # the socket went away while we waited
+            self.session = session
+            self.node.cm.channel_closed(self)
+            return
+        self.session = session
+        self.state = State.CONNECTED
+        self.connected_at = self.io.time()
+        self.io.write(encode(Connack(present, 0, connack_props), self.version))
+        self._arm_keepalive()
+        now = self.io.time()
+        if present:
+            self.node.metrics.takeover.observe(time.perf_counter() - t0)
+            for d in session.pending_resend(now):
+                self._resend(d)
+        self._send_deliveries(*session.refill(now))
+        self._arm_retry()
+        if session.awaiting_rel:
+            self._arm_rel_timer()
+        stash, self._stash = self._stash or [], None
+        for packet in stash:
+            if self.state != State.CONNECTED:
+                break
+            handler = _HANDLERS.get(type(packet))
+            if handler is None or type(packet) is Connect:
+                self.protocol_error(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
+                break
+            handler(self, packet)
+
+    def _connect_timeout(self) -> None:
+        self._ka_timer = None
+        if self.state == State.NEW:
+            log.info("closing %s: no CONNECT within %ss", self.peer, self.zone.idle_timeout)
+            self._close("connect_timeout")
+
+    # ---------------------------------------------------------------------------------------------
+    # keep alive, retransmission and awaiting-PUBREL timers (lazy: re-armed for the time still left)
+    # ---------------------------------------------------------------------------------------------
+    def _arm_keepalive(self) -> None:
+        if self._ka_timer is not None:
+            self._ka_timer.cancel()
+            self._ka_timer = None
+        ka = self.keepalive
+        if ka is not None and ka.enabled:
+            self._ka_timer = self.io.call_later(ka.timeout, self._check_keepalive)
+
+    def _check_keepalive(self) -> None:
+        self._ka_timer = None
+        if self.state != State.CONNECTED or self.keepalive is None:
+            return
+        left = self.keepalive.remaining(self.last_recv, self.io.time())
+        if left > 0:
+            self._ka_timer = self.io.call_later(left, self._check_keepalive)
+            return
+        self.zm.keepalive_timeouts += 1
+        log.info("keep alive timeout for %r after %.1fs of silence", self.client_id, self.keepalive.timeout)
+        self.disconnect(RC.KEEP_ALIVE_TIMEOUT, "keepalive_timeout")
+
+    def _arm_retry(self) -> None:
+        if not self.retry or self._retry_timer is not None or self.session is None:
+            return
+        due = self.session.next_retry(self.zone.retry_interval)
+        if due is not None:
+            self._retry_timer = self.io.call_later(max(0.0, due - self.io.time()), self._on_retry)
+
+    def _on_retry(self) -> None:
+        self._retry_timer = None
+        if self.state != State.CONNECTED or self.session is None:
+            return
+        for d in self.session.retry_due(self.io.time(), self.zone.retry_interval):
+            self._resend(d)
+        self._arm_retry()
+
+    def _arm_rel_timer(self) -> None:
+        if self._rel_timer is not None or self.session is None:
+            return
+        due = self.session.next_awaiting_rel_expiry()
+        if due is not None:
+            self._rel_timer = self.io.call_later(max(0.0, due - self.io.time()), self._on_rel_timer)
+
+    def _on_rel_timer(self) -> None:
+        self._rel_timer = None
+        if self.state != State.CONNECTED or self.session is None:
+            return
+        n = self.session.expire_awaiting_rel(self.io.time())
+        if n:
+            self.zm.dropped["awaiting_rel_timeout"] += n
+        self._arm_rel_timer()
+
+    # ---------------------------------------------------------------------------------------------
+    # PUBLISH from the client
+    # ---------------------------------------------------------------------------------------------
+    def _on_publish(self, p: Publish) -> None:
+        topic = p.topic
+        props = p.properties
+        if props and self.version >= MQTT5:
+            alias = props.get(Prop.TOPIC_ALIAS)
+            if alias is not None:
+                if alias > self.zone.max_topic_alias:
+                    return self.protocol_error(RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} above maximum")
+                aliases = self._aliases_in
+                if aliases is None:
+                    aliases = self._aliases_in = {}
+                if topic:
+                    aliases[alias] = topic
+                else:
+                    topic = aliases.get(alias, "")
+                    if not topic:
+                        return self.protocol_error(RC.PROTOCOL_ERROR, f"unknown topic alias {alias}")
+            if props.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
+                try:
+                    p.payload.decode()
+                except UnicodeDecodeError:
+                    return self._publish_refused(p, RC.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
+        qos = p.qos
+        self.zm.received[qos] += 1
+        session = self.session
+        assert session is not None
+        if (qos and self.version >= MQTT5
+                and len(session.awaiting_rel) + self._acks_pending >= self.zone.receive_maximum
+                and p.packet_id not in session.awaiting_rel):
+            return self.protocol_error(RC.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged PUBLISH than allowed")
+        if qos == 2:
+            try:
+                fresh = session.await_rel(p.packet_id, self.io.time())
+            except AwaitingRelFull:
+                self.zm.dropped["awaiting_rel_full"] += 1
+                self._send_ack(PUBREC, p.packet_id, RC.RECEIVE_MAXIMUM_EXCEEDED)
+                return
+            if not fresh:  # a resent PUBLISH before PUBREL: delivered once already
+                self._send_ack(PUBREC, p.packet_id, 0)
+                return
+            if self._rel_timer is None:
+                self._arm_rel_timer()
+        msg = Message.from_publish(topic, p.payload, qos, p.retain, props, self.client_id)
+        matched, needs_commit = self.node.publish(msg)
+        if qos:
+            rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
+            ptype = PUBACK if qos == 1 else PUBREC
+            if needs_commit or self._acks_pending:
+                self._ack_after_commit(ptype, p.packet_id, rc)
+            else:
+                self._send_ack(ptype, p.packet_id, rc)
+
+    def _publish_refused(self, p: Publish, rc: int, why: str) -> None:
+        self.zm.dropped["refused"] += 1
+        if p.qos == 1:
+            self._send_ack(PUBACK, p.packet_id, rc)
+        elif p.qos == 2:
+            self._send_ack(PUBREC, p.packet_id, rc)
+
+    def _send_ack(self, ptype: int, packet_id: int, rc: int) -> None:
+        self.io.write(encode_ack(ptype, packet_id, rc if self.version >= MQTT5 else 0, self.version))
+
+    def _ack_after_commit(self, ptype: int, packet_id: int, rc: int) -> None:
+        """Publisher confirm: the ack waits until the message is stored for every persistent session."""
+        self._acks_pending += 1
+
+        def release(ok: bool) -> None:
+            self._acks_pending -= 1
+            if self.state != State.CONNECTED:
+                return
+            if ok:
+                self._send_ack(ptype, packet_id, rc)
+            else:  # not stored, so not acknowledged: the client resends on its next connection
+                if ptype == PUBREC and self.session is not None:
+                    self.session.release(packet_id)
+                self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
+
+        self.node.committer.after(release)
+
+    def _on_pubrel(self, p: Pubrel) -> None:
+        assert self.session is not None
+        found = self.session.release(p.packet_id)
+        rc = 0 if found else RC.PACKET_IDENTIFIER_NOT_FOUND
+        if self._acks_pending:
+            self._ack_after_commit(PUBCOMP, p.packet_id, rc)
+        else:
+            self._send_ack(PUBCOMP, p.packet_id, rc)
+
+    # ---------------------------------------------------------------------------------------------
+    # acks of our deliveries
+    # ---------------------------------------------------------------------------------------------
+    def _on_puback(self, p: Puback) -> None:
+        session = self.session
+        assert session is not None
+        d = session.puback(p.packet_id)
+        if d is None:
+            return  # unknown or duplicate ack: harmless
+        self.zm.acked[1] += 1
+        self.zm.latency.observe(time.time() - d.msg.ts)
+        if session.mqueue:
+            self._send_deliveries(*session.refill(self.io.time()))
+
+    def _on_pubrec(self, p: Pubrec) -> None:
+        session = self.session
+        assert session is not None
+        failed = p.reason_code >= 0x80
+        d = session.pubrec(p.packet_id, self.io.time(), failed)
+        if d is None:
+            self._send_ack(PUBREL, p.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND)
+            return
+        if failed:
+            if session.mqueue:
+                self._send_deliveries(*session.refill(self.io.time()))
+            return
+        self._send_ack(PUBREL, p.packet_id, 0)
+
+    def _on_pubcomp(self, p: Pubcomp) -> None:
+        session = self.session
+        assert session is not None
+        d = session.pubcomp(p.packet_id)
+        if d is None:
+            return
+        self.zm.acked[2] += 1
+        self.zm.latency.observe(time.time() - d.msg.ts)
+        if session.mqueue:
+            self._send_deliveries(*session.refill(self.io.time()))
+
+    # ---------------------------------------------------------------------------------------------
+    # deliveries to the client
+    # ---------------------------------------------------------------------------------------------
+    def deliver(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...] | None) -> None:
+        """A message routed to this client: QoS0 at once, QoS1/2 through the Inflight Window."""
+        if qos == 0:
+            data = self._encode(msg, 0, retain, 0, False, sub_ids)
+            if data is not None:
+                self.io.write(data)
+                self.zm.delivered[0] += 1
+            return
+        session = self.session
+        assert session is not None
+        d = Delivery(msg, qos, retain, sub_ids)
+        sent, dropped = session.deliver(d, self.io.time())
+        if sent is not None:
+            self._send_publish(sent)
+            if self._retry_timer is None and self.retry:
+                self._arm_retry()
+        else:
+            self.zm.inflight_full += 1
+            if dropped:
+                self.zm.dropped["queue_full"] += len(dropped)
+
+    def _encode(self, msg: Message, qos: int, retain: bool, packet_id: int, dup: bool,
+                sub_ids: tuple[int, ...] | None) -> bytes | None:
+        version = self.version
+        if version < MQTT5:
+            return msg.encode(version, qos, retain, packet_id, dup)
+        alias = 0
+        alias_new = True
+        if self.client_alias_max:
+            aliases = self._aliases_out
+            if aliases is None:
+                aliases = self._aliases_out = {}
+            alias = aliases.get(msg.topic, 0)
+            if alias:
+                alias_new = False
+            elif len(aliases) < self.client_alias_max:
+                alias = aliases[msg.topic] = len(aliases) + 1
+        data = msg.encode(version, qos, retain, packet_id, dup, sub_ids, time.time(), alias, alias_new)
+        if self.client_max_packet and len(data) > self.client_max_packet:
+            # [MQTT-3.1.2-25]: never send a client a packet bigger than it accepts; drop it instead.
+            self.zm.dropped["too_large"] += 1
+            return None
+        return data
+
+    def _send_publish(self, d: Delivery, dup: bool = False) -> None:
+        data = self._encode(d.msg, d.qos, d.retain, d.packet_id, dup, d.sub_ids)
+        if data is None:  # too large for this client: it leaves the window unsent
+            assert self.session is not None
+            self.session.inflight.pop(d.packet_id)
+            return
+        self.io.write(data)
+        self.zm.delivered[d.qos] += 1
+
+    def _send_deliveries(self, sent: list[Delivery], expired: list[Delivery]) -> None:
+        for d in sent:
+            if d.qos == 0:
+                data = self._encode(d.msg, 0, d.retain, 0, False, d.sub_ids)
+                if data is not None:
+                    self.io.write(data)
+                    self.zm.delivered[0] += 1
+            else:
+                self._send_publish(d)
+        if expired:
+            self.zm.dropped["expired"] += len(expired)
+        if sent and self._retry_timer is None:
+            self._arm_retry()
+
+    def _resend(self, d: Delivery) -> None:
+        self.zm.retransmitted += 1
+        if d.stage == 0:
+            self._send_publish(d, dup=True)
+        else:
+            self._send_ack(PUBREL, d.packet_id, 0)
+
+    # ---------------------------------------------------------------------------------------------
+    # SUBSCRIBE / UNSUBSCRIBE / PING / DISCONNECT
+    # ---------------------------------------------------------------------------------------------
+    def _on_subscribe(self, p: Subscribe) -> None:
+        session = self.session
+        assert session is not None
+        sub_id = p.properties.get(Prop.SUBSCRIPTION_IDENTIFIER) if p.properties else None
+        codes: list[int] = []
+        retained: list[tuple[str, Subscription, bool]] = []
+        for topic_filter, opts in p.subscriptions:
+            if not valid_filter(topic_filter):
+                codes.append(RC.TOPIC_FILTER_INVALID if self.version >= MQTT5 else 0x80)
+                continue
+            group, _real = parse_share(topic_filter)
+            if group is not None and opts.no_local and self.version >= MQTT5:
+                return self.protocol_error(RC.PROTOCOL_ERROR, "no local on a shared subscription")
+            sub = Subscription(opts.qos, opts.no_local, opts.retain_as_published, opts.retain_handling, sub_id)
+            existed = topic_filter in session.subscriptions
+            session.subscriptions[topic_filter] = sub
+            self.node.router.add(self.client_id, topic_filter, sub)
+            codes.append(opts.qos)
+            if group is None and (opts.retain_handling == 0 or (opts.retain_handling == 1 and not existed)):
+                retained.append((topic_filter, sub, existed))
+        self.io.write(encode(Suback(p.packet_id, codes), self.version))
+        now = time.time()
+        for topic_filter, sub, _existed in retained:
+            sub_ids = (sub.sub_id,) if sub.sub_id else None
+            for msg in self.node.retained.match(topic_filter, now):
+                # [MQTT-3.3.1-9]: a retained message sent because of a new subscription has RETAIN=1.
+                self.deliver(msg, min(msg.qos, sub.qos), True, sub_ids)
+
+    def _on_unsubscribe(self, p: Unsubscribe) -> None:
+        session = self.session
+        assert session is not None
+        codes = []
+        for topic_filter in p.topics:
+            if session.subscriptions.pop(topic_filter, None) is not None:
+                self.node.router.remove(self.client_id, topic_filter)
+                codes.append(RC.SUCCESS)
+            else:
+                codes.append(RC.NO_SUBSCRIPTION_EXISTED)
+        self.io.write(encode(Unsuback(p.packet_id, codes), self.version))
+
+    def _on_pingreq(self, p: Pingreq) -> None:
+        self.io.write(PINGRESP_BYTES)
+
+    def _on_disconnect(self, p: Disconnect) -> None:
+        if self.version >= MQTT5:
+            expiry = p.properties.get(Prop.SESSION_EXPIRY_INTERVAL)
+            if expiry is not None and self.session is not None:
+                if self.session.expiry_interval == 0 and expiry != 0:
+                    return self.protocol_error(RC.PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0")
+                cap = self.zone.session_expiry_interval
+                self.session.expiry_interval = min(float(expiry), cap) if expiry != NEVER_EXPIRE else cap
+            if p.reason_code != RC.DISCONNECT_WITH_WILL:
+                self.will = None
+        else:
+            self.will = None
+        self.zm.disconnects["normal" if p.reason_code == 0 else reason_name(p.reason_code)] += 1
+        self.close_reason = "client_disconnect"
+        self.state = State.CLOSED
+        self._cancel_timers()
+        self.io.close()
+
+    def _on_auth(self, p: Auth) -> None:
+        self.protocol_error(RC.PROTOCOL_ERROR, "AUTH without an authentication method")
+
+    # ---------------------------------------------------------------------------------------------
+    # called by the channel manager
+    # ---------------------------------------------------------------------------------------------
+    def kick(self, reason: int, why: str) -> None:
+        """Close this connection on the server's initiative (takeover, shutdown)."""
+        self.disconnect(reason, why)
+
+    def apply_zone(self) -> None:
+        """Pick up changed zone settings (window, queue limit, retry) at the next delivery."""
+        self.zone = self.node.zones[self.zone_name]
+        self.parser.max_packet_size = self.zone.max_packet_size
+        if self.session is not None:
+            dropped = self.session.apply_zone(self.zone)
+            if dropped:
+                self.zm.dropped["queue_full"] += len(dropped)
+            if self.state == State.CONNECTED:
+                self._send_deliveries(*self.session.refill(self.io.time()))
+
+
+_HANDLERS: dict[type, Callable[[Channel, Any], None]] = {
+    Publish: Channel._on_publish,
+    Puback: Channel._on_puback,
+    Pubrec: Channel._on_pubrec,
+    Pubrel: Channel._on_pubrel,
+    Pubcomp: Channel._on_pubcomp,
+    Subscribe: Channel._on_subscribe,
+    Unsubscribe: Channel._on_unsubscribe,
+    Pingreq: Channel._on_pingreq,
+    Disconnect: Channel._on_disconnect,
+    Auth: Channel._on_auth,
+}

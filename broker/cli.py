@@ -1,0 +1,84 @@
+"""`fleetmq-broker` / `python -m fleetmq.broker`: run one broker node."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import resource
+import sys
+from collections.abc import Sequence
+
+from .config import ConfigError, load_config, parse_bind
+
+DEFAULT_LISTEN = "127.0.0.1:1883"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="fleetmq-broker", description="Run a fleetmq MQTT broker node.")
+    p.add_argument("--config", metavar="FILE", help="YAML config file (validated; see DESIGN.md)")
+    p.add_argument("--listen", metavar="HOST:PORT", action="append",
+                   help="a tcp listener in zone 'default' (repeatable); replaces the config's listeners")
+    p.add_argument("--node-id", help="node identifier (default: the config's, else the hostname)")
+    p.add_argument("--metrics", metavar="HOST:PORT", help="serve /metrics, /healthz and /readyz here")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p.parse_args(argv)
+
+
+def _raise_nofile() -> None:
+    """Each client is a file descriptor: lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides: dict[str, object] = {}
+    if args.node_id:
+        overrides["node_id"] = args.node_id
+    if args.metrics:
+        overrides["metrics"] = {"bind": args.metrics}
+    if args.listen:
+        try:
+            for bind in args.listen:
+                parse_bind(bind)
+        except ValueError as e:
+            print(f"fleetmq-broker: --listen: {e}", file=sys.stderr)
+            return 2
+        overrides["listeners"] = [
+            {"name": f"tcp-{i}" if i else "tcp", "zone": "default", "bind": bind, "protocol": "tcp"}
+            for i, bind in enumerate(args.listen)
+        ]
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as e:
+        print(f"fleetmq-broker: invalid config{' ' + args.config if args.config else ''}:\n{e}", file=sys.stderr)
+        return 2
+    if not config.listeners:
+        config = load_config(args.config, overrides={
+            **overrides, "listeners": [{"name": "tcp", "zone": "default", "bind": DEFAULT_LISTEN}]})
+    _raise_nofile()
+    from .server import run
+
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        uvloop = None
+    try:
+        if uvloop is not None:
+            uvloop.run(run(config))
+        else:
+            asyncio.run(run(config))
+    except OSError as e:
+        logging.getLogger("fleetmq").error("cannot start: %s", e)
+        return 1
+    except NotImplementedError as e:
+        logging.getLogger("fleetmq").error("%s", e)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

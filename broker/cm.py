@@ -1,0 +1,170 @@
+"""The channel manager (EMQX's emqx_cm): which client is connected where, and what happens to sessions.
+
+It opens sessions (new, resumed, taken over from another connection), parks them in the store when their
+client leaves, expires them, and publishes wills after their delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .codec import RC
+from .message import Message
+from .session import Session
+from .store import Discard, Save
+
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .node import Node
+
+log = logging.getLogger("fleetmq.cm")
+
+NEVER_EXPIRE = 0xFFFFFFFF
+
+
+@dataclass(slots=True)
+class Offline:
+    """What the node keeps about a session parked in the store (routing needs its zone and filters)."""
+
+    zone: str
+    filters: list[str]
+    expiry: asyncio.TimerHandle | None = None
+    will: Message | None = None
+    will_timer: asyncio.TimerHandle | None = field(default=None)
+
+
+class ChannelManager:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.channels: dict[str, Channel] = {}  # online, CONNACK sent or about to be
+        self.offline: dict[str, Offline] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def open_session(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
+        """Find or create the session of a connecting client; returns (session, session present)."""
+        cid = ch.client_id
+        lock = self._locks.get(cid)
+        if lock is None:
+            lock = self._locks[cid] = asyncio.Lock()
+        try:
+            async with lock:
+                return await self._open(ch, expiry, receive_max)
+        finally:
+            if not lock.locked() and not getattr(lock, "_waiters", None):
+                self._locks.pop(cid, None)
+
+    async def _open(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
+        node = self.node
+        cid = ch.client_id
+        zm = node.metrics.zone(ch.zone_name)
+        session: Session | None = None
+        old = self.channels.pop(cid, None)
+        if old is not None:
+            # Takeover: the old connection is closed (v5: 0x8E) and its session continues here.
+            session = old.session
+            old.session = None
+            old.kick(RC.SESSION_TAKEN_OVER, "takenover")
+            zm.session_events["takenover"] += 1
+            # The old connection ended without DISCONNECT, so its will applies; a delayed will is
+            # cancelled by this very reconnect unless Clean Start ends the session [MQTT-3.1.3-9].
+            if old.will is not None and (ch.clean_start or old.will_delay <= 0):
+                node.publish(old.will)
+        else:
+            parked = self.offline.pop(cid, None)
+            if parked is not None:
+                if parked.expiry is not None:
+                    parked.expiry.cancel()
+                if parked.will_timer is not None:
+                    parked.will_timer.cancel()
+                    if ch.clean_start and parked.will is not None:
+                        node.publish(parked.will)  # the old session ends now: its delayed will goes out
+                if node.committer.pending:
+                    await node.committer.drain()  # its Save may still be on the way to the store
+                session = await node.store.take(cid)
+        if session is not None and ch.clean_start:
+            self._discard(session)
+            zm.session_events["discarded"] += 1
+            session = None
+        present = session is not None
+        if session is None:
+            session = Session(cid, ch.zone, ch.zone_name, expiry_interval=expiry, receive_maximum=receive_max)
+            zm.session_events["created"] += 1
+        else:
+            session.expiry_interval = expiry
+            session.zone_name = ch.zone_name
+            session.apply_zone(ch.zone)
+            session.set_receive_maximum(receive_max)
+            zm.session_events["resumed"] += 1
+        self.channels[cid] = ch
+        return session, present
+
+    def channel_closed(self, ch: Channel) -> None:
+        """A connection ended: publish its will (maybe later), park or discard its session."""
+        cid = ch.client_id
+        session = ch.session
+        if self.channels.get(cid) is not ch or session is None:
+            return  # taken over: the new connection owns the session now
+        del self.channels[cid]
+        ch.session = None
+        expiry = session.expiry_interval
+        if ch.will is not None:
+            self._will(cid, ch.will, ch.will_delay, expiry)
+        if expiry <= 0:
+            self._discard(session)
+            return
+        parked = self.offline.get(cid) or Offline(ch.zone_name, list(session.subscriptions))
+        parked.zone = ch.zone_name
+        parked.filters = list(session.subscriptions)
+        self.offline[cid] = parked
+        self.node.committer.add(Save(session))
+        if expiry < NEVER_EXPIRE:
+            parked.expiry = asyncio.get_running_loop().call_later(expiry, self._expire, cid)
+
+    def _will(self, cid: str, will: Message, delay: float, expiry: float) -> None:
+        if delay <= 0:
+            self.node.publish(will)
+            return
+        parked = self.offline.get(cid)
+        if parked is None:
+            parked = self.offline[cid] = Offline("default", [])
+        delay = min(delay, expiry) if expiry else 0.0
+        if delay <= 0:
+            self.node.publish(will)
+            return
+        parked.will = will
+        parked.will_timer = asyncio.get_running_loop().call_later(delay, self._delayed_will, cid)
+
+    def _delayed_will(self, cid: str) -> None:
+        parked = self.offline.get(cid)
+        if parked is None or parked.will is None:
+            return
+        will, parked.will, parked.will_timer = parked.will, None, None
+        self.node.publish(will)
+
+    def _expire(self, cid: str) -> None:
+        parked = self.offline.pop(cid, None)
+        if parked is None:
+            return
+        if parked.will_timer is not None:
+            parked.will_timer.cancel()
+            if parked.will is not None:
+                self.node.publish(parked.will)  # session end: the will goes out now [MQTT-3.1.3-9]
+        for topic_filter in parked.filters:
+            self.node.router.remove(cid, topic_filter)
+        self.node.committer.add(Discard(cid))
+        self.node.metrics.zone(parked.zone).session_events["expired"] += 1
+        log.debug("session %r expired", cid)
+
+    def _discard(self, session: Session) -> None:
+        for topic_filter in session.subscriptions:
+            self.node.router.remove(session.client_id, topic_filter)
+        session.subscriptions.clear()
+
+    def shutdown(self) -> None:
+        for parked in self.offline.values():
+            for t in (parked.expiry, parked.will_timer):
+                if t is not None:
+                    t.cancel()

@@ -1,0 +1,162 @@
+"""The broker config file: the contract between the operator and a broker node.
+
+One YAML file validated by these models; `--listen HOST:PORT` is shorthand for one tcp listener in zone
+`default`. Errors name the field path (``zones.external.max_inflight``) so a bad file is fixed at a glance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .zones import DEFAULT_ZONES, ZoneSettings, zone_defaults
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names every offending field path."""
+
+
+def parse_bind(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MemoryStoreConfig(_Model):
+    kind: Literal["memory"] = "memory"
+
+
+class RedisStoreConfig(_Model):
+    kind: Literal["redis"]
+    url: str = Field(description="redis://host:port/db")
+    wait_replicas: int = Field(0, ge=0, description="Acks also wait for this many Redis replicas (WAIT).")
+
+
+class ListenerConfig(_Model):
+    name: str = Field(min_length=1)
+    zone: str = "default"
+    bind: str = Field(description="HOST:PORT to listen on")
+    protocol: Literal["tcp", "ws", "tls", "wss"] = "tcp"
+    path: str = "/mqtt"
+    certfile: str | None = None
+    keyfile: str | None = None
+
+    @field_validator("bind")
+    @classmethod
+    def _check_bind(cls, value: str) -> str:
+        parse_bind(value)
+        return value
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return parse_bind(self.bind)
+
+
+class MetricsConfig(_Model):
+    bind: str | None = Field(None, description="HOST:PORT serving /metrics, /healthz, /readyz")
+
+    @field_validator("bind")
+    @classmethod
+    def _check_bind(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_bind(value)
+        return value
+
+
+class EventLogConfig(_Model):
+    enabled: bool = False
+    max_len: int = Field(1_000_000, ge=1)
+    sample: float = Field(1.0, ge=0.0, le=1.0)
+
+
+class BrokerConfig(_Model):
+    node_id: str = Field(default_factory=socket.gethostname, min_length=1)
+    store: MemoryStoreConfig | RedisStoreConfig = Field(default_factory=MemoryStoreConfig, discriminator="kind")
+    zones: dict[str, ZoneSettings] = Field(default_factory=lambda: _default_zones())
+    listeners: list[ListenerConfig] = Field(default_factory=list)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    event_log: EventLogConfig = Field(default_factory=EventLogConfig)
+
+    @field_validator("zones", mode="before")
+    @classmethod
+    def _zone_defaults(cls, zones: Any) -> Any:
+        """A zone named like one of EMQX's stock zones starts from that zone's defaults."""
+        if not isinstance(zones, dict):
+            return zones
+        merged = {name: dict(zone_defaults(name)) for name in DEFAULT_ZONES}
+        for name, settings in zones.items():
+            if isinstance(settings, dict):
+                merged[name] = {**zone_defaults(name), **settings}
+            elif settings is None:
+                merged[name] = zone_defaults(name)
+            else:
+                merged[name] = settings
+        return merged
+
+    @model_validator(mode="after")
+    def _check_listeners(self) -> BrokerConfig:
+        names: set[str] = set()
+        binds: set[tuple[str, int]] = set()
+        for i, listener in enumerate(self.listeners):
+            if listener.zone not in self.zones:
+                raise ValueError(f"listeners.{i}.zone: unknown zone {listener.zone!r} (known: {sorted(self.zones)})")
+            if listener.name in names:
+                raise ValueError(f"listeners.{i}.name: duplicate listener name {listener.name!r}")
+            if listener.address in binds:
+                raise ValueError(f"listeners.{i}.bind: {listener.bind} is already used by another listener")
+            if listener.protocol in ("tls", "wss") and not (listener.certfile and listener.keyfile):
+                raise ValueError(f"listeners.{i}: protocol {listener.protocol} needs certfile and keyfile")
+            names.add(listener.name)
+            binds.add(listener.address)
+        return self
+
+    def config_hash(self) -> str:
+        """A stable digest of the applied config, so an operator can tell which pods run which version."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _default_zones() -> dict[str, ZoneSettings]:
+    return {name: ZoneSettings(**settings) for name, settings in DEFAULT_ZONES.items()}
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"] if p not in ("memory", "redis"))
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {msg}" if path and not msg.startswith(path) else msg)
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, *, overrides: dict[str, Any] | None = None) -> BrokerConfig:
+    """Read and validate a config file; raise ConfigError naming each bad field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from e
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {e}") from e
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        data = loaded or {}
+    data.update(overrides or {})
+    try:
+        return BrokerConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from e

@@ -1,0 +1,98 @@
+"""Socket I/O for one client: an asyncio Protocol feeding its Channel and batching its writes.
+
+Everything written to a connection during one event-loop turn (acks, deliveries from many publishers) is
+joined and handed to the transport once, at the end of the turn: one syscall instead of one per packet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .channel import Channel
+
+if TYPE_CHECKING:
+    from .node import Node
+
+log = logging.getLogger("fleetmq.connection")
+
+
+class Connection(asyncio.Protocol):
+    __slots__ = ("_buf", "_closing", "_loop", "_registry", "_scheduled", "channel", "listener", "node", "transport",
+                 "zone")
+
+    def __init__(self, node: Node, zone: str, listener: str, connections: set[Connection]) -> None:
+        self.node = node
+        self.zone = zone
+        self.listener = listener
+        self._loop = asyncio.get_running_loop()
+        self._buf: list[bytes] = []
+        self._scheduled = False
+        self._closing = False
+        self.transport: asyncio.Transport | None = None
+        self.channel: Channel | None = None
+        self._registry = connections
+
+    # -- asyncio.Protocol --------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        self._registry.add(self)
+        peer = transport.get_extra_info("peername")
+        self.channel = Channel(self.node, self.zone, self, f"{peer[0]}:{peer[1]}" if peer else "?", self.listener)
+
+    def data_received(self, data: bytes) -> None:
+        channel = self.channel
+        if channel is None:
+            return
+        try:
+            channel.data_received(data)
+        except Exception:  # a bug in one channel must not take the node down with it
+            log.exception("internal error handling data from %s", channel.client_id or channel.peer)
+            channel.zm.disconnects["internal_error"] += 1
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._registry.discard(self)
+        self._buf.clear()
+        channel = self.channel
+        if channel is not None:
+            try:
+                channel.connection_lost()
+            except Exception:
+                log.exception("internal error closing %s", channel.client_id or channel.peer)
+
+    # -- ChannelIO ---------------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._buf.append(data)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        buf = self._buf
+        if not buf or self.transport is None:
+            return
+        data = buf[0] if len(buf) == 1 else b"".join(buf)
+        buf.clear()
+        self.transport.write(data)
+
+    def close(self) -> None:
+        if self._closing or self.transport is None:
+            return
+        self._flush()  # a DISCONNECT / CONNACK written just before closing still goes out
+        self._closing = True
+        self.transport.close()
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return self._loop.call_later(delay, callback)
+
+    def time(self) -> float:
+        return self._loop.time()

@@ -1,0 +1,169 @@
+"""The application message as it travels from a publisher through the broker to subscribers.
+
+A message is immutable once published: every subscriber gets the same object. Per-subscriber details
+(QoS, packet id, DUP, retain-as-published, subscription ids, topic alias) are applied when it is encoded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from .codec import MQTT5, Prop, encode_properties, encode_publish
+
+# Properties a broker forwards unchanged from publisher to subscriber [MQTT-3.3.2-*]. Topic alias and
+# subscription identifiers are per connection; message expiry is rewritten with the time left.
+FORWARDED_PROPS = (
+    Prop.PAYLOAD_FORMAT_INDICATOR,
+    Prop.CONTENT_TYPE,
+    Prop.RESPONSE_TOPIC,
+    Prop.CORRELATION_DATA,
+    Prop.USER_PROPERTY,
+)
+
+_ids = itertools.count(1)
+
+
+class Message:
+    """One published application message."""
+
+    __slots__ = (
+        "_plain",
+        "_props_b",
+        "expires_at",
+        "msg_id",
+        "payload",
+        "props",
+        "qos",
+        "retain",
+        "sender",
+        "topic",
+        "topic_b",
+        "ts",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        props: dict[int, Any] | None = None,
+        sender: str = "",
+        expiry: float | None = None,
+        ts: float | None = None,
+        msg_id: int = 0,
+        topic_b: bytes | None = None,
+    ) -> None:
+        self.topic = topic
+        self.topic_b = topic_b if topic_b is not None else topic.encode()
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.props = props or None  # forwarded v5 properties only
+        self.sender = sender
+        self.ts = ts if ts is not None else time.time()
+        self.expires_at = self.ts + expiry if expiry is not None else None
+        self.msg_id = msg_id or next(_ids)
+        self._props_b: bytes | None = None
+        self._plain: dict[tuple[int, bool, bool], bytes] | None = None
+
+    @classmethod
+    def from_publish(cls, topic: str, payload: bytes, qos: int, retain: bool, props: dict[int, Any],
+                     sender: str, topic_b: bytes | None = None) -> Message:
+        forwarded = None
+        expiry = None
+        if props:
+            forwarded = {k: v for k, v in props.items() if k in FORWARDED_PROPS} or None
+            expiry = props.get(Prop.MESSAGE_EXPIRY_INTERVAL)
+        return cls(topic, payload, qos, retain, forwarded, sender, expiry, topic_b=topic_b)
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def with_retain(self, retain: bool) -> Message:
+        """A copy with another retain flag, sharing payload and properties (for the retained store)."""
+        m = Message.__new__(Message)
+        m.topic, m.topic_b, m.payload, m.qos, m.props = self.topic, self.topic_b, self.payload, self.qos, self.props
+        m.sender, m.ts, m.expires_at, m.msg_id = self.sender, self.ts, self.expires_at, self.msg_id
+        m.retain = retain
+        m._props_b = self._props_b
+        m._plain = None
+        return m
+
+    def encode(
+        self,
+        version: int,
+        qos: int,
+        retain: bool,
+        packet_id: int = 0,
+        dup: bool = False,
+        sub_ids: tuple[int, ...] | None = None,
+        now: float = 0.0,
+        alias: int = 0,
+        alias_new: bool = True,
+    ) -> bytes:
+        """The PUBLISH bytes for one subscriber; identical QoS0 packets are encoded once per message."""
+        if version < MQTT5:
+            if qos == 0:
+                return self._cached(version, retain)
+            return encode_publish(self.topic_b, self.payload, qos, retain, dup, packet_id, None, version)
+        if sub_ids is None and self.expires_at is None and not alias:
+            if qos == 0:
+                return self._cached(version, retain)
+            return encode_publish(self.topic_b, self.payload, qos, retain, dup, packet_id, self.props_bytes(), version)
+        props: dict[int, Any] = dict(self.props) if self.props else {}
+        if self.expires_at is not None:
+            props[Prop.MESSAGE_EXPIRY_INTERVAL] = max(0, int(self.expires_at - (now or time.time())))
+        if sub_ids:
+            props[Prop.SUBSCRIPTION_IDENTIFIER] = list(sub_ids)
+        topic_b = self.topic_b
+        if alias:
+            props[Prop.TOPIC_ALIAS] = alias
+            if not alias_new:
+                topic_b = b""
+        return encode_publish(topic_b, self.payload, qos, retain, dup, packet_id, encode_properties(props), version)
+
+    def props_bytes(self) -> bytes:
+        if self._props_b is None:
+            self._props_b = encode_properties(self.props) if self.props else b""
+        return self._props_b
+
+    def _cached(self, version: int, retain: bool) -> bytes:
+        key = (version, retain, False)
+        cache = self._plain
+        if cache is None:
+            cache = self._plain = {}
+        else:
+            data = cache.get(key)
+            if data is not None:
+                return data
+        props = self.props_bytes() if version >= MQTT5 else None
+        data = cache[key] = encode_publish(self.topic_b, self.payload, 0, retain, False, 0, props, version)
+        return data
+
+    def __repr__(self) -> str:
+        return f"Message({self.topic!r}, {self.payload[:32]!r}, qos={self.qos}, retain={self.retain}, id={self.msg_id})"
+
+
+class Delivery:
+    """One message on its way to one session: what the Message Queue and the Inflight Window hold.
+
+    `qos` is the granted QoS (min of publish and subscription); `stage` is 0 while a PUBLISH awaits
+    PUBACK/PUBREC and 1 once PUBREL was sent and PUBCOMP is awaited.
+    """
+
+    __slots__ = ("msg", "packet_id", "qos", "retain", "sent_at", "stage", "sub_ids")
+
+    def __init__(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...] | None = None) -> None:
+        self.msg = msg
+        self.qos = qos
+        self.retain = retain
+        self.sub_ids = sub_ids
+        self.packet_id = 0
+        self.stage = 0
+        self.sent_at = 0.0
+
+    def __repr__(self) -> str:
+        return f"Delivery({self.msg!r}, qos={self.qos}, pid={self.packet_id}, stage={self.stage})"

@@ -1,0 +1,162 @@
+"""Prometheus metrics (prefix fleetmq_), cheap on the hot path.
+
+The data path bumps plain integers on a per-zone object (no locks, no label lookups); a custom collector
+turns them into metric families only when Prometheus scrapes. Labels: zone, qos, reason, never a client id.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+DROP_REASONS = ("queue_full", "expired", "no_subscribers", "too_large", "awaiting_rel_timeout",
+                "qos0_offline", "not_authorized", "awaiting_rel_full")
+SESSION_EVENTS = ("created", "resumed", "takenover", "discarded", "expired")
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0, 30.0, 60.0)
+STORE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class Histogram:
+    """A lock-free histogram of plain ints; observe() is one bisect and two additions."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for bound, n in zip(self.bounds, self.counts, strict=False):
+            acc += n
+            out.append((repr(bound), acc))
+        out.append(("+Inf", acc + self.counts[-1]))
+        return out
+
+
+class ZoneMetrics:
+    """Every counter of one zone. Attributes are bumped directly by the channel."""
+
+    __slots__ = ("acked", "delivered", "disconnects", "dropped", "inflight_full", "keepalive_timeouts",
+                 "latency", "received", "retransmitted", "session_events")
+
+    def __init__(self) -> None:
+        self.received = [0, 0, 0]  # by QoS
+        self.delivered = [0, 0, 0]
+        self.acked = [0, 0, 0]
+        self.retransmitted = 0
+        self.inflight_full = 0
+        self.keepalive_timeouts = 0
+        self.dropped: dict[str, int] = defaultdict(int)
+        self.disconnects: dict[str, int] = defaultdict(int)
+        self.session_events: dict[str, int] = defaultdict(int)
+        self.latency = Histogram(LATENCY_BUCKETS)
+
+
+class Metrics:
+    """The node's metrics; gauges are read from the live broker state at scrape time."""
+
+    def __init__(self) -> None:
+        self.zones: dict[str, ZoneMetrics] = defaultdict(ZoneMetrics)
+        self.store_errors = 0
+        self.store_ops: dict[str, Histogram] = defaultdict(lambda: Histogram(STORE_BUCKETS))
+        self.takeover = Histogram(LATENCY_BUCKETS)
+        self.gauges: Callable[[], dict[str, Any]] | None = None
+        self.config_info: dict[str, str] = {}
+
+    def zone(self, name: str) -> ZoneMetrics:
+        return self.zones[name]
+
+    def drop(self, zone: str, reason: str, n: int = 1) -> None:
+        self.zones[zone].dropped[reason] += n
+
+    def collector(self) -> Collector:
+        return _Collector(self)
+
+
+class _Collector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        zones = sorted(m.zones.items())
+        g = m.gauges() if m.gauges else {}
+
+        def gauge(name: str, doc: str, key: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+            fam = GaugeMetricFamily(f"fleetmq_{name}", doc, labels=["zone", *extra])
+            for labels, value in sorted(g.get(key, {}).items()):
+                fam.add_metric(list(labels) if isinstance(labels, tuple) else [labels], value)
+            return fam
+
+        yield gauge("connections", "Open client connections.", "connections")
+        yield gauge("sessions", "Sessions by state.", "sessions", ("state",))
+        yield gauge("inflight_messages", "Deliveries in Inflight Windows.", "inflight")
+        yield gauge("mqueue_messages", "Deliveries in Message Queues.", "mqueue")
+        yield gauge("awaiting_rel_messages", "Incoming QoS2 messages awaiting PUBREL.", "awaiting_rel")
+
+        info = GaugeMetricFamily("fleetmq_zone_config_info", "Applied config of each zone (value 1).",
+                                 labels=["zone", "config_hash"])
+        for zone, digest in sorted(m.config_info.items()):
+            info.add_metric([zone, digest], 1)
+        yield info
+
+        def counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+            return CounterMetricFamily(f"fleetmq_{name}", doc, labels=labels)
+
+        ev = counter("session_events", "Session lifecycle events.", ["zone", "event"])
+        disc = counter("disconnects", "Closed connections by reason.", ["zone", "reason"])
+        recv = counter("messages_received", "PUBLISH packets received from clients.", ["zone", "qos"])
+        dlv = counter("messages_delivered", "PUBLISH packets delivered to clients.", ["zone", "qos"])
+        ack = counter("messages_acked", "Deliveries acknowledged by clients.", ["zone", "qos"])
+        rtx = counter("messages_retransmitted", "PUBLISH/PUBREL resent.", ["zone"])
+        drop = counter("messages_dropped", "Messages dropped by reason.", ["zone", "reason"])
+        full = counter("inflight_full", "Deliveries queued because the Inflight Window was full.", ["zone"])
+        ka = counter("keepalive_timeouts", "Connections closed for keep-alive timeout.", ["zone"])
+        lat = HistogramMetricFamily("fleetmq_delivery_latency_seconds",
+                                    "Publish to delivery (QoS0) or acknowledgement (QoS1/2).", labels=["zone"])
+        for zone, z in zones:
+            for event in SESSION_EVENTS:
+                ev.add_metric([zone, event], z.session_events.get(event, 0))
+            for reason, n in sorted(z.disconnects.items()):
+                disc.add_metric([zone, reason], n)
+            for qos in range(3):
+                recv.add_metric([zone, str(qos)], z.received[qos])
+                dlv.add_metric([zone, str(qos)], z.delivered[qos])
+                ack.add_metric([zone, str(qos)], z.acked[qos])
+            rtx.add_metric([zone], z.retransmitted)
+            for reason in sorted(set(DROP_REASONS) | set(z.dropped)):
+                drop.add_metric([zone, reason], z.dropped.get(reason, 0))
+            full.add_metric([zone], z.inflight_full)
+            ka.add_metric([zone], z.keepalive_timeouts)
+            lat.add_metric([zone], z.latency.buckets(), z.latency.sum)
+        yield from (ev, disc, recv, dlv, ack, rtx, drop, full, ka, lat)
+
+        err = counter("store_errors", "Failed session-store operations.", [])
+        err.add_metric([], m.store_errors)
+        yield err
+        st = HistogramMetricFamily("fleetmq_store_op_duration_seconds", "Session-store operation time.",
+                                   labels=["op"])
+        for op, h in sorted(m.store_ops.items()):
+            st.add_metric([op], h.buckets(), h.sum)
+        yield st
+        tk = HistogramMetricFamily("fleetmq_takeover_duration_seconds", "CONNECT to session resumed.", labels=[])
+        tk.add_metric([], m.takeover.buckets(), m.takeover.sum)
+        yield tk

@@ -1,0 +1,151 @@
+"""The broker node's core (EMQX's emqx_broker): routes each published message to its subscribers.
+
+Owns the router, retained messages, channel manager, session store and group committer; knows nothing of
+sockets (server.py runs it on asyncio listeners).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import Coroutine
+from typing import Any
+
+from .cm import ChannelManager
+from .config import BrokerConfig
+from .message import Delivery, Message
+from .metrics import Metrics
+from .retained import Retained
+from .router import Router, Subscription
+from .store import CommitResult, Enqueue, GroupCommitter, MemoryStore, SessionStore
+from .zones import ZoneSettings
+
+log = logging.getLogger("fleetmq.node")
+
+
+class Node:
+    def __init__(self, config: BrokerConfig, store: SessionStore | None = None,
+                 metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.zones: dict[str, ZoneSettings] = dict(config.zones)
+        self.metrics = metrics or Metrics()
+        self.store = store or MemoryStore()
+        self.router = Router()
+        self.retained = Retained()
+        self.cm = ChannelManager(self)
+        self.committer = GroupCommitter(self.store, self.metrics, self._on_commit)
+        self._client_ids = itertools.count(1)
+        self._id_prefix = f"fleetmq-{self.node_id}-{os.getpid():x}-"
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.metrics.gauges = self.gauges
+        self.metrics.config_info = {name: config.config_hash() for name in self.zones}
+
+    def assign_client_id(self) -> str:
+        return f"{self._id_prefix}{next(self._client_ids)}"
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run a background task, keeping a reference so it is not garbage collected mid-flight."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ---------------------------------------------------------------------------------------------
+    def publish(self, msg: Message) -> tuple[int, bool]:
+        """Route a message; returns (sessions matched, whether the publisher's ack must await a commit)."""
+        if msg.retain:
+            self.retained.put(msg)
+        channels = self.cm.channels
+        matches = self.router.match(msg.topic, channels.__contains__)
+        if not matches:
+            zone = "default"
+            self.metrics.drop(zone, "no_subscribers")
+            return 0, False
+        sender = msg.sender
+        if len(matches) > 1 and len({cid for cid, _ in matches}) != len(matches):
+            targets = _merge_overlapping(matches, sender)
+        else:
+            targets = [(cid, sub.qos, sub.retain_as_published, _sub_ids(sub.sub_id))
+                       for cid, sub in matches if not (sub.no_local and cid == sender)]
+        needs_commit = False
+        mqos = msg.qos
+        mretain = msg.retain
+        for cid, sub_qos, rap, sub_ids in targets:
+            qos = mqos if mqos < sub_qos else sub_qos
+            retain = mretain and rap
+            ch = channels.get(cid)
+            if ch is not None and ch.session is not None:
+                ch.deliver(msg, qos, retain, sub_ids)
+                continue
+            parked = self.cm.offline.get(cid)
+            if parked is None:
+                continue  # connecting right now: it resubscribes or resumes from the store
+            if qos == 0 and not self.zones[parked.zone].mqueue_store_qos0:
+                self.metrics.drop(parked.zone, "qos0_offline")
+                continue
+            self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids)))
+            needs_commit = True
+        return len(matches), needs_commit
+
+    def _on_commit(self, result: CommitResult) -> None:
+        for zone, _d in result.dropped:
+            self.metrics.drop(zone, "queue_full")
+
+    # ---------------------------------------------------------------------------------------------
+    def gauges(self) -> dict[str, dict[Any, float]]:
+        """Connection, session and queue gauges by zone, computed at scrape time."""
+        connections: dict[Any, float] = {z: 0 for z in self.zones}
+        sessions: dict[Any, float] = {(z, s): 0 for z in self.zones for s in ("online", "offline")}
+        inflight: dict[Any, float] = {z: 0 for z in self.zones}
+        mqueue: dict[Any, float] = {z: 0 for z in self.zones}
+        awaiting: dict[Any, float] = {z: 0 for z in self.zones}
+        for ch in self.cm.channels.values():
+            s = ch.session
+            if s is None:
+                continue
+            z = ch.zone_name
+            connections[z] = connections.get(z, 0) + 1
+            sessions[(z, "online")] = sessions.get((z, "online"), 0) + 1
+            inflight[z] = inflight.get(z, 0) + len(s.inflight)
+            mqueue[z] = mqueue.get(z, 0) + len(s.mqueue)
+            awaiting[z] = awaiting.get(z, 0) + len(s.awaiting_rel)
+        for s in self.store.offline_sessions():
+            z = s.zone_name
+            sessions[(z, "offline")] = sessions.get((z, "offline"), 0) + 1
+            mqueue[z] = mqueue.get(z, 0) + len(s.mqueue)
+        return {"connections": connections, "sessions": sessions, "inflight": inflight, "mqueue": mqueue,
+                "awaiting_rel": awaiting}
+
+
+Target = tuple[str, int, bool, tuple[int, ...] | None]  # client id, subscription QoS, RAP, subscription ids
+_SUB_IDS: dict[int, tuple[int, ...]] = {}
+
+
+def _sub_ids(sid: int | None) -> tuple[int, ...] | None:
+    if sid is None:
+        return None
+    t = _SUB_IDS.get(sid)
+    if t is None:
+        t = _SUB_IDS[sid] = (sid,)
+    return t
+
+
+def _merge_overlapping(matches: list[tuple[str, Subscription]], sender: str) -> list[Target]:
+    """One delivery per client for overlapping subscriptions: the highest QoS and every subscription id
+    [MQTT-3.3.4-2, -3]; a No Local subscription does not count for the publisher itself."""
+    merged: dict[str, list[Any]] = {}
+    for cid, sub in matches:
+        if sub.no_local and cid == sender:
+            continue
+        m = merged.get(cid)
+        if m is None:
+            merged[cid] = [sub.qos, sub.retain_as_published, [sub.sub_id] if sub.sub_id else []]
+            continue
+        m[0] = max(m[0], sub.qos)
+        m[1] = m[1] or sub.retain_as_published
+        if sub.sub_id:
+            m[2].append(sub.sub_id)
+    return [(cid, q, rap, tuple(ids) or None) for cid, (q, rap, ids) in merged.items()]

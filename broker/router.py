@@ -1,0 +1,241 @@
+"""Topic routing: which sessions want a message published on a topic (EMQX's emqx_router + emqx_shared_sub).
+
+Exact filters live in a dict (one lookup per publish); wildcard filters in a trie walked level by level.
+Shared subscriptions (``$share/group/filter``) deliver each message to exactly one member, round robin,
+preferring members that are online.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+SHARE_PREFIX = "$share/"
+
+
+@dataclass(slots=True)
+class Subscription:
+    """One subscription of one session, with the MQTT 5 options that shape each delivery."""
+
+    qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    sub_id: int | None = None
+    group: str | None = None  # shared-subscription group
+
+
+def parse_share(topic_filter: str) -> tuple[str | None, str]:
+    """Split ``$share/group/filter`` into (group, filter); (None, filter) for a normal filter."""
+    if topic_filter.startswith(SHARE_PREFIX):
+        rest = topic_filter[len(SHARE_PREFIX):]
+        group, sep, real = rest.partition("/")
+        if not sep:
+            return group, ""
+        return group, real
+    return None, topic_filter
+
+
+def valid_filter(topic_filter: str) -> bool:
+    """Topic filter syntax [MQTT-4.7.1]: '#' last and alone in its level, '+' alone in its level."""
+    group, real = parse_share(topic_filter)
+    if group is not None and (not group or "+" in group or "#" in group):
+        return False
+    if not real or len(real) > 65535:
+        return False
+    levels = real.split("/")
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        if "#" in level and (level != "#" or i != last):
+            return False
+        if "+" in level and level != "+":
+            return False
+    return True
+
+
+def valid_topic(topic: str) -> bool:
+    return bool(topic) and "+" not in topic and "#" not in topic
+
+
+class _Node:
+    __slots__ = ("children", "subs")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.subs: dict[str, Subscription] = {}  # client id -> subscription
+
+
+class _Group:
+    """The members of one shared subscription (group + filter), with a round-robin cursor."""
+
+    __slots__ = ("cursor", "members")
+
+    def __init__(self) -> None:
+        self.members: dict[str, Subscription] = {}
+        self.cursor = 0
+
+    def pick(self, online: Callable[[str], bool]) -> tuple[str, Subscription] | None:
+        members = list(self.members.items())
+        n = len(members)
+        if not n:
+            return None
+        start = self.cursor % n
+        for k in range(n):
+            i = (start + k) % n
+            if online(members[i][0]):
+                self.cursor = i + 1
+                return members[i]
+        self.cursor = start + 1
+        return members[start]
+
+
+Match = tuple[str, Subscription]
+
+
+class Router:
+    __slots__ = ("_exact", "_groups", "_root", "_wild_count")
+
+    def __init__(self) -> None:
+        self._exact: dict[str, dict[str, Subscription]] = {}
+        self._root = _Node()
+        self._wild_count = 0
+        # real filter -> group name -> members
+        self._groups: dict[str, dict[str, _Group]] = {}
+
+    # -- changes ----------------------------------------------------------------------------------
+    def add(self, client_id: str, topic_filter: str, sub: Subscription) -> bool:
+        """Add or replace a subscription; True when it did not exist before."""
+        group, real = parse_share(topic_filter)
+        if group is not None:
+            sub.group = group
+            members = self._groups.setdefault(real, {}).setdefault(group, _Group()).members
+            new = client_id not in members
+            members[client_id] = sub
+            return new
+        subs = self._subs_for(real, create=True)
+        assert subs is not None
+        new = client_id not in subs
+        subs[client_id] = sub
+        if new and _is_wild(real):
+            self._wild_count += 1
+        return new
+
+    def remove(self, client_id: str, topic_filter: str) -> bool:
+        group, real = parse_share(topic_filter)
+        if group is not None:
+            groups = self._groups.get(real)
+            g = groups.get(group) if groups else None
+            if g is None or g.members.pop(client_id, None) is None:
+                return False
+            if not g.members:
+                del groups[group]  # type: ignore[union-attr]
+                if not groups:
+                    del self._groups[real]
+            return True
+        if not _is_wild(real):
+            subs = self._exact.get(real)
+            if subs is None or subs.pop(client_id, None) is None:
+                return False
+            if not subs:
+                del self._exact[real]
+            return True
+        path = [self._root]
+        node = self._root
+        for level in real.split("/"):
+            nxt = node.children.get(level)
+            if nxt is None:
+                return False
+            path.append(nxt)
+            node = nxt
+        if node.subs.pop(client_id, None) is None:
+            return False
+        self._wild_count -= 1
+        levels = real.split("/")
+        for i in range(len(levels), 0, -1):  # prune empty branches
+            child = path[i]
+            if child.subs or child.children:
+                break
+            del path[i - 1].children[levels[i - 1]]
+        return True
+
+    # -- lookups ----------------------------------------------------------------------------------
+    def match(self, topic: str, online: Callable[[str], bool]) -> list[Match]:
+        """Every (client id, subscription) a message on `topic` goes to; one member per shared group."""
+        out: list[Match] = []
+        subs = self._exact.get(topic)
+        if subs:
+            out.extend(subs.items())
+        if self._wild_count:
+            for node in self._walk(topic):
+                out.extend(node.subs.items())
+        if self._groups:
+            for real, groups in self._groups.items():
+                if topic_matches(real, topic):
+                    for g in groups.values():
+                        picked = g.pick(online)
+                        if picked is not None:
+                            out.append(picked)
+        return out
+
+    def _walk(self, topic: str) -> Iterable[_Node]:
+        levels = topic.split("/")
+        n = len(levels)
+        dollar = topic.startswith("$")
+        stack: list[tuple[_Node, int]] = [(self._root, 0)]
+        while stack:
+            node, i = stack.pop()
+            children = node.children
+            hash_node = children.get("#")
+            # '#' matches the parent level too ("a/#" matches "a"), but never a root '$' topic.
+            if hash_node is not None and hash_node.subs and not (i == 0 and dollar):
+                yield hash_node
+            if i == n:
+                if node is not self._root and node.subs:
+                    yield node
+                continue
+            level = levels[i]
+            if not (i == 0 and dollar):
+                plus = children.get("+")
+                if plus is not None:
+                    stack.append((plus, i + 1))
+            child = children.get(level)
+            if child is not None and level not in ("+", "#"):
+                stack.append((child, i + 1))
+
+    def _subs_for(self, real: str, create: bool) -> dict[str, Subscription] | None:
+        if not _is_wild(real):
+            if create:
+                return self._exact.setdefault(real, {})
+            return self._exact.get(real)
+        node = self._root
+        for level in real.split("/"):
+            nxt = node.children.get(level)
+            if nxt is None:
+                if not create:
+                    return None
+                nxt = node.children[level] = _Node()
+            node = nxt
+        return node.subs
+
+    def filters(self) -> int:
+        return len(self._exact) + self._wild_count + sum(len(g) for g in self._groups.values())
+
+
+def _is_wild(topic_filter: str) -> bool:
+    return "+" in topic_filter or "#" in topic_filter
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """Whether one filter matches one topic (used for shared groups and retained messages)."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    f = topic_filter.split("/")
+    t = topic.split("/")
+    for i, level in enumerate(f):
+        if level == "#":
+            return True
+        if i >= len(t):
+            return False
+        if level != "+" and level != t[i]:
+            return False
+    return len(f) == len(t)

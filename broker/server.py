@@ -1,0 +1,149 @@
+"""Runs a Node on asyncio: MQTT listeners, the /metrics + /healthz + /readyz endpoint, graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import socket
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from .codec import RC
+from .config import BrokerConfig, ListenerConfig, parse_bind
+from .connection import Connection
+from .metrics import Metrics
+from .node import Node
+from .store import MemoryStore, SessionStore
+
+log = logging.getLogger("fleetmq.server")
+
+BACKLOG = 4096
+
+
+def make_store(config: BrokerConfig) -> SessionStore:
+    if config.store.kind == "memory":
+        return MemoryStore()
+    raise NotImplementedError("the redis store is not available yet in this build; use store.kind: memory")
+
+
+class Server:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.node = Node(config, make_store(config), self.metrics)
+        self.connections: set[Connection] = set()
+        self.listeners: dict[str, asyncio.Server] = {}
+        self._http: asyncio.Server | None = None
+        self._stopping: asyncio.Event | None = None
+        self.ready = False
+
+    async def start(self) -> None:
+        self._stopping = asyncio.Event()
+        await self.node.store.open()
+        for listener in self.config.listeners:
+            await self._open_listener(listener)
+        if self.config.metrics.bind:
+            host, port = parse_bind(self.config.metrics.bind)
+            self._http = await asyncio.start_server(self._http_handler, host, port, reuse_address=True)
+            log.info("metrics on http://%s:%d/metrics", host, port)
+        self.ready = True
+
+    async def _open_listener(self, listener: ListenerConfig) -> None:
+        if listener.protocol != "tcp":
+            raise NotImplementedError(f"listener {listener.name!r}: protocol {listener.protocol} is not available "
+                                      "yet in this build (tcp only)")
+        host, port = listener.address
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: Connection(self.node, listener.zone, listener.name, self.connections),
+            host, port, reuse_address=True, backlog=BACKLOG,
+        )
+        for sock in server.sockets:
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.listeners[listener.name] = server
+        log.info("listener %s (%s, zone %s) on %s:%d", listener.name, listener.protocol, listener.zone, host, port)
+
+    async def serve_forever(self) -> None:
+        assert self._stopping is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        await self._stopping.wait()
+        await self.drain()
+
+    def stop(self) -> None:
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def drain(self, timeout: float = 10.0) -> None:
+        """Graceful stop: refuse new clients, tell connected ones (v5 0x8B), commit pending writes."""
+        log.info("draining: %d connections", len(self.connections))
+        self.ready = False
+        for server in self.listeners.values():
+            server.close()
+        for conn in list(self.connections):
+            if conn.channel is not None:
+                conn.channel.kick(RC.SERVER_SHUTTING_DOWN, "server_shutdown")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        try:
+            await asyncio.wait_for(self.node.committer.drain(), max(0.1, deadline - loop.time()))
+        except TimeoutError:
+            log.warning("session store writes still pending at shutdown")
+        self.node.cm.shutdown()
+        for server in self.listeners.values():
+            await server.wait_closed()
+        if self._http is not None:
+            self._http.close()
+        await self.node.store.close()
+        log.info("stopped")
+
+    # -- HTTP: /metrics, /healthz, /readyz --------------------------------------------------------
+    async def _http_handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            method, path, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            status, ctype, body = self._route(method, path.split("?", 1)[0])
+            head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                    "Connection: close\r\n\r\n")
+            writer.write(head.encode() + body)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError,
+                ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def _route(self, method: str, path: str) -> tuple[str, str, bytes]:
+        if method not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", "text/plain", b"method not allowed\n"
+        if path == "/metrics":
+            registry = CollectorRegistry()
+            registry.register(self.metrics.collector())
+            return "200 OK", CONTENT_TYPE_LATEST, generate_latest(registry)
+        if path == "/healthz":
+            return "200 OK", "text/plain", b"ok\n"
+        if path == "/readyz":
+            info: dict[str, Any] = {
+                "ready": self.ready,
+                "node_id": self.node.node_id,
+                "config_hash": self.config.config_hash(),
+                "connections": len(self.node.cm.channels),
+                "listeners": sorted(self.listeners),
+            }
+            status = "200 OK" if self.ready else "503 Service Unavailable"
+            return status, "application/json", json.dumps(info).encode() + b"\n"
+        return "404 Not Found", "text/plain", b"not found\n"
+
+
+async def run(config: BrokerConfig) -> None:
+    server = Server(config)
+    await server.start()
+    await server.serve_forever()

@@ -1,0 +1,205 @@
+"""Session stores and group commit.
+
+A store keeps what must outlive a connection: offline sessions with their queues, and retained messages.
+Its interface is asynchronous and batched from the start: every write of one event-loop turn is handed to
+`commit()` as one list, so a Redis store sends it in one round trip (one pipeline / script call) and the
+acks that wait for it (publisher confirms) are released together, as RabbitMQ batches fsyncs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .message import Delivery, Message
+from .metrics import Metrics
+from .session import Session
+
+log = logging.getLogger("fleetmq.store")
+
+
+@dataclass(slots=True)
+class Save:
+    """Park a session whose client disconnected, until it expires or is taken back."""
+
+    session: Session
+
+
+@dataclass(slots=True)
+class Enqueue:
+    """Queue a delivery in an offline session (the store applies max_mqueue_len, dropping the oldest)."""
+
+    client_id: str
+    delivery: Delivery
+
+
+@dataclass(slots=True)
+class Discard:
+    """Delete a session (expired, or replaced by a clean start)."""
+
+    client_id: str
+
+
+@dataclass(slots=True)
+class Retain:
+    """Set (or, with an empty payload, clear) the retained message of a topic."""
+
+    msg: Message
+
+
+Op = Save | Enqueue | Discard | Retain
+
+
+@dataclass(slots=True)
+class CommitResult:
+    """What a commit did that the broker must account for (metrics, events)."""
+
+    dropped: list[tuple[str, Delivery]]  # (zone, delivery) dropped from full offline queues
+    missing: list[Enqueue]  # enqueues for sessions that no longer exist
+
+
+class SessionStore(ABC):
+    """Where sessions live while their client is away."""
+
+    @abstractmethod
+    async def open(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def take(self, client_id: str) -> Session | None:
+        """Claim a stored session for a connecting client (it leaves the store)."""
+
+    @abstractmethod
+    async def commit(self, ops: list[Op]) -> CommitResult:
+        """Apply the writes of one event-loop turn atomically, in one round trip."""
+
+    @abstractmethod
+    def offline_sessions(self) -> list[Session]:
+        """Sessions held for absent clients (for gauges and expiry bookkeeping)."""
+
+
+class MemoryStore(SessionStore):
+    """Sessions in this process's memory: the default of `make run`, lost when the process ends."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._sessions.clear()
+
+    async def take(self, client_id: str) -> Session | None:
+        return self._sessions.pop(client_id, None)
+
+    def peek(self, client_id: str) -> Session | None:
+        return self._sessions.get(client_id)
+
+    async def commit(self, ops: list[Op]) -> CommitResult:
+        result = CommitResult([], [])
+        sessions = self._sessions
+        for op in ops:
+            if isinstance(op, Save):
+                sessions[op.session.client_id] = op.session
+            elif isinstance(op, Enqueue):
+                s = sessions.get(op.client_id)
+                if s is None:
+                    result.missing.append(op)
+                    continue
+                for d in s.enqueue(op.delivery):
+                    result.dropped.append((s.zone_name, d))
+            elif isinstance(op, Discard):
+                sessions.pop(op.client_id, None)
+            # Retain: retained messages are kept by the node's Retained index for the memory store.
+        return result
+
+    def offline_sessions(self) -> list[Session]:
+        return list(self._sessions.values())
+
+
+class GroupCommitter:
+    """Collects store writes during one event-loop turn and commits them in one call.
+
+    Callers register callbacks with `after()`; they run in registration order once the batch holding
+    every write made before them is durable (ok=True) or failed (ok=False). With nothing pending, a
+    callback runs at once, so clean sessions never wait.
+    """
+
+    def __init__(self, store: SessionStore, metrics: Metrics,
+                 on_result: Callable[[CommitResult], None] | None = None) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.on_result = on_result
+        self._ops: list[Op] = []
+        self._waiters: list[Callable[[bool], Any]] = []
+        self._scheduled = False
+        self._inflight: asyncio.Task[None] | None = None
+        self.batches = 0
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._ops) or bool(self._waiters)
+
+    def add(self, op: Op) -> None:
+        self._ops.append(op)
+        self._schedule()
+
+    def after(self, callback: Callable[[bool], Any]) -> None:
+        if not self._ops and not self._waiters and self._inflight is None:
+            callback(True)
+            return
+        self._waiters.append(callback)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._inflight is not None:
+            return  # the running batch reschedules us when it finishes: one commit at a time keeps order
+        ops, waiters = self._ops, self._waiters
+        self._ops, self._waiters = [], []
+        self._inflight = asyncio.get_running_loop().create_task(self._commit(ops, waiters))
+
+    async def _commit(self, ops: list[Op], waiters: list[Callable[[bool], Any]]) -> None:
+        ok = True
+        try:
+            if ops:
+                t0 = time.perf_counter()
+                result = await self.store.commit(ops)
+                self.metrics.store_ops["commit"].observe(time.perf_counter() - t0)
+                self.batches += 1
+                if self.on_result is not None:
+                    self.on_result(result)
+        except Exception:  # a store failure must not kill the node: acks are simply withheld
+            ok = False
+            self.metrics.store_errors += 1
+            log.exception("session store commit of %d writes failed", len(ops))
+        finally:
+            self._inflight = None
+        for cb in waiters:
+            try:
+                cb(ok)
+            except Exception:  # pragma: no cover - a broken callback must not starve the others
+                log.exception("commit callback failed")
+        if self._ops or self._waiters:
+            self._schedule()
+
+    async def drain(self) -> None:
+        """Wait until every write made so far is committed (graceful shutdown)."""
+        while self._ops or self._waiters or self._inflight is not None or self._scheduled:
+            if self._inflight is not None:
+                await asyncio.shield(self._inflight)
+            else:
+                await asyncio.sleep(0)

@@ -1,0 +1,127 @@
+"""Zones: named groups of session settings bound to listeners (EMQX's zones).
+
+These pydantic models are the single source of truth for configuration: the broker validates its config file
+with them and the operator generates the CRD schemas from them. Names and defaults follow EMQX.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Accept EMQX-style durations ("30s", "2h", "500ms") or plain numbers of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must be a number of seconds or a string like '30s'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    else:
+        raise ValueError(f"invalid duration {value!r}: use seconds or a string like '30s', '5m', '2h'")
+    if seconds < 0:
+        raise ValueError("a duration cannot be negative")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    if seconds == int(seconds):
+        return f"{int(seconds)}s"
+    return f"{round(seconds * 1000)}ms"
+
+
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+]
+
+
+class ZoneSettings(BaseModel):
+    """Session and keep-alive settings of one zone; every field has EMQX's default."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    max_inflight: int = Field(
+        32,
+        ge=0,
+        le=65535,
+        description="Inflight Window length: unacknowledged QoS1/2 deliveries to one client. 0 = no limit. "
+        "For MQTT 5 the window is min(max_inflight, the client's Receive Maximum).",
+    )
+    max_mqueue_len: int = Field(
+        1000,
+        ge=0,
+        description="Message Queue length per session. 0 = no limit. When full, the oldest message is dropped.",
+    )
+    mqueue_store_qos0: bool = Field(
+        True, description="Queue QoS0 messages for offline persistent sessions."
+    )
+    retry_interval: Duration = Field(
+        30.0,
+        description="Resend an unacknowledged PUBLISH (DUP=1) or PUBREL after this long (MQTT 3.1.1 sessions; "
+        "MQTT 5 only with retry_v5).",
+    )
+    retry_v5: bool = Field(
+        False,
+        description="Also resend on a timer to MQTT 5 clients (the spec forbids it [MQTT-4.4.0-1]; opt-in).",
+    )
+    max_awaiting_rel: int = Field(
+        100,
+        ge=0,
+        description="Incoming QoS2 packet ids awaiting PUBREL per client; 0 = no limit. Beyond it a PUBLISH "
+        "is refused (MQTT 5: PUBREC 0x93).",
+    )
+    await_rel_timeout: Duration = Field(
+        300.0, description="An incoming QoS2 message awaiting PUBREL longer than this is discarded."
+    )
+    server_keepalive: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="If set, overrides the client's Keep Alive (sent as Server Keep Alive in an MQTT 5 CONNACK).",
+    )
+    keepalive_backoff: float = Field(
+        0.75,
+        gt=0,
+        description="The connection closes after keepalive * backoff * 2 seconds of silence (0.75 = 1.5x).",
+    )
+    session_expiry_interval: Duration = Field(
+        7200.0,
+        description="Cap on the session expiry a client may ask for; MQTT 3 persistent sessions expire after it.",
+    )
+    max_packet_size: int = Field(
+        1024 * 1024, ge=64, le=268435455, description="Larger packets are refused (MQTT 5: DISCONNECT 0x95)."
+    )
+    max_topic_alias: int = Field(65535, ge=0, le=65535, description="Topic Alias Maximum announced to MQTT 5 clients.")
+    max_clientid_len: int = Field(65535, ge=23, le=65535, description="Longest accepted client identifier.")
+    receive_maximum: int = Field(
+        65535,
+        ge=1,
+        le=65535,
+        description="Receive Maximum announced to MQTT 5 clients: concurrent QoS1/2 PUBLISHes they may send us.",
+    )
+    idle_timeout: Duration = Field(15.0, gt=0, description="Close a connection that sends no CONNECT this long.")
+    allow_anonymous: bool = Field(True, description="Accept connections without a username.")
+
+    def keepalive_timeout(self, keepalive: int) -> float:
+        """Seconds of silence after which a connection with this Keep Alive is closed (0 = never)."""
+        return keepalive * self.keepalive_backoff * 2
+
+
+#: EMQX's two stock zones; a config that omits a field of these gets these values.
+DEFAULT_ZONES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "external": {"max_inflight": 32, "max_mqueue_len": 1000},
+    "internal": {"max_inflight": 128, "max_mqueue_len": 10000},
+}
+
+
+def zone_defaults(name: str) -> dict[str, Any]:
+    return dict(DEFAULT_ZONES.get(name, {}))
