@@ -270,11 +270,10 @@ def decode(first: int, body: bytes, version: int) -> Packet:
         if v5:
             p.props = r.props()
         p.codes = list(r.rest())
-    elif ptype == DISCONNECT or ptype == AUTH:
+    elif ptype in (DISCONNECT, AUTH) and r.more():
+        p.reason = r.byte()
         if r.more():
-            p.reason = r.byte()
-            if r.more():
-                p.props = r.props()
+            p.props = r.props()
     return p
 
 
