@@ -1,0 +1,3 @@
+module fleetmq/bench/loadgen
+
+go 1.22

@@ -1,0 +1,106 @@
+package main
+
+// Idle-connection mode: open many MQTT sessions and hold them so the runner
+// can read the broker's resident memory per connection.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+type idleResult struct {
+	Mode      string  `json:"mode"`
+	Connected int     `json:"connected"`
+	Failed    int     `json:"failed"`
+	ConnectS  float64 `json:"connect_s"`
+	Error     string  `json:"error,omitempty"`
+}
+
+func retryable(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+func runIdle(cfg *config, conns, concurrency int, hold time.Duration, asJSON bool) int {
+	start := time.Now()
+	held := make([]net.Conn, conns)
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < concurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				var err error
+				for attempt := 0; attempt < 5; attempt++ {
+					var c net.Conn
+					c, _, err = dial(cfg, fmt.Sprintf("bench-%s-idle-%d", cfg.runID, i), 300)
+					if err == nil {
+						held[i] = c
+						break
+					}
+					if !retryable(err) {
+						break
+					}
+					time.Sleep(time.Duration(50*(attempt+1)) * time.Millisecond)
+				}
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+	for i := 0; i < conns; i++ {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	res := idleResult{Mode: "idle", Failed: int(failed.Load()), ConnectS: time.Since(start).Seconds()}
+	res.Connected = conns - res.Failed
+	if v := firstErr.Load(); v != nil {
+		res.Error = fmt.Sprintf("%d connections failed, first: %s", res.Failed, v.(string))
+	}
+	emit(res, asJSON)
+	// Hold until stdin closes (the runner is done measuring) or hold expires.
+	stdinClosed := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		close(stdinClosed)
+	}()
+	select {
+	case <-stdinClosed:
+	case <-time.After(hold):
+	}
+	for _, c := range held {
+		if c != nil {
+			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+			_, _ = c.Write(disconnectPkt)
+			_ = c.Close()
+		}
+	}
+	if res.Error != "" {
+		return 1
+	}
+	return 0
+}
+
+func emit(v any, asJSON bool) {
+	if asJSON {
+		b, _ := json.Marshal(v)
+		fmt.Fprintln(os.Stdout, string(b))
+		return
+	}
+	b, _ := json.MarshalIndent(v, "", "  ")
+	fmt.Fprintln(os.Stdout, string(b))
+}
