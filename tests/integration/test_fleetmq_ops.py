@@ -174,17 +174,17 @@ def test_zones_bound_to_listeners(start_broker, client_factory, raw_clients):
     subs = {}
     for name in ("narrow", "wide"):
         c = m.RawClient(HOST, b.ports[name], version=4)
-        raw_clients_made = c
+        subs[name] = c
         c.connect(uid(name))
         c.subscribe([(t, 1)])
-        subs[name] = raw_clients_made
     try:
         pub = client_factory(broker=b, version=4)
         for i in range(5):
             pub.publish(t, str(i).encode(), 1)
         assert len(subs["narrow"].recv_all(0.5)) == 1
         assert len(subs["wide"].recv_all(0.5)) == 3
-        assert b.metric("fleetmq_connections", zone="narrow") == 1
+        # the publisher is on the first listener (b.port) too
+        assert b.metric("fleetmq_connections", zone="narrow") == 2
         assert b.metric("fleetmq_connections", zone="wide") == 1
     finally:
         for c in subs.values():
@@ -209,3 +209,18 @@ def test_sigterm_drains(start_broker, raw_clients):
     rc = b.proc.wait(10)
     assert rc == 0, f"exit code {rc}"
     assert time.monotonic() - t0 < 5
+
+
+def test_server_receive_maximum_exceeded(start_broker, raw_clients):
+    b = start_broker(zone_overrides={"receive_maximum": 5, "max_awaiting_rel": 100})
+    c = raw_clients(b, version=5)
+    ack = c.connect(uid("srm"))
+    assert ack.props.get("receive_maximum") == 5
+    t = uid("srm/")
+    for pid in range(1, 6):
+        c.publish(t, b"x", qos=2, packet_id=pid)
+    assert all(p.reason < 0x80 for p in c.recv_n(5, ptype=m.PUBREC))
+    c.publish(t, b"x", qos=1, packet_id=6)  # the 6th unacknowledged QoS>0 PUBLISH
+    closed, seen = c.wait_closed(3)
+    assert closed
+    assert [p.reason for p in seen if p.type == m.DISCONNECT] == [0x93], seen

@@ -32,6 +32,45 @@ def test_topic_alias_from_client(broker, clients, raw_clients):
     assert all("TopicAlias" not in r.props for r in got)
 
 
+def test_no_topic_alias_to_client_without_maximum(broker, clients, raw_clients):
+    t = uid("tao/")
+    c = raw_clients(broker, version=5)
+    c.connect(uid("tao"))  # announces no Topic Alias Maximum (= 0)
+    c.subscribe([(t, 0)])
+    pub = clients(version=5)
+    for i in range(5):
+        pub.publish(t, str(i).encode(), 0)
+    got = c.recv_n(5, ptype=m.PUBLISH)
+    assert all(p.topic == t and "topic_alias" not in p.props for p in got), got
+
+
+def test_topic_alias_to_client_resolvable(broker, clients, raw_clients):
+    """The server may use aliases up to the client's Topic Alias Maximum; the first use carries the
+    topic, later ones may send an empty topic; every message must resolve to the right topic."""
+    base = uid("tai")
+    c = raw_clients(broker, version=5)
+    c.connect(uid("tai"), props={"topic_alias_maximum": 2})
+    c.subscribe([(f"{base}/#", 0)])
+    pub = clients(version=5)
+    topics = [f"{base}/a", f"{base}/b", f"{base}/c"] * 3
+    for i, t in enumerate(topics):
+        pub.publish(t, str(i).encode(), 0)
+    aliases: dict[int, str] = {}
+    resolved = []
+    for p in c.recv_n(len(topics), ptype=m.PUBLISH):
+        alias = p.props.get("topic_alias")
+        if alias is not None:
+            assert 1 <= alias <= 2, p
+            if p.topic:
+                aliases[alias] = p.topic
+            else:
+                assert alias in aliases, f"alias {alias} used before being set: {p}"
+        else:
+            assert p.topic, p
+        resolved.append(p.topic or aliases[alias])
+    assert resolved == topics
+
+
 def test_topic_alias_unknown_is_protocol_error(broker, raw_clients):
     c = raw_clients(broker, version=5)
     ack = c.connect(uid("ta"))
