@@ -104,3 +104,53 @@ def test_await_rel_timeout(start_broker, raw_clients):
     assert (comp.packet_id, comp.reason) == (9, 0x92)  # Packet Identifier not found
     c.send(m.pingreq())
     c.expect(m.PINGRESP)  # the connection stays up
+
+
+# ------------------------------------------------------------------ zone limits
+def test_zone_max_packet_size(start_broker, raw_clients):
+    b = start_broker(zone_overrides={"max_packet_size": 1024})
+    c = raw_clients(b, version=5)
+    ack = c.connect(uid("mps"))
+    assert ack.props.get("maximum_packet_size") == 1024
+    c.publish(uid("mps/"), b"x" * 900, qos=1)
+    assert c.expect(m.PUBACK).reason < 0x80
+    c.publish(uid("mps/"), b"x" * 2000, qos=1)
+    closed, seen = c.wait_closed(3)
+    assert closed
+    assert [p.reason for p in seen if p.type == m.DISCONNECT] == [0x95], seen
+    v4 = raw_clients(b, version=4)
+    v4.connect(uid("mps"))
+    v4.publish(uid("mps/"), b"x" * 2000, qos=1)
+    closed, seen = v4.wait_closed(3)
+    assert closed and not seen
+
+
+def test_zone_session_expiry_cap(start_broker, client_factory):
+    b = start_broker(zone_overrides={"session_expiry_interval": "1s"})
+    v5 = client_factory(uid("cap"), broker=b, version=5, clean=False, session_expiry=3600)
+    # the server tells the client the interval it will actually use
+    assert v5.connack["props"].get("SessionExpiryInterval") == 1
+    v4 = client_factory(uid("cap"), broker=b, version=4, clean=False)
+    for c in (v5, v4):
+        c.subscribe(uid("cap/"), 1)
+        c.disconnect()
+    before = b.metric("fleetmq_session_events_total", event="expired")
+    time.sleep(2.2)
+    for c in (v5, v4):
+        c.connect()
+        assert c.session_present is False, "a session outlived the zone's session_expiry_interval"
+    assert b.metric("fleetmq_session_events_total", event="expired") - before == 2
+
+
+def test_session_events_metrics(start_broker, client_factory):
+    b = start_broker()
+    cid = uid("ev")
+    c = client_factory(cid, broker=b, version=4, clean=False)
+    c.disconnect()
+    c.connect()
+    assert b.metric("fleetmq_session_events_total", event="created") == 1
+    assert b.metric("fleetmq_session_events_total", event="resumed") == 1
+    c.disconnect()
+    clean = client_factory(cid, broker=b, version=4, clean=True)
+    assert not clean.session_present
+    assert b.metric("fleetmq_session_events_total", event="discarded") == 1
