@@ -312,7 +312,8 @@ func (s *runState) pubReadLoop(p *publisher) {
 	rel := make([]byte, 0, 4)
 	qos := s.cfg.qos
 	for {
-		pk, err := p.next(s.cfg.ackDelay)
+		// PUBREL is on the critical path of the window: never hold it back.
+		pk, err := p.next(0)
 		if err != nil {
 			s.fail("publisher: %v", err)
 			return

@@ -43,7 +43,7 @@ func main() {
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measurement duration")
 	flag.DurationVar(&cfg.warmup, "warmup", time.Second, "warmup before measuring")
 	flag.DurationVar(&cfg.drain, "drain", 3*time.Second, "max wait for in-flight messages after publishing stops")
-	flag.DurationVar(&cfg.ackDelay, "ack-delay", 500*time.Microsecond, "max time a client holds back a partial batch of acks")
+	flag.DurationVar(&cfg.ackDelay, "ack-delay", 500*time.Microsecond, "max time a subscriber holds back a partial batch of acks (0: flush per read)")
 	procs := flag.Int("procs", 1, "GOMAXPROCS: 1 keeps the generator on one core, leaving the rest to the broker")
 	flag.IntVar(&cfg.window, "window", 200, "max outstanding messages per publisher")
 	flag.IntVar(&cfg.batch, "batch", 0, "after the window fills, resume once this many slots are free (default window/8)")

@@ -1,0 +1,1 @@
+"""Side-by-side benchmark of the fleetmq broker against mosquitto (``python -m bench``)."""

@@ -1,0 +1,151 @@
+"""Start/stop the brokers under test on free loopback ports with equivalent, unlimited settings.
+
+Both brokers get unlimited inflight windows and queues, so that the closed-loop
+load generator (not a broker limit) decides how much is in flight.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import procs
+
+REPO = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+START_TIMEOUT = 20.0
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be started or died."""
+
+
+class Broker:
+    """One broker process; subclasses say how to configure and launch it."""
+
+    name = "broker"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir / self.name
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def version(self) -> str:
+        return ""
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        """Launch on a fresh port and wait until it accepts connections."""
+        self.stop()
+        self.port = procs.free_port(HOST)
+        cmd = self.command()
+        self.starts += 1
+        with self.log_path.open("ab") as log:
+            log.write(f"--- start #{self.starts}: {' '.join(cmd)}\n".encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(
+                    cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                )
+            except OSError as e:
+                raise BrokerError(f"cannot run {cmd[0]}: {e}") from e
+        try:
+            procs.wait_port(HOST, self.port, START_TIMEOUT, self.proc)
+        except RuntimeError as e:
+            self.stop()
+            raise BrokerError(f"{self.name} {e}{self.log_tail()}") from e
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            procs.stop_process(self.proc)
+            self.proc = None
+
+    def exit_reason(self) -> str:
+        """Why a dead broker died, for error cells."""
+        rc = self.proc.returncode if self.proc is not None else None
+        return f"{self.name} exited (code {rc}){self.log_tail()}"
+
+    def log_tail(self, lines: int = 3) -> str:
+        try:
+            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-lines:]
+        except OSError:
+            return ""
+        tail = [t for t in tail if not t.startswith("--- start")]
+        return (": " + " | ".join(t.strip() for t in tail))[:400] if tail else ""
+
+
+class Mosquitto(Broker):
+    """mosquitto with limits lifted to match fleetmq's zone (inflight/queue 0 = unlimited)."""
+
+    name = "mosquitto"
+
+    @staticmethod
+    def binary() -> str:
+        found = shutil.which("mosquitto") or next(
+            (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if Path(p).exists()), None
+        )
+        if not found:
+            raise BrokerError("mosquitto not found (run scripts/system-deps.sh)")
+        return found
+
+    def command(self) -> list[str]:
+        conf = self.workdir / "mosquitto.conf"
+        conf.write_text(
+            f"listener {self.port} {HOST}\n"
+            "max_connections -1\n"
+            "allow_anonymous true\n"
+            "max_inflight_messages 0\n"
+            "max_queued_messages 0\n"
+            "persistence false\n"
+            "log_dest none\n"
+        )
+        return [self.binary(), "-c", str(conf)]
+
+    def version(self) -> str:
+        try:
+            out = subprocess.run([self.binary(), "-h"], capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.SubprocessError, BrokerError):
+            return "unknown"
+        first = out.splitlines()[0] if out else ""
+        return first.removeprefix("mosquitto version ").strip() or "unknown"
+
+
+class Fleetmq(Broker):
+    """fleetmq from this checkout, in-memory store, one zone with unlimited inflight/queue."""
+
+    name = "fleetmq"
+
+    def command(self) -> list[str]:
+        cfg = self.workdir / "fleetmq.yaml"
+        cfg.write_text(
+            "node_id: bench\n"
+            "store: {kind: memory}\n"
+            "zones:\n"
+            "  bench: {max_inflight: 0, max_mqueue_len: 0}\n"
+            "listeners:\n"
+            f'  - {{name: mqtt, zone: bench, bind: "{HOST}:{self.port}", protocol: tcp}}\n'
+        )
+        venv_python = REPO / ".venv" / "bin" / "python"
+        python = str(venv_python) if venv_python.exists() else sys.executable
+        return [python, "-m", "fleetmq.broker", "--config", str(cfg), "--log-level", "warning"]
+
+
+BROKERS: dict[str, type[Broker]] = {"mosquitto": Mosquitto, "fleetmq": Fleetmq}

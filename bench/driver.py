@@ -1,0 +1,155 @@
+"""Build and drive the Go load generator (bench/loadgen).
+
+The generator is Go, not Python, so that it costs far less CPU per message than
+either broker and the comparison measures the brokers, not the client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+SRC = Path(__file__).resolve().parent / "loadgen"
+
+
+class LoadgenError(RuntimeError):
+    """The load generator failed (build, crash, or a scenario error it reported)."""
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("FLEETMQ_BENCH_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "fleetmq" / "bench"
+
+
+def _go() -> str:
+    go = shutil.which("go") or next(
+        (p for p in ("/usr/local/go/bin/go", "/usr/lib/go/bin/go") if Path(p).exists()), None
+    )
+    if not go:
+        raise LoadgenError("the Go toolchain (go 1.22+) is needed to build bench/loadgen")
+    return go
+
+
+def build(cache: Path | None = None) -> Path:
+    """Return the loadgen binary, (re)building it when missing or older than its sources."""
+    cache = cache or cache_dir()
+    binary = cache / "loadgen"
+    sources = [*SRC.glob("*.go"), SRC / "go.mod"]
+    newest = max(p.stat().st_mtime for p in sources)
+    if binary.exists() and binary.stat().st_mtime >= newest:
+        return binary
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f"loadgen.tmp{os.getpid()}"
+    env = dict(os.environ)
+    env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -mod=mod").strip()
+    proc = subprocess.run(
+        [_go(), "build", "-buildvcs=false", "-o", str(tmp), "."],
+        cwd=SRC,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise LoadgenError(f"go build failed: {proc.stderr.strip()[-800:]}")
+    tmp.replace(binary)
+    return binary
+
+
+def _last_json(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return dict(json.loads(line))
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def run_flow(
+    binary: Path, port: int, mode: str, qos: int, *, duration: float, warmup: float, window: int, payload: int
+) -> dict[str, Any]:
+    """Run one throughput/latency scenario; returns the loadgen's JSON result."""
+    cmd = [
+        str(binary),
+        *("-host", "127.0.0.1", "-port", str(port), "-mode", mode, "-qos", str(qos)),
+        *("-duration", f"{duration}s", "-warmup", f"{warmup}s", "-window", str(window)),
+        *("-payload", str(payload), "-json"),
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + warmup + 60)
+    except subprocess.TimeoutExpired as e:
+        raise LoadgenError("loadgen timed out") from e
+    res = _last_json(proc.stdout)
+    if res is None:
+        raise LoadgenError(f"loadgen exit {proc.returncode}: {proc.stderr.strip()[-300:] or 'no output'}")
+    if res.get("error"):
+        raise LoadgenError(str(res["error"]))
+    return res
+
+
+class IdleConns:
+    """Holds `conns` idle MQTT connections open (a loadgen child) until closed."""
+
+    def __init__(self, binary: Path, port: int, conns: int, timeout: float = 120.0) -> None:
+        self.proc = subprocess.Popen(
+            [
+                str(binary),
+                "-port",
+                str(port),
+                "-mode",
+                "idle",
+                "-conns",
+                str(conns),
+                "-hold",
+                "600s",
+                "-json",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.result = self._read_result(timeout)
+
+    def _read_result(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        buf = b""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                self.close()
+                raise LoadgenError(f"idle loadgen gave no result within {timeout:.0f}s")
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+            if not chunk:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                self.close()
+                raise LoadgenError(f"idle loadgen exited: {err.strip()[-300:] or 'no output'}")
+            buf += chunk
+        res = _last_json(buf.decode(errors="replace").split("\n", 1)[0])
+        if res is None:
+            self.close()
+            raise LoadgenError("idle loadgen printed no JSON")
+        return res
+
+    def close(self) -> None:
+        """Close stdin (the loadgen then disconnects everything) and reap it."""
+        if self.proc.stdin and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

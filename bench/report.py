@@ -1,0 +1,195 @@
+"""Machine description and the Markdown/JSON report."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+# Targets from the product issue: fleetmq throughput relative to mosquitto, and idle memory.
+RATIO_TARGET = {0: 0.35, 1: 0.5, 2: 0.5}
+IDLE_RSS_TARGET_MB = 250.0
+
+
+@dataclass
+class Cell:
+    """One broker's outcome for one row."""
+
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    broker_cpu_s: float | None = None
+    other_cpu_s: float | None = None  # CPU used by other processes on the machine meanwhile
+    softirq_cpu_s: float | None = None  # kernel irq/softirq time (mostly loopback TCP) meanwhile
+
+
+@dataclass
+class Row:
+    scenario: str  # pt2pt | fanout | fanin | idle
+    qos: int | None
+    cells: dict[str, Cell] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return self.scenario if self.qos is None else f"{self.scenario}-q{self.qos}"
+
+
+def machine_info(mosquitto_version: str) -> dict[str, str]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "nproc": str(os.cpu_count() or "?"),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "mosquitto": mosquitto_version,
+        "go": _go_version(),
+    }
+
+
+def _go_version() -> str:
+    try:
+        out = subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.strip() or "unknown"
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def _lat(cell: Cell | None) -> str:
+    if cell is None or cell.result is None:
+        return "—"
+    r = cell.result
+    return f"{_num(r['p50_us'])} / {_num(r['p99_us'])}"
+
+
+def _rate(cell: Cell | None) -> str:
+    if cell is None:
+        return "—"
+    if cell.error:
+        return f"error: {cell.error}".replace("|", "/")
+    assert cell.result is not None
+    return _num(cell.result["msgs_per_s"])
+
+
+def _flow_line(row: Row) -> str:
+    m, f = row.cells.get("mosquitto"), row.cells.get("fleetmq")
+    target = RATIO_TARGET[row.qos or 0]
+    ratio, ok = "—", "—"
+    if m and f and m.result and f.result and m.result["msgs_per_s"] > 0:
+        r = f.result["msgs_per_s"] / m.result["msgs_per_s"]
+        ratio, ok = f"{r:.2f}", "yes" if r >= target else "no"
+    if f and f.error:
+        ok = "error"
+    return (
+        f"| {row.scenario} | {row.qos} | {_rate(m)} | {_rate(f)} | {ratio} | {_lat(m)} | {_lat(f)} "
+        f"| ratio ≥ {target:.2f} | {ok} |"
+    )
+
+
+def _rss(cell: Cell | None) -> tuple[str, str]:
+    if cell is None:
+        return "—", "—"
+    if cell.error and not cell.result:
+        return f"error: {cell.error}".replace("|", "/"), "—"
+    assert cell.result is not None
+    r = cell.result
+    main = f"RSS {r['rss_after_kb'] / 1024:,.1f} MB"
+    if cell.error:
+        main += f" (error: {cell.error})".replace("|", "/")
+    detail = f"before {r['rss_before_kb'] / 1024:,.1f} MB, +{r['per_conn_kb']:.2f} KB/conn"
+    return main, detail
+
+
+def _idle_line(row: Row, conns: int) -> str:
+    m, f = row.cells.get("mosquitto"), row.cells.get("fleetmq")
+    (m_main, m_detail), (f_main, f_detail) = _rss(m), _rss(f)
+    ratio, ok = "—", "—"
+    if m and f and m.result and f.result and m.result["rss_after_kb"] > 0:
+        ratio = f"{f.result['rss_after_kb'] / m.result['rss_after_kb']:.1f} (RSS)"
+    if f and f.result:
+        ok = "yes" if f.result["rss_after_kb"] / 1024 < IDLE_RSS_TARGET_MB and not f.error else "no"
+    if f and f.error:
+        ok = "error"
+    return (
+        f"| idle ({conns:,} conns) | — | {m_main} | {f_main} | {ratio} | {m_detail} | {f_detail} "
+        f"| fleetmq RSS < {IDLE_RSS_TARGET_MB:.0f} MB | {ok} |"
+    )
+
+
+def markdown(rows: list[Row], machine: dict[str, str], settings: dict[str, Any], started: datetime) -> str:
+    lines = [
+        f"# fleetmq vs mosquitto benchmark — {started.strftime('%Y-%m-%d %H:%M')} UTC",
+        "",
+        f"- machine: {machine['nproc']} CPUs, {machine['cpu']}, Linux {machine['kernel']}, "
+        f"Python {machine['python']}, mosquitto {machine['mosquitto']}, {machine['go']}",
+        f"- load: Go loadgen on loopback, closed loop, window {settings['window']} msgs/publisher, "
+        f"payload {settings['payload']} B, warmup {settings['warmup']:g} s, measured {settings['duration']:g} s; "
+        "msg/s counts every delivery to a subscriber (fanout: 1 pub → 10 subs; fanin: 10 pubs → 1 sub)",
+        "",
+        "| scenario | qos | mosquitto msg/s | fleetmq msg/s | ratio | mosquitto p50/p99 µs "
+        "| fleetmq p50/p99 µs | target | ok |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for row in rows:
+        lines.append(_idle_line(row, settings["conns"]) if row.scenario == "idle" else _flow_line(row))
+    notes = []
+    for row in rows:
+        for name, cell in row.cells.items():
+            r = cell.result
+            if row.scenario != "idle" and r and (r.get("lost") or r.get("dup")):
+                notes.append(f"- {row.key} {name}: lost {r['lost']}, dup {r['dup']}")
+    lines += ["", "Loss check: " + ("no message lost or duplicated." if not notes else "")]
+    lines += notes
+    lines += [
+        "",
+        "CPU seconds used during each run as broker / loadgen / softirq / other processes "
+        "(the loadgen must stay well below the broker; softirq is mostly loopback TCP; "
+        "'other' is noise from the rest of the machine):",
+        "",
+    ]
+    cpu = []
+    for row in rows:
+        if row.scenario == "idle":
+            continue
+        parts = []
+        for name, cell in row.cells.items():
+            if cell.result and cell.broker_cpu_s is not None:
+                parts.append(
+                    f"{name} {cell.broker_cpu_s:.1f} / {cell.result.get('loadgen_cpu_s', 0):.1f} / "
+                    f"{cell.softirq_cpu_s or 0:.1f} / {cell.other_cpu_s or 0:.1f}"
+                )
+        if parts:
+            cpu.append(f"{row.key}: " + ", ".join(parts))
+    lines.append("; ".join(cpu) if cpu else "n/a")
+    return "\n".join(lines) + "\n"
+
+
+def as_json(
+    rows: list[Row], machine: dict[str, str], settings: dict[str, Any], started: datetime
+) -> dict[str, Any]:
+    return {
+        "date": started.isoformat(),
+        "machine": machine,
+        "settings": settings,
+        "rows": [
+            {"scenario": r.scenario, "qos": r.qos, "brokers": {k: asdict(c) for k, c in r.cells.items()}}
+            for r in rows
+        ],
+    }
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
