@@ -161,11 +161,11 @@ class Channel:
         if self.state == State.CLOSED:
             return
         self.last_recv = self.io.time()
+        error: ProtocolError | None = None
         try:
             packets = self.parser.feed(data)
         except ProtocolError as e:
-            self.protocol_error(e.reason, e.message)
-            return
+            error, packets = e, e.packets  # packets before the bad one still count
         for packet in packets:
             state = self.state
             if state == State.CONNECTED:
@@ -184,6 +184,8 @@ class Channel:
                 self._on_connect(packet)
             else:
                 return
+        if error is not None:
+            self.protocol_error(error.reason, error.message)
 
     def protocol_error(self, reason: int, message: str) -> None:
         """Malformed input or a protocol violation: tell a v5 client why, count it, close."""
@@ -442,7 +444,10 @@ class Channel:
                 fresh = session.await_rel(p.packet_id, self.io.time())
             except AwaitingRelFull:
                 self.zm.dropped["awaiting_rel_full"] += 1
-                self._send_ack(PUBREC, p.packet_id, RC.RECEIVE_MAXIMUM_EXCEEDED)
+                if self.version >= MQTT5:  # refused, and the client can see it was
+                    self._send_ack(PUBREC, p.packet_id, RC.RECEIVE_MAXIMUM_EXCEEDED)
+                else:  # a v3 PUBREC cannot say "refused": close unacked so the client resends later
+                    self.protocol_error(RC.RECEIVE_MAXIMUM_EXCEEDED, "too many QoS2 messages awaiting PUBREL")
                 return
             if not fresh:  # a resent PUBLISH before PUBREL: delivered once already
                 self._send_ack(PUBREC, p.packet_id, 0)

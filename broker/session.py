@@ -7,6 +7,8 @@ without sockets. A session outlives its connections; the channel that owns it en
 
 from __future__ import annotations
 
+import time
+
 from .inflight import Inflight
 from .message import Delivery
 from .mqueue import MQueue
@@ -106,10 +108,11 @@ class Session:
         sent: list[Delivery] = []
         expired: list[Delivery] = []
         mqueue, inflight = self.mqueue, self.inflight
+        wall = time.time()  # message expiry is wall-clock time (it travels between nodes)
         while mqueue and not inflight.full():
             d = mqueue.pop()
             assert d is not None
-            if d.msg.expires_at is not None and d.msg.expired(now):
+            if d.msg.expires_at is not None and d.msg.expired(wall):
                 expired.append(d)
                 continue
             if d.qos == 0:
