@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -125,6 +126,18 @@ def run_idle_cell(broker: Broker, binary: Path, conns: int) -> Cell:
         broker.stop()
 
 
+def _keep_logs(rows: list[Row], brokers: dict[str, Broker], out: Path) -> None:
+    """Copy the log of every broker that had an error next to the report (the workdir is temporary)."""
+    failed = {name for r in rows for name, c in r.cells.items() if c.error}
+    for name in sorted(failed):
+        log_path = brokers[name].log_path
+        if log_path.exists():
+            kept = out.with_name(f"{out.stem}.{name}.log")
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log_path, kept)
+            log(f"{name} log kept at {kept}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = report.utcnow()
@@ -190,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for broker in brokers.values():
                 broker.stop()
+            _keep_logs(rows, brokers, args.out)
 
     md = report.markdown(rows, machine, settings, started)
     print(md)

@@ -64,6 +64,12 @@ def _go_version() -> str:
     return out.strip() or "unknown"
 
 
+def _err(msg: str, limit: int = 160) -> str:
+    """An error for a table cell: one line, no pipes, bounded length."""
+    text = "error: " + " ".join(msg.split()).replace("|", "/")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _num(v: float) -> str:
     return f"{v:,.0f}"
 
@@ -79,7 +85,7 @@ def _rate(cell: Cell | None) -> str:
     if cell is None:
         return "—"
     if cell.error:
-        return f"error: {cell.error}".replace("|", "/")
+        return _err(cell.error)
     assert cell.result is not None
     return _num(cell.result["msgs_per_s"])
 
@@ -103,12 +109,12 @@ def _rss(cell: Cell | None) -> tuple[str, str]:
     if cell is None:
         return "—", "—"
     if cell.error and not cell.result:
-        return f"error: {cell.error}".replace("|", "/"), "—"
+        return _err(cell.error), "—"
     assert cell.result is not None
     r = cell.result
     main = f"RSS {r['rss_after_kb'] / 1024:,.1f} MB"
     if cell.error:
-        main += f" (error: {cell.error})".replace("|", "/")
+        main += f" ({_err(cell.error)})"
     detail = f"before {r['rss_before_kb'] / 1024:,.1f} MB, +{r['per_conn_kb']:.2f} KB/conn"
     return main, detail
 
