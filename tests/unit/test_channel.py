@@ -36,6 +36,7 @@ from fleetmq.broker.codec import (
     Subscribe,
     Unsuback,
     Unsubscribe,
+    Will,
     encode,
 )
 from fleetmq.broker.config import load_config
@@ -915,3 +916,191 @@ async def test_too_large_delivery_does_not_stall_the_queue(clock):
     sub.send(Puback(p1.packet_id))
     # the big one is dropped (never sent to this client); small-2 must still be delivered
     assert [p.payload for p in sub.publishes()] == [b"small-2"]
+
+
+# -----------------------------------------------------------------------------------------------
+# more delivery rules
+# -----------------------------------------------------------------------------------------------
+
+
+async def test_resume_resends_pubrel_and_publish_in_original_order(clock):
+    node = make_node()
+    first = Client(node, clock, MQTT311)
+    await first.connect("dev", clean_start=False)
+    first.subscribe("t", qos=2)
+    pub = Client(node, clock, MQTT311)
+    await pub.connect("pub")
+    for i in range(3):
+        pub.send(Publish("t", str(i).encode(), qos=2, packet_id=i + 1))
+        pub.send(Pubrel(i + 1))
+    await settle()
+    a, b, c = first.publishes()
+    first.send(Pubrec(a.packet_id))
+    first.send(Pubrec(c.packet_id))
+    assert [type(x) for x in first.received()] == [Pubrel, Pubrel]
+    first.ch.connection_lost()
+    await settle()
+
+    again = Client(node, clock, MQTT311)
+    ack = await again.connect("dev", clean_start=False)
+    assert ack.session_present
+    got = again.received()
+    assert [(type(x).__name__, x.packet_id) for x in got] == [
+        ("Pubrel", a.packet_id),
+        ("Publish", b.packet_id),
+        ("Pubrel", c.packet_id),
+    ]
+    assert got[1].dup is True and got[1].payload == b"1"
+
+
+async def test_overlapping_subscriptions_deliver_once_with_highest_qos(clock):
+    node = make_node()
+    sub = Client(node, clock, MQTT5)
+    pub = Client(node, clock, MQTT311)
+    await sub.connect("sub")
+    await pub.connect("pub")
+    sub.subscribe("t/#", qos=0, packet_id=1)
+    sub.subscribe("t/+", qos=1, packet_id=2)
+    pub.send(Publish("t/x", b"x", qos=1, packet_id=1))
+    await settle()
+    [p] = sub.publishes()
+    assert p.qos == 1
+
+
+async def test_no_local_subscription(clock):
+    node = make_node()
+    c = Client(node, clock, MQTT5)
+    await c.connect("me")
+    c.send(Subscribe(1, [("t", SubOpts(qos=0, no_local=True))]))
+    c.received()
+    c.send(Publish("t", b"mine"))
+    assert c.received() == []
+
+
+async def test_pubrec_for_unknown_packet_id_gets_pubrel_0x92(clock):
+    c = Client(make_node(), clock, MQTT5)
+    await c.connect("c")
+    c.send(Pubrec(42))
+    [rel] = c.received()
+    assert type(rel) is Pubrel and rel.packet_id == 42 and rel.reason_code == RC.PACKET_IDENTIFIER_NOT_FOUND
+
+
+async def test_incoming_receive_maximum_exceeded_v5(clock):
+    c = Client(make_node(receive_maximum=1), clock, MQTT5)
+    ack = await c.connect("c")
+    assert ack.properties[Prop.RECEIVE_MAXIMUM] == 1
+    c.send(Publish("x", b"1", qos=2, packet_id=1))
+    await settle()
+    assert [type(x) for x in c.received()] == [Pubrec]
+    c.send(Publish("x", b"1", qos=2, packet_id=1, dup=True))  # a resend of the same id is fine
+    await settle()
+    assert [type(x) for x in c.received()] == [Pubrec]
+    c.send(Publish("x", b"2", qos=2, packet_id=2))
+    await settle()
+    [d] = c.received()
+    assert type(d) is Disconnect and d.reason_code == RC.RECEIVE_MAXIMUM_EXCEEDED
+    assert c.io.closed
+
+
+async def test_will_published_on_abrupt_close_not_on_disconnect(clock):
+    node = make_node()
+    watcher = Client(node, clock, MQTT311)
+    await watcher.connect("w")
+    watcher.subscribe("will/#", qos=0)
+    abrupt = Client(node, clock, MQTT311)
+    await abrupt.connect("a", will=Will("will/a", b"gone"))
+    abrupt.ch.connection_lost()
+    await settle()
+    assert [(p.topic, p.payload) for p in watcher.publishes()] == [("will/a", b"gone")]
+
+    polite = Client(node, clock, MQTT311)
+    await polite.connect("b", will=Will("will/b", b"gone"))
+    polite.send(Disconnect())
+    assert polite.io.closed
+    polite.ch.connection_lost()
+    await settle()
+    assert watcher.received() == []
+
+
+async def test_disconnect_v5_cannot_set_expiry_after_zero(clock):
+    c = Client(make_node(), clock, MQTT5)
+    await c.connect("c")  # session expiry 0
+    c.send(Disconnect(0, {Prop.SESSION_EXPIRY_INTERVAL: 60}))
+    [d] = c.received()
+    assert type(d) is Disconnect and d.reason_code == RC.PROTOCOL_ERROR
+
+
+async def test_topic_alias_to_v5_client(clock):
+    node = make_node()
+    sub = Client(node, clock, MQTT5)
+    pub = Client(node, clock, MQTT311)
+    await sub.connect("sub", properties={Prop.TOPIC_ALIAS_MAXIMUM: 1})
+    await pub.connect("pub")
+    sub.subscribe("long/topic/name", qos=0)
+    pub.send(Publish("long/topic/name", b"1"))
+    pub.send(Publish("long/topic/name", b"2"))
+    p1, p2 = sub.publishes()
+    assert p1.topic == "long/topic/name" and p1.properties[Prop.TOPIC_ALIAS] == 1
+    assert p2.topic == "" and p2.properties[Prop.TOPIC_ALIAS] == 1
+    assert p2.payload == b"2"
+
+
+async def test_takeover_old_channel_writes_nothing_more(clock):
+    node = make_node(retry_interval="30s")
+    first = Client(node, clock, MQTT311)
+    await first.connect("dev", clean_start=False)
+    first.subscribe("t", qos=1)
+    pub = Client(node, clock, MQTT311)
+    await pub.connect("pub")
+    pub.send(Publish("t", b"x", qos=1, packet_id=1))
+    await settle()
+    [p] = first.publishes()
+    second = Client(node, clock, MQTT311)
+    await second.connect("dev", clean_start=False)
+    [again] = second.publishes()
+    assert (again.packet_id, again.dup) == (p.packet_id, True)
+    # the old connection's timers are cancelled: its retry never fires
+    assert first.io.pending() == []
+    clock.advance(31)
+    first.io.fire_due()
+    second.io.fire_due()
+    assert first.received() == []
+    assert first.io.writes_after_close == 0
+    [retry] = second.publishes()
+    assert retry.packet_id == p.packet_id
+
+
+@pytest.mark.parametrize("store_qos0", [True, False])
+async def test_offline_session_queues_qos0_only_if_zone_says_so(clock, store_qos0):
+    node = make_node(mqueue_store_qos0=store_qos0)
+    sub = Client(node, clock, MQTT311)
+    await sub.connect("dev", clean_start=False)
+    sub.subscribe("t", qos=1)
+    sub.ch.connection_lost()
+    await settle()
+    pub = Client(node, clock, MQTT311)
+    await pub.connect("pub")
+    pub.send(Publish("t", b"q0", qos=0))
+    pub.send(Publish("t", b"q1", qos=1, packet_id=1))
+    await settle()
+    again = Client(node, clock, MQTT311)
+    await again.connect("dev", clean_start=False)
+    got = [(p.payload, p.qos) for p in again.publishes()]
+    assert got == ([(b"q0", 0), (b"q1", 1)] if store_qos0 else [(b"q1", 1)])
+
+
+async def test_offline_queue_limit_drops_oldest(clock):
+    node = make_node(max_mqueue_len=2)
+    sub = Client(node, clock, MQTT311)
+    await sub.connect("dev", clean_start=False)
+    sub.subscribe("t", qos=1)
+    sub.ch.connection_lost()
+    await settle()
+    pub = Client(node, clock, MQTT311)
+    await pub.connect("pub")
+    for i in range(5):
+        pub.send(Publish("t", str(i).encode(), qos=1, packet_id=i + 1))
+    await settle()
+    again = Client(node, clock, MQTT311)
+    await again.connect("dev", clean_start=False)
+    assert [p.payload for p in again.publishes()] == [b"3", b"4"]
