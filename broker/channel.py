@@ -455,7 +455,7 @@ class Channel:
             if self._rel_timer is None:
                 self._arm_rel_timer()
         msg = Message.from_publish(topic, p.payload, qos, p.retain, props, self.client_id)
-        matched, needs_commit = self.node.publish(msg)
+        matched, needs_commit = self.node.publish(msg, self.zone_name)
         if qos:
             rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
             ptype = PUBACK if qos == 1 else PUBREC
@@ -579,7 +579,7 @@ class Channel:
                 alias_new = False
             elif len(aliases) < self.client_alias_max:
                 alias = aliases[msg.topic] = len(aliases) + 1
-        data = msg.encode(version, qos, retain, packet_id, dup, sub_ids, time.time(), alias, alias_new)
+        data = msg.encode(version, qos, retain, packet_id, dup, sub_ids, 0.0, alias, alias_new)
         if self.client_max_packet and len(data) > self.client_max_packet:
             # [MQTT-3.1.2-25]: never send a client a packet bigger than it accepts; drop it instead.
             self.zm.dropped["too_large"] += 1

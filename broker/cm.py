@@ -71,8 +71,11 @@ class ChannelManager:
             # The old connection ended without DISCONNECT, so its will applies; a delayed will is
             # cancelled by this very reconnect unless Clean Start ends the session [MQTT-3.1.3-9].
             if old.will is not None and (ch.clean_start or old.will_delay <= 0):
-                node.publish(old.will)
-        else:
+                node.publish(old.will, old.zone_name)
+        elif cid in self.offline:
+            # Its Save (and messages queued for it) may still be on the way to the store. While we wait
+            # it stays parked, so messages published meanwhile are queued for it, not lost.
+            await node.committer.barrier()
             parked = self.offline.pop(cid, None)
             if parked is not None:
                 if parked.expiry is not None:
@@ -80,9 +83,7 @@ class ChannelManager:
                 if parked.will_timer is not None:
                     parked.will_timer.cancel()
                     if ch.clean_start and parked.will is not None:
-                        node.publish(parked.will)  # the old session ends now: its delayed will goes out
-                if node.committer.pending:
-                    await node.committer.drain()  # its Save may still be on the way to the store
+                        node.publish(parked.will, parked.zone)  # the old session ends: its will goes now
                 session = await node.store.take(cid)
         if session is not None and ch.clean_start:
             self._discard(session)
@@ -111,7 +112,7 @@ class ChannelManager:
         ch.session = None
         expiry = session.expiry_interval
         if ch.will is not None:
-            self._will(cid, ch.will, ch.will_delay, expiry)
+            self._will(cid, ch.will, ch.will_delay, expiry, ch.zone_name)
         if expiry <= 0:
             self._discard(session)
             return
@@ -123,17 +124,15 @@ class ChannelManager:
         if expiry < NEVER_EXPIRE:
             parked.expiry = asyncio.get_running_loop().call_later(expiry, self._expire, cid)
 
-    def _will(self, cid: str, will: Message, delay: float, expiry: float) -> None:
+    def _will(self, cid: str, will: Message, delay: float, expiry: float, zone: str) -> None:
+        """Publish a will now, or after its delay unless the session ends first (then at its end)."""
+        delay = min(delay, expiry)
         if delay <= 0:
-            self.node.publish(will)
+            self.node.publish(will, zone)
             return
         parked = self.offline.get(cid)
         if parked is None:
-            parked = self.offline[cid] = Offline("default", [])
-        delay = min(delay, expiry) if expiry else 0.0
-        if delay <= 0:
-            self.node.publish(will)
-            return
+            parked = self.offline[cid] = Offline(zone, [])
         parked.will = will
         parked.will_timer = asyncio.get_running_loop().call_later(delay, self._delayed_will, cid)
 
@@ -142,7 +141,7 @@ class ChannelManager:
         if parked is None or parked.will is None:
             return
         will, parked.will, parked.will_timer = parked.will, None, None
-        self.node.publish(will)
+        self.node.publish(will, parked.zone)
 
     def _expire(self, cid: str) -> None:
         parked = self.offline.pop(cid, None)
@@ -151,7 +150,7 @@ class ChannelManager:
         if parked.will_timer is not None:
             parked.will_timer.cancel()
             if parked.will is not None:
-                self.node.publish(parked.will)  # session end: the will goes out now [MQTT-3.1.3-9]
+                self.node.publish(parked.will, parked.zone)  # session end: the will goes now [MQTT-3.1.3-9]
         for topic_filter in parked.filters:
             self.node.router.remove(cid, topic_filter)
         self.node.committer.add(Discard(cid))

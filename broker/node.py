@@ -54,14 +54,16 @@ class Node:
         return task
 
     # ---------------------------------------------------------------------------------------------
-    def publish(self, msg: Message) -> tuple[int, bool]:
-        """Route a message; returns (sessions matched, whether the publisher's ack must await a commit)."""
+    def publish(self, msg: Message, zone: str = "default") -> tuple[int, bool]:
+        """Route a message; returns (sessions matched, whether the publisher's ack must await a commit).
+
+        `zone` is the publisher's, for the no-subscribers drop counter.
+        """
         if msg.retain:
             self.retained.put(msg)
         channels = self.cm.channels
         matches = self.router.match(msg.topic, channels.__contains__)
         if not matches:
-            zone = "default"
             self.metrics.drop(zone, "no_subscribers")
             return 0, False
         sender = msg.sender

@@ -94,6 +94,9 @@ class Session:
     def _alloc_pid(self) -> int:
         inflight = self.inflight
         pid = self._next_pid
+        if pid not in inflight:  # the common case: ids are handed out in order and acked in order
+            self._next_pid = pid + 1 if pid < 65535 else 1
+            return pid
         for _ in range(65535):
             if pid not in inflight:
                 break

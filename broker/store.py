@@ -196,6 +196,12 @@ class GroupCommitter:
         if self._ops or self._waiters:
             self._schedule()
 
+    async def barrier(self) -> bool:
+        """Wait until every write made before this call is committed; False if that commit failed."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.after(lambda ok: fut.done() or fut.set_result(ok))
+        return await fut
+
     async def drain(self) -> None:
         """Wait until every write made so far is committed (graceful shutdown)."""
         while self._ops or self._waiters or self._inflight is not None or self._scheduled:
