@@ -102,6 +102,7 @@ class Channel:
         "client_id",
         "client_max_packet",
         "close_reason",
+        "congested",
         "connected_at",
         "io",
         "keepalive",
@@ -143,6 +144,7 @@ class Channel:
         self.client_max_packet = 0
         self.client_alias_max = 0
         self.retry = False
+        self.congested = False
         self.close_reason: str | None = None
         self.last_recv = io.time()
         self.connected_at = 0.0
@@ -543,7 +545,21 @@ class Channel:
     # deliveries to the client
     # ---------------------------------------------------------------------------------------------
     def deliver(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...] | None) -> None:
-        """A message routed to this client: QoS0 at once, QoS1/2 through the Inflight Window."""
+        """A message routed to this client: QoS0 at once, QoS1/2 through the Inflight Window.
+
+        While the socket cannot keep up (`congested`), QoS1/2 wait in the Message Queue, bounded by
+        max_mqueue_len, and QoS0 is dropped: a slow subscriber never grows the node's memory unbounded.
+        """
+        if self.congested:
+            session = self.session
+            assert session is not None
+            if qos == 0:
+                self.zm.dropped["queue_full"] += 1
+            else:
+                dropped = session.mqueue.push(Delivery(msg, qos, retain, sub_ids))
+                if dropped:
+                    self.zm.dropped["queue_full"] += len(dropped)
+            return
         if qos == 0:
             data = self._encode(msg, 0, retain, 0, False, sub_ids)
             if data is not None:
@@ -689,6 +705,12 @@ class Channel:
     def kick(self, reason: int, why: str) -> None:
         """Close this connection on the server's initiative (takeover, shutdown)."""
         self.disconnect(reason, why)
+
+    def set_congested(self, congested: bool) -> None:
+        """The socket's write buffer crossed its high (True) or low (False) water mark."""
+        self.congested = congested
+        if not congested and self.state == State.CONNECTED and self.session is not None and self.session.mqueue:
+            self._send_deliveries(*self.session.refill(self.io.time()))
 
     def apply_zone(self) -> None:
         """Pick up changed zone settings (window, queue limit, retry) at the next delivery."""

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fleetmq.connection")
 
+#: Bytes buffered for a client beyond which it counts as congested (see Channel.deliver).
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+
 
 class Connection(asyncio.Protocol):
     __slots__ = ("_buf", "_closing", "_loop", "_registry", "_scheduled", "channel", "listener", "node", "transport",
@@ -38,6 +41,7 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self._registry.add(self)
         peer = transport.get_extra_info("peername")
         self.channel = Channel(self.node, self.zone, self, f"{peer[0]}:{peer[1]}" if peer else "?", self.listener)
@@ -52,6 +56,14 @@ class Connection(asyncio.Protocol):
             log.exception("internal error handling data from %s", channel.client_id or channel.peer)
             channel.zm.disconnects["internal_error"] += 1
             self.close()
+
+    def pause_writing(self) -> None:
+        if self.channel is not None:
+            self.channel.set_congested(True)
+
+    def resume_writing(self) -> None:
+        if self.channel is not None:
+            self.channel.set_congested(False)
 
     def eof_received(self) -> bool:
         return False  # close our side too
