@@ -571,8 +571,9 @@ class Channel:
         d = Delivery(msg, qos, retain, sub_ids)
         sent, dropped = session.deliver(d, self.io.time())
         if sent is not None:
-            self._send_publish(sent)
-            if self._retry_timer is None and self.retry:
+            if not self._send_publish(sent) and session.mqueue:
+                self._send_deliveries(*session.refill(self.io.time()))
+            elif self._retry_timer is None and self.retry:
                 self._arm_retry()
         else:
             self.zm.inflight_full += 1
@@ -602,27 +603,37 @@ class Channel:
             return None
         return data
 
-    def _send_publish(self, d: Delivery, dup: bool = False) -> None:
+    def _send_publish(self, d: Delivery, dup: bool = False) -> bool:
+        """Write a PUBLISH; False if it was too large for the client and left the window unsent."""
         data = self._encode(d.msg, d.qos, d.retain, d.packet_id, dup, d.sub_ids)
-        if data is None:  # too large for this client: it leaves the window unsent
+        if data is None:
             assert self.session is not None
             self.session.inflight.pop(d.packet_id)
-            return
+            return False
         self.io.write(data)
         self.zm.delivered[d.qos] += 1
+        return True
 
     def _send_deliveries(self, sent: list[Delivery], expired: list[Delivery]) -> None:
-        for d in sent:
-            if d.qos == 0:
-                data = self._encode(d.msg, 0, d.retain, 0, False, d.sub_ids)
-                if data is not None:
-                    self.io.write(data)
-                    self.zm.delivered[0] += 1
-            else:
-                self._send_publish(d)
-        if expired:
-            self.zm.dropped["expired"] += len(expired)
-        if sent and self._retry_timer is None:
+        """Write what a refill moved into the window; a slot freed by a dropped delivery refills again."""
+        session = self.session
+        assert session is not None
+        while True:
+            freed = False
+            for d in sent:
+                if d.qos == 0:
+                    data = self._encode(d.msg, 0, d.retain, 0, False, d.sub_ids)
+                    if data is not None:
+                        self.io.write(data)
+                        self.zm.delivered[0] += 1
+                elif not self._send_publish(d):
+                    freed = True
+            if expired:
+                self.zm.dropped["expired"] += len(expired)
+            if not (freed and session.mqueue):
+                break
+            sent, expired = session.refill(self.io.time())
+        if self._retry_timer is None and self.retry and session.inflight:
             self._arm_retry()
 
     def _resend(self, d: Delivery) -> None:

@@ -895,11 +895,6 @@ async def test_queue_full_drops_oldest_through_channel(clock):
     assert p.payload == b"4"
 
 
-@pytest.mark.xfail(
-    reason="BUG: a queued delivery dropped as too large for the client's Maximum Packet Size frees its "
-    "window slot without a refill, so the rest of the Message Queue stalls until the next reconnect",
-    strict=True,
-)
 async def test_too_large_delivery_does_not_stall_the_queue(clock):
     node = make_node(max_inflight=1)
     sub = Client(node, clock, MQTT5)
