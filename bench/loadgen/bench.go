@@ -514,12 +514,17 @@ wait:
 	for _, p := range s.pubs {
 		close(p.stopCh)
 	}
+	// A writer blocked on a broker that stopped reading is released below,
+	// when the connections close.
+	drainUntil := time.Now().Add(cfg.drain)
 	for _, p := range s.pubs {
-		<-p.done
+		select {
+		case <-p.done:
+		case <-time.After(time.Until(drainUntil)):
+		}
 	}
 	// Drain: wait until every sent message is complete (or give up) so that
 	// in-flight messages are not miscounted as lost.
-	drainUntil := time.Now().Add(cfg.drain)
 	for time.Now().Before(drainUntil) && s.errMsg() == "" && s.busy() {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -532,6 +537,9 @@ wait:
 	}
 	for _, sub := range subs {
 		<-sub.done
+	}
+	for _, p := range s.pubs {
+		<-p.done
 	}
 	var h histogram
 	var unique, measured int64
