@@ -92,8 +92,11 @@ class _Group:
 Match = tuple[str, Subscription]
 
 
+CACHE_SIZE = 8192
+
+
 class Router:
-    __slots__ = ("_exact", "_groups", "_root", "_wild_count")
+    __slots__ = ("_cache", "_exact", "_groups", "_root", "_wild_count")
 
     def __init__(self) -> None:
         self._exact: dict[str, dict[str, Subscription]] = {}
@@ -101,11 +104,16 @@ class Router:
         self._wild_count = 0
         # real filter -> group name -> members
         self._groups: dict[str, dict[str, _Group]] = {}
+        # topic -> (trie nodes with subscribers, shared groups) it matches; cleared by any change to
+        # wildcard or shared subscriptions, which are rare next to publishes.
+        self._cache: dict[str, tuple[list[_Node], list[dict[str, _Group]]]] = {}
 
     # -- changes ----------------------------------------------------------------------------------
     def add(self, client_id: str, topic_filter: str, sub: Subscription) -> bool:
         """Add or replace a subscription; True when it did not exist before."""
         group, real = parse_share(topic_filter)
+        if group is not None or _is_wild(real):
+            self._cache.clear()
         if group is not None:
             sub.group = group
             members = self._groups.setdefault(real, {}).setdefault(group, _Group()).members
@@ -122,6 +130,8 @@ class Router:
 
     def remove(self, client_id: str, topic_filter: str) -> bool:
         group, real = parse_share(topic_filter)
+        if group is not None or _is_wild(real):
+            self._cache.clear()
         if group is not None:
             groups = self._groups.get(real)
             g = groups.get(group) if groups else None
@@ -165,17 +175,29 @@ class Router:
         subs = self._exact.get(topic)
         if subs:
             out.extend(subs.items())
-        if self._wild_count:
-            for node in self._walk(topic):
-                out.extend(node.subs.items())
-        if self._groups:
-            for real, groups in self._groups.items():
-                if topic_matches(real, topic):
-                    for g in groups.values():
-                        picked = g.pick(online)
-                        if picked is not None:
-                            out.append(picked)
+        if not (self._wild_count or self._groups):
+            return out
+        cached = self._cache.get(topic)
+        if cached is None:
+            cached = self._lookup(topic)
+        nodes, shared = cached
+        for node in nodes:
+            out.extend(node.subs.items())
+        for groups in shared:
+            for g in groups.values():
+                picked = g.pick(online)
+                if picked is not None:
+                    out.append(picked)
         return out
+
+    def _lookup(self, topic: str) -> tuple[list[_Node], list[dict[str, _Group]]]:
+        nodes = list(self._walk(topic)) if self._wild_count else []
+        shared = [groups for real, groups in self._groups.items() if topic_matches(real, topic)]
+        cache = self._cache
+        if len(cache) >= CACHE_SIZE:
+            cache.clear()
+        cache[topic] = (nodes, shared)
+        return nodes, shared
 
     def _walk(self, topic: str) -> Iterable[_Node]:
         levels = topic.split("/")

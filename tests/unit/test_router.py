@@ -357,3 +357,23 @@ def test_retained_expired_messages_are_not_returned():
     assert len(ret.match("e", 1005.0)) == 1
     assert ret.match("e", 1010.0) == []
     assert len(ret) == 0
+
+
+def test_match_cache_follows_subscription_changes():
+    """Matches are cached per topic; every wildcard or shared change must show in the next match."""
+    r = Router()
+    online = lambda cid: True  # noqa: E731
+    r.add("a", "x/+", Subscription(qos=1))
+    assert [c for c, _ in r.match("x/1", online)] == ["a"]
+    r.add("b", "x/+", Subscription(qos=0))  # same trie node, no structural change
+    r.add("c", "x/#", Subscription(qos=0))
+    assert sorted(c for c, _ in r.match("x/1", online)) == ["a", "b", "c"]
+    r.remove("a", "x/+")
+    r.add("d", "$share/g/x/1", Subscription())
+    assert sorted(c for c, _ in r.match("x/1", online)) == ["b", "c", "d"]
+    r.remove("b", "x/+")
+    r.remove("c", "x/#")
+    r.remove("d", "$share/g/x/1")
+    assert r.match("x/1", online) == []
+    r.add("e", "x/+", Subscription())  # a node pruned above is created anew
+    assert [c for c, _ in r.match("x/1", online)] == ["e"]
