@@ -226,7 +226,7 @@ def start_fleetmq(
     bp = BrokerProc(HOST, main_port, mport, proc, log_path, "fleetmq", cfg_path, ports)
     LIVE_BROKERS.append(bp)
     try:
-        for p in ports.values():
+        for p in [*ports.values(), mport]:  # the metrics endpoint may come up after the listeners
             _wait_port(bp, p)
     except RuntimeError:
         LIVE_BROKERS.remove(bp)
