@@ -34,8 +34,11 @@ def test_stalled_subscriber_is_bounded(start_broker, raw_clients):
     # Every QoS1 publish is acknowledged: the broker owns them (queued, oldest dropped past the limit).
     acks = pub.recv_n(MESSAGES // 10, timeout=20)
     assert len(acks) == MESSAGES // 10
-    wait_until(lambda: bp.metric("fleetmq_messages_dropped_total", reason="queue_full") > 0, timeout=10,
-               msg="queue_full drops")
+    wait_until(
+        lambda: bp.metric("fleetmq_messages_dropped_total", reason="queue_full") > 0,
+        timeout=10,
+        msg="queue_full drops",
+    )
     grown = bp.rss_bytes() - rss_before
     assert grown < 30 * 1024 * 1024, f"broker grew by {grown / 2**20:.1f} MiB for a stalled subscriber"
 
