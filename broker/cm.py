@@ -36,25 +36,35 @@ class Offline:
     will_timer: asyncio.TimerHandle | None = field(default=None)
 
 
+class _ClientLock:
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
 class ChannelManager:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.channels: dict[str, Channel] = {}  # online, CONNACK sent or about to be
         self.offline: dict[str, Offline] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, _ClientLock] = {}
 
     async def open_session(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
         """Find or create the session of a connecting client; returns (session, session present)."""
         cid = ch.client_id
-        lock = self._locks.get(cid)
-        if lock is None:
-            lock = self._locks[cid] = asyncio.Lock()
+        entry = self._locks.get(cid)
+        if entry is None:
+            entry = self._locks[cid] = _ClientLock()
+        entry.users += 1
         try:
-            async with lock:
+            async with entry.lock:  # two CONNECTs with one client id are handled one after the other
                 return await self._open(ch, expiry, receive_max)
         finally:
-            if not lock.locked() and not getattr(lock, "_waiters", None):
-                self._locks.pop(cid, None)
+            entry.users -= 1
+            if not entry.users:
+                del self._locks[cid]
 
     async def _open(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
         node = self.node

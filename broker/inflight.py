@@ -21,12 +21,6 @@ class Inflight:
     def full(self) -> bool:
         return 0 < self.max_size <= len(self._entries)
 
-    def room(self) -> int:
-        """How many more deliveries fit (a large number when unlimited)."""
-        if not self.max_size:
-            return 1 << 30
-        return max(0, self.max_size - len(self._entries))
-
     def insert(self, delivery: Delivery) -> None:
         self._entries[delivery.packet_id] = delivery
 
@@ -45,7 +39,3 @@ class Inflight:
     def __iter__(self) -> Iterator[Delivery]:
         return iter(list(self._entries.values()))
 
-    def oldest(self) -> Delivery | None:
-        for d in self._entries.values():
-            return d
-        return None

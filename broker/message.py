@@ -82,16 +82,6 @@ class Message:
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
 
-    def with_retain(self, retain: bool) -> Message:
-        """A copy with another retain flag, sharing payload and properties (for the retained store)."""
-        m = Message.__new__(Message)
-        m.topic, m.topic_b, m.payload, m.qos, m.props = self.topic, self.topic_b, self.payload, self.qos, self.props
-        m.sender, m.ts, m.expires_at, m.msg_id = self.sender, self.ts, self.expires_at, self.msg_id
-        m.retain = retain
-        m._props_b = self._props_b
-        m._plain = None
-        return m
-
     def encode(
         self,
         version: int,

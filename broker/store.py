@@ -1,6 +1,6 @@
 """Session stores and group commit.
 
-A store keeps what must outlive a connection: offline sessions with their queues, and retained messages.
+A store keeps what must outlive a connection: offline sessions with their queues.
 Its interface is asynchronous and batched from the start: every write of one event-loop turn is handed to
 `commit()` as one list, so a Redis store sends it in one round trip (one pipeline / script call) and the
 acks that wait for it (publisher confirms) are released together, as RabbitMQ batches fsyncs.
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .message import Delivery, Message
+from .message import Delivery
 from .metrics import Metrics
 from .session import Session
 
@@ -45,14 +45,7 @@ class Discard:
     client_id: str
 
 
-@dataclass(slots=True)
-class Retain:
-    """Set (or, with an empty payload, clear) the retained message of a topic."""
-
-    msg: Message
-
-
-Op = Save | Enqueue | Discard | Retain
+Op = Save | Enqueue | Discard
 
 
 @dataclass(slots=True)
@@ -100,9 +93,6 @@ class MemoryStore(SessionStore):
     async def take(self, client_id: str) -> Session | None:
         return self._sessions.pop(client_id, None)
 
-    def peek(self, client_id: str) -> Session | None:
-        return self._sessions.get(client_id)
-
     async def commit(self, ops: list[Op]) -> CommitResult:
         result = CommitResult([], [])
         sessions = self._sessions
@@ -118,7 +108,6 @@ class MemoryStore(SessionStore):
                     result.dropped.append((s.zone_name, d))
             elif isinstance(op, Discard):
                 sessions.pop(op.client_id, None)
-            # Retain: retained messages are kept by the node's Retained index for the memory store.
         return result
 
     def offline_sessions(self) -> list[Session]:
