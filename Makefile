@@ -26,10 +26,11 @@ run: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check broker tests bench
+	$(BIN)/ruff format --check .
 
 test: deps
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: deps

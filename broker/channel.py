@@ -152,7 +152,9 @@ class Channel:
         self._aliases_out: dict[str, int] | None = None
         self._acks_pending = 0
         self._stash: list[Any] | None = None
-        self._ka_timer: asyncio.TimerHandle | None = io.call_later(self.zone.idle_timeout, self._connect_timeout)
+        self._ka_timer: asyncio.TimerHandle | None = io.call_later(
+            self.zone.idle_timeout, self._connect_timeout
+        )
         self._retry_timer: asyncio.TimerHandle | None = None
         self._rel_timer: asyncio.TimerHandle | None = None
 
@@ -173,7 +175,9 @@ class Channel:
             if state == State.CONNECTED:
                 handler = _HANDLERS.get(type(packet))
                 if handler is None:
-                    self.protocol_error(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__} from a client")
+                    self.protocol_error(
+                        RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__} from a client"
+                    )
                     return
                 handler(self, packet)
             elif state == State.CONNECTING:
@@ -274,8 +278,9 @@ class Channel:
         if will is not None:
             if not valid_topic(will.topic):
                 return self._refuse(RC.TOPIC_NAME_INVALID, "will_topic_invalid")
-            self.will = Message.from_publish(will.topic, will.payload, will.qos, will.retain, will.properties,
-                                             client_id)
+            self.will = Message.from_publish(
+                will.topic, will.payload, will.qos, will.retain, will.properties, client_id
+            )
             self.will_delay = float(will.properties.get(Prop.WILL_DELAY_INTERVAL, 0))
         self.client_id = client_id
         self.username = p.username
@@ -437,10 +442,15 @@ class Channel:
         self.zm.received[qos] += 1
         session = self.session
         assert session is not None
-        if (qos and self.version >= MQTT5
-                and len(session.awaiting_rel) + self._acks_pending >= self.zone.receive_maximum
-                and p.packet_id not in session.awaiting_rel):
-            return self.protocol_error(RC.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged PUBLISH than allowed")
+        if (
+            qos
+            and self.version >= MQTT5
+            and len(session.awaiting_rel) + self._acks_pending >= self.zone.receive_maximum
+            and p.packet_id not in session.awaiting_rel
+        ):
+            return self.protocol_error(
+                RC.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged PUBLISH than allowed"
+            )
         if qos == 2:
             try:
                 fresh = session.await_rel(p.packet_id, self.io.time())
@@ -580,8 +590,9 @@ class Channel:
             if dropped:
                 self.zm.dropped["queue_full"] += len(dropped)
 
-    def _encode(self, msg: Message, qos: int, retain: bool, packet_id: int, dup: bool,
-                sub_ids: tuple[int, ...] | None) -> bytes | None:
+    def _encode(
+        self, msg: Message, qos: int, retain: bool, packet_id: int, dup: bool, sub_ids: tuple[int, ...] | None
+    ) -> bytes | None:
         version = self.version
         if version < MQTT5:
             return msg.encode(version, qos, retain, packet_id, dup)
@@ -659,7 +670,9 @@ class Channel:
             group, _real = parse_share(topic_filter)
             if group is not None and opts.no_local and self.version >= MQTT5:
                 return self.protocol_error(RC.PROTOCOL_ERROR, "no local on a shared subscription")
-            sub = Subscription(opts.qos, opts.no_local, opts.retain_as_published, opts.retain_handling, sub_id)
+            sub = Subscription(
+                opts.qos, opts.no_local, opts.retain_as_published, opts.retain_handling, sub_id
+            )
             existed = topic_filter in session.subscriptions
             session.subscriptions[topic_filter] = sub
             self.node.router.add(self.client_id, topic_filter, sub)
@@ -720,7 +733,12 @@ class Channel:
     def set_congested(self, congested: bool) -> None:
         """The socket's write buffer crossed its high (True) or low (False) water mark."""
         self.congested = congested
-        if not congested and self.state == State.CONNECTED and self.session is not None and self.session.mqueue:
+        if (
+            not congested
+            and self.state == State.CONNECTED
+            and self.session is not None
+            and self.session.mqueue
+        ):
             self._send_deliveries(*self.session.refill(self.io.time()))
 
     def apply_zone(self) -> None:

@@ -17,8 +17,12 @@ DEFAULT_LISTEN = "127.0.0.1:1883"
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fleetmq-broker", description="Run a fleetmq MQTT broker node.")
     p.add_argument("--config", metavar="FILE", help="YAML config file (validated; see DESIGN.md)")
-    p.add_argument("--listen", metavar="HOST:PORT", action="append",
-                   help="a tcp listener in zone 'default' (repeatable); replaces the config's listeners")
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        action="append",
+        help="a tcp listener in zone 'default' (repeatable); replaces the config's listeners",
+    )
     p.add_argument("--node-id", help="node identifier (default: the config's, else the hostname)")
     p.add_argument("--metrics", metavar="HOST:PORT", help="serve /metrics, /healthz and /readyz here")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -34,7 +38,9 @@ def _raise_nofile() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     overrides: dict[str, object] = {}
     if args.node_id:
         overrides["node_id"] = args.node_id
@@ -54,11 +60,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(args.config, overrides=overrides)
     except ConfigError as e:
-        print(f"fleetmq-broker: invalid config{' ' + args.config if args.config else ''}:\n{e}", file=sys.stderr)
+        print(
+            f"fleetmq-broker: invalid config{' ' + args.config if args.config else ''}:\n{e}", file=sys.stderr
+        )
         return 2
     if not config.listeners:
-        config = load_config(args.config, overrides={
-            **overrides, "listeners": [{"name": "tcp", "zone": "default", "bind": DEFAULT_LISTEN}]})
+        config = load_config(
+            args.config,
+            overrides={
+                **overrides,
+                "listeners": [{"name": "tcp", "zone": "default", "bind": DEFAULT_LISTEN}],
+            },
+        )
     _raise_nofile()
     from .server import run
 

@@ -82,7 +82,9 @@ class EventLogConfig(_Model):
 
 class BrokerConfig(_Model):
     node_id: str = Field(default_factory=socket.gethostname, min_length=1)
-    store: MemoryStoreConfig | RedisStoreConfig = Field(default_factory=MemoryStoreConfig, discriminator="kind")
+    store: MemoryStoreConfig | RedisStoreConfig = Field(
+        default_factory=MemoryStoreConfig, discriminator="kind"
+    )
     zones: dict[str, ZoneSettings] = Field(default_factory=lambda: _default_zones())
     listeners: list[ListenerConfig] = Field(default_factory=list)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
@@ -110,7 +112,9 @@ class BrokerConfig(_Model):
         binds: set[tuple[str, int]] = set()
         for i, listener in enumerate(self.listeners):
             if listener.zone not in self.zones:
-                raise ValueError(f"listeners.{i}.zone: unknown zone {listener.zone!r} (known: {sorted(self.zones)})")
+                raise ValueError(
+                    f"listeners.{i}.zone: unknown zone {listener.zone!r} (known: {sorted(self.zones)})"
+                )
             if listener.name in names:
                 raise ValueError(f"listeners.{i}.name: duplicate listener name {listener.name!r}")
             if listener.address in binds:

@@ -23,8 +23,18 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 
 
 class Connection(asyncio.Protocol):
-    __slots__ = ("_buf", "_closing", "_loop", "_registry", "_scheduled", "channel", "listener", "node", "transport",
-                 "zone")
+    __slots__ = (
+        "_buf",
+        "_closing",
+        "_loop",
+        "_registry",
+        "_scheduled",
+        "channel",
+        "listener",
+        "node",
+        "transport",
+        "zone",
+    )
 
     def __init__(self, node: Node, zone: str, listener: str, connections: set[Connection]) -> None:
         self.node = node
@@ -44,7 +54,9 @@ class Connection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self._registry.add(self)
         peer = transport.get_extra_info("peername")
-        self.channel = Channel(self.node, self.zone, self, f"{peer[0]}:{peer[1]}" if peer else "?", self.listener)
+        self.channel = Channel(
+            self.node, self.zone, self, f"{peer[0]}:{peer[1]}" if peer else "?", self.listener
+        )
 
     def data_received(self, data: bytes) -> None:
         channel = self.channel

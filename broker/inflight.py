@@ -38,4 +38,3 @@ class Inflight:
 
     def __iter__(self) -> Iterator[Delivery]:
         return iter(list(self._entries.values()))
-

@@ -70,8 +70,16 @@ class Message:
         self._plain: dict[tuple[int, bool, bool], bytes] | None = None
 
     @classmethod
-    def from_publish(cls, topic: str, payload: bytes, qos: int, retain: bool, props: dict[int, Any],
-                     sender: str, topic_b: bytes | None = None) -> Message:
+    def from_publish(
+        cls,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        props: dict[int, Any],
+        sender: str,
+        topic_b: bytes | None = None,
+    ) -> Message:
         forwarded = None
         expiry = None
         if props:
@@ -102,7 +110,9 @@ class Message:
         if sub_ids is None and self.expires_at is None and not alias:
             if qos == 0:
                 return self._cached(version, retain)
-            return encode_publish(self.topic_b, self.payload, qos, retain, dup, packet_id, self.props_bytes(), version)
+            return encode_publish(
+                self.topic_b, self.payload, qos, retain, dup, packet_id, self.props_bytes(), version
+            )
         props: dict[int, Any] = dict(self.props) if self.props else {}
         if self.expires_at is not None:
             props[Prop.MESSAGE_EXPIRY_INTERVAL] = max(0, int(self.expires_at - (now or time.time())))
@@ -113,7 +123,9 @@ class Message:
             props[Prop.TOPIC_ALIAS] = alias
             if not alias_new:
                 topic_b = b""
-        return encode_publish(topic_b, self.payload, qos, retain, dup, packet_id, encode_properties(props), version)
+        return encode_publish(
+            topic_b, self.payload, qos, retain, dup, packet_id, encode_properties(props), version
+        )
 
     def props_bytes(self) -> bytes:
         if self._props_b is None:

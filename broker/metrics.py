@@ -19,12 +19,38 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-DROP_REASONS = ("queue_full", "expired", "no_subscribers", "too_large", "awaiting_rel_timeout",
-                "qos0_offline", "not_authorized", "awaiting_rel_full")
+DROP_REASONS = (
+    "queue_full",
+    "expired",
+    "no_subscribers",
+    "too_large",
+    "awaiting_rel_timeout",
+    "qos0_offline",
+    "not_authorized",
+    "awaiting_rel_full",
+)
 SESSION_EVENTS = ("created", "resumed", "takenover", "discarded", "expired")
 
-LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                   2.5, 5.0, 10.0, 30.0, 60.0)
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 STORE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -54,8 +80,18 @@ class Histogram:
 class ZoneMetrics:
     """Every counter of one zone. Attributes are bumped directly by the channel."""
 
-    __slots__ = ("acked", "delivered", "disconnects", "dropped", "inflight_full", "keepalive_timeouts",
-                 "latency", "received", "retransmitted", "session_events")
+    __slots__ = (
+        "acked",
+        "delivered",
+        "disconnects",
+        "dropped",
+        "inflight_full",
+        "keepalive_timeouts",
+        "latency",
+        "received",
+        "retransmitted",
+        "session_events",
+    )
 
     def __init__(self) -> None:
         self.received = [0, 0, 0]  # by QoS
@@ -112,8 +148,11 @@ class _Collector(Collector):
         yield gauge("mqueue_messages", "Deliveries in Message Queues.", "mqueue")
         yield gauge("awaiting_rel_messages", "Incoming QoS2 messages awaiting PUBREL.", "awaiting_rel")
 
-        info = GaugeMetricFamily("fleetmq_zone_config_info", "Applied config of each zone (value 1).",
-                                 labels=["zone", "config_hash"])
+        info = GaugeMetricFamily(
+            "fleetmq_zone_config_info",
+            "Applied config of each zone (value 1).",
+            labels=["zone", "config_hash"],
+        )
         for zone, digest in sorted(m.config_info.items()):
             info.add_metric([zone, digest], 1)
         yield info
@@ -130,8 +169,11 @@ class _Collector(Collector):
         drop = counter("messages_dropped", "Messages dropped by reason.", ["zone", "reason"])
         full = counter("inflight_full", "Deliveries queued because the Inflight Window was full.", ["zone"])
         ka = counter("keepalive_timeouts", "Connections closed for keep-alive timeout.", ["zone"])
-        lat = HistogramMetricFamily("fleetmq_delivery_latency_seconds",
-                                    "Publish to delivery (QoS0) or acknowledgement (QoS1/2).", labels=["zone"])
+        lat = HistogramMetricFamily(
+            "fleetmq_delivery_latency_seconds",
+            "Publish to delivery (QoS0) or acknowledgement (QoS1/2).",
+            labels=["zone"],
+        )
         for zone, z in zones:
             for event in SESSION_EVENTS:
                 ev.add_metric([zone, event], z.session_events.get(event, 0))
@@ -152,11 +194,14 @@ class _Collector(Collector):
         err = counter("store_errors", "Failed session-store operations.", [])
         err.add_metric([], m.store_errors)
         yield err
-        st = HistogramMetricFamily("fleetmq_store_op_duration_seconds", "Session-store operation time.",
-                                   labels=["op"])
+        st = HistogramMetricFamily(
+            "fleetmq_store_op_duration_seconds", "Session-store operation time.", labels=["op"]
+        )
         for op, h in sorted(m.store_ops.items()):
             st.add_metric([op], h.buckets(), h.sum)
         yield st
-        tk = HistogramMetricFamily("fleetmq_takeover_duration_seconds", "CONNECT to session resumed.", labels=[])
+        tk = HistogramMetricFamily(
+            "fleetmq_takeover_duration_seconds", "CONNECT to session resumed.", labels=[]
+        )
         tk.add_metric([], m.takeover.buckets(), m.takeover.sum)
         yield tk

@@ -26,8 +26,9 @@ log = logging.getLogger("fleetmq.node")
 
 
 class Node:
-    def __init__(self, config: BrokerConfig, store: SessionStore | None = None,
-                 metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, config: BrokerConfig, store: SessionStore | None = None, metrics: Metrics | None = None
+    ) -> None:
         self.config = config
         self.node_id = config.node_id
         self.zones: dict[str, ZoneSettings] = dict(config.zones)
@@ -70,8 +71,11 @@ class Node:
         if len(matches) > 1 and len({cid for cid, _ in matches}) != len(matches):
             targets = _merge_overlapping(matches, sender)
         else:
-            targets = [(cid, sub.qos, sub.retain_as_published, _sub_ids(sub.sub_id))
-                       for cid, sub in matches if not (sub.no_local and cid == sender)]
+            targets = [
+                (cid, sub.qos, sub.retain_as_published, _sub_ids(sub.sub_id))
+                for cid, sub in matches
+                if not (sub.no_local and cid == sender)
+            ]
         needs_commit = False
         mqos = msg.qos
         mretain = msg.retain
@@ -118,8 +122,13 @@ class Node:
             z = s.zone_name
             sessions[(z, "offline")] = sessions.get((z, "offline"), 0) + 1
             mqueue[z] = mqueue.get(z, 0) + len(s.mqueue)
-        return {"connections": connections, "sessions": sessions, "inflight": inflight, "mqueue": mqueue,
-                "awaiting_rel": awaiting}
+        return {
+            "connections": connections,
+            "sessions": sessions,
+            "inflight": inflight,
+            "mqueue": mqueue,
+            "awaiting_rel": awaiting,
+        }
 
 
 Target = tuple[str, int, bool, tuple[int, ...] | None]  # client id, subscription QoS, RAP, subscription ids

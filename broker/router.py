@@ -28,7 +28,7 @@ class Subscription:
 def parse_share(topic_filter: str) -> tuple[str | None, str]:
     """Split ``$share/group/filter`` into (group, filter); (None, filter) for a normal filter."""
     if topic_filter.startswith(SHARE_PREFIX):
-        rest = topic_filter[len(SHARE_PREFIX):]
+        rest = topic_filter[len(SHARE_PREFIX) :]
         group, sep, real = rest.partition("/")
         if not sep:
             return group, ""

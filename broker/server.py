@@ -54,19 +54,26 @@ class Server:
 
     async def _open_listener(self, listener: ListenerConfig) -> None:
         if listener.protocol != "tcp":
-            raise NotImplementedError(f"listener {listener.name!r}: protocol {listener.protocol} is not available "
-                                      "yet in this build (tcp only)")
+            raise NotImplementedError(
+                f"listener {listener.name!r}: protocol {listener.protocol} is not available "
+                "yet in this build (tcp only)"
+            )
         host, port = listener.address
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
             lambda: Connection(self.node, listener.zone, listener.name, self.connections),
-            host, port, reuse_address=True, backlog=BACKLOG,
+            host,
+            port,
+            reuse_address=True,
+            backlog=BACKLOG,
         )
         for sock in server.sockets:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.listeners[listener.name] = server
-        log.info("listener %s (%s, zone %s) on %s:%d", listener.name, listener.protocol, listener.zone, host, port)
+        log.info(
+            "listener %s (%s, zone %s) on %s:%d", listener.name, listener.protocol, listener.zone, host, port
+        )
 
     async def serve_forever(self) -> None:
         assert self._stopping is not None
@@ -111,12 +118,19 @@ class Server:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             method, path, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
             status, ctype, body = self._route(method, path.split("?", 1)[0])
-            head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                    "Connection: close\r\n\r\n")
+            head = (
+                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n"
+            )
             writer.write(head.encode() + body)
             await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError,
-                ConnectionError):
+        except (
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            TimeoutError,
+            ValueError,
+            ConnectionError,
+        ):
             pass
         finally:
             writer.close()

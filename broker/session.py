@@ -35,8 +35,16 @@ class Session:
         "zone_name",
     )
 
-    def __init__(self, client_id: str, zone: ZoneSettings, zone_name: str = "default", *,
-                 expiry_interval: float = 0.0, receive_maximum: int = 0, now: float = 0.0) -> None:
+    def __init__(
+        self,
+        client_id: str,
+        zone: ZoneSettings,
+        zone_name: str = "default",
+        *,
+        expiry_interval: float = 0.0,
+        receive_maximum: int = 0,
+        now: float = 0.0,
+    ) -> None:
         self.client_id = client_id
         self.zone = zone
         self.zone_name = zone_name
@@ -201,5 +209,7 @@ class Session:
         return min(self.awaiting_rel.values()) + self.zone.await_rel_timeout
 
     def __repr__(self) -> str:
-        return (f"Session({self.client_id!r}, subs={len(self.subscriptions)}, inflight={len(self.inflight)}, "
-                f"mqueue={len(self.mqueue)}, awaiting_rel={len(self.awaiting_rel)})")
+        return (
+            f"Session({self.client_id!r}, subs={len(self.subscriptions)}, inflight={len(self.inflight)}, "
+            f"mqueue={len(self.mqueue)}, awaiting_rel={len(self.awaiting_rel)})"
+        )

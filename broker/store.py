@@ -122,8 +122,9 @@ class GroupCommitter:
     callback runs at once, so clean sessions never wait.
     """
 
-    def __init__(self, store: SessionStore, metrics: Metrics,
-                 on_result: Callable[[CommitResult], None] | None = None) -> None:
+    def __init__(
+        self, store: SessionStore, metrics: Metrics, on_result: Callable[[CommitResult], None] | None = None
+    ) -> None:
         self.store = store
         self.metrics = metrics
         self.on_result = on_result

@@ -60,9 +60,7 @@ class ZoneSettings(BaseModel):
         ge=0,
         description="Message Queue length per session. 0 = no limit. When full, the oldest message is dropped.",
     )
-    mqueue_store_qos0: bool = Field(
-        True, description="Queue QoS0 messages for offline persistent sessions."
-    )
+    mqueue_store_qos0: bool = Field(True, description="Queue QoS0 messages for offline persistent sessions.")
     retry_interval: Duration = Field(
         30.0,
         description="Resend an unacknowledged PUBLISH (DUP=1) or PUBREL after this long (MQTT 3.1.1 sessions; "
@@ -99,7 +97,9 @@ class ZoneSettings(BaseModel):
     max_packet_size: int = Field(
         1024 * 1024, ge=64, le=268435455, description="Larger packets are refused (MQTT 5: DISCONNECT 0x95)."
     )
-    max_topic_alias: int = Field(65535, ge=0, le=65535, description="Topic Alias Maximum announced to MQTT 5 clients.")
+    max_topic_alias: int = Field(
+        65535, ge=0, le=65535, description="Topic Alias Maximum announced to MQTT 5 clients."
+    )
     max_clientid_len: int = Field(65535, ge=23, le=65535, description="Longest accepted client identifier.")
     receive_maximum: int = Field(
         65535,
@@ -107,7 +107,9 @@ class ZoneSettings(BaseModel):
         le=65535,
         description="Receive Maximum announced to MQTT 5 clients: concurrent QoS1/2 PUBLISHes they may send us.",
     )
-    idle_timeout: Duration = Field(15.0, gt=0, description="Close a connection that sends no CONNECT this long.")
+    idle_timeout: Duration = Field(
+        15.0, gt=0, description="Close a connection that sends no CONNECT this long."
+    )
     allow_anonymous: bool = Field(True, description="Accept connections without a username.")
 
     def keepalive_timeout(self, keepalive: int) -> float:
