@@ -7,18 +7,24 @@ by default the tests run against `python -m fleetmq.broker`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 
 import pytest
 
 from tests.integration import harness
 from tests.integration.harness import LIVE_BROKERS, MOSQUITTO, BrokerProc, ClientFactory
+from tests.redisproc import LIVE_REDIS, REDIS_SERVER_BIN, RedisServer, redis_server_available
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "generic: plain MQTT behaviour; also runs against mosquitto with FLEETMQ_TEST_BROKER=mosquitto",
+    )
+    config.addinivalue_line(
+        "markers",
+        "redis: starts its own redis-server (installed by `make deps`) on a free port; runs in `make test`",
     )
 
 
@@ -41,6 +47,8 @@ def pytest_runtest_makereport(item, call):
             rep.sections.append(
                 (f"{bp.kind} broker pid {bp.pid} port {bp.port} log (tail)", tail or "<empty>")
             )
+        for rs in list(LIVE_REDIS):
+            rep.sections.append((f"redis-server pid {rs.pid} port {rs.port} log (tail)", rs.log()[-4000:]))
     return rep
 
 
@@ -143,3 +151,49 @@ def _no_leaked_threads(request):
             if t.is_alive():
                 leaked.append(t.name)
     assert not leaked, f"leaked client threads: {leaked}"
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A real redis-server (RedisServer) on a free 127.0.0.1 port with a fresh data dir (AOF, fsync always),
+    answering PING; stopped at teardown (killed by pid if SIGTERM does not end it)."""
+    if not redis_server_available():
+        pytest.fail(f"redis-server not found at {REDIS_SERVER_BIN}: run `make deps` or set REDIS_SERVER_BIN")
+    rs = RedisServer(tmp_path / "redis")
+    yield rs
+    rs.stop()
+
+
+@pytest.fixture
+def fleet(redis_server, tmp_path):
+    """Factory: fleet(n, zone_overrides=None, config=None, *, extra_args=()) -> list[BrokerProc].
+
+    Starts n fleetmq nodes sharing `redis_server`: each gets its own listener/metrics ports, config file and
+    log under tmp_path/node-<i>, `node_id: node-<i>` and `store: {kind: redis, url: redis_server.url}`
+    (other keys of config["store"], e.g. wait_replicas, are kept). Node numbers continue across calls.
+    BrokerProc.kill()/pause()/resume()/restart() act on one node. All nodes stopped at teardown."""
+    started: list[BrokerProc] = []
+
+    def start(
+        n: int, zone_overrides: dict | None = None, config: dict | None = None, *, extra_args=()
+    ) -> list[BrokerProc]:
+        if MOSQUITTO:
+            pytest.skip("needs fleetmq broker nodes sharing Redis")
+        nodes: list[BrokerProc] = []
+        for _ in range(n):
+            i = len(started)
+            cfg = copy.deepcopy(config) if config else {}
+            cfg["node_id"] = f"node-{i}"
+            cfg["store"] = {**cfg.get("store", {}), "kind": "redis", "url": redis_server.url}
+            bp = harness.start_fleetmq(
+                tmp_path / f"node-{i}", cfg, zone_overrides=zone_overrides, extra_args=extra_args
+            )
+            started.append(bp)
+            nodes.append(bp)
+        return nodes
+
+    yield start
+    if redis_server.paused:
+        redis_server.resume()  # so the nodes can finish their shutdown writes
+    for bp in started:
+        bp.stop()

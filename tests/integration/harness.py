@@ -72,6 +72,8 @@ class BrokerProc:
     kind: str = "fleetmq"
     config_path: Path | None = None
     ports: dict[str, int] = field(default_factory=dict)  # listener name -> port
+    cmd: list[str] = field(default_factory=list)  # the command line, for restart()
+    paused: bool = False
 
     @property
     def pid(self) -> int:
@@ -130,6 +132,8 @@ class BrokerProc:
 
     # -- lifecycle
     def terminate(self, timeout: float = 10.0) -> int | None:
+        if self.proc.poll() is None and self.paused:
+            self.resume()  # a stopped process would not act on SIGTERM
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
@@ -145,6 +149,47 @@ class BrokerProc:
         self.terminate()
         if self in LIVE_BROKERS:
             LIVE_BROKERS.remove(self)
+
+    def kill(self) -> int | None:
+        """SIGKILL (kill -9) and reap. The broker stays in LIVE_BROKERS (its log is shown on failure)."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        self.paused = False
+        return self.proc.returncode
+
+    def pause(self) -> None:
+        """SIGSTOP: connections and listeners stay open, nothing is answered, no heartbeat."""
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGCONT)
+        self.paused = False
+
+    def restart(self, timeout: float = 15.0) -> BrokerProc:
+        """Stop the process if it still runs (SIGTERM), then run the same command line again (same config
+        file, listener and metrics ports, log appended) and wait for every port. Returns self (new pid)."""
+        assert self.cmd, "this BrokerProc has no command line to restart"
+        self.terminate()
+        with open(self.log_path, "ab") as logf:
+            logf.write(f"\n----- harness: restart (previous pid {self.pid}) -----\n".encode())
+            logf.flush()
+            self.proc = subprocess.Popen(
+                self.cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        self.paused = False
+        if self not in LIVE_BROKERS:
+            LIVE_BROKERS.append(self)
+        ports = [*self.ports.values()] or [self.port]
+        for p in [*ports, *([self.metrics_port] if self.metrics_port else [])]:
+            _wait_port(self, p, timeout)
+        return self
 
 
 def _wait_port(bp: BrokerProc, port: int, timeout: float = 15.0) -> None:
@@ -223,7 +268,7 @@ def start_fleetmq(
     ]
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     logf.close()
-    bp = BrokerProc(HOST, main_port, mport, proc, log_path, "fleetmq", cfg_path, ports)
+    bp = BrokerProc(HOST, main_port, mport, proc, log_path, "fleetmq", cfg_path, ports, cmd)
     LIVE_BROKERS.append(bp)
     try:
         for p in [*ports.values(), mport]:  # the metrics endpoint may come up after the listeners
@@ -249,7 +294,9 @@ def start_mosquitto(workdir: Path) -> BrokerProc:
         [MOSQUITTO_BIN, "-c", str(conf)], stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
     )
     logf.close()
-    bp = BrokerProc(HOST, port, None, proc, log_path, "mosquitto", conf, {"mqtt": port})
+    bp = BrokerProc(
+        HOST, port, None, proc, log_path, "mosquitto", conf, {"mqtt": port}, [MOSQUITTO_BIN, "-c", str(conf)]
+    )
     LIVE_BROKERS.append(bp)
     try:
         _wait_port(bp, port)
