@@ -44,6 +44,7 @@ from .keepalive import KeepAlive, effective_keepalive
 from .message import Delivery, Message
 from .router import Subscription, parse_share, valid_filter, valid_topic
 from .session import AwaitingRelFull, Session
+from .store import Route
 
 if TYPE_CHECKING:
     from .node import Node
@@ -676,16 +677,43 @@ class Channel:
             existed = topic_filter in session.subscriptions
             session.subscriptions[topic_filter] = sub
             self.node.router.add(self.client_id, topic_filter, sub)
+            self._store_route(topic_filter, sub)
             codes.append(opts.qos)
             if group is None and (opts.retain_handling == 0 or (opts.retain_handling == 1 and not existed)):
-                retained.append((topic_filter, sub, existed))
-        self.io.write(encode(Suback(p.packet_id, codes), self.version))
-        now = time.time()
-        for topic_filter, sub, _existed in retained:
-            sub_ids = (sub.sub_id,) if sub.sub_id else None
-            for msg in self.node.retained.match(topic_filter, now):
-                # [MQTT-3.3.1-9]: a retained message sent because of a new subscription has RETAIN=1.
-                self.deliver(msg, min(msg.qos, sub.qos), True, sub_ids)
+                retained.append((topic_filter, sub))
+        suback = encode(Suback(p.packet_id, codes), self.version)
+
+        def finish() -> None:
+            self.io.write(suback)
+            now = time.time()
+            for topic_filter, sub in retained:
+                sub_ids = (sub.sub_id,) if sub.sub_id else None
+                for msg in self.node.retained.match(topic_filter, now):
+                    # [MQTT-3.3.1-9]: a retained message sent for a new subscription has RETAIN=1.
+                    self.deliver(msg, min(msg.qos, sub.qos), True, sub_ids)
+
+        self._after_store(finish)
+
+    def _store_route(self, topic_filter: str, sub: Subscription | None) -> None:
+        """Subscriptions are the fleet's route table: a durable store keeps them with the session."""
+        if self.node.store.durable and self.session is not None:
+            self.node.committer.add(Route(self.client_id, self.session.epoch, topic_filter, sub))
+
+    def _after_store(self, reply: Callable[[], None]) -> None:
+        """Answer once what this packet changed is stored (at once with nothing to wait for)."""
+        if not self.node.store.durable:
+            reply()
+            return
+
+        def done(ok: bool) -> None:
+            if self.state != State.CONNECTED:
+                return
+            if ok:
+                reply()
+            else:
+                self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
+
+        self.node.committer.after(done)
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session
@@ -694,10 +722,12 @@ class Channel:
         for topic_filter in p.topics:
             if session.subscriptions.pop(topic_filter, None) is not None:
                 self.node.router.remove(self.client_id, topic_filter)
+                self._store_route(topic_filter, None)
                 codes.append(RC.SUCCESS)
             else:
                 codes.append(RC.NO_SUBSCRIPTION_EXISTED)
-        self.io.write(encode(Unsuback(p.packet_id, codes), self.version))
+        unsuback = encode(Unsuback(p.packet_id, codes), self.version)
+        self._after_store(lambda: self.io.write(unsuback))
 
     def _on_pingreq(self, p: Pingreq) -> None:
         self.io.write(PINGRESP_BYTES)

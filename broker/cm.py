@@ -82,10 +82,18 @@ class ChannelManager:
             # cancelled by this very reconnect unless Clean Start ends the session [MQTT-3.1.3-9].
             if old.will is not None and (ch.clean_start or old.will_delay <= 0):
                 node.publish(old.will, old.zone_name)
-        elif cid in self.offline:
-            # Its Save (and messages queued for it) may still be on the way to the store. While we wait
-            # it stays parked, so messages published meanwhile are queued for it, not lost.
-            await node.committer.barrier()
+            if session is not None and ch.clean_start:
+                self._discard(session)
+                zm.session_events["discarded"] += 1
+                session = None
+        epoch = session.epoch if session is not None else 0
+        if session is None:
+            if node.committer.pending:
+                # A Save of this session (and messages queued for it) may still be on the way to the
+                # store; it stays parked meanwhile, so messages published now are queued, not lost.
+                await node.committer.barrier()
+            claimed = await node.store.claim(cid, ch.zone, ch.zone_name, ch.clean_start)
+            epoch, session = claimed.epoch, claimed.session
             parked = self.offline.pop(cid, None)
             if parked is not None:
                 if parked.expiry is not None:
@@ -94,14 +102,14 @@ class ChannelManager:
                     parked.will_timer.cancel()
                     if ch.clean_start and parked.will is not None:
                         node.publish(parked.will, parked.zone)  # the old session ends: its will goes now
-                session = await node.store.take(cid)
-        if session is not None and ch.clean_start:
-            self._discard(session)
-            zm.session_events["discarded"] += 1
-            session = None
+            if claimed.discarded is not None:
+                for topic_filter in claimed.discarded:
+                    node.router.remove(cid, topic_filter)
+                zm.session_events["discarded"] += 1
         present = session is not None
         if session is None:
             session = Session(cid, ch.zone, ch.zone_name, expiry_interval=expiry, receive_maximum=receive_max)
+            session.epoch = epoch
             zm.session_events["created"] += 1
         else:
             session.expiry_interval = expiry
@@ -125,12 +133,13 @@ class ChannelManager:
             self._will(cid, ch.will, ch.will_delay, expiry, ch.zone_name)
         if expiry <= 0:
             self._discard(session)
+            self.node.committer.add(Discard(cid, session.epoch))
             return
         parked = self.offline.get(cid) or Offline(ch.zone_name, list(session.subscriptions))
         parked.zone = ch.zone_name
         parked.filters = list(session.subscriptions)
         self.offline[cid] = parked
-        self.node.committer.add(Save(session))
+        self.node.committer.add(Save(session, expiry))
         if expiry < NEVER_EXPIRE:
             parked.expiry = asyncio.get_running_loop().call_later(expiry, self._expire, cid)
 
@@ -163,7 +172,8 @@ class ChannelManager:
                 self.node.publish(parked.will, parked.zone)  # session end: the will goes now [MQTT-3.1.3-9]
         for topic_filter in parked.filters:
             self.node.router.remove(cid, topic_filter)
-        self.node.committer.add(Discard(cid))
+        if not self.node.store.durable:  # a durable store expires sessions itself (fleet-wide TTL)
+            self.node.committer.add(Discard(cid))
         self.node.metrics.zone(parked.zone).session_events["expired"] += 1
         log.debug("session %r expired", cid)
 

@@ -1067,6 +1067,13 @@ def encode_properties(props: Properties) -> bytes:
     return b"".join(parts)
 
 
+def decode_properties(block: bytes, ptype: int = PacketType.PUBLISH) -> Properties:
+    """Decode a property block as `encode_properties` writes it (no length prefix), for stored messages."""
+    data = encode_varint(len(block)) + block
+    props, _ = _read_props(data, 0, len(data), ptype)
+    return props
+
+
 def _e_props_block(props: Properties) -> bytes:
     """Property block WITH its length prefix (v5 variable headers)."""
     if not props:

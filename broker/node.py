@@ -19,7 +19,7 @@ from .message import Delivery, Message
 from .metrics import Metrics
 from .retained import Retained
 from .router import Router, Subscription
-from .store import CommitResult, Enqueue, GroupCommitter, MemoryStore, SessionStore
+from .store import CommitResult, Enqueue, GroupCommitter, MemoryStore, Retain, SessionStore
 from .zones import ZoneSettings
 
 log = logging.getLogger("fleetmq.node")
@@ -55,18 +55,29 @@ class Node:
         return task
 
     # ---------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the store and load the fleet's routes and retained messages from it."""
+        await self.store.open()
+        for cid, topic_filter, sub in await self.store.load_routes():
+            self.router.add(cid, topic_filter, sub)
+        for msg in await self.store.load_retained():
+            self.retained.put(msg)
+
     def publish(self, msg: Message, zone: str = "default") -> tuple[int, bool]:
         """Route a message; returns (sessions matched, whether the publisher's ack must await a commit).
 
         `zone` is the publisher's, for the no-subscribers drop counter.
         """
+        durable = self.store.durable
         if msg.retain:
             self.retained.put(msg)
+            if durable:
+                self.committer.add(Retain(msg))
         channels = self.cm.channels
         matches = self.router.match(msg.topic, channels.__contains__)
         if not matches:
             self.metrics.drop(zone, "no_subscribers")
-            return 0, False
+            return 0, durable and msg.retain
         sender = msg.sender
         if len(matches) > 1 and len({cid for cid, _ in matches}) != len(matches):
             targets = _merge_overlapping(matches, sender)
@@ -76,7 +87,7 @@ class Node:
                 for cid, sub in matches
                 if not (sub.no_local and cid == sender)
             ]
-        needs_commit = False
+        needs_commit = durable and msg.retain
         mqos = msg.qos
         mretain = msg.retain
         for cid, sub_qos, rap, sub_ids in targets:
@@ -85,6 +96,10 @@ class Node:
             ch = channels.get(cid)
             if ch is not None and ch.session is not None:
                 ch.deliver(msg, qos, retain, sub_ids)
+                continue
+            if durable:  # the store knows whether the session exists and keeps QoS0 for it
+                self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids)))
+                needs_commit = True
                 continue
             parked = self.cm.offline.get(cid)
             if parked is None:
@@ -97,8 +112,11 @@ class Node:
         return len(matches), needs_commit
 
     def _on_commit(self, result: CommitResult) -> None:
-        for zone, _d in result.dropped:
-            self.metrics.drop(zone, "queue_full")
+        for zone, n in result.dropped:
+            self.metrics.drop(zone, "queue_full", n)
+        for op in result.missing:  # the session ended (expired) somewhere: its routes go too
+            if op.client_id not in self.cm.channels:
+                self.router.remove_client(op.client_id)
 
     # ---------------------------------------------------------------------------------------------
     def gauges(self) -> dict[str, dict[Any, float]]:

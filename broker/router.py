@@ -96,7 +96,7 @@ CACHE_SIZE = 8192
 
 
 class Router:
-    __slots__ = ("_cache", "_exact", "_groups", "_root", "_wild_count")
+    __slots__ = ("_by_client", "_cache", "_exact", "_groups", "_root", "_wild_count")
 
     def __init__(self) -> None:
         self._exact: dict[str, dict[str, Subscription]] = {}
@@ -107,6 +107,7 @@ class Router:
         # topic -> (trie nodes with subscribers, shared groups) it matches; cleared by any change to
         # wildcard or shared subscriptions, which are rare next to publishes.
         self._cache: dict[str, tuple[list[_Node], list[dict[str, _Group]]]] = {}
+        self._by_client: dict[str, set[str]] = {}  # client id -> its filters, to drop them all at once
 
     # -- changes ----------------------------------------------------------------------------------
     def add(self, client_id: str, topic_filter: str, sub: Subscription) -> bool:
@@ -114,6 +115,7 @@ class Router:
         group, real = parse_share(topic_filter)
         if group is not None or _is_wild(real):
             self._cache.clear()
+        self._by_client.setdefault(client_id, set()).add(topic_filter)
         if group is not None:
             sub.group = group
             members = self._groups.setdefault(real, {}).setdefault(group, _Group()).members
@@ -128,10 +130,22 @@ class Router:
             self._wild_count += 1
         return new
 
+    def remove_client(self, client_id: str) -> list[str]:
+        """Drop every subscription of one client (its session ended); returns the filters."""
+        filters = list(self._by_client.get(client_id, ()))
+        for topic_filter in filters:
+            self.remove(client_id, topic_filter)
+        return filters
+
     def remove(self, client_id: str, topic_filter: str) -> bool:
         group, real = parse_share(topic_filter)
         if group is not None or _is_wild(real):
             self._cache.clear()
+        mine = self._by_client.get(client_id)
+        if mine is not None:
+            mine.discard(topic_filter)
+            if not mine:
+                del self._by_client[client_id]
         if group is not None:
             groups = self._groups.get(real)
             g = groups.get(group) if groups else None

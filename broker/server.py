@@ -27,7 +27,9 @@ BACKLOG = 4096
 def make_store(config: BrokerConfig) -> SessionStore:
     if config.store.kind == "memory":
         return MemoryStore()
-    raise NotImplementedError("the redis store is not available yet in this build; use store.kind: memory")
+    from .redisstore import RedisStore
+
+    return RedisStore(config.store.url, config.node_id, config.store.wait_replicas)
 
 
 class Server:
@@ -43,7 +45,7 @@ class Server:
 
     async def start(self) -> None:
         self._stopping = asyncio.Event()
-        await self.node.store.open()
+        await self.node.start()
         for listener in self.config.listeners:
             await self._open_listener(listener)
         if self.config.metrics.bind:

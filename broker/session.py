@@ -26,6 +26,7 @@ class Session:
         "awaiting_rel",
         "client_id",
         "created_at",
+        "epoch",
         "expiry_interval",
         "inflight",
         "mqueue",
@@ -55,6 +56,7 @@ class Session:
         self.mqueue = MQueue(zone.max_mqueue_len)
         self.awaiting_rel: dict[int, float] = {}  # incoming QoS2 packet id -> time received
         self.created_at = now
+        self.epoch = 0  # ownership generation in the store (fencing)
         self._next_pid = 1
 
     # -- zone (live changes apply at the next delivery) -------------------------------------------

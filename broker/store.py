@@ -13,21 +13,24 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .message import Delivery
+from .message import Delivery, Message
 from .metrics import Metrics
+from .router import Subscription
 from .session import Session
+from .zones import ZoneSettings
 
 log = logging.getLogger("fleetmq.store")
 
 
 @dataclass(slots=True)
 class Save:
-    """Park a session whose client disconnected, until it expires or is taken back."""
+    """Park a session whose client disconnected, until it expires (after `ttl` seconds) or is taken back."""
 
     session: Session
+    ttl: float = 0.0
 
 
 @dataclass(slots=True)
@@ -40,24 +43,55 @@ class Enqueue:
 
 @dataclass(slots=True)
 class Discard:
-    """Delete a session (expired, or replaced by a clean start)."""
+    """Delete a session (ended, expired, or replaced by a clean start); fenced by its epoch if given."""
 
     client_id: str
+    epoch: int = 0
 
 
-Op = Save | Enqueue | Discard
+@dataclass(slots=True)
+class Route:
+    """Add (sub) or remove (sub=None) one subscription of an owned session: the fleet's route table."""
+
+    client_id: str
+    epoch: int
+    topic_filter: str
+    sub: Subscription | None
+
+
+@dataclass(slots=True)
+class Retain:
+    """Set (or, with an empty payload, clear) the retained message of a topic."""
+
+    msg: Message
+
+
+Op = Save | Enqueue | Discard | Route | Retain
 
 
 @dataclass(slots=True)
 class CommitResult:
     """What a commit did that the broker must account for (metrics, events)."""
 
-    dropped: list[tuple[str, Delivery]]  # (zone, delivery) dropped from full offline queues
-    missing: list[Enqueue]  # enqueues for sessions that no longer exist
+    dropped: list[tuple[str, int]] = field(default_factory=list)  # (zone, n) dropped from full queues
+    missing: list[Enqueue] = field(default_factory=list)  # enqueues for sessions that no longer exist
+    duration: float = 0.0
+
+
+@dataclass(slots=True)
+class Claimed:
+    """A session claimed for a connecting client."""
+
+    epoch: int  # grows on every claim: writes from an older owner are refused (fencing)
+    session: Session | None  # the stored session, or None if there was none (or Clean Start ended it)
+    discarded: list[str] | None = None  # Clean Start ended a stored session: its subscriptions
 
 
 class SessionStore(ABC):
     """Where sessions live while their client is away."""
+
+    #: whether writes outlive this process (acks of persistent sessions then wait for the commit)
+    durable = False
 
     @abstractmethod
     async def open(self) -> None: ...
@@ -66,8 +100,15 @@ class SessionStore(ABC):
     async def close(self) -> None: ...
 
     @abstractmethod
-    async def take(self, client_id: str) -> Session | None:
-        """Claim a stored session for a connecting client (it leaves the store)."""
+    async def claim(self, client_id: str, zone: ZoneSettings, zone_name: str, clean_start: bool) -> Claimed:
+        """Take a stored session over for a connecting client on this node."""
+
+    async def load_routes(self) -> list[tuple[str, str, Subscription]]:
+        """Every stored subscription (client id, filter, options), to fill the router at start."""
+        return []
+
+    async def load_retained(self) -> list[Message]:
+        return []
 
     @abstractmethod
     async def commit(self, ops: list[Op]) -> CommitResult:
@@ -83,6 +124,7 @@ class MemoryStore(SessionStore):
 
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
+        self._epochs: dict[str, int] = {}
 
     async def open(self) -> None:
         return None
@@ -90,8 +132,14 @@ class MemoryStore(SessionStore):
     async def close(self) -> None:
         self._sessions.clear()
 
-    async def take(self, client_id: str) -> Session | None:
-        return self._sessions.pop(client_id, None)
+    async def claim(self, client_id: str, zone: ZoneSettings, zone_name: str, clean_start: bool) -> Claimed:
+        epoch = self._epochs[client_id] = self._epochs.get(client_id, 0) + 1
+        session = self._sessions.pop(client_id, None)
+        if session is not None and clean_start:
+            return Claimed(epoch, None, list(session.subscriptions))
+        if session is not None:
+            session.epoch = epoch
+        return Claimed(epoch, session)
 
     async def commit(self, ops: list[Op]) -> CommitResult:
         result = CommitResult([], [])
@@ -104,10 +152,12 @@ class MemoryStore(SessionStore):
                 if s is None:
                     result.missing.append(op)
                     continue
-                for d in s.enqueue(op.delivery):
-                    result.dropped.append((s.zone_name, d))
+                dropped = s.enqueue(op.delivery)
+                if dropped:
+                    result.dropped.append((s.zone_name, len(dropped)))
             elif isinstance(op, Discard):
                 sessions.pop(op.client_id, None)
+                self._epochs.pop(op.client_id, None)
         return result
 
     def offline_sessions(self) -> list[Session]:
