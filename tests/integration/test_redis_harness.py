@@ -83,9 +83,9 @@ def test_pause_and_resume(redis_server):
     assert rs.alive() and rs.paused
     t0 = time.monotonic()
     with pytest.raises(OSError):  # the kernel accepts the connection, nobody answers
-        rs.command("GET", "k", timeout=0.3)
+        rs.command("GET", "k", timeout=0.2)
     assert time.monotonic() - t0 < 2
-    assert not rs.ping(timeout=0.2)
+    assert not rs.ping(timeout=0.1)
     rs.resume()
     assert not rs.paused
     assert rs.command("GET", "k") == b"v"
@@ -115,7 +115,7 @@ def test_broker_kill_pause_resume_restart(start_broker, raw_clients):
     bp.pause()
     c = raw_clients(bp)
     c.send(mqttraw.connect("paused"))
-    assert c.recv(timeout=0.3) is None  # accepted by the kernel, no CONNACK while stopped
+    assert c.recv(timeout=0.2) is None  # accepted by the kernel, no CONNACK while stopped
     bp.resume()
     assert c.expect(mqttraw.CONNACK).reason == 0
     assert bp.http_get("/healthz")[0] == 200
@@ -150,5 +150,3 @@ def test_fleet_nodes_share_redis(fleet, redis_server, raw_clients):
         assert cfg["store"] == {"kind": "redis", "url": redis_server.url}
         assert cfg["zones"]["default"]["max_inflight"] == 7
         raw_clients(n).connect(f"fleet-{i}")
-    (more,) = fleet(1)
-    assert yaml.safe_load(more.config_path.read_text())["node_id"] == "node-2"
