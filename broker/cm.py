@@ -88,12 +88,17 @@ class ChannelManager:
                 session = None
         epoch = session.epoch if session is not None else 0
         if session is None:
+            if node.cluster is not None:  # connected on another node? it hands the session over first
+                await node.cluster.take_over(cid, ch.clean_start)
             if node.committer.pending:
                 # A Save of this session (and messages queued for it) may still be on the way to the
                 # store; it stays parked meanwhile, so messages published now are queued, not lost.
                 await node.committer.barrier()
             claimed = await node.store.claim(cid, ch.zone, ch.zone_name, ch.clean_start)
             epoch, session = claimed.epoch, claimed.session
+            if claimed.previous and claimed.previous != node.node_id and node.cluster is not None:
+                zm.session_events["takenover"] += 1
+                node.spawn(node.cluster.kick_stale(cid, claimed.previous, epoch))
             parked = self.offline.pop(cid, None)
             if parked is not None:
                 if parked.expiry is not None:
@@ -142,6 +147,34 @@ class ChannelManager:
         self.node.committer.add(Save(session, expiry))
         if expiry < NEVER_EXPIRE:
             parked.expiry = asyncio.get_running_loop().call_later(expiry, self._expire, cid)
+
+    async def hand_over(self, cid: str, clean_start: bool) -> None:
+        """Another node got a CONNECT for a client connected here: close ours (0x8E), store the session."""
+        ch = self.channels.get(cid)
+        if ch is None or ch.session is None:
+            return
+        session = ch.session
+        del self.channels[cid]
+        ch.session = None
+        ch.kick(RC.SESSION_TAKEN_OVER, "takenover")
+        self.node.metrics.zone(ch.zone_name).session_events["takenover"] += 1
+        # A will without delay goes now; a delayed one is cancelled by the reconnect unless the new
+        # connection's Clean Start ends the session [MQTT-3.1.3-9].
+        if ch.will is not None and (clean_start or ch.will_delay <= 0):
+            self.node.publish(ch.will, ch.zone_name)
+        # Its routes stay: the session lives on (on the new node), and what is published here for it
+        # is queued in Redis for it from now on.
+        self.node.committer.add(Save(session, session.expiry_interval or 1.0))
+        await self.node.committer.barrier()
+
+    def fenced(self, ch: Channel) -> None:
+        """This node's copy of a session is stale (another node owns it): drop it without storing."""
+        cid = ch.client_id
+        if self.channels.get(cid) is ch:
+            del self.channels[cid]
+        ch.session = None
+        ch.kick(RC.SESSION_TAKEN_OVER, "takenover")
+        log.info("session %r is owned by another node now; closed the connection here", cid)
 
     def _will(self, cid: str, will: Message, delay: float, expiry: float, zone: str) -> None:
         """Publish a will now, or after its delay unless the session ends first (then at its end)."""

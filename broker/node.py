@@ -13,10 +13,12 @@ import os
 from collections.abc import Coroutine
 from typing import Any
 
+from .cluster import Cluster
 from .cm import ChannelManager
 from .config import BrokerConfig
 from .message import Delivery, Message
 from .metrics import Metrics
+from .redisstore import RedisStore
 from .retained import Retained
 from .router import Router, Subscription
 from .store import CommitResult, Enqueue, GroupCommitter, MemoryStore, Retain, SessionStore
@@ -38,6 +40,9 @@ class Node:
         self.retained = Retained()
         self.cm = ChannelManager(self)
         self.committer = GroupCommitter(self.store, self.metrics, self._on_commit)
+        self.cluster: Cluster | None = None
+        if isinstance(self.store, RedisStore):
+            self.cluster = Cluster(self, self.store)
         self._client_ids = itertools.count(1)
         self._id_prefix = f"fleetmq-{self.node_id}-{os.getpid():x}-"
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -58,10 +63,17 @@ class Node:
     async def start(self) -> None:
         """Open the store and load the fleet's routes and retained messages from it."""
         await self.store.open()
+        if self.cluster is not None:
+            await self.cluster.start()  # events first, so no route change falls between load and listen
         for cid, topic_filter, sub in await self.store.load_routes():
             self.router.add(cid, topic_filter, sub)
         for msg in await self.store.load_retained():
             self.retained.put(msg)
+
+    async def stop(self) -> None:
+        if self.cluster is not None:
+            await self.cluster.stop()
+        await self.store.close()
 
     def publish(self, msg: Message, zone: str = "default") -> tuple[int, bool]:
         """Route a message; returns (sessions matched, whether the publisher's ack must await a commit).
@@ -117,6 +129,10 @@ class Node:
         for op in result.missing:  # the session ended (expired) somewhere: its routes go too
             if op.client_id not in self.cm.channels:
                 self.router.remove_client(op.client_id)
+        for cid in result.fenced:
+            ch = self.cm.channels.get(cid)
+            if ch is not None:
+                self.cm.fenced(ch)
 
     # ---------------------------------------------------------------------------------------------
     def gauges(self) -> dict[str, dict[Any, float]]:

@@ -35,6 +35,7 @@ PREFIX = "fmq"
 RETAINED = f"{PREFIX}:retained"
 OWNERS = f"{PREFIX}:owners"
 EVENTS = f"{PREFIX}:events"
+Z = b"\0"  # field separator of cluster messages (MQTT strings never contain U+0000)
 CHUNK = 512  # values per RPUSH/HSET call inside scripts (Lua's unpack() has a limit)
 
 # -- packing ---------------------------------------------------------------------------------------
@@ -108,10 +109,20 @@ def keys(cid: str) -> list[str]:
 
 
 # -- scripts ---------------------------------------------------------------------------------------
+_PRELUDE = "local Z = string.char(0)\n"
+
+
+def _script(body: str) -> str:
+    return (_PRELUDE + body).replace("EVENTS_CH", EVENTS).replace("NODE_CH", f"{PREFIX}:node:")
+
+
 # KEYS: m s q i r. Every script that writes an owned session checks its epoch first (fencing).
 
 CLAIM = """
 local existed = redis.call('EXISTS', KEYS[1]) == 1
+local prev = redis.call('HMGET', KEYS[1], 'node', 'online')
+local previous = ''
+if prev[2] == '1' and prev[1] then previous = prev[1] end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 local filters = {}
 if existed and ARGV[2] == '1' then
@@ -119,15 +130,16 @@ if existed and ARGV[2] == '1' then
   redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'epoch', epoch)
+  redis.call('PUBLISH', 'EVENTS_CH', 'd' .. Z .. ARGV[1] .. Z .. ARGV[3])
 end
 redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1')
 for k = 1, 5 do redis.call('PERSIST', KEYS[k]) end
 if not existed or ARGV[2] == '1' then
-  return {epoch, existed and 1 or 0, filters}
+  return {epoch, existed and 1 or 0, filters, previous}
 end
 local q = redis.call('LRANGE', KEYS[3], 0, -1)
 redis.call('DEL', KEYS[3])
-return {epoch, 2, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]), q,
+return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]), q,
         redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
 """
 
@@ -173,12 +185,16 @@ end
 return dropped
 """.replace("CHUNK_N", str(CHUNK))
 
-# KEYS: m q. ARGV: delivery, qos. Returns {dropped, zone}, or -1 (no such session), -2 (QoS0 not kept).
+# KEYS: m q. ARGV: delivery, qos, client id. Returns {dropped, zone}, or -1 (no such session), -2 (QoS0
+# not kept). A session connected somewhere is woken there, by the same script: no stale owner cache.
 ENQUEUE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local meta = redis.call('HMGET', KEYS[1], 'qos0', 'maxq', 'zone')
-if ARGV[2] == '0' and meta[1] == '0' then return -2 end
+local meta = redis.call('HMGET', KEYS[1], 'qos0', 'maxq', 'zone', 'online', 'node')
+if ARGV[2] == '0' and meta[1] == '0' and meta[4] ~= '1' then return -2 end
 redis.call('RPUSH', KEYS[2], ARGV[1])
+if meta[4] == '1' and meta[5] then
+  redis.call('PUBLISH', 'NODE_CH' .. meta[5], 'w' .. Z .. ARGV[3])
+end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 local dropped = 0
@@ -190,18 +206,41 @@ end
 return {dropped, meta[3] or 'default'}
 """
 
+# ARGV: epoch ('' = unfenced), node, client id
 DISCARD = """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if epoch and ARGV[1] ~= '' and epoch ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+redis.call('PUBLISH', 'EVENTS_CH', 'd' .. Z .. ARGV[2] .. Z .. ARGV[3])
 return 1
 """
 
-# KEYS: m s. ARGV: epoch, filter, packed options ('' = remove).
+# KEYS: m s. ARGV: epoch, filter, packed options ('' = remove), node, client id. The change is announced
+# to the fleet by the script that stores it.
 ROUTE = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
-if ARGV[3] == '' then return redis.call('HDEL', KEYS[2], ARGV[2]) end
+if ARGV[3] == '' then
+  redis.call('PUBLISH', 'EVENTS_CH', 'u' .. Z .. ARGV[4] .. Z .. ARGV[5] .. Z .. ARGV[2])
+  return redis.call('HDEL', KEYS[2], ARGV[2])
+end
+redis.call('PUBLISH', 'EVENTS_CH', 'r' .. Z .. ARGV[4] .. Z .. ARGV[5] .. Z .. ARGV[2] .. Z .. ARGV[3])
 return redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+"""
+
+# KEYS: m q. ARGV: epoch, n. Moves up to n queued deliveries to the owner that is connected to the client.
+PULL = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
+local n = tonumber(ARGV[2])
+local items = redis.call('LRANGE', KEYS[2], 0, n - 1)
+if #items > 0 then redis.call('LTRIM', KEYS[2], #items, -1) end
+return items
+"""
+
+# KEYS: m. The node a session's client is connected to, if any.
+OWNER = """
+local m = redis.call('HMGET', KEYS[1], 'node', 'online')
+if m[2] == '1' then return m[1] end
+return false
 """
 
 
@@ -226,11 +265,13 @@ class RedisStore(SessionStore):
             socket_timeout=5,
             retry_on_timeout=False,
         )
-        self._claim = self.redis.register_script(CLAIM)
-        self._save = self.redis.register_script(SAVE)
-        self._enqueue = self.redis.register_script(ENQUEUE)
-        self._discard = self.redis.register_script(DISCARD)
-        self._route = self.redis.register_script(ROUTE)
+        self._claim = self.redis.register_script(_script(CLAIM))
+        self._save = self.redis.register_script(_script(SAVE))
+        self._enqueue = self.redis.register_script(_script(ENQUEUE))
+        self._discard = self.redis.register_script(_script(DISCARD))
+        self._route = self.redis.register_script(_script(ROUTE))
+        self._pull = self.redis.register_script(_script(PULL))
+        self._owner = self.redis.register_script(_script(OWNER))
         self.round_trips = 0
 
     async def open(self) -> None:
@@ -243,11 +284,15 @@ class RedisStore(SessionStore):
     async def claim(self, client_id: str, zone: ZoneSettings, zone_name: str, clean_start: bool) -> Claimed:
         """Take ownership of a session for this node (epoch + 1); returns its stored state."""
         self.round_trips += 1
-        res = await self._claim(keys=keys(client_id), args=[self.node_id, "1" if clean_start else "0"])
+        res = await self._claim(
+            keys=keys(client_id), args=[self.node_id, "1" if clean_start else "0", client_id]
+        )
         epoch = int(res[0])
         if int(res[1]) != 2:
             discarded = [f.decode() for f in res[2]] if int(res[1]) == 1 else None
-            return Claimed(epoch, None, discarded)
+            return Claimed(epoch, None, discarded, res[3].decode() or None)
+        previous = res[2].decode() or None
+        res = res[1:]
         meta = {k.decode(): v for k, v in _pairs(res[2])}
         s = Session(client_id, zone, zone_name)
         s.epoch = epoch
@@ -262,7 +307,7 @@ class RedisStore(SessionStore):
             s.inflight.insert(d)
         for pid, ts in _pairs(res[6]):
             s.awaiting_rel[int(pid)] = float(ts)
-        return Claimed(epoch, s)
+        return Claimed(epoch, s, None, previous)
 
     async def commit(self, ops: list[Op]) -> CommitResult:
         result = CommitResult([], [])
@@ -272,30 +317,39 @@ class RedisStore(SessionStore):
             if isinstance(op, Enqueue):
                 d = op.delivery
                 await self._enqueue(
-                    keys=keys(op.client_id)[0:3:2], args=[pack_delivery(d), str(d.qos)], client=pipe
+                    keys=keys(op.client_id)[0:3:2],
+                    args=[pack_delivery(d), str(d.qos), op.client_id],
+                    client=pipe,
                 )
                 kinds.append(op)
             elif isinstance(op, Save):
                 await self._save(
                     keys=keys(op.session.client_id), args=self._save_args(op.session, op.ttl), client=pipe
                 )
-                kinds.append(None)
+                kinds.append(op)
             elif isinstance(op, Discard):
+                epoch = str(op.epoch) if op.epoch else ""
                 await self._discard(
-                    keys=keys(op.client_id), args=[str(op.epoch) if op.epoch else ""], client=pipe
+                    keys=keys(op.client_id), args=[epoch, self.node_id, op.client_id], client=pipe
                 )
                 kinds.append(None)
             elif isinstance(op, Route):
                 k = keys(op.client_id)
                 packed = pack_sub(op.sub) if op.sub is not None else b""
-                await self._route(keys=k[:2], args=[str(op.epoch), op.topic_filter, packed], client=pipe)
-                kinds.append(None)
+                await self._route(
+                    keys=k[:2],
+                    args=[str(op.epoch), op.topic_filter, packed, self.node_id, op.client_id],
+                    client=pipe,
+                )
+                kinds.append(op)
             elif isinstance(op, Retain):
+                packed = pack_message(op.msg)
                 if op.msg.payload:
-                    pipe.hset(RETAINED, op.msg.topic, pack_message(op.msg))
+                    pipe.hset(RETAINED, op.msg.topic, packed)
                 else:
                     pipe.hdel(RETAINED, op.msg.topic)
-                kinds.append(None)
+                pipe.publish(EVENTS, Z.join([b"t", self.node_id.encode(), packed]))
+                kinds.extend((None, None))
         if self.wait_replicas:
             pipe.wait(self.wait_replicas, self.wait_timeout_ms)
         t0 = time.perf_counter()
@@ -310,6 +364,13 @@ class RedisStore(SessionStore):
                     result.missing.append(op)
                 elif isinstance(reply, list) and int(reply[0]):
                     result.dropped.append((reply[1].decode(), int(reply[0])))
+            elif isinstance(op, Route) and reply == -1:
+                result.fenced.append(op.client_id)
+            elif isinstance(op, Save):
+                if reply == -1:
+                    result.fenced.append(op.session.client_id)
+                elif int(reply):
+                    result.dropped.append((op.session.zone_name, int(reply)))
         if self.wait_replicas:
             acked = replies[-1]
             if int(acked) < self.wait_replicas:
@@ -342,6 +403,19 @@ class RedisStore(SessionStore):
         for pid, ts in s.awaiting_rel.items():
             args += [pid, repr(ts)]
         return args
+
+    async def owner(self, client_id: str) -> str | None:
+        """The node the client is connected to, if any (from the session's meta)."""
+        node = await self._owner(keys=keys(client_id)[:1])
+        return node.decode() if node else None
+
+    async def pull(self, targets: list[tuple[str, int]], n: int) -> list[Any]:
+        """For sessions owned here (client id, epoch): their queued deliveries, or -1 where fenced."""
+        pipe: Pipeline = self.redis.pipeline(transaction=False)
+        for cid, epoch in targets:
+            await self._pull(keys=keys(cid)[0:3:2], args=[str(epoch), n], client=pipe)
+        self.round_trips += 1
+        return await pipe.execute()
 
     # -- fleet-wide state loaded at start -------------------------------------------------------
     async def load_routes(self) -> list[tuple[str, str, Subscription]]:

@@ -111,7 +111,7 @@ class Server:
             await server.wait_closed()
         if self._http is not None:
             self._http.close()
-        await self.node.store.close()
+        await self.node.stop()
         log.info("stopped")
 
     # -- HTTP: /metrics, /healthz, /readyz --------------------------------------------------------

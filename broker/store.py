@@ -75,6 +75,7 @@ class CommitResult:
 
     dropped: list[tuple[str, int]] = field(default_factory=list)  # (zone, n) dropped from full queues
     missing: list[Enqueue] = field(default_factory=list)  # enqueues for sessions that no longer exist
+    fenced: list[str] = field(default_factory=list)  # sessions another node owns now (stale epoch)
     duration: float = 0.0
 
 
@@ -85,6 +86,7 @@ class Claimed:
     epoch: int  # grows on every claim: writes from an older owner are refused (fencing)
     session: Session | None  # the stored session, or None if there was none (or Clean Start ended it)
     discarded: list[str] | None = None  # Clean Start ended a stored session: its subscriptions
+    previous: str | None = None  # the node the client was connected to before (it is told to let go)
 
 
 class SessionStore(ABC):

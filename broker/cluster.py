@@ -1,0 +1,244 @@
+"""The fleet: nodes sharing one Redis (node registry, routes, cross-node delivery, takeover).
+
+- Registry: each node refreshes ``fmq:alive:<node>`` with a TTL; a node whose key lapsed is dead.
+- Routes: every node keeps the whole fleet's subscriptions in its router; changes are broadcast on
+  ``fmq:events`` by the same Lua script that stores them, so a route is never announced unstored.
+- Delivery: a message for a session that is not connected here is appended to that session's queue in
+  Redis; the enqueue script wakes the session's owner (``fmq:node:<id>``), which pulls its queue.
+- Takeover: a node that gets a CONNECT for a client connected elsewhere asks the owner to hand the
+  session over (the owner closes the connection with 0x8E and stores the session), then claims it with
+  a higher epoch. An owner that does not answer (dead, paused) is fenced: its writes carry a stale epoch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from typing import TYPE_CHECKING
+
+from redis.asyncio.client import PubSub
+
+from .codec import RC
+from .redisstore import EVENTS, PREFIX, RedisStore, unpack_delivery, unpack_message, unpack_sub
+
+if TYPE_CHECKING:
+    from .node import Node
+
+log = logging.getLogger("fleetmq.cluster")
+
+HEARTBEAT_TTL = 5.0
+HANDOVER_TIMEOUT = 3.0
+PULL_BATCH = 1000
+
+
+def node_channel(node_id: str) -> str:
+    return f"{PREFIX}:node:{node_id}"
+
+
+def alive_key(node_id: str) -> str:
+    return f"{PREFIX}:alive:{node_id}"
+
+
+class Cluster:
+    def __init__(self, node: Node, store: RedisStore) -> None:
+        self.node = node
+        self.store = store
+        self.node_id = node.node_id
+        self.channel = node_channel(self.node_id)
+        self._pubsub: PubSub | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._handovers: dict[str, asyncio.Future[None]] = {}
+        self._req_ids = itertools.count(1)
+        self._pulls: set[str] = set()
+        self._pull_scheduled = False
+        self.connected = False
+
+    async def start(self) -> None:
+        self._pubsub = self.store.redis.pubsub(ignore_subscribe_messages=True)
+        await self._pubsub.subscribe(EVENTS, self.channel)
+        await self._beat()
+        self._tasks = [
+            asyncio.get_running_loop().create_task(self._listen(), name="fleetmq-cluster-listen"),
+            asyncio.get_running_loop().create_task(self._heartbeat(), name="fleetmq-heartbeat"),
+        ]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        with contextlib.suppress(Exception):
+            await self.store.redis.delete(alive_key(self.node_id))
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+
+    # -- registry --------------------------------------------------------------------------------
+    async def _beat(self) -> None:
+        await self.store.redis.set(alive_key(self.node_id), b"1", px=int(HEARTBEAT_TTL * 1000))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_TTL / 5)
+            try:
+                await self._beat()
+            except Exception as e:  # Redis away: keep trying; the store's errors are counted elsewhere
+                log.warning("heartbeat failed: %s", e)
+
+    async def is_alive(self, node_id: str) -> bool:
+        return bool(await self.store.redis.exists(alive_key(node_id)))
+
+    # -- takeover --------------------------------------------------------------------------------
+    async def take_over(self, client_id: str, clean_start: bool) -> None:
+        """Ask the node the client is connected to (if any, and alive) to hand its session over."""
+        owner = await self.store.owner(client_id)
+        if not owner or owner == self.node_id or not await self.is_alive(owner):
+            return
+        req = f"{self.node_id}:{next(self._req_ids)}"
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._handovers[req] = fut
+        try:
+            await self.store.redis.publish(
+                node_channel(owner),
+                b"\0".join(
+                    [
+                        b"h",
+                        client_id.encode(),
+                        b"1" if clean_start else b"0",
+                        self.node_id.encode(),
+                        req.encode(),
+                    ]
+                ),
+            )
+            await asyncio.wait_for(fut, HANDOVER_TIMEOUT)
+        except TimeoutError:
+            log.warning(
+                "node %s did not hand over %r within %.0fs; fencing it", owner, client_id, HANDOVER_TIMEOUT
+            )
+        finally:
+            self._handovers.pop(req, None)
+
+    async def kick_stale(self, client_id: str, owner: str, epoch: int) -> None:
+        """Tell a former owner its connection of this client is over (it may have missed the handover)."""
+        await self.store.redis.publish(
+            node_channel(owner), b"\0".join([b"k", client_id.encode(), str(epoch).encode()])
+        )
+
+    def _on_handover(self, client_id: str, clean_start: bool, requester: str, req: str) -> None:
+        async def run() -> None:
+            await self.node.cm.hand_over(client_id, clean_start)
+            await self.store.redis.publish(node_channel(requester), b"\0".join([b"H", req.encode()]))
+
+        self.node.spawn(run())
+
+    # -- pulling queued messages for sessions connected here --------------------------------------
+    def wake(self, client_id: str) -> None:
+        self._pulls.add(client_id)
+        if not self._pull_scheduled:
+            self._pull_scheduled = True
+            asyncio.get_running_loop().call_soon(lambda: self.node.spawn(self._pull()))
+
+    async def _pull(self) -> None:
+        self._pull_scheduled = False
+        cids, self._pulls = self._pulls, set()
+        targets = []
+        for cid in cids:
+            ch = self.node.cm.channels.get(cid)
+            if ch is not None and ch.session is not None:
+                targets.append((cid, ch.session.epoch))
+        if not targets:
+            return
+        try:
+            replies = await self.store.pull(targets, PULL_BATCH)
+        except Exception as e:
+            self.node.metrics.store_errors += 1
+            log.warning("pulling queued messages failed: %s", e)
+            for cid, _ in targets:
+                self._pulls.add(cid)  # retried with the next wake
+            return
+        for (cid, epoch), items in zip(targets, replies, strict=True):
+            ch = self.node.cm.channels.get(cid)
+            if items == -1:
+                if ch is not None and ch.session is not None and ch.session.epoch == epoch:
+                    ch.kick(RC.SESSION_TAKEN_OVER, "takenover")  # fenced: the session lives elsewhere now
+                continue
+            if ch is None or ch.session is None:
+                continue
+            for raw in items:
+                d, _ = unpack_delivery(raw)
+                ch.deliver(d.msg, d.qos, d.retain, d.sub_ids)
+            if len(items) >= PULL_BATCH:
+                self.wake(cid)
+
+    # -- events ----------------------------------------------------------------------------------
+    async def _listen(self) -> None:
+        assert self._pubsub is not None
+        backoff = 0.1
+        while True:
+            try:
+                msg = await self._pubsub.get_message(timeout=1.0)
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("cluster event stream interrupted (%s); reconnecting in %.1fs", e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                with contextlib.suppress(Exception):
+                    await self._pubsub.subscribe(EVENTS, self.channel)
+                    await self._resync()
+                continue
+            if msg is None:
+                continue
+            try:
+                self._on_message(msg["channel"], msg["data"])
+            except Exception:
+                log.exception("bad cluster message on %s", msg.get("channel"))
+
+    async def _resync(self) -> None:
+        """After a gap in the event stream, reload routes and retained messages from Redis."""
+        log.info("resynchronising routes from Redis")
+        routes = await self.store.load_routes()
+        router = self.node.router
+        for cid, topic_filter, sub in routes:
+            if cid not in self.node.cm.channels:
+                router.add(cid, topic_filter, sub)
+
+    def _on_message(self, channel: bytes, data: bytes) -> None:
+        kind = data[:1]
+        if channel == self.channel.encode():
+            if kind == b"w":
+                self.wake(data[2:].decode())
+            elif kind == b"h":
+                _, cid, clean, requester, req = data.split(b"\0", 4)
+                self._on_handover(cid.decode(), clean == b"1", requester.decode(), req.decode())
+            elif kind == b"H":
+                fut = self._handovers.get(data[2:].decode())
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+            elif kind == b"k":
+                _, cid, epoch = data.split(b"\0", 2)
+                ch = self.node.cm.channels.get(cid.decode())
+                if ch is not None and ch.session is not None and ch.session.epoch < int(epoch):
+                    self.node.cm.fenced(ch)
+            return
+        # fleet events: b"<kind>\0<node>\0..." ; our own changes are already applied locally
+        _, origin, rest = data.split(b"\0", 2)
+        if origin.decode() == self.node_id:
+            return
+        router = self.node.router
+        if kind == b"r":
+            cid, topic_filter, packed = rest.split(b"\0", 2)
+            router.add(cid.decode(), topic_filter.decode(), unpack_sub(packed))
+        elif kind == b"u":
+            cid, topic_filter = rest.split(b"\0", 1)
+            router.remove(cid.decode(), topic_filter.decode())
+        elif kind == b"d":
+            cid_s = rest.decode()
+            if cid_s not in self.node.cm.channels:
+                router.remove_client(cid_s)
+        elif kind == b"t":
+            self.node.retained.put(unpack_message(rest))
