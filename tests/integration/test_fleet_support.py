@@ -1,0 +1,304 @@
+"""Helpers shared by the test_fleet_* modules (no tests here): raw MQTT publishers and subscribers that
+record exactly what the broker acknowledged and delivered, so fleet tests can check "nothing acked is lost"
+and "QoS2 reaches the application once" against real broker processes sharing one Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from tests.integration import mqttraw
+from tests.integration.harness import BrokerProc
+from tests.integration.mqttraw import (
+    CONNACK,
+    DISCONNECT,
+    PUBACK,
+    PUBCOMP,
+    PUBLISH,
+    PUBREC,
+    PUBREL,
+    ConnectionClosed,
+    MalformedError,
+    RawClient,
+)
+
+SESSION_EXPIRY = 300  # v5 persistent sessions in these tests
+
+
+def raw_connect(
+    bp: BrokerProc,
+    cid: str,
+    version: int,
+    *,
+    clean: bool = False,
+    expiry: int | None = SESSION_EXPIRY,
+    timeout: float = 5.0,
+    check: bool = True,
+    keepalive: int = 60,
+) -> tuple[RawClient, mqttraw.Packet]:
+    """A RawClient connected to `bp`; persistent (clean=False, v5 session expiry) by default."""
+    c = RawClient(bp.host, bp.port, version=version, timeout=timeout)
+    props = {"session_expiry_interval": expiry} if version == 5 and expiry else None
+    ack = c.connect(cid, clean=clean, props=props, check=check, timeout=timeout, keepalive=keepalive)
+    return c, ack
+
+
+def seq_payload(tag: str, n: int) -> bytes:
+    return f"{tag}:{n:06d}".encode()
+
+
+def parse_seq(payload: bytes) -> tuple[str, int]:
+    tag, _, n = payload.decode().rpartition(":")
+    return tag, int(n)
+
+
+# ------------------------------------------------------------------ subscriber bookkeeping
+@dataclass
+class AppView:
+    """What an MQTT application on top of a raw client sees, across reconnects of one session.
+
+    QoS2 (method B receiver): a PUBLISH is handed to the application when its packet id is not already
+    awaiting PUBREL; a resent PUBLISH (same packet id, before PUBREL) is not delivered again.
+    """
+
+    delivered: list[bytes] = field(default_factory=list)  # payloads handed to the application, in order
+    awaiting_rel: set[int] = field(default_factory=set)  # QoS2 packet ids received, PUBREL not yet seen
+    publishes: list[mqttraw.Packet] = field(default_factory=list)  # every PUBLISH seen
+
+    def on_publish(self, p: mqttraw.Packet) -> None:
+        self.publishes.append(p)
+        if p.qos == 2:
+            if p.packet_id in self.awaiting_rel:
+                return  # a resend of one already delivered
+            self.awaiting_rel.add(p.packet_id)
+        self.delivered.append(p.payload)
+
+    def on_pubrel(self, p: mqttraw.Packet) -> None:
+        self.awaiting_rel.discard(p.packet_id)
+
+
+def ack_loop(
+    c: RawClient,
+    view: AppView,
+    *,
+    until: int | None = None,
+    quiet: float = 1.0,
+    timeout: float = 30.0,
+    tag: str | None = None,
+) -> bool:
+    """Receive and fully acknowledge (PUBACK, PUBREC, PUBCOMP) until `until` distinct sequence numbers of
+    `tag` were delivered, or nothing arrived for `quiet` seconds, or `timeout`. Returns False if the
+    connection closed."""
+    deadline = time.monotonic() + timeout
+    last = time.monotonic()
+    while time.monotonic() < deadline:
+        if until is not None and len(distinct(view, tag)) >= until:
+            return True
+        try:
+            p = c.recv(0.1)
+        except (ConnectionClosed, MalformedError, OSError):
+            return False
+        if p is None:
+            if until is None and time.monotonic() - last > quiet:
+                return True
+            continue
+        last = time.monotonic()
+        try:
+            if p.type == PUBLISH:
+                view.on_publish(p)
+                if p.qos:
+                    c.ack(p)
+            elif p.type == PUBREL:
+                view.on_pubrel(p)
+                c.ack(p)
+            elif p.type == DISCONNECT:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def distinct(view: AppView, tag: str | None = None) -> set[int]:
+    out = set()
+    for payload in view.delivered:
+        t, n = parse_seq(payload)
+        if tag is None or t == tag:
+            out.add(n)
+    return out
+
+
+# ------------------------------------------------------------------ publishers
+class Publisher(threading.Thread):
+    """A raw publisher thread: sends `tag:<seq>` messages at `qos`, at most `window` unacknowledged, and
+    records the sequence numbers the broker acknowledged (PUBACK, or for QoS2 PUBREC then PUBCOMP).
+
+    It stops at `count` messages, at stop(), or when its connection ends (it does not reconnect or resend:
+    what was not acked is simply not counted as acked)."""
+
+    def __init__(
+        self,
+        bp: BrokerProc,
+        topic: str,
+        tag: str,
+        qos: int,
+        *,
+        version: int = 4,
+        count: int | None = None,
+        window: int = 20,
+        rate: float | None = None,
+    ):
+        super().__init__(daemon=True, name=f"pub-{tag}")
+        self.bp, self.topic, self.tag, self.qos, self.version = bp, topic, tag, qos, version
+        self.count, self.window, self.rate = count, window, rate
+        self.sent: list[int] = []
+        self.acked: set[int] = set()  # PUBACK (QoS1) / PUBCOMP (QoS2) received
+        self.pubrec: set[int] = set()  # QoS2: PUBREC received (the broker owns the message)
+        self.refused: dict[int, int] = {}  # seq -> v5 reason code >= 0x80
+        self.closed_reason: str | None = None
+        self._stop = threading.Event()
+        self.connected = threading.Event()
+        self.error: BaseException | None = None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as e:  # recorded; the test decides
+            self.error = e
+
+    def _run(self) -> None:
+        c = RawClient(self.bp.host, self.bp.port, version=self.version, timeout=5)
+        try:
+            c.connect(mqttraw_uid(self.tag), clean=True)
+        except (AssertionError, OSError, ConnectionClosed) as e:
+            self.closed_reason = f"connect: {e}"
+            c.close()
+            return
+        self.connected.set()
+        pending: dict[int, int] = {}  # packet id -> seq
+        seq = 0
+        pid = 0
+        interval = 1.0 / self.rate if self.rate else 0.0
+        next_send = time.monotonic()
+        try:
+            while True:
+                done_sending = self._stop.is_set() or (self.count is not None and seq >= self.count)
+                if done_sending and not pending:
+                    break
+                if done_sending and self._stop.is_set():
+                    # give outstanding acks a moment, then stop
+                    end = time.monotonic() + 3.0
+                    while pending and time.monotonic() < end:
+                        self._read(c, pending, 0.1)
+                    break
+                if len(pending) < self.window and not done_sending and time.monotonic() >= next_send:
+                    pid = pid % 65535 + 1
+                    while pid in pending:
+                        pid = pid % 65535 + 1
+                    c.send(
+                        mqttraw.publish(
+                            self.topic,
+                            seq_payload(self.tag, seq),
+                            qos=self.qos,
+                            packet_id=pid,
+                            version=self.version,
+                        )
+                    )
+                    pending[pid] = seq
+                    self.sent.append(seq)
+                    seq += 1
+                    next_send += interval
+                    if len(pending) < self.window and interval == 0:
+                        self._read(c, pending, 0.0)
+                        continue
+                self._read(c, pending, 0.005 if interval else 0.05)
+        except (ConnectionClosed, OSError, MalformedError) as e:
+            self.closed_reason = str(e) or type(e).__name__
+        finally:
+            c.close()
+
+    def _read(self, c: RawClient, pending: dict[int, int], timeout: float) -> None:
+        while True:
+            p = c.recv(timeout)
+            if p is None:
+                return
+            timeout = 0.0
+            if p.type == PUBACK and p.packet_id in pending:
+                s = pending.pop(p.packet_id)
+                if p.reason >= 0x80:
+                    self.refused[s] = p.reason
+                else:
+                    self.acked.add(s)
+            elif p.type == PUBREC and p.packet_id in pending:
+                s = pending[p.packet_id]
+                if p.reason >= 0x80:
+                    self.refused[s] = p.reason
+                    pending.pop(p.packet_id)
+                else:
+                    self.pubrec.add(s)
+                    c.send(mqttraw.ack(PUBREL, p.packet_id, version=self.version))
+            elif p.type == PUBCOMP and p.packet_id in pending:
+                self.acked.add(pending.pop(p.packet_id))
+            elif p.type == DISCONNECT:
+                raise ConnectionClosed(f"DISCONNECT {p.reason:#x}")
+
+
+def mqttraw_uid(tag: str) -> str:
+    from tests.integration.harness import uid
+
+    return uid(f"pub-{tag}-")[:60]
+
+
+def pipeline_publish(
+    bp: BrokerProc, topic: str, tag: str, qos: int, n: int, *, version: int = 4, timeout: float = 30.0
+) -> set[int]:
+    """Publish n messages from one raw connection as fast as the broker acks them (window 100);
+    returns the acknowledged sequence numbers (asserts all were acknowledged)."""
+    pub = Publisher(bp, topic, tag, qos, version=version, count=n, window=100)
+    pub.start()
+    pub.join(timeout)
+    assert not pub.is_alive(), f"publisher {tag} still running after {timeout}s ({len(pub.acked)} acked)"
+    assert pub.error is None, pub.error
+    assert pub.acked == set(range(n)), (
+        f"only {len(pub.acked)} of {n} acked; refused={pub.refused} closed={pub.closed_reason}"
+    )
+    return pub.acked
+
+
+def first_occurrences(payloads: list[bytes], tag: str | None = None) -> list[int]:
+    seen: set[int] = set()
+    out = []
+    for p in payloads:
+        t, n = parse_seq(p)
+        if (tag is None or t == tag) and n not in seen:
+            seen.add(n)
+            out.append(n)
+    return out
+
+
+def hget(redis_server, key: str, field_: str) -> bytes | None:
+    return redis_server.command("HGET", key, field_)
+
+
+def session_keys(cid: str) -> list[str]:
+    tag = f"fmq:{{{cid}}}"
+    return [f"{tag}:m", f"{tag}:s", f"{tag}:q", f"{tag}:i", f"{tag}:r"]
+
+
+__all__ = [
+    "CONNACK",
+    "AppView",
+    "Publisher",
+    "ack_loop",
+    "distinct",
+    "first_occurrences",
+    "hget",
+    "parse_seq",
+    "pipeline_publish",
+    "raw_connect",
+    "seq_payload",
+    "session_keys",
+]
