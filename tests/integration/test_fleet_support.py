@@ -156,12 +156,12 @@ class Publisher(threading.Thread):
         self.pubrec: set[int] = set()  # QoS2: PUBREC received (the broker owns the message)
         self.refused: dict[int, int] = {}  # seq -> v5 reason code >= 0x80
         self.closed_reason: str | None = None
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.connected = threading.Event()
         self.error: BaseException | None = None
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
         try:
@@ -185,10 +185,10 @@ class Publisher(threading.Thread):
         next_send = time.monotonic()
         try:
             while True:
-                done_sending = self._stop.is_set() or (self.count is not None and seq >= self.count)
+                done_sending = self._halt.is_set() or (self.count is not None and seq >= self.count)
                 if done_sending and not pending:
                     break
-                if done_sending and self._stop.is_set():
+                if done_sending and self._halt.is_set():
                     # give outstanding acks a moment, then stop
                     end = time.monotonic() + 3.0
                     while pending and time.monotonic() < end:
