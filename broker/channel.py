@@ -472,7 +472,8 @@ class Channel:
         if qos:
             rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
             ptype = PUBACK if qos == 1 else PUBREC
-            if needs_commit or self._acks_pending:
+            # A journaled QoS2 receipt (awaiting PUBREL) must be stored before PUBREC says "got it".
+            if needs_commit or self._acks_pending or (qos == 2 and session.dirty is not None):
                 self._ack_after_commit(ptype, p.packet_id, rc)
             else:
                 self._send_ack(ptype, p.packet_id, rc)
@@ -508,7 +509,7 @@ class Channel:
         assert self.session is not None
         found = self.session.release(p.packet_id)
         rc = 0 if found else RC.PACKET_IDENTIFIER_NOT_FOUND
-        if self._acks_pending:
+        if self._acks_pending or self.session.dirty is not None:
             self._ack_after_commit(PUBCOMP, p.packet_id, rc)
         else:
             self._send_ack(PUBCOMP, p.packet_id, rc)
@@ -555,32 +556,36 @@ class Channel:
     # ---------------------------------------------------------------------------------------------
     # deliveries to the client
     # ---------------------------------------------------------------------------------------------
+    def deliver_delivery(self, d: Delivery) -> None:
+        """A delivery pulled from the store (already counted in the session's order if journaled)."""
+        if d.qos == 0:
+            self.deliver(d.msg, 0, d.retain, d.sub_ids)
+            if self.session is not None and self.session.dirty is not None and d.order >= 0:
+                self.session._mark(d.msg.msg_id, None)  # it was journaled by the pull; now it is sent
+            return
+        self._deliver(d)
+
     def deliver(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...] | None) -> None:
         """A message routed to this client: QoS0 at once, QoS1/2 through the Inflight Window.
 
         While the socket cannot keep up (`congested`), QoS1/2 wait in the Message Queue, bounded by
         max_mqueue_len, and QoS0 is dropped: a slow subscriber never grows the node's memory unbounded.
         """
-        if self.congested:
-            session = self.session
-            assert session is not None
-            if qos == 0:
-                self.zm.dropped["queue_full"] += 1
-            else:
-                dropped = session.mqueue.push(Delivery(msg, qos, retain, sub_ids))
-                if dropped:
-                    self.zm.dropped["queue_full"] += len(dropped)
-            return
         if qos == 0:
+            if self.congested:
+                self.zm.dropped["queue_full"] += 1
+                return
             data = self._encode(msg, 0, retain, 0, False, sub_ids)
             if data is not None:
                 self.io.write(data)
                 self.zm.delivered[0] += 1
             return
+        self._deliver(Delivery(msg, qos, retain, sub_ids))
+
+    def _deliver(self, d: Delivery) -> None:
         session = self.session
         assert session is not None
-        d = Delivery(msg, qos, retain, sub_ids)
-        sent, dropped = session.deliver(d, self.io.time())
+        sent, dropped = session.deliver(d, self.io.time(), hold=self.congested)
         if sent is not None:
             if not self._send_publish(sent) and session.mqueue:
                 self._send_deliveries(*session.refill(self.io.time()))
@@ -620,7 +625,7 @@ class Channel:
         data = self._encode(d.msg, d.qos, d.retain, d.packet_id, dup, d.sub_ids)
         if data is None:
             assert self.session is not None
-            self.session.inflight.pop(d.packet_id)
+            self.session.drop(d.packet_id)
             return False
         self.io.write(data)
         self.zm.delivered[d.qos] += 1

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from redis.asyncio.client import PubSub
 
-from .codec import RC
 from .redisstore import EVENTS, PREFIX, RedisStore, unpack_delivery, unpack_message, unpack_sub
 
 if TYPE_CHECKING:
@@ -147,8 +146,12 @@ class Cluster:
         targets = []
         for cid in cids:
             ch = self.node.cm.channels.get(cid)
-            if ch is not None and ch.session is not None:
-                targets.append((cid, ch.session.epoch))
+            s = ch.session if ch is not None else None
+            if s is not None:
+                first = -1
+                if s.dirty is not None:  # reserve positions for what the pull brings, ahead of later ones
+                    first, s.order = s.order, s.order + PULL_BATCH
+                targets.append((cid, s.epoch, first))
         if not targets:
             return
         try:
@@ -159,17 +162,20 @@ class Cluster:
             for cid, _ in targets:
                 self._pulls.add(cid)  # retried with the next wake
             return
-        for (cid, epoch), items in zip(targets, replies, strict=True):
+        for (cid, epoch, _first), reply in zip(targets, replies, strict=True):
             ch = self.node.cm.channels.get(cid)
-            if items == -1:
+            if reply == -1:
                 if ch is not None and ch.session is not None and ch.session.epoch == epoch:
-                    ch.kick(RC.SESSION_TAKEN_OVER, "takenover")  # fenced: the session lives elsewhere now
+                    self.node.cm.fenced(ch)  # the session lives elsewhere now
                 continue
-            if ch is None or ch.session is None:
-                continue
-            for raw in items:
-                d, _ = unpack_delivery(raw)
-                ch.deliver(d.msg, d.qos, d.retain, d.sub_ids)
+            start, items = int(reply[0]), reply[1]
+            if ch is None or ch.session is None or ch.session.epoch != epoch:
+                continue  # they stay journaled (or queued) in Redis for the next owner
+            for k, raw in enumerate(items):
+                d = unpack_delivery(raw)
+                if start >= 0:
+                    d.order = start + k  # the position the pull gave it in the session's journal
+                ch.deliver_delivery(d)
             if len(items) >= PULL_BATCH:
                 self.wake(cid)
 

@@ -122,6 +122,9 @@ class ChannelManager:
             session.apply_zone(ch.zone)
             session.set_receive_maximum(receive_max)
             zm.session_events["resumed"] += 1
+        if node.store.durable and session.expiry_interval > 0:
+            session.enable_journal()  # every change reaches the store before what depends on it is acked
+            session.on_dirty = node.journal_dirty
         self.channels[cid] = ch
         return session, present
 
@@ -164,7 +167,11 @@ class ChannelManager:
             self.node.publish(ch.will, ch.zone_name)
         # Its routes stay: the session lives on (on the new node), and what is published here for it
         # is queued in Redis for it from now on.
-        self.node.committer.add(Save(session, session.expiry_interval or 1.0))
+        if session.expiry_interval > 0:
+            self.node.committer.add(Save(session, session.expiry_interval))
+        else:
+            self._discard(session)
+            self.node.committer.add(Discard(cid, session.epoch))
         await self.node.committer.barrier()
 
     def fenced(self, ch: Channel) -> None:

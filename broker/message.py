@@ -7,6 +7,7 @@ A message is immutable once published: every subscriber gets the same object. Pe
 from __future__ import annotations
 
 import itertools
+import random
 import time
 from typing import Any
 
@@ -22,7 +23,8 @@ FORWARDED_PROPS = (
     Prop.USER_PROPERTY,
 )
 
-_ids = itertools.count(1)
+# Unique per message across the fleet (the journal of a session keys its deliveries by it).
+_ids = itertools.count(random.getrandbits(62) | 1)
 
 
 class Message:
@@ -156,7 +158,7 @@ class Delivery:
     PUBACK/PUBREC and 1 once PUBREL was sent and PUBCOMP is awaited.
     """
 
-    __slots__ = ("msg", "packet_id", "qos", "retain", "sent_at", "stage", "sub_ids")
+    __slots__ = ("msg", "order", "packet_id", "qos", "retain", "sent_at", "stage", "sub_ids")
 
     def __init__(self, msg: Message, qos: int, retain: bool, sub_ids: tuple[int, ...] | None = None) -> None:
         self.msg = msg
@@ -166,6 +168,7 @@ class Delivery:
         self.packet_id = 0
         self.stage = 0
         self.sent_at = 0.0
+        self.order = -1  # position in its session's delivery order (for a journaled session's store)
 
     def __repr__(self) -> str:
         return f"Delivery({self.msg!r}, qos={self.qos}, pid={self.packet_id}, stage={self.stage})"

@@ -21,7 +21,8 @@ from .metrics import Metrics
 from .redisstore import RedisStore
 from .retained import Retained
 from .router import Router, Subscription
-from .store import CommitResult, Enqueue, GroupCommitter, MemoryStore, Retain, SessionStore
+from .session import Session
+from .store import CommitResult, Enqueue, GroupCommitter, Journal, MemoryStore, Op, Retain, SessionStore
 from .zones import ZoneSettings
 
 log = logging.getLogger("fleetmq.node")
@@ -39,7 +40,8 @@ class Node:
         self.router = Router()
         self.retained = Retained()
         self.cm = ChannelManager(self)
-        self.committer = GroupCommitter(self.store, self.metrics, self._on_commit)
+        self.committer = GroupCommitter(self.store, self.metrics, self._on_commit, self._collect_journals)
+        self._journals: list[Session] = []  # sessions with changes to journal in the next batch
         self.cluster: Cluster | None = None
         if isinstance(self.store, RedisStore):
             self.cluster = Cluster(self, self.store)
@@ -108,6 +110,8 @@ class Node:
             ch = channels.get(cid)
             if ch is not None and ch.session is not None:
                 ch.deliver(msg, qos, retain, sub_ids)
+                if qos and ch.session.dirty is not None:  # journaled: the publisher's ack awaits the commit
+                    needs_commit = True
                 continue
             if durable:  # the store knows whether the session exists and keeps QoS0 for it
                 self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids)))
@@ -122,6 +126,18 @@ class Node:
             self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids)))
             needs_commit = True
         return len(matches), needs_commit
+
+    def journal_dirty(self, session: Session) -> None:
+        """A journaled session changed: its changes go into the next group commit."""
+        self._journals.append(session)
+        self.committer.touch()
+
+    def _collect_journals(self, ops: list[Op]) -> None:
+        sessions, self._journals = self._journals, []
+        for s in sessions:
+            changes = s.take_journal()
+            if changes is not None:
+                ops.append(Journal(s.client_id, s.epoch, s._next_pid, s.order, *changes))
 
     def _on_commit(self, result: CommitResult) -> None:
         for zone, n in result.dropped:

@@ -2,20 +2,21 @@
 
 Layout: every key of one session carries the hash tag ``{client_id}`` (one Redis Cluster slot):
 ``fmq:{cid}:m`` meta hash (epoch, node, zone, limits), ``:s`` subscriptions (filter -> options; the
-fleet's route table), ``:q`` the Message Queue, ``:i`` the Inflight Window (packet id -> entry),
-``:r`` incoming QoS2 packet ids awaiting PUBREL. Fleet-wide: ``fmq:retained`` and ``fmq:owners``.
+fleet's route table), ``:q`` deliveries queued for it by other nodes, ``:i`` the journal of its
+deliveries (message id -> order, packet id, stage, message: the Inflight Window and the Message Queue),
+``:r`` incoming QoS2 packet ids awaiting PUBREL. Fleet-wide: ``fmq:retained``.
 
-Multi-key changes of a session are Lua scripts, fenced by the session's epoch: a node whose epoch is
-stale (the session was taken over meanwhile) cannot write. Sessions that wait for their client carry a
-TTL of their expiry interval, so Redis deletes them when they expire, whichever node is alive. Every
-write of one event-loop turn goes to Redis as one pipeline (group commit).
+Multi-key changes of a session are Lua scripts fenced by the session's epoch: a node whose epoch is stale
+(the session was taken over meanwhile) cannot write. Claiming and pulling move ``:q`` into ``:i`` inside
+the script, so a delivery is always in Redis until its client acknowledges it. Sessions that wait for
+their client carry a TTL of their expiry interval, so Redis deletes them when they expire, whichever
+node is alive. Every write of one event-loop turn goes to Redis as one pipeline (group commit).
 """
 
 from __future__ import annotations
 
 import logging
 import struct
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,22 +27,21 @@ from .codec import decode_properties, encode_properties
 from .message import Delivery, Message
 from .router import Subscription
 from .session import Session
-from .store import Claimed, CommitResult, Discard, Enqueue, Op, Retain, Route, Save, SessionStore
+from .store import Claimed, CommitResult, Discard, Enqueue, Journal, Op, Retain, Route, Save, SessionStore
 from .zones import ZoneSettings
 
 log = logging.getLogger("fleetmq.redis")
 
 PREFIX = "fmq"
 RETAINED = f"{PREFIX}:retained"
-OWNERS = f"{PREFIX}:owners"
 EVENTS = f"{PREFIX}:events"
 Z = b"\0"  # field separator of cluster messages (MQTT strings never contain U+0000)
-CHUNK = 512  # values per RPUSH/HSET call inside scripts (Lua's unpack() has a limit)
+CHUNK = 512  # values per HSET/RPUSH call inside scripts (Lua's unpack() has a limit)
 
 # -- packing ---------------------------------------------------------------------------------------
 _MSG = struct.Struct(">BBdQHHI")  # format, flags, ts, msg id, topic len, sender len, props len
 _EXP = struct.Struct(">d")
-_DLV = struct.Struct(">BBHBQdB")  # qos, retain, packet id, stage, seq, sent_at, number of sub ids
+_DLV = struct.Struct(">QBBHBB")  # msg id (first: the journal's field), qos, retain, packet id, stage, #ids
 _SUB = struct.Struct(">BBBBI")
 _FORMAT = 1
 
@@ -78,20 +78,31 @@ def unpack_message(b: bytes, pos: int = 0) -> Message:
     return m
 
 
-def pack_delivery(d: Delivery, seq: int = 0) -> bytes:
+def pack_delivery(d: Delivery) -> bytes:
     ids = d.sub_ids or ()
-    head = _DLV.pack(d.qos, d.retain, d.packet_id, d.stage, seq, d.sent_at, len(ids))
+    head = _DLV.pack(d.msg.msg_id, d.qos, d.retain, d.packet_id, d.stage, len(ids))
     return head + b"".join(struct.pack(">I", i) for i in ids) + pack_message(d.msg)
 
 
-def unpack_delivery(b: bytes) -> tuple[Delivery, int]:
-    qos, retain, pid, stage, seq, sent_at, n = _DLV.unpack_from(b, 0)
+def unpack_delivery(b: bytes) -> Delivery:
+    _msg_id, qos, retain, pid, stage, n = _DLV.unpack_from(b, 0)
     pos = _DLV.size
     ids = struct.unpack_from(f">{n}I", b, pos) if n else None
     pos += 4 * n
     d = Delivery(unpack_message(b, pos), qos, bool(retain), ids)
-    d.packet_id, d.stage, d.sent_at = pid, stage, sent_at
-    return d, seq
+    d.packet_id, d.stage = pid, stage
+    return d
+
+
+def journal_value(d: Delivery) -> bytes:
+    return b"%d:" % d.order + pack_delivery(d)
+
+
+def unpack_journal(value: bytes) -> Delivery:
+    order, _, packed = value.partition(b":")
+    d = unpack_delivery(packed)
+    d.order = int(order)
+    return d
 
 
 def pack_sub(s: Subscription) -> bytes:
@@ -109,15 +120,56 @@ def keys(cid: str) -> list[str]:
 
 
 # -- scripts ---------------------------------------------------------------------------------------
-_PRELUDE = "local Z = string.char(0)\n"
+_PRELUDE = """
+local Z = string.char(0)
+local function hset_pairs(key, list, first, n)
+  local t = {}
+  for j = 0, n - 1 do
+    t[#t + 1] = list[first + 2 * j]; t[#t + 1] = list[first + 2 * j + 1]
+    if #t >= CHUNK_N then redis.call('HSET', key, unpack(t)); t = {} end
+  end
+  if #t > 0 then redis.call('HSET', key, unpack(t)) end
+end
+local function hdel_list(key, list, first, n)
+  local t = {}
+  for j = 0, n - 1 do
+    t[#t + 1] = list[first + j]
+    if #t >= CHUNK_N then redis.call('HDEL', key, unpack(t)); t = {} end
+  end
+  if #t > 0 then redis.call('HDEL', key, unpack(t)) end
+end
+-- Move up to n (all if n <= 0) deliveries queued in q into the journal i, numbering them in order from
+-- `first` (the owner's reservation) or the stored counter, whichever is higher. The counter only grows.
+local function move_queue(m, q, i, n, first)
+  local items = redis.call('LRANGE', q, 0, n > 0 and n - 1 or -1)
+  local start = math.max(tonumber(redis.call('HGET', m, 'order') or '0'), first or 0)
+  if #items == 0 then return start, items end
+  redis.call('LTRIM', q, #items, -1)
+  local t = {}
+  for k = 1, #items do
+    t[#t + 1] = string.sub(items[k], 1, 8)
+    t[#t + 1] = string.format('%d', start + k - 1) .. ':' .. items[k]
+    if #t >= CHUNK_N then redis.call('HSET', i, unpack(t)); t = {} end
+  end
+  if #t > 0 then redis.call('HSET', i, unpack(t)) end
+  redis.call('HSET', m, 'order', string.format('%d', start + #items))
+  return start, items
+end
+"""
 
 
 def _script(body: str) -> str:
-    return (_PRELUDE + body).replace("EVENTS_CH", EVENTS).replace("NODE_CH", f"{PREFIX}:node:")
+    return (
+        (_PRELUDE + body)
+        .replace("EVENTS_CH", EVENTS)
+        .replace("NODE_CH", f"{PREFIX}:node:")
+        .replace("CHUNK_N", str(CHUNK))
+    )
 
 
-# KEYS: m s q i r. Every script that writes an owned session checks its epoch first (fencing).
-
+# KEYS: m s q i r. ARGV: node, clean start, client id.
+# Returns {epoch, 0|1 (new | Clean Start discarded it), discarded filters, previous owner} or
+# {epoch, 2, previous owner, meta, subscriptions, journal, awaiting rel}.
 CLAIM = """
 local existed = redis.call('EXISTS', KEYS[1]) == 1
 local prev = redis.call('HMGET', KEYS[1], 'node', 'online')
@@ -127,8 +179,7 @@ local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 local filters = {}
 if existed and ARGV[2] == '1' then
   filters = redis.call('HKEYS', KEYS[2])
-  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
   redis.call('HSET', KEYS[1], 'epoch', epoch)
   redis.call('PUBLISH', 'EVENTS_CH', 'd' .. Z .. ARGV[1] .. Z .. ARGV[3])
 end
@@ -137,56 +188,39 @@ for k = 1, 5 do redis.call('PERSIST', KEYS[k]) end
 if not existed or ARGV[2] == '1' then
   return {epoch, existed and 1 or 0, filters, previous}
 end
-local q = redis.call('LRANGE', KEYS[3], 0, -1)
-redis.call('DEL', KEYS[3])
-return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]), q,
+move_queue(KEYS[1], KEYS[3], KEYS[4], 0)
+return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
         redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
 """
 
-# ARGV: epoch, ttl_ms (0 = keep forever), meta n, k/v..., subs n, f/o..., queue n, items..., inflight n,
-# pid/entry..., rel n, pid/ts...
-SAVE = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if epoch and epoch ~= ARGV[1] then return -1 end
-redis.call('DEL', KEYS[2], KEYS[4], KEYS[5])
-local i = 3
-local function pairs_into(key, cmd)
-  local n = tonumber(ARGV[i]); i = i + 1
-  local t = {}
-  for j = 1, n do
-    t[#t + 1] = ARGV[i]; t[#t + 1] = ARGV[i + 1]; i = i + 2
-    if #t >= CHUNK_N then redis.call(cmd, key, unpack(t)); t = {} end
-  end
-  if #t > 0 then redis.call(cmd, key, unpack(t)) end
-end
-pairs_into(KEYS[1], 'HSET')
-pairs_into(KEYS[2], 'HSET')
--- the session's own queue goes before whatever was queued for it in Redis since it was claimed
-local n = tonumber(ARGV[i]); i = i + 1
-local t = {}
-for j = i + n - 1, i, -1 do
-  t[#t + 1] = ARGV[j]
-  if #t >= CHUNK_N then redis.call('LPUSH', KEYS[3], unpack(t)); t = {} end
-end
-if #t > 0 then redis.call('LPUSH', KEYS[3], unpack(t)) end
-i = i + n
-pairs_into(KEYS[4], 'HSET')
-pairs_into(KEYS[5], 'HSET')
-local dropped = 0
-local max = tonumber(redis.call('HGET', KEYS[1], 'maxq') or '0')
-if max > 0 then
-  local len = redis.call('LLEN', KEYS[3])
-  if len > max then dropped = len - max; redis.call('LTRIM', KEYS[3], dropped, -1) end
-end
+# KEYS: m i r. ARGV: epoch, next pid, order, n puts, (msg id, value)..., n dels, msg id..., n rel puts,
+# (pid, ts)..., n rel dels, pid...
+JOURNAL = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
+local order = math.max(tonumber(redis.call('HGET', KEYS[1], 'order') or '0'), tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'next_pid', ARGV[2], 'order', string.format('%d', order))
+local i = 4
+local n = tonumber(ARGV[i]); hset_pairs(KEYS[2], ARGV, i + 1, n); i = i + 1 + 2 * n
+n = tonumber(ARGV[i]); hdel_list(KEYS[2], ARGV, i + 1, n); i = i + 1 + n
+n = tonumber(ARGV[i]); hset_pairs(KEYS[3], ARGV, i + 1, n); i = i + 1 + 2 * n
+n = tonumber(ARGV[i]); hdel_list(KEYS[3], ARGV, i + 1, n)
+return 1
+"""
+
+# KEYS: m s q i r. ARGV: epoch, ttl ms, n meta, (k, v)... The client left: the session (journaled all
+# along) waits for it until the TTL ends it.
+PARK = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
+hset_pairs(KEYS[1], ARGV, 4, tonumber(ARGV[3]))
 local ttl = tonumber(ARGV[2])
-if ttl > 0 then
-  for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], ttl) end
+for k = 1, 5 do
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[k], ttl) else redis.call('PERSIST', KEYS[k]) end
 end
-return dropped
-""".replace("CHUNK_N", str(CHUNK))
+return 1
+"""
 
 # KEYS: m q. ARGV: delivery, qos, client id. Returns {dropped, zone}, or -1 (no such session), -2 (QoS0
-# not kept). A session connected somewhere is woken there, by the same script: no stale owner cache.
+# not kept). A session connected somewhere is woken there by the same script: no stale owner cache.
 ENQUEUE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local meta = redis.call('HMGET', KEYS[1], 'qos0', 'maxq', 'zone', 'online', 'node')
@@ -199,7 +233,7 @@ local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 local dropped = 0
 local max = tonumber(meta[2] or '0')
-if max > 0 then
+if max > 0 and meta[4] ~= '1' then
   local len = redis.call('LLEN', KEYS[2])
   if len > max then dropped = len - max; redis.call('LTRIM', KEYS[2], dropped, -1) end
 end
@@ -227,13 +261,19 @@ redis.call('PUBLISH', 'EVENTS_CH', 'r' .. Z .. ARGV[4] .. Z .. ARGV[5] .. Z .. A
 return redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 """
 
-# KEYS: m q. ARGV: epoch, n. Moves up to n queued deliveries to the owner that is connected to the client.
+# KEYS: m q i. ARGV: epoch, n, journaled (1/0), first order reserved by the owner. Hands up to n queued
+# deliveries to the node the client is connected to; for a journaled session they move into its journal
+# in the same step.
 PULL = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
 local n = tonumber(ARGV[2])
+if ARGV[3] == '1' then
+  local start, items = move_queue(KEYS[1], KEYS[2], KEYS[3], n, tonumber(ARGV[4]))
+  return {start, items}
+end
 local items = redis.call('LRANGE', KEYS[2], 0, n - 1)
 if #items > 0 then redis.call('LTRIM', KEYS[2], #items, -1) end
-return items
+return {-1, items}
 """
 
 # KEYS: m. The node a session's client is connected to, if any.
@@ -266,7 +306,8 @@ class RedisStore(SessionStore):
             retry_on_timeout=False,
         )
         self._claim = self.redis.register_script(_script(CLAIM))
-        self._save = self.redis.register_script(_script(SAVE))
+        self._journal = self.redis.register_script(_script(JOURNAL))
+        self._park = self.redis.register_script(_script(PARK))
         self._enqueue = self.redis.register_script(_script(ENQUEUE))
         self._discard = self.redis.register_script(_script(DISCARD))
         self._route = self.redis.register_script(_script(ROUTE))
@@ -284,64 +325,52 @@ class RedisStore(SessionStore):
     async def claim(self, client_id: str, zone: ZoneSettings, zone_name: str, clean_start: bool) -> Claimed:
         """Take ownership of a session for this node (epoch + 1); returns its stored state."""
         self.round_trips += 1
-        res = await self._claim(
-            keys=keys(client_id), args=[self.node_id, "1" if clean_start else "0", client_id]
-        )
+        args = [self.node_id, "1" if clean_start else "0", client_id]
+        res = await self._claim(keys=keys(client_id), args=args)
         epoch = int(res[0])
         if int(res[1]) != 2:
             discarded = [f.decode() for f in res[2]] if int(res[1]) == 1 else None
             return Claimed(epoch, None, discarded, res[3].decode() or None)
         previous = res[2].decode() or None
-        res = res[1:]
-        meta = {k.decode(): v for k, v in _pairs(res[2])}
+        meta = {k.decode(): v for k, v in _pairs(res[3])}
         s = Session(client_id, zone, zone_name)
         s.epoch = epoch
         s.expiry_interval = float(meta.get("expiry", b"0"))
         s._next_pid = int(meta.get("next_pid", b"1"))
-        for f, o in _pairs(res[3]):
+        s.order = int(meta.get("order", b"0"))
+        for f, o in _pairs(res[4]):
             s.subscriptions[f.decode()] = unpack_sub(o)
-        for item in res[4]:
-            s.mqueue.push(unpack_delivery(item)[0])
-        entries = sorted((unpack_delivery(e) for _pid, e in _pairs(res[5])), key=lambda x: x[1])
-        for d, _seq in entries:
-            s.inflight.insert(d)
+        s.enable_journal()
+        for d in sorted((unpack_journal(v) for _k, v in _pairs(res[5])), key=lambda d: d.order):
+            if d.packet_id:
+                s.inflight.insert(d)  # sent and unacknowledged: resent first, with its packet id
+            else:
+                s._forget(s.mqueue.push(d))
         for pid, ts in _pairs(res[6]):
             s.awaiting_rel[int(pid)] = float(ts)
         return Claimed(epoch, s, None, previous)
 
     async def commit(self, ops: list[Op]) -> CommitResult:
-        result = CommitResult([], [])
+        result = CommitResult()
         pipe: Pipeline = self.redis.pipeline(transaction=False)
         kinds: list[Op | None] = []
         for op in ops:
-            if isinstance(op, Enqueue):
-                d = op.delivery
-                await self._enqueue(
-                    keys=keys(op.client_id)[0:3:2],
-                    args=[pack_delivery(d), str(d.qos), op.client_id],
-                    client=pipe,
-                )
-                kinds.append(op)
-            elif isinstance(op, Save):
-                await self._save(
-                    keys=keys(op.session.client_id), args=self._save_args(op.session, op.ttl), client=pipe
-                )
-                kinds.append(op)
-            elif isinstance(op, Discard):
-                epoch = str(op.epoch) if op.epoch else ""
-                await self._discard(
-                    keys=keys(op.client_id), args=[epoch, self.node_id, op.client_id], client=pipe
-                )
-                kinds.append(None)
-            elif isinstance(op, Route):
+            if isinstance(op, Journal):
                 k = keys(op.client_id)
+                await self._journal(keys=[k[0], k[3], k[4]], args=self._journal_args(op), client=pipe)
+            elif isinstance(op, Enqueue):
+                d = op.delivery
+                args = [pack_delivery(d), str(d.qos), op.client_id]
+                await self._enqueue(keys=keys(op.client_id)[0:3:2], args=args, client=pipe)
+            elif isinstance(op, Save):
+                await self._park(keys=keys(op.session.client_id), args=self._park_args(op), client=pipe)
+            elif isinstance(op, Discard):
+                args = [str(op.epoch) if op.epoch else "", self.node_id, op.client_id]
+                await self._discard(keys=keys(op.client_id), args=args, client=pipe)
+            elif isinstance(op, Route):
                 packed = pack_sub(op.sub) if op.sub is not None else b""
-                await self._route(
-                    keys=k[:2],
-                    args=[str(op.epoch), op.topic_filter, packed, self.node_id, op.client_id],
-                    client=pipe,
-                )
-                kinds.append(op)
+                args = [str(op.epoch), op.topic_filter, packed, self.node_id, op.client_id]
+                await self._route(keys=keys(op.client_id)[:2], args=args, client=pipe)
             elif isinstance(op, Retain):
                 packed = pack_message(op.msg)
                 if op.msg.payload:
@@ -349,13 +378,12 @@ class RedisStore(SessionStore):
                 else:
                     pipe.hdel(RETAINED, op.msg.topic)
                 pipe.publish(EVENTS, Z.join([b"t", self.node_id.encode(), packed]))
-                kinds.extend((None, None))
+                kinds.append(None)
+            kinds.append(op)
         if self.wait_replicas:
             pipe.wait(self.wait_replicas, self.wait_timeout_ms)
-        t0 = time.perf_counter()
         replies = await pipe.execute(raise_on_error=False)
         self.round_trips += 1
-        result.duration = time.perf_counter() - t0
         for op, reply in zip(kinds, replies, strict=False):
             if isinstance(reply, Exception):
                 raise reply
@@ -364,44 +392,48 @@ class RedisStore(SessionStore):
                     result.missing.append(op)
                 elif isinstance(reply, list) and int(reply[0]):
                     result.dropped.append((reply[1].decode(), int(reply[0])))
-            elif isinstance(op, Route) and reply == -1:
+            elif isinstance(op, Journal | Route) and reply == -1:
                 result.fenced.append(op.client_id)
-            elif isinstance(op, Save):
-                if reply == -1:
-                    result.fenced.append(op.session.client_id)
-                elif int(reply):
-                    result.dropped.append((op.session.zone_name, int(reply)))
         if self.wait_replicas:
-            acked = replies[-1]
-            if int(acked) < self.wait_replicas:
+            acked = int(replies[-1])
+            if acked < self.wait_replicas:
                 raise ConnectionError(f"only {acked} of {self.wait_replicas} Redis replicas acknowledged")
         return result
 
-    def _save_args(self, s: Session, ttl: float) -> list[Any]:
-        z = s.zone
+    @staticmethod
+    def _journal_args(op: Journal) -> list[Any]:
+        puts = [(mid, d) for mid, d in op.deliveries.items() if d is not None]
+        dels = [mid for mid, d in op.deliveries.items() if d is None]
+        rputs = [(pid, ts) for pid, ts in op.rel.items() if ts is not None]
+        rdels = [pid for pid, ts in op.rel.items() if ts is None]
+        args: list[Any] = [str(op.epoch), op.next_pid, op.order, len(puts)]
+        for mid, d in puts:
+            args += [struct.pack(">Q", mid), journal_value(d)]
+        args.append(len(dels))
+        args += [struct.pack(">Q", mid) for mid in dels]
+        args.append(len(rputs))
+        for pid, ts in rputs:
+            args += [pid, repr(ts)]
+        args.append(len(rdels))
+        args += rdels
+        return args
+
+    @staticmethod
+    def _park_args(op: Save) -> list[Any]:
+        s, z = op.session, op.session.zone
         meta = {
             "zone": s.zone_name,
             "expiry": repr(s.expiry_interval),
             "next_pid": s._next_pid,
+            "order": s.order,
             "maxq": z.max_mqueue_len,
             "qos0": int(z.mqueue_store_qos0),
             "online": 0,
             "node": "",
         }
-        args: list[Any] = [str(s.epoch), int(ttl * 1000), len(meta)]
+        args: list[Any] = [str(s.epoch), int(op.ttl * 1000), len(meta)]
         for k, v in meta.items():
             args += [k, v]
-        args.append(len(s.subscriptions))
-        for f, sub in s.subscriptions.items():
-            args += [f, pack_sub(sub)]
-        args.append(len(s.mqueue))
-        args += [pack_delivery(d) for d in s.mqueue]
-        args.append(len(s.inflight))
-        for seq, d in enumerate(s.inflight):
-            args += [d.packet_id, pack_delivery(d, seq)]
-        args.append(len(s.awaiting_rel))
-        for pid, ts in s.awaiting_rel.items():
-            args += [pid, repr(ts)]
         return args
 
     async def owner(self, client_id: str) -> str | None:
@@ -409,11 +441,14 @@ class RedisStore(SessionStore):
         node = await self._owner(keys=keys(client_id)[:1])
         return node.decode() if node else None
 
-    async def pull(self, targets: list[tuple[str, int]], n: int) -> list[Any]:
-        """For sessions owned here (client id, epoch): their queued deliveries, or -1 where fenced."""
+    async def pull(self, targets: list[tuple[str, int, int]], n: int) -> list[Any]:
+        """Queued deliveries of sessions connected here ((client id, epoch, first order reserved, or -1
+        when not journaled) each): per session -1 where this node was fenced, else [first order, items]."""
         pipe: Pipeline = self.redis.pipeline(transaction=False)
-        for cid, epoch in targets:
-            await self._pull(keys=keys(cid)[0:3:2], args=[str(epoch), n], client=pipe)
+        for cid, epoch, first in targets:
+            k = keys(cid)
+            args = [str(epoch), n, int(first >= 0), max(first, 0)]
+            await self._pull(keys=[k[0], k[2], k[3]], args=args, client=pipe)
         self.round_trips += 1
         return await pipe.execute()
 

@@ -8,6 +8,7 @@ without sockets. A session outlives its connections; the channel that owns it en
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from .inflight import Inflight
 from .message import Delivery
@@ -26,10 +27,14 @@ class Session:
         "awaiting_rel",
         "client_id",
         "created_at",
+        "dirty",
+        "dirty_rel",
         "epoch",
         "expiry_interval",
         "inflight",
         "mqueue",
+        "on_dirty",
+        "order",
         "receive_maximum",
         "subscriptions",
         "zone",
@@ -57,6 +62,12 @@ class Session:
         self.awaiting_rel: dict[int, float] = {}  # incoming QoS2 packet id -> time received
         self.created_at = now
         self.epoch = 0  # ownership generation in the store (fencing)
+        # Journal of a persistent session in a durable store: deliveries (by message id) and incoming
+        # QoS2 packet ids changed since the last commit; None = delete. None when not journaled.
+        self.dirty: dict[int, Delivery | None] | None = None
+        self.dirty_rel: dict[int, float | None] | None = None
+        self.order = 0  # next delivery's position, so a store can restore queue and window order
+        self.on_dirty: Callable[[Session], None] | None = None
         self._next_pid = 1
 
     # -- zone (live changes apply at the next delivery) -------------------------------------------
@@ -67,32 +78,80 @@ class Session:
             return rm
         return limit
 
+    def enable_journal(self) -> None:
+        """Record every change for a durable store from now on (persistent sessions)."""
+        if self.dirty is None:
+            self.dirty = {}
+            self.dirty_rel = {}
+
+    def take_journal(self) -> tuple[dict[int, Delivery | None], dict[int, float | None]] | None:
+        """The changes since the last call (and forget them), or None when there are none."""
+        dirty, rel = self.dirty, self.dirty_rel
+        if not dirty and not rel:
+            return None
+        assert dirty is not None and rel is not None
+        self.dirty, self.dirty_rel = {}, {}
+        return dirty, rel
+
+    def _mark(self, msg_id: int, d: Delivery | None) -> None:
+        dirty = self.dirty
+        if dirty is None:
+            return
+        if not dirty and not self.dirty_rel and self.on_dirty is not None:
+            self.on_dirty(self)  # first change since the last commit: ask for one
+        dirty[msg_id] = d
+
+    def _mark_rel(self, packet_id: int, ts: float | None) -> None:
+        rel = self.dirty_rel
+        if rel is None:
+            return
+        if not rel and not self.dirty and self.on_dirty is not None:
+            self.on_dirty(self)
+        rel[packet_id] = ts
+
+    def _forget(self, gone: list[Delivery]) -> list[Delivery]:
+        if self.dirty is not None:
+            for d in gone:
+                self._mark(d.msg.msg_id, None)
+        return gone
+
     def apply_zone(self, zone: ZoneSettings) -> list[Delivery]:
         """Adopt new zone settings; return deliveries dropped because the queue limit shrank."""
         self.zone = zone
         self.inflight.max_size = self._window()
         self.mqueue.max_len = zone.max_mqueue_len
-        return self.mqueue.trim()
+        return self._forget(self.mqueue.trim())
 
     def set_receive_maximum(self, value: int) -> None:
         self.receive_maximum = value
         self.inflight.max_size = self._window()
 
     # -- outgoing QoS1/2 --------------------------------------------------------------------------
-    def deliver(self, d: Delivery, now: float) -> tuple[Delivery | None, list[Delivery]]:
+    def deliver(self, d: Delivery, now: float, hold: bool = False) -> tuple[Delivery | None, list[Delivery]]:
         """Put a QoS1/2 delivery in the window if there is room (returned to send), else queue it.
 
-        Returns (delivery to send or None, deliveries dropped from the queue).
+        Returns (delivery to send or None, deliveries dropped from the queue). `hold` queues it anyway
+        (the client's socket is congested).
         """
-        if self.mqueue or self.inflight.full():
+        if d.order < 0:
+            d.order = self.order
+            self.order += 1
+        elif d.order >= self.order:
+            self.order = d.order + 1
+        if hold or self.mqueue or self.inflight.full():
             # FIFO: while anything waits in the queue, a newcomer goes behind it.
             dropped = self.mqueue.push(d)
+            if self.dirty is not None:
+                self._mark(d.msg.msg_id, d)
+                self._forget(dropped)
             return None, dropped
         self._assign(d, now)
         return d, []
 
     def enqueue(self, d: Delivery) -> list[Delivery]:
         """Queue a delivery for an offline session (or a QoS0 kept for one); return the dropped oldest."""
+        d.order = self.order
+        self.order += 1
         return self.mqueue.push(d)
 
     def _assign(self, d: Delivery, now: float) -> None:
@@ -100,6 +159,8 @@ class Session:
         d.stage = 0
         d.sent_at = now
         self.inflight.insert(d)
+        if self.dirty is not None:
+            self._mark(d.msg.msg_id, d)
 
     def _alloc_pid(self) -> int:
         inflight = self.inflight
@@ -130,16 +191,25 @@ class Session:
                 continue
             if d.qos == 0:
                 sent.append(d)  # a QoS0 kept while offline: sent, never enters the window
+                self._mark(d.msg.msg_id, None)
                 continue
             self._assign(d, now)
             sent.append(d)
+        self._forget(expired)
         return sent, expired
 
     def puback(self, packet_id: int) -> Delivery | None:
         d = self.inflight.get(packet_id)
         if d is None or d.qos != 1:
             return None
-        return self.inflight.pop(packet_id)
+        return self.drop(packet_id)
+
+    def drop(self, packet_id: int) -> Delivery | None:
+        """Take a delivery out of the window (acknowledged, refused, or undeliverable)."""
+        d = self.inflight.pop(packet_id)
+        if d is not None and self.dirty is not None:
+            self._mark(d.msg.msg_id, None)
+        return d
 
     def pubrec(self, packet_id: int, now: float, failed: bool = False) -> Delivery | None:
         """A PUBREC: the entry moves to the PUBREL stage in place (or leaves the window if it failed)."""
@@ -147,16 +217,17 @@ class Session:
         if d is None or d.qos != 2:
             return None
         if failed:
-            return self.inflight.pop(packet_id)
+            return self.drop(packet_id)
         d.stage = 1
         d.sent_at = now
+        self._mark(d.msg.msg_id, d)
         return d
 
     def pubcomp(self, packet_id: int) -> Delivery | None:
         d = self.inflight.get(packet_id)
         if d is None or d.qos != 2 or d.stage != 1:
             return None
-        return self.inflight.pop(packet_id)
+        return self.drop(packet_id)
 
     def retry_due(self, now: float, interval: float) -> list[Delivery]:
         """Entries unacknowledged for `interval`, in original order; their timers restart."""
@@ -191,11 +262,15 @@ class Session:
             if len(self.awaiting_rel) >= limit:
                 raise AwaitingRelFull(packet_id)
         self.awaiting_rel[packet_id] = now
+        self._mark_rel(packet_id, now)
         return True
 
     def release(self, packet_id: int) -> bool:
         """A PUBREL: forget the packet id. False if it was unknown (v5: PUBCOMP 0x92)."""
-        return self.awaiting_rel.pop(packet_id, None) is not None
+        if self.awaiting_rel.pop(packet_id, None) is None:
+            return False
+        self._mark_rel(packet_id, None)
+        return True
 
     def expire_awaiting_rel(self, now: float) -> int:
         """Discard incoming QoS2 entries older than await_rel_timeout; return how many."""
@@ -203,6 +278,7 @@ class Session:
         stale = [pid for pid, t in self.awaiting_rel.items() if now - t >= timeout]
         for pid in stale:
             del self.awaiting_rel[pid]
+            self._mark_rel(pid, None)
         return len(stale)
 
     def next_awaiting_rel_expiry(self) -> float | None:

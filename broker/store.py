@@ -34,6 +34,19 @@ class Save:
 
 
 @dataclass(slots=True)
+class Journal:
+    """What changed in an owned persistent session since the last commit (fenced by its epoch):
+    deliveries by message id (None = gone) and incoming QoS2 packet ids (None = released)."""
+
+    client_id: str
+    epoch: int
+    next_pid: int
+    order: int
+    deliveries: dict[int, Delivery | None]
+    rel: dict[int, float | None]
+
+
+@dataclass(slots=True)
 class Enqueue:
     """Queue a delivery in an offline session (the store applies max_mqueue_len, dropping the oldest)."""
 
@@ -66,7 +79,7 @@ class Retain:
     msg: Message
 
 
-Op = Save | Enqueue | Discard | Route | Retain
+Op = Save | Journal | Enqueue | Discard | Route | Retain
 
 
 @dataclass(slots=True)
@@ -175,11 +188,17 @@ class GroupCommitter:
     """
 
     def __init__(
-        self, store: SessionStore, metrics: Metrics, on_result: Callable[[CommitResult], None] | None = None
+        self,
+        store: SessionStore,
+        metrics: Metrics,
+        on_result: Callable[[CommitResult], None] | None = None,
+        collect: Callable[[list[Op]], None] | None = None,
     ) -> None:
         self.store = store
         self.metrics = metrics
         self.on_result = on_result
+        self.collect = collect  # adds the writes gathered elsewhere (session journals) to a batch
+        self._touched = False
         self._ops: list[Op] = []
         self._waiters: list[Callable[[bool], Any]] = []
         self._scheduled = False
@@ -188,14 +207,19 @@ class GroupCommitter:
 
     @property
     def pending(self) -> bool:
-        return bool(self._ops) or bool(self._waiters)
+        return bool(self._ops) or bool(self._waiters) or self._touched
+
+    def touch(self) -> None:
+        """Something for `collect` to gather changed: commit at the end of this turn."""
+        self._touched = True
+        self._schedule()
 
     def add(self, op: Op) -> None:
         self._ops.append(op)
         self._schedule()
 
     def after(self, callback: Callable[[bool], Any]) -> None:
-        if not self._ops and not self._waiters and self._inflight is None:
+        if not self._ops and not self._waiters and not self._touched and self._inflight is None:
             callback(True)
             return
         self._waiters.append(callback)
@@ -210,6 +234,9 @@ class GroupCommitter:
         self._scheduled = False
         if self._inflight is not None:
             return  # the running batch reschedules us when it finishes: one commit at a time keeps order
+        if self._touched and self.collect is not None:
+            self.collect(self._ops)
+        self._touched = False
         ops, waiters = self._ops, self._waiters
         self._ops, self._waiters = [], []
         self._inflight = asyncio.get_running_loop().create_task(self._commit(ops, waiters))
@@ -235,7 +262,7 @@ class GroupCommitter:
                 cb(ok)
             except Exception:  # pragma: no cover - a broken callback must not starve the others
                 log.exception("commit callback failed")
-        if self._ops or self._waiters:
+        if self._ops or self._waiters or self._touched:
             self._schedule()
 
     async def barrier(self) -> bool:
@@ -246,7 +273,7 @@ class GroupCommitter:
 
     async def drain(self) -> None:
         """Wait until every write made so far is committed (graceful shutdown)."""
-        while self._ops or self._waiters or self._inflight is not None or self._scheduled:
+        while self._ops or self._waiters or self._touched or self._inflight is not None or self._scheduled:
             if self._inflight is not None:
                 await asyncio.shield(self._inflight)
             else:
