@@ -4,6 +4,7 @@ and "QoS2 reaches the application once" against real broker processes sharing on
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -131,10 +132,12 @@ def distinct(view: AppView, tag: str | None = None) -> set[int]:
 # ------------------------------------------------------------------ publishers
 class Publisher(threading.Thread):
     """A raw publisher thread: sends `tag:<seq>` messages at `qos`, at most `window` unacknowledged, and
-    records the sequence numbers the broker acknowledged (PUBACK, or for QoS2 PUBREC then PUBCOMP).
+    records the sequence numbers the broker acknowledged: `acked` = PUBACK (QoS1) / PUBCOMP (QoS2),
+    `pubrec` = QoS2 PUBREC (the broker owns the message, DESIGN.md "Publisher confirms").
 
-    It stops at `count` messages, at stop(), or when its connection ends (it does not reconnect or resend:
-    what was not acked is simply not counted as acked)."""
+    It stops at `count` messages or at stop(). When its connection ends it does not resend what was not
+    acked (that simply is not counted as acked); with `reconnect` it connects again (to the next node of
+    `nodes`, clean session) and goes on with new sequence numbers."""
 
     def __init__(
         self,
@@ -147,45 +150,71 @@ class Publisher(threading.Thread):
         count: int | None = None,
         window: int = 20,
         rate: float | None = None,
+        reconnect: bool = False,
+        nodes: list[BrokerProc] | None = None,
     ):
         super().__init__(daemon=True, name=f"pub-{tag}")
         self.bp, self.topic, self.tag, self.qos, self.version = bp, topic, tag, qos, version
         self.count, self.window, self.rate = count, window, rate
+        self.reconnect = reconnect
+        self.nodes = nodes or [bp]
         self.sent: list[int] = []
         self.acked: set[int] = set()  # PUBACK (QoS1) / PUBCOMP (QoS2) received
         self.pubrec: set[int] = set()  # QoS2: PUBREC received (the broker owns the message)
+        self.ack_time: dict[int, float] = {}  # seq -> time.monotonic() of its PUBACK / PUBREC
         self.refused: dict[int, int] = {}  # seq -> v5 reason code >= 0x80
+        self.connack_refusals: list[int] = []
+        self.connections = 0
         self.closed_reason: str | None = None
         self._halt = threading.Event()
         self.connected = threading.Event()
         self.error: BaseException | None = None
+        self._seq = 0
 
     def stop(self) -> None:
         self._halt.set()
 
     def run(self) -> None:
         try:
-            self._run()
+            i = 0
+            while True:
+                bp = self.bp if i == 0 else self.nodes[(i - 1) % len(self.nodes)]
+                i += 1
+                self._run(bp)
+                if not self.reconnect or self._halt.is_set() or self._done():
+                    return
+                time.sleep(0.2)
         except BaseException as e:  # recorded; the test decides
             self.error = e
 
-    def _run(self) -> None:
-        c = RawClient(self.bp.host, self.bp.port, version=self.version, timeout=5)
+    def _done(self) -> bool:
+        return self.count is not None and self._seq >= self.count
+
+    def _run(self, bp: BrokerProc) -> None:
         try:
-            c.connect(mqttraw_uid(self.tag), clean=True)
-        except (AssertionError, OSError, ConnectionClosed) as e:
+            c = RawClient(bp.host, bp.port, version=self.version, timeout=5)
+        except OSError as e:
+            self.closed_reason = f"connect: {e}"
+            return
+        try:
+            ack_ = c.connect(mqttraw_uid(self.tag), clean=True, check=False)
+        except (AssertionError, OSError, ConnectionClosed, MalformedError) as e:
             self.closed_reason = f"connect: {e}"
             c.close()
             return
+        if ack_.reason:
+            self.connack_refusals.append(ack_.reason)
+            c.close()
+            return
+        self.connections += 1
         self.connected.set()
         pending: dict[int, int] = {}  # packet id -> seq
-        seq = 0
         pid = 0
         interval = 1.0 / self.rate if self.rate else 0.0
         next_send = time.monotonic()
         try:
             while True:
-                done_sending = self._halt.is_set() or (self.count is not None and seq >= self.count)
+                done_sending = self._halt.is_set() or self._done()
                 if done_sending and not pending:
                     break
                 if done_sending and self._halt.is_set():
@@ -198,6 +227,7 @@ class Publisher(threading.Thread):
                     pid = pid % 65535 + 1
                     while pid in pending:
                         pid = pid % 65535 + 1
+                    seq = self._seq
                     c.send(
                         mqttraw.publish(
                             self.topic,
@@ -209,8 +239,8 @@ class Publisher(threading.Thread):
                     )
                     pending[pid] = seq
                     self.sent.append(seq)
-                    seq += 1
-                    next_send += interval
+                    self._seq += 1
+                    next_send = max(next_send + interval, time.monotonic() - 0.1)
                     if len(pending) < self.window and interval == 0:
                         self._read(c, pending, 0.0)
                         continue
@@ -232,6 +262,7 @@ class Publisher(threading.Thread):
                     self.refused[s] = p.reason
                 else:
                     self.acked.add(s)
+                    self.ack_time[s] = time.monotonic()
             elif p.type == PUBREC and p.packet_id in pending:
                 s = pending[p.packet_id]
                 if p.reason >= 0x80:
@@ -239,11 +270,98 @@ class Publisher(threading.Thread):
                     pending.pop(p.packet_id)
                 else:
                     self.pubrec.add(s)
+                    self.ack_time.setdefault(s, time.monotonic())
                     c.send(mqttraw.ack(PUBREL, p.packet_id, version=self.version))
             elif p.type == PUBCOMP and p.packet_id in pending:
                 self.acked.add(pending.pop(p.packet_id))
             elif p.type == DISCONNECT:
                 raise ConnectionClosed(f"DISCONNECT {p.reason:#x}")
+
+
+class Subscriber(threading.Thread):
+    """A persistent-session raw subscriber that acknowledges everything (QoS2 fully) and, when its
+    connection ends, reconnects (clean=False) to the next node of `nodes`; its AppView spans connections.
+    `connects` records (node port, session present, CONNACK reason, seconds to CONNACK)."""
+
+    def __init__(
+        self,
+        cid: str,
+        version: int,
+        filters: list[tuple[str, int]],
+        nodes: list[BrokerProc],
+        *,
+        first: BrokerProc | None = None,
+    ):
+        super().__init__(daemon=True, name=f"sub-{cid}")
+        self.cid, self.version, self.filters, self.nodes = cid, version, filters, nodes
+        self.first = first or nodes[0]
+        self.view = AppView()
+        self.connects: list[tuple[int, bool, int, float]] = []
+        self.closes = 0
+        self.ready = threading.Event()
+        self._halt = threading.Event()
+        self.error: BaseException | None = None
+        self.lock = threading.Lock()
+        self.client: RawClient | None = None
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:
+            self.error = e
+
+    def _loop(self) -> None:
+        targets = [self.first] + [n for n in self.nodes if n is not self.first]
+        i = 0
+        subscribed = False
+        while not self._halt.is_set():
+            bp = targets[i % len(targets)]
+            i += 1
+            t0 = time.monotonic()
+            try:
+                c, ack = raw_connect(bp, self.cid, self.version, timeout=10, check=False)
+            except (OSError, AssertionError, ConnectionClosed, MalformedError):
+                time.sleep(0.2)
+                continue
+            self.connects.append((bp.port, ack.session_present, ack.reason, time.monotonic() - t0))
+            if ack.reason:
+                c.close()
+                time.sleep(0.3)
+                continue
+            self.client = c
+            try:
+                if not subscribed:
+                    c.subscribe(self.filters)
+                    subscribed = True
+                self.ready.set()
+                while not self._halt.is_set():
+                    p = c.recv(0.1)
+                    if p is None:
+                        continue
+                    with self.lock:
+                        if p.type == PUBLISH:
+                            self.view.on_publish(p)
+                            if p.qos:
+                                c.ack(p)
+                        elif p.type == PUBREL:
+                            self.view.on_pubrel(p)
+                            c.ack(p)
+                        elif p.type == DISCONNECT:
+                            raise ConnectionClosed(f"DISCONNECT {p.reason:#x}")
+            except (ConnectionClosed, OSError, MalformedError, AssertionError):
+                self.closes += 1
+            finally:
+                c.close()
+        if self.client is not None:
+            with contextlib.suppress(OSError):
+                self.client.disconnect()
+
+    def delivered(self, tag: str) -> list[int]:
+        with self.lock:
+            return [n for t, n in map(parse_seq, self.view.delivered) if t == tag]
 
 
 def mqttraw_uid(tag: str) -> str:
