@@ -540,7 +540,13 @@ class Channel:
             if session.mqueue:
                 self._send_deliveries(*session.refill(self.io.time()))
             return
-        self._send_ack(PUBREL, p.packet_id, 0)
+        if session.dirty is not None:
+            # The PUBREL stage must be stored before PUBREL goes out: a node taking over after a crash
+            # would otherwise resend the PUBLISH, which the client (having released the id) takes as new.
+            pid = p.packet_id
+            self._after_store(lambda: self._send_ack(PUBREL, pid, 0))
+        else:
+            self._send_ack(PUBREL, p.packet_id, 0)
 
     def _on_pubcomp(self, p: Pubcomp) -> None:
         session = self.session
@@ -623,12 +629,19 @@ class Channel:
     def _send_publish(self, d: Delivery, dup: bool = False) -> bool:
         """Write a PUBLISH; False if it was too large for the client and left the window unsent."""
         data = self._encode(d.msg, d.qos, d.retain, d.packet_id, dup, d.sub_ids)
+        session = self.session
+        assert session is not None
         if data is None:
-            assert self.session is not None
-            self.session.drop(d.packet_id)
+            session.drop(d.packet_id)
             return False
-        self.io.write(data)
         self.zm.delivered[d.qos] += 1
+        if d.qos == 2 and not dup and session.dirty is not None:
+            # Exactly once across a crash: the packet id must be stored before the client sees it, or a
+            # node taking over could give that id to another message, which the client would take for a
+            # resend of this one.
+            self._after_store(lambda: self.io.write(data))
+        else:
+            self.io.write(data)
         return True
 
     def _send_deliveries(self, sent: list[Delivery], expired: list[Delivery]) -> None:

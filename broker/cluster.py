@@ -30,6 +30,7 @@ log = logging.getLogger("fleetmq.cluster")
 HEARTBEAT_TTL = 5.0
 HANDOVER_TIMEOUT = 3.0
 PULL_BATCH = 1000
+PULL_RETRY = 0.5
 
 
 def node_channel(node_id: str) -> str:
@@ -158,9 +159,10 @@ class Cluster:
             replies = await self.store.pull(targets, PULL_BATCH)
         except Exception as e:
             self.node.metrics.store_errors += 1
-            log.warning("pulling queued messages failed: %s", e)
-            for cid, _ in targets:
-                self._pulls.add(cid)  # retried with the next wake
+            log.warning("pulling queued messages failed (%s); retrying in %.1fs", e, PULL_RETRY)
+            loop = asyncio.get_running_loop()
+            for cid, _epoch, _first in targets:
+                loop.call_later(PULL_RETRY, self.wake, cid)  # their wake may not come again
             return
         for (cid, epoch, _first), reply in zip(targets, replies, strict=True):
             ch = self.node.cm.channels.get(cid)
@@ -183,19 +185,23 @@ class Cluster:
     async def _listen(self) -> None:
         assert self._pubsub is not None
         backoff = 0.1
+        gap = False
         while True:
             try:
+                if gap:  # until this succeeds, Redis is still away: keep backing off
+                    await self._pubsub.subscribe(EVENTS, self.channel)
+                    await self._resync()
+                    gap = False
+                    self.node.metrics.store_reconnects += 1
                 msg = await self._pubsub.get_message(timeout=1.0)
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 log.warning("cluster event stream interrupted (%s); reconnecting in %.1fs", e, backoff)
+                gap = True
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                with contextlib.suppress(Exception):
-                    await self._pubsub.subscribe(EVENTS, self.channel)
-                    await self._resync()
+                backoff = min(backoff * 2, 2.0)
                 continue
             if msg is None:
                 continue
@@ -205,13 +211,18 @@ class Cluster:
                 log.exception("bad cluster message on %s", msg.get("channel"))
 
     async def _resync(self) -> None:
-        """After a gap in the event stream, reload routes and retained messages from Redis."""
-        log.info("resynchronising routes from Redis")
+        """After a gap in the event stream: reload routes and retained messages, and pull the queues of
+        every session connected here (wakes sent during the gap were lost)."""
+        log.info("event stream back: resynchronising routes, retained messages and queues from Redis")
         routes = await self.store.load_routes()
         router = self.node.router
         for cid, topic_filter, sub in routes:
             if cid not in self.node.cm.channels:
                 router.add(cid, topic_filter, sub)
+        for msg in await self.store.load_retained():
+            self.node.retained.put(msg)
+        for cid in list(self.node.cm.channels):
+            self.wake(cid)
 
     def _on_message(self, channel: bytes, data: bytes) -> None:
         kind = data[:1]

@@ -112,6 +112,7 @@ class Metrics:
     def __init__(self) -> None:
         self.zones: dict[str, ZoneMetrics] = defaultdict(ZoneMetrics)
         self.store_errors = 0
+        self.store_reconnects = 0
         self.store_ops: dict[str, Histogram] = defaultdict(lambda: Histogram(STORE_BUCKETS))
         self.takeover = Histogram(LATENCY_BUCKETS)
         self.gauges: Callable[[], dict[str, Any]] | None = None
@@ -194,6 +195,9 @@ class _Collector(Collector):
         err = counter("store_errors", "Failed session-store operations.", [])
         err.add_metric([], m.store_errors)
         yield err
+        rec = counter("store_reconnects", "Times the node resynchronised with the store after an outage.", [])
+        rec.add_metric([], m.store_reconnects)
+        yield rec
         st = HistogramMetricFamily(
             "fleetmq_store_op_duration_seconds", "Session-store operation time.", labels=["op"]
         )

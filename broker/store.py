@@ -207,7 +207,8 @@ class GroupCommitter:
 
     @property
     def pending(self) -> bool:
-        return bool(self._ops) or bool(self._waiters) or self._touched
+        """Whether any write made so far may not be committed yet."""
+        return bool(self._ops or self._waiters or self._touched or self._inflight is not None)
 
     def touch(self) -> None:
         """Something for `collect` to gather changed: commit at the end of this turn."""
