@@ -25,6 +25,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--node-id", help="node identifier (default: the config's, else the hostname)")
     p.add_argument("--metrics", metavar="HOST:PORT", help="serve /metrics, /healthz and /readyz here")
+    p.add_argument(
+        "--redis-url", metavar="URL", help="keep sessions in Redis (redis://host:port/db): a fleet node"
+    )
+    p.add_argument(
+        "--redis-wait-replicas",
+        metavar="N",
+        type=int,
+        help="acks also wait until N Redis replicas have the writes (WAIT)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p.parse_args(argv)
 
@@ -46,6 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["node_id"] = args.node_id
     if args.metrics:
         overrides["metrics"] = {"bind": args.metrics}
+    if args.redis_url or args.redis_wait_replicas is not None:
+        store: dict[str, object] = {"kind": "redis"}
+        if args.redis_url:
+            store["url"] = args.redis_url
+        if args.redis_wait_replicas is not None:
+            store["wait_replicas"] = args.redis_wait_replicas
+        overrides["store"] = store
     if args.listen:
         try:
             for bind in args.listen:

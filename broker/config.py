@@ -159,7 +159,12 @@ def load_config(path: str | Path | None = None, *, overrides: dict[str, Any] | N
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
         data = loaded or {}
-    data.update(overrides or {})
+    overrides = dict(overrides or {})
+    store = overrides.pop("store", None)
+    data.update(overrides)
+    if store is not None:  # --redis-url / --redis-wait-replicas refine the file's store, not replace it
+        base = data.get("store") if isinstance(data.get("store"), dict) else {}
+        data["store"] = {**base, **store} if base.get("kind", "redis") == "redis" else store
     try:
         return BrokerConfig.model_validate(data)
     except ValidationError as e:

@@ -113,6 +113,7 @@ class Metrics:
         self.zones: dict[str, ZoneMetrics] = defaultdict(ZoneMetrics)
         self.store_errors = 0
         self.store_reconnects = 0
+        self.store_round_trips: Callable[[], int] = lambda: 0
         self.store_ops: dict[str, Histogram] = defaultdict(lambda: Histogram(STORE_BUCKETS))
         self.takeover = Histogram(LATENCY_BUCKETS)
         self.gauges: Callable[[], dict[str, Any]] | None = None
@@ -195,6 +196,9 @@ class _Collector(Collector):
         err = counter("store_errors", "Failed session-store operations.", [])
         err.add_metric([], m.store_errors)
         yield err
+        rt = counter("store_round_trips", "Round trips to the session store (a group commit is one).", [])
+        rt.add_metric([], m.store_round_trips())
+        yield rt
         rec = counter("store_reconnects", "Times the node resynchronised with the store after an outage.", [])
         rec.add_metric([], m.store_reconnects)
         yield rec

@@ -49,6 +49,7 @@ class Node:
         self._id_prefix = f"fleetmq-{self.node_id}-{os.getpid():x}-"
         self._tasks: set[asyncio.Task[Any]] = set()
         self.metrics.gauges = self.gauges
+        self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", 0)
         self.metrics.config_info = {name: config.config_hash() for name in self.zones}
 
     def assign_client_id(self) -> str:
