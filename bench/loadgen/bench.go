@@ -40,6 +40,9 @@ func nowNs() int64 { return int64(time.Since(epoch)) }
 type config struct {
 	host, mode       string
 	port, qos        int
+	subHost          string // subscribers' broker (default host): another node of a fleet
+	subPort          int    // subscribers' port (default port)
+	clean            bool   // clean_session flag of every CONNECT
 	payload, window  int
 	batch            int
 	duration, warmup time.Duration
@@ -186,34 +189,65 @@ func (s *runState) complete(p *publisher, slot int) {
 	}
 }
 
+// dial connects a publisher (or an idle connection) to host:port.
 func dial(cfg *config, clientID string, keepalive uint16) (net.Conn, *bufio.Reader, error) {
-	addr := net.JoinHostPort(cfg.host, fmt.Sprint(cfg.port))
+	conn, r, _, err := dialAddr(net.JoinHostPort(cfg.host, fmt.Sprint(cfg.port)), clientID, keepalive, cfg.clean)
+	return conn, r, err
+}
+
+// dialSub connects a subscriber to sub-host:sub-port.
+func dialSub(cfg *config, clientID string, keepalive uint16) (net.Conn, *bufio.Reader, error) {
+	conn, r, _, err := dialAddr(net.JoinHostPort(cfg.subHost, fmt.Sprint(cfg.subPort)), clientID, keepalive, cfg.clean)
+	return conn, r, err
+}
+
+func tcpDial(addr string) (net.Conn, error) {
 	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	if _, err := conn.Write(encodeConnect(clientID, keepalive)); err != nil {
+	return conn, nil
+}
+
+// dialAddr connects, sends CONNECT and waits for a successful CONNACK; it
+// reports the CONNACK's session-present flag.
+func dialAddr(addr, clientID string, keepalive uint16, clean bool) (net.Conn, *bufio.Reader, bool, error) {
+	conn, err := tcpDial(addr)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	if _, err := conn.Write(encodeConnect(clientID, keepalive, clean)); err != nil {
 		conn.Close()
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	r := bufio.NewReaderSize(conn, ioBufSize)
-	_ = conn.SetReadDeadline(time.Now().Add(15 * time.Second))
+	present, err := readConnack(conn, r, 15*time.Second)
+	if err != nil {
+		conn.Close()
+		return nil, nil, false, err
+	}
+	return conn, r, present, nil
+}
+
+// readConnack reads the CONNACK, which must accept the connection, and
+// returns its session-present flag.
+func readConnack(conn net.Conn, r *bufio.Reader, timeout time.Duration) (bool, error) {
+	_ = conn.SetReadDeadline(time.Now().Add(timeout))
+	defer conn.SetReadDeadline(time.Time{})
 	var scratch []byte
 	p, err := readPacket(r, &scratch)
 	if err != nil {
-		conn.Close()
-		return nil, nil, fmt.Errorf("waiting for CONNACK: %w", err)
+		return false, fmt.Errorf("waiting for CONNACK: %w", err)
 	}
 	if p.typ() != pktConnack || len(p.body) < 2 || p.body[1] != 0 {
-		conn.Close()
-		return nil, nil, fmt.Errorf("bad CONNACK (header %#x body %v)", p.header, p.body)
+		return false, fmt.Errorf("bad CONNACK (header %#x body %v)", p.header, p.body)
 	}
+	present := p.body[0]&1 != 0
 	_, _ = r.Discard(p.size)
-	_ = conn.SetReadDeadline(time.Time{})
-	return conn, r, nil
+	return present, nil
 }
 
 func subscribe(conn net.Conn, r *bufio.Reader, filter string, qos byte) error {
@@ -250,6 +284,9 @@ func (s *runState) subLoop(sub *subscriber) {
 		switch p.typ() {
 		case pktPublish:
 			pid, pay, err := parsePublish(p)
+			if err == nil && isProbe(p.header, pay) {
+				break // a late route probe (see waitRoutes)
+			}
 			if err != nil || len(pay) < payMin {
 				s.fail("subscriber: malformed PUBLISH")
 				return
@@ -449,7 +486,7 @@ func runFlow(cfg *config) result {
 	}
 	var subs []*subscriber
 	for i := 0; i < cfg.subs; i++ {
-		conn, r, err := dial(cfg, fmt.Sprintf("bench-%s-sub-%d", cfg.runID, i), 60)
+		conn, r, err := dialSub(cfg, fmt.Sprintf("bench-%s-sub-%d", cfg.runID, i), 60)
 		if err != nil {
 			res.Error = fmt.Sprintf("subscriber %d connect: %v", i, err)
 			return res
@@ -482,6 +519,14 @@ func runFlow(cfg *config) result {
 		}
 		p.want.Store(-1)
 		s.pubs = append(s.pubs, p)
+	}
+	if cfg.subHost != cfg.host || cfg.subPort != cfg.port {
+		// Subscribers on another node: the subscription must have reached the
+		// publishers' node first, or the first messages would not be routed.
+		if err := waitRoutes(subs, s.pubs, 10*time.Second); err != nil {
+			res.Error = err.Error()
+			return res
+		}
 	}
 	// Give the broker a moment to finish installing subscriptions everywhere.
 	time.Sleep(100 * time.Millisecond)
@@ -575,4 +620,65 @@ func (s *runState) busy() bool {
 		}
 	}
 	return false
+}
+
+// probePayload marks the QoS 0 messages of waitRoutes; real payloads are
+// at least payMin bytes, so the two cannot be confused.
+var probePayload = []byte("probe")
+
+func isProbe(header byte, pay []byte) bool {
+	return (header>>1)&3 == 0 && string(pay) == string(probePayload)
+}
+
+// waitRoutes publishes QoS 0 probes on every publisher's topic until every
+// subscriber has received one from each publisher (the route of its
+// subscription reached the publisher's node), or fails after timeout.
+func waitRoutes(subs []*subscriber, pubs []*publisher, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for si, sub := range subs {
+		for pi, p := range pubs {
+			pkt, _, payOff := encodePublish(p.topic, 0, len(probePayload))
+			copy(pkt[payOff:], probePayload)
+			for {
+				if time.Now().After(deadline) {
+					return fmt.Errorf("route wait: no probe from publisher %d reached subscriber %d within %v", pi, si, timeout)
+				}
+				if _, err := p.conn.Write(pkt); err != nil {
+					return fmt.Errorf("route wait: publisher %d: %w", pi, err)
+				}
+				ok, err := readProbe(&sub.client, 100*time.Millisecond)
+				if err != nil {
+					return fmt.Errorf("route wait: subscriber %d: %w", si, err)
+				}
+				if ok {
+					break
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// readProbe reads packets for up to wait and reports whether a probe came.
+func readProbe(c *client, wait time.Duration) (bool, error) {
+	_ = c.conn.SetReadDeadline(time.Now().Add(wait))
+	defer c.conn.SetReadDeadline(time.Time{})
+	for {
+		p, err := readPacket(c.r, &c.scratch)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		probe := false
+		if p.typ() == pktPublish {
+			_, pay, perr := parsePublish(p)
+			probe = perr == nil && isProbe(p.header, pay)
+		}
+		c.done(p)
+		if probe {
+			return true, nil
+		}
+	}
 }

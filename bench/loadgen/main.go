@@ -36,8 +36,11 @@ func raiseNofile() {
 func main() {
 	cfg := &config{}
 	flag.StringVar(&cfg.host, "host", "127.0.0.1", "broker host")
-	flag.IntVar(&cfg.port, "port", 1883, "broker port")
-	flag.StringVar(&cfg.mode, "mode", "pt2pt", "pt2pt | fanout | fanin | idle")
+	flag.IntVar(&cfg.port, "port", 1883, "broker port (publishers; takeover: the first node)")
+	flag.StringVar(&cfg.subHost, "sub-host", "", "subscribers' broker host (default -host; takeover: the second node)")
+	flag.IntVar(&cfg.subPort, "sub-port", 0, "subscribers' broker port (default -port; takeover: the second node)")
+	flag.BoolVar(&cfg.clean, "clean", true, "clean_session flag: -clean=false for persistent sessions (client ids are unique per run)")
+	flag.StringVar(&cfg.mode, "mode", "pt2pt", "pt2pt | fanout | fanin | idle | takeover")
 	flag.IntVar(&cfg.qos, "qos", 0, "QoS 0, 1 or 2")
 	flag.IntVar(&cfg.payload, "payload", 64, "payload bytes (>= 20)")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measurement duration")
@@ -53,6 +56,10 @@ func main() {
 	conns := flag.Int("conns", 10000, "idle: connections to open")
 	concurrency := flag.Int("concurrency", 200, "idle: connects in flight at once")
 	hold := flag.Duration("hold", 10*time.Second, "idle: how long to hold connections (or until stdin closes)")
+	reps := flag.Int("reps", 30, "takeover: measured repetitions (a new client id each)")
+	warmupReps := flag.Int("warmup-reps", 2, "takeover: unmeasured repetitions first")
+	queued := flag.Int("queued", 1000, "takeover: messages queued behind the full inflight window")
+	inflight := flag.Int("inflight", 32, "takeover: the broker's max_inflight (the window the old connection fills)")
 	asJSON := flag.Bool("json", false, "print one JSON object")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile here (development aid)")
 	flag.Parse()
@@ -72,6 +79,12 @@ func main() {
 		_, _ = rand.Read(b)
 		cfg.runID = hex.EncodeToString(b)
 	}
+	if cfg.subHost == "" {
+		cfg.subHost = cfg.host
+	}
+	if cfg.subPort == 0 {
+		cfg.subPort = cfg.port
+	}
 	if cfg.qos < 0 || cfg.qos > 2 {
 		fatal("qos must be 0, 1 or 2")
 	}
@@ -86,6 +99,14 @@ func main() {
 	}
 	if cfg.mode == "idle" {
 		os.Exit(runIdle(cfg, *conns, *concurrency, *hold, *asJSON))
+	}
+	if cfg.mode == "takeover" {
+		res := runTakeover(cfg, *reps, *warmupReps, *queued, *inflight)
+		emit(res, *asJSON)
+		if res.Error != "" {
+			os.Exit(1)
+		}
+		return
 	}
 	defPubs, defSubs := 1, 1
 	switch cfg.mode {

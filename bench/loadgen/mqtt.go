@@ -48,10 +48,16 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-func encodeConnect(clientID string, keepalive uint16) []byte {
+// encodeConnect encodes an MQTT 3.1.1 CONNECT; clean=false asks for a
+// persistent session (clean_session=0).
+func encodeConnect(clientID string, keepalive uint16, clean bool) []byte {
+	var flags byte
+	if clean {
+		flags = 0x02
+	}
 	var body []byte
 	body = appendString(body, "MQTT")
-	body = append(body, 4, 0x02) // protocol level 3.1.1, clean session
+	body = append(body, 4, flags) // protocol level 3.1.1
 	body = binary.BigEndian.AppendUint16(body, keepalive)
 	body = appendString(body, clientID)
 	out := appendVarint([]byte{pktConnect << 4}, len(body))
