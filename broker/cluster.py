@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from redis.asyncio.client import PubSub
 
-from .redisstore import EVENTS, PREFIX, RedisStore, unpack_delivery, unpack_message, unpack_sub
+from .message import Message
+from .redisstore import EVENTS, PREFIX, RedisStore, node_sessions, unpack_delivery, unpack_message, unpack_sub
 
 if TYPE_CHECKING:
     from .node import Node
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetmq.cluster")
 
 HEARTBEAT_TTL = 5.0
+REAP_INTERVAL = 1.0
+NODES = f"{PREFIX}:nodes"
 HANDOVER_TIMEOUT = 3.0
 PULL_BATCH = 1000
 PULL_RETRY = 0.5
@@ -58,10 +61,15 @@ class Cluster:
     async def start(self) -> None:
         self._pubsub = self.store.redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(EVENTS, self.channel)
+        # Sessions still listed for this node id belong to an earlier run of it (a restarted pod).
+        await self._release(self.node_id)
         await self._beat()
+        await self.store.redis.sadd(NODES, self.node_id)
+        loop = asyncio.get_running_loop()
         self._tasks = [
-            asyncio.get_running_loop().create_task(self._listen(), name="fleetmq-cluster-listen"),
-            asyncio.get_running_loop().create_task(self._heartbeat(), name="fleetmq-heartbeat"),
+            loop.create_task(self._listen(), name="fleetmq-cluster-listen"),
+            loop.create_task(self._heartbeat(), name="fleetmq-heartbeat"),
+            loop.create_task(self._reaper(), name="fleetmq-reaper"),
         ]
 
     async def stop(self) -> None:
@@ -72,6 +80,7 @@ class Cluster:
                 await t
         with contextlib.suppress(Exception):
             await self.store.redis.delete(alive_key(self.node_id))
+            await self.store.redis.srem(NODES, self.node_id)
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()
@@ -90,6 +99,54 @@ class Cluster:
 
     async def is_alive(self, node_id: str) -> bool:
         return bool(await self.store.redis.exists(alive_key(node_id)))
+
+    # -- dead nodes ------------------------------------------------------------------------------
+    async def _reaper(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_INTERVAL)
+            try:
+                await self._reap_dead()
+            except Exception as e:
+                log.warning("checking for dead nodes failed: %s", e)
+
+    async def _reap_dead(self) -> None:
+        redis = self.store.redis
+        for raw in await redis.smembers(NODES):
+            dead = raw.decode()
+            if dead == self.node_id or await self.is_alive(dead):
+                continue
+            # One node of the fleet cleans up after the dead one.
+            if not await redis.set(f"{PREFIX}:reap:{dead}", self.node_id, nx=True, px=30_000):
+                continue
+            n = await self._release(dead)
+            await redis.srem(NODES, dead)
+            log.warning("node %s stopped heartbeating; released its %d sessions", dead, n)
+
+    async def _release(self, dead: str) -> int:
+        """Its sessions wait for their clients (or end, if clean); their wills go out after their delay."""
+        redis = self.store.redis
+        cids = [c.decode() for c in await redis.smembers(node_sessions(dead))]
+        if not cids:
+            return 0
+        released = await self.store.reap(dead, cids)
+        await redis.delete(node_sessions(dead))
+        loop = asyncio.get_running_loop()
+        for cid, will, delay, expiry in released:
+            if expiry <= 0:
+                self.node.router.remove_client(cid)
+            if will is None:
+                continue
+            delay = min(delay, expiry)
+            if delay <= 0:
+                self.node.publish(will)
+            else:
+                loop.call_later(delay, lambda c=cid, w=will: self.node.spawn(self._delayed_will(c, w)))
+        return len(released)
+
+    async def _delayed_will(self, client_id: str, will: Message) -> None:
+        """A will delay passed: publish unless the client came back meanwhile [MQTT-3.1.3-9]."""
+        if await self.store.owner(client_id) is None:
+            self.node.publish(will)
 
     # -- takeover --------------------------------------------------------------------------------
     async def take_over(self, client_id: str, clean_start: bool) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from .codec import RC
 from .message import Message
+from .redisstore import RedisStore
 from .session import Session
 from .store import Discard, Save
 
@@ -86,6 +87,9 @@ class ChannelManager:
                 self._discard(session)
                 zm.session_events["discarded"] += 1
                 session = None
+            elif session is not None and isinstance(node.store, RedisStore):
+                session.expiry_interval = expiry
+                await node.store.set_will(session, ch.will, ch.will_delay)  # the new connection's
         epoch = session.epoch if session is not None else 0
         if session is None:
             if node.cluster is not None:  # connected on another node? it hands the session over first
@@ -94,7 +98,9 @@ class ChannelManager:
                 # A Save of this session (and messages queued for it) may still be on the way to the
                 # store; it stays parked meanwhile, so messages published now are queued, not lost.
                 await node.committer.barrier()
-            claimed = await node.store.claim(cid, ch.zone, ch.zone_name, ch.clean_start)
+            claimed = await node.store.claim(
+                cid, ch.zone, ch.zone_name, ch.clean_start, ch.will, ch.will_delay, expiry
+            )
             epoch, session = claimed.epoch, claimed.session
             if claimed.previous and claimed.previous != node.node_id and node.cluster is not None:
                 zm.session_events["takenover"] += 1
@@ -126,6 +132,8 @@ class ChannelManager:
             session.enable_journal()  # every change reaches the store before what depends on it is acked
             session.on_dirty = node.journal_dirty
         self.channels[cid] = ch
+        if node.cluster is not None:
+            node.cluster.wake(cid)  # deliveries queued in Redis while we claimed (their wake found no one)
         return session, present
 
     def channel_closed(self, ch: Channel) -> None:

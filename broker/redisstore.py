@@ -114,6 +114,11 @@ def unpack_sub(b: bytes) -> Subscription:
     return Subscription(qos, bool(nl), bool(rap), rh, sid or None)
 
 
+def node_sessions(node_id: str) -> str:
+    """The clients connected to one node (for cleaning up after it if it dies)."""
+    return f"{PREFIX}:nodesess:{node_id}"
+
+
 def keys(cid: str) -> list[str]:
     tag = f"{PREFIX}:{{{cid}}}"
     return [f"{tag}:m", f"{tag}:s", f"{tag}:q", f"{tag}:i", f"{tag}:r"]
@@ -167,7 +172,8 @@ def _script(body: str) -> str:
     )
 
 
-# KEYS: m s q i r. ARGV: node, clean start, client id.
+# KEYS: m s q i r. ARGV: node, clean start, client id, packed will ('' = none), will delay, expiry.
+# The will is kept with the session so that, if this node dies, another node publishes it.
 # Returns {epoch, 0|1 (new | Clean Start discarded it), discarded filters, previous owner} or
 # {epoch, 2, previous owner, meta, subscriptions, journal, awaiting rel}.
 CLAIM = """
@@ -183,7 +189,12 @@ if existed and ARGV[2] == '1' then
   redis.call('HSET', KEYS[1], 'epoch', epoch)
   redis.call('PUBLISH', 'EVENTS_CH', 'd' .. Z .. ARGV[1] .. Z .. ARGV[3])
 end
-redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1')
+redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1', 'expiry', ARGV[6])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'will', ARGV[4], 'will_delay', ARGV[5])
+else
+  redis.call('HDEL', KEYS[1], 'will', 'will_delay')
+end
 for k = 1, 5 do redis.call('PERSIST', KEYS[k]) end
 if not existed or ARGV[2] == '1' then
   return {epoch, existed and 1 or 0, filters, previous}
@@ -211,6 +222,7 @@ return 1
 # along) waits for it until the TTL ends it.
 PARK = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
+redis.call('HDEL', KEYS[1], 'will', 'will_delay')  -- the node that saw the client go handles its will
 hset_pairs(KEYS[1], ARGV, 4, tonumber(ARGV[3]))
 local ttl = tonumber(ARGV[2])
 for k = 1, 5 do
@@ -276,6 +288,38 @@ if #items > 0 then redis.call('LTRIM', KEYS[2], #items, -1) end
 return {-1, items}
 """
 
+# KEYS: m. ARGV: epoch, packed will ('' = none), will delay, expiry. A new connection of a session that
+# stays on this node (a takeover here) brings its own will and expiry.
+WILL = """
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
+redis.call('HSET', KEYS[1], 'expiry', ARGV[4])
+if ARGV[2] ~= '' then
+  redis.call('HSET', KEYS[1], 'will', ARGV[2], 'will_delay', ARGV[3])
+else
+  redis.call('HDEL', KEYS[1], 'will', 'will_delay')
+end
+return 1
+"""
+
+# KEYS: m s q i r. ARGV: dead node, node, client id. A session whose node died: it waits for its client
+# like any other (TTL = its expiry), or ends now if it had none. Returns {will, will delay, expiry, ended}.
+REAP = """
+local m = redis.call('HMGET', KEYS[1], 'node', 'online', 'expiry', 'will', 'will_delay')
+if m[1] ~= ARGV[1] or m[2] ~= '1' then return false end
+local expiry = tonumber(m[3] or '0')
+local will = m[4] or ''
+local delay = m[5] or '0'
+if expiry <= 0 then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+  redis.call('PUBLISH', 'EVENTS_CH', 'd' .. Z .. ARGV[2] .. Z .. ARGV[3])
+  return {will, delay, '0', 1}
+end
+redis.call('HSET', KEYS[1], 'online', '0', 'node', '')
+redis.call('HDEL', KEYS[1], 'will', 'will_delay')
+for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], math.floor(expiry * 1000)) end
+return {will, delay, m[3], 0}
+"""
+
 # KEYS: m. The node a session's client is connected to, if any.
 OWNER = """
 local m = redis.call('HMGET', KEYS[1], 'node', 'online')
@@ -313,6 +357,8 @@ class RedisStore(SessionStore):
         self._route = self.redis.register_script(_script(ROUTE))
         self._pull = self.redis.register_script(_script(PULL))
         self._owner = self.redis.register_script(_script(OWNER))
+        self._will = self.redis.register_script(_script(WILL))
+        self._reap = self.redis.register_script(_script(REAP))
         self.round_trips = 0
 
     async def open(self) -> None:
@@ -322,11 +368,31 @@ class RedisStore(SessionStore):
         await self.redis.aclose()
 
     # -- sessions --------------------------------------------------------------------------------
-    async def claim(self, client_id: str, zone: ZoneSettings, zone_name: str, clean_start: bool) -> Claimed:
+    async def claim(
+        self,
+        client_id: str,
+        zone: ZoneSettings,
+        zone_name: str,
+        clean_start: bool,
+        will: Message | None = None,
+        will_delay: float = 0.0,
+        expiry: float = 0.0,
+    ) -> Claimed:
         """Take ownership of a session for this node (epoch + 1); returns its stored state."""
         self.round_trips += 1
-        args = [self.node_id, "1" if clean_start else "0", client_id]
-        res = await self._claim(keys=keys(client_id), args=args)
+        packed_will = pack_message(will) if will is not None else b""
+        args = [
+            self.node_id,
+            "1" if clean_start else "0",
+            client_id,
+            packed_will,
+            repr(will_delay),
+            repr(expiry),
+        ]
+        pipe: Pipeline = self.redis.pipeline(transaction=False)
+        await self._claim(keys=keys(client_id), args=args, client=pipe)
+        pipe.sadd(node_sessions(self.node_id), client_id)  # so that, should this node die, others find it
+        res = (await pipe.execute())[0]
         epoch = int(res[0])
         if int(res[1]) != 2:
             discarded = [f.decode() for f in res[2]] if int(res[1]) == 1 else None
@@ -353,8 +419,9 @@ class RedisStore(SessionStore):
     async def commit(self, ops: list[Op]) -> CommitResult:
         result = CommitResult()
         pipe: Pipeline = self.redis.pipeline(transaction=False)
-        kinds: list[Op | None] = []
+        kinds: list[Op | None] = []  # what each pipelined command's reply belongs to, in order
         for op in ops:
+            kinds.append(op)
             if isinstance(op, Journal):
                 k = keys(op.client_id)
                 await self._journal(keys=[k[0], k[3], k[4]], args=self._journal_args(op), client=pipe)
@@ -364,9 +431,13 @@ class RedisStore(SessionStore):
                 await self._enqueue(keys=keys(op.client_id)[0:3:2], args=args, client=pipe)
             elif isinstance(op, Save):
                 await self._park(keys=keys(op.session.client_id), args=self._park_args(op), client=pipe)
+                pipe.srem(node_sessions(self.node_id), op.session.client_id)
+                kinds.append(None)
             elif isinstance(op, Discard):
                 args = [str(op.epoch) if op.epoch else "", self.node_id, op.client_id]
                 await self._discard(keys=keys(op.client_id), args=args, client=pipe)
+                pipe.srem(node_sessions(self.node_id), op.client_id)
+                kinds.append(None)
             elif isinstance(op, Route):
                 packed = pack_sub(op.sub) if op.sub is not None else b""
                 args = [str(op.epoch), op.topic_filter, packed, self.node_id, op.client_id]
@@ -379,7 +450,6 @@ class RedisStore(SessionStore):
                     pipe.hdel(RETAINED, op.msg.topic)
                 pipe.publish(EVENTS, Z.join([b"t", self.node_id.encode(), packed]))
                 kinds.append(None)
-            kinds.append(op)
         if self.wait_replicas:
             pipe.wait(self.wait_replicas, self.wait_timeout_ms)
         replies = await pipe.execute(raise_on_error=False)
@@ -435,6 +505,23 @@ class RedisStore(SessionStore):
         for k, v in meta.items():
             args += [k, v]
         return args
+
+    async def set_will(self, s: Session, will: Message | None, will_delay: float) -> None:
+        packed = pack_message(will) if will is not None else b""
+        args = [str(s.epoch), packed, repr(will_delay), repr(s.expiry_interval)]
+        await self._will(keys=keys(s.client_id)[:1], args=args)
+
+    async def reap(self, dead: str, client_ids: list[str]) -> list[tuple[str, Message | None, float, float]]:
+        """Let go of the sessions of a dead node: (client id, will, will delay, expiry) of each."""
+        pipe: Pipeline = self.redis.pipeline(transaction=False)
+        for cid in client_ids:
+            await self._reap(keys=keys(cid), args=[dead, self.node_id, cid], client=pipe)
+        out = []
+        for cid, r in zip(client_ids, await pipe.execute(), strict=True):
+            if r:
+                will = unpack_message(r[0]) if r[0] else None
+                out.append((cid, will, float(r[1]), float(r[2])))
+        return out
 
     async def owner(self, client_id: str) -> str | None:
         """The node the client is connected to, if any (from the session's meta)."""

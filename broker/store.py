@@ -115,8 +115,17 @@ class SessionStore(ABC):
     async def close(self) -> None: ...
 
     @abstractmethod
-    async def claim(self, client_id: str, zone: ZoneSettings, zone_name: str, clean_start: bool) -> Claimed:
-        """Take a stored session over for a connecting client on this node."""
+    async def claim(
+        self,
+        client_id: str,
+        zone: ZoneSettings,
+        zone_name: str,
+        clean_start: bool,
+        will: Message | None = None,
+        will_delay: float = 0.0,
+        expiry: float = 0.0,
+    ) -> Claimed:
+        """Take a stored session over for a connecting client on this node (with its will and expiry)."""
 
     async def load_routes(self) -> list[tuple[str, str, Subscription]]:
         """Every stored subscription (client id, filter, options), to fill the router at start."""
@@ -147,7 +156,16 @@ class MemoryStore(SessionStore):
     async def close(self) -> None:
         self._sessions.clear()
 
-    async def claim(self, client_id: str, zone: ZoneSettings, zone_name: str, clean_start: bool) -> Claimed:
+    async def claim(
+        self,
+        client_id: str,
+        zone: ZoneSettings,
+        zone_name: str,
+        clean_start: bool,
+        will: Message | None = None,
+        will_delay: float = 0.0,
+        expiry: float = 0.0,
+    ) -> Claimed:
         epoch = self._epochs[client_id] = self._epochs.get(client_id, 0) + 1
         session = self._sessions.pop(client_id, None)
         if session is not None and clean_start:

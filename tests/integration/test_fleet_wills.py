@@ -1,0 +1,100 @@
+"""A node dies: the fleet lets go of its sessions and publishes its clients' wills after their delay."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .harness import MOSQUITTO, Client, uid, wait_until
+
+pytestmark = pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")
+
+# cluster.HEARTBEAT_TTL (5 s) + cluster.REAP_INTERVAL (1 s) + slack
+DETECT = 10.0
+
+
+def session_keys(redis_server, cid: str) -> list[str]:
+    return redis_server.keys(f"fmq:{{{cid}}}:*")
+
+
+def test_wills_of_a_killed_node_are_published(fleet, redis_server):
+    a, b = fleet(2)
+    topic = uid("will/")
+    watcher = Client(b.host, b.port, uid("watch"), version=5)
+    watcher.subscribe(topic + "/#", 1)
+    # no delay: published as soon as the fleet notices the node is gone
+    now = Client(
+        a.host, a.port, uid("now"), version=5, will={"topic": topic + "/now", "payload": b"gone", "qos": 1}
+    )
+    # delay 2 s, persistent session: published 2 s after the node is released
+    later = Client(
+        a.host,
+        a.port,
+        uid("later"),
+        version=5,
+        clean=False,
+        session_expiry=60,
+        will={"topic": topic + "/later", "payload": b"late", "qos": 1, "props": {"WillDelayInterval": 2}},
+    )
+    # delay 3 s, but the client comes back on B before: no will
+    back_id = uid("back")
+    back = Client(
+        a.host,
+        a.port,
+        back_id,
+        version=5,
+        clean=False,
+        session_expiry=60,
+        will={"topic": topic + "/back", "payload": b"never", "qos": 1, "props": {"WillDelayInterval": 3}},
+    )
+    a.kill()
+    t_kill = time.monotonic()
+    for c in (now, later, back):
+        c.stop()
+    got, _ = watcher.wait_topic(topic + "/now", timeout=DETECT)
+    t_now = time.monotonic() - t_kill
+    assert got.payload == b"gone"
+    # the delayed-will client reconnects on B within its delay
+    back2 = Client(b.host, b.port, back_id, version=5, clean=False, session_expiry=60)
+    assert back2.session_present
+    got, before = watcher.wait_topic(topic + "/later", timeout=5)
+    t_later = time.monotonic() - t_kill
+    assert got.payload == b"late"
+    assert t_later - t_now >= 1.5, "the will delay was not honoured"
+    time.sleep(3.5)
+    assert not [m for m in before + watcher.drain() if m.topic == topic + "/back"], (
+        "will of a client that came back"
+    )
+    back2.disconnect()
+    watcher.disconnect()
+
+
+def test_clean_sessions_of_a_killed_node_end(fleet, redis_server):
+    a, b = fleet(2)
+    topic = uid("gone/")
+    cid = uid("clean")
+    c = Client(a.host, a.port, cid, version=4, clean=True)
+    c.subscribe(topic, 1)
+    persistent = uid("pers")
+    p = Client(a.host, a.port, persistent, version=4, clean=False)
+    p.subscribe(topic, 1)
+    wait_until(lambda: session_keys(redis_server, cid), timeout=5, msg="clean session in Redis")
+    a.kill()
+    for x in (c, p):
+        x.stop()
+    wait_until(
+        lambda: not session_keys(redis_server, cid), timeout=DETECT, msg="clean session of the dead node gone"
+    )
+    # the persistent one waits for its client, with its expiry as TTL, and still gets messages
+    assert session_keys(redis_server, persistent)
+    ttl = redis_server.command("PTTL", f"fmq:{{{persistent}}}:m")
+    assert ttl > 0, "a released persistent session must expire with its expiry interval"
+    pub = Client(b.host, b.port, uid("pub"), version=4)
+    pub.publish(topic, b"for-the-absent", 1)
+    pub.disconnect()
+    p2 = Client(b.host, b.port, persistent, version=4, clean=False)
+    assert p2.session_present
+    got = p2.wait_for(1, timeout=5)
+    assert [m.payload for m in got] == [b"for-the-absent"]
+    p2.disconnect()
