@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from .codec import RC
 from .message import Message
-from .redisstore import RedisStore
 from .session import Session
 from .store import Discard, Save
 
@@ -87,7 +86,7 @@ class ChannelManager:
                 self._discard(session)
                 zm.session_events["discarded"] += 1
                 session = None
-            elif session is not None and isinstance(node.store, RedisStore):
+            elif session is not None:
                 session.expiry_interval = expiry
                 await node.store.set_will(session, ch.will, ch.will_delay)  # the new connection's
         epoch = session.epoch if session is not None else 0

@@ -127,6 +127,10 @@ class SessionStore(ABC):
     ) -> Claimed:
         """Take a stored session over for a connecting client on this node (with its will and expiry)."""
 
+    async def set_will(self, session: Session, will: Message | None, will_delay: float) -> None:
+        """Keep a connected session's will (and expiry) where other nodes find it if this one dies."""
+        return None
+
     async def load_routes(self) -> list[tuple[str, str, Subscription]]:
         """Every stored subscription (client id, filter, options), to fill the router at start."""
         return []
