@@ -13,15 +13,29 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench import driver, procs, report
 from bench.brokers import BROKERS, Broker, BrokerError, Mosquitto
-from bench.report import Cell, Row
+from bench.fleet import TAKEOVER_INFLIGHT, Fleet, FleetNode, RedisError, store_delta, store_snapshot
+from bench.report import FLEET_SCENARIOS, Cell, Row
 
 MODES = ("pt2pt", "fanout", "fanin")
-ALL_ROWS = [f"{m}-q{q}" for m in MODES for q in (0, 1, 2)] + ["idle"]
+# Rows on the bench's Redis fleet (bench/fleet.py): persistent sessions in Redis on one node, cross-node
+# routing between nodes a and b, and takeover of a session from node a by node b.
+FLEET_ROWS = [
+    "redis-pt2pt-q1",
+    "redis-pt2pt-q2",
+    "cross-node-pt2pt-q0",
+    "cross-node-pt2pt-q1",
+    "cross-node-pt2pt-q2",
+    "takeover",
+]
+ALL_ROWS = [f"{m}-q{q}" for m in MODES for q in (0, 1, 2)] + FLEET_ROWS + ["idle"]
 IDLE_SETTLE_S = 2.0
+TAKEOVER_QUEUED = 1000
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -33,6 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--conns", type=int, default=10000, help="connections for the idle-memory row")
     p.add_argument("--window", type=int, default=200, help="max outstanding messages per publisher")
     p.add_argument("--payload", type=int, default=64, help="payload bytes")
+    p.add_argument("--takeover-reps", type=int, default=30, help="measured takeovers per QoS (takeover row)")
     p.add_argument("--out", type=Path, default=Path("bench/results/latest.md"))
     p.add_argument("--json", type=Path, default=Path("bench/results/latest.json"))
     args = p.parse_args(argv)
@@ -67,10 +82,11 @@ def ensure_running(broker: Broker, start_error: dict[str, str]) -> str | None:
     return None
 
 
-def run_flow_cell(broker: Broker, binary: Path, mode: str, qos: int, args: argparse.Namespace) -> Cell:
-    cpu0, (busy0, irq0) = procs.cpu_seconds(broker.pid), procs.system_cpu_seconds()
-    try:
-        res = driver.run_flow(
+def run_flow_cell(
+    broker: Broker, binary: Path, mode: str, qos: int, args: argparse.Namespace, *, clean: bool = True
+) -> Cell:
+    return _measured(
+        lambda: driver.run_flow(
             binary,
             broker.port,
             mode,
@@ -79,16 +95,150 @@ def run_flow_cell(broker: Broker, binary: Path, mode: str, qos: int, args: argpa
             warmup=args.warmup,
             window=args.window,
             payload=args.payload,
-        )
+            clean=clean,
+        ),
+        [broker.pid],
+        None,
+        lambda: None if broker.alive() else broker.exit_reason(),
+    )
+
+
+def _sum_cpu(pids: list[int]) -> float:
+    return sum(procs.cpu_seconds(p) for p in pids)
+
+
+def _measured(
+    run: Callable[[], dict[str, Any]],
+    broker_pids: list[int],
+    redis_pid: int | None,
+    dead: Callable[[], str | None],
+) -> Cell:
+    """Run the loadgen, charging CPU to the broker process(es), Redis, the loadgen, softirq and the rest."""
+    cpu0, (busy0, irq0) = _sum_cpu(broker_pids), procs.system_cpu_seconds()
+    redis0 = procs.cpu_seconds(redis_pid) if redis_pid else 0.0
+    try:
+        res = run()
     except driver.LoadgenError as e:
         err = str(e)
-        if not broker.alive():
-            err = f"{err} ({broker.exit_reason()})"
+        reason = dead()
+        if reason:
+            err = f"{err} ({reason})"
         return Cell(error=err)
-    broker_cpu = procs.cpu_seconds(broker.pid) - cpu0
+    broker_cpu = _sum_cpu(broker_pids) - cpu0
+    redis_cpu = procs.cpu_seconds(redis_pid) - redis0 if redis_pid else None
     busy1, irq1 = procs.system_cpu_seconds()
-    other = busy1 - busy0 - broker_cpu - float(res.get("loadgen_cpu_s", 0.0))
-    return Cell(result=res, broker_cpu_s=broker_cpu, other_cpu_s=max(0.0, other), softirq_cpu_s=irq1 - irq0)
+    other = busy1 - busy0 - broker_cpu - (redis_cpu or 0.0) - float(res.get("loadgen_cpu_s", 0.0))
+    return Cell(
+        result=res,
+        broker_cpu_s=broker_cpu,
+        other_cpu_s=max(0.0, other),
+        softirq_cpu_s=irq1 - irq0,
+        redis_cpu_s=redis_cpu,
+    )
+
+
+def run_fleet_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace) -> list[Row]:
+    """The fleetmq cell(s) of one Redis row (the mosquitto counterpart, if any, is run by the caller)."""
+    if key == "takeover":
+        wanted: tuple[str, ...] = ("a", "b")
+        rows = [Row("takeover", q) for q in (1, 2)]
+    else:
+        scenario, q = key.rsplit("-q", 1)
+        wanted = ("a",) if scenario == "redis-pt2pt" else ("a", "b")
+        rows = [Row(scenario, int(q))]
+    err = fleet.ensure(wanted)
+    if err:
+        for row in rows:
+            row.cells["fleetmq"] = Cell(error=err)
+        return rows
+    a, b = fleet.nodes["a"], fleet.nodes["b"]
+    pids, redis_pid = fleet.cpu_pids(wanted), fleet.redis.pid
+    for row in rows:
+        qos = int(row.qos or 0)
+        if row.scenario == "takeover":
+            cell = _measured(
+                lambda qos=qos: driver.run_takeover(
+                    binary,
+                    a.tk_port,
+                    b.tk_port,
+                    qos,
+                    reps=args.takeover_reps,
+                    queued=TAKEOVER_QUEUED,
+                    inflight=TAKEOVER_INFLIGHT,
+                    payload=args.payload,
+                ),
+                pids,
+                redis_pid,
+                lambda: fleet.dead(wanted),
+            )
+        else:
+            before = _snapshot(a, fleet, qos)
+            cell = _measured(
+                lambda qos=qos, scenario=row.scenario: driver.run_flow(
+                    binary,
+                    a.port,
+                    "pt2pt",
+                    qos,
+                    duration=args.duration,
+                    warmup=args.warmup,
+                    window=args.window,
+                    payload=args.payload,
+                    sub_port=b.port if scenario == "cross-node-pt2pt" else None,
+                    clean=scenario != "redis-pt2pt",
+                ),
+                pids,
+                redis_pid,
+                lambda: fleet.dead(wanted),
+            )
+            after = _snapshot(a, fleet, qos)
+            if cell.result is not None and before and after and row.scenario == "redis-pt2pt":
+                cell.result["store"] = store_delta(before, after)
+        row.cells["fleetmq"] = cell
+    return rows
+
+
+def _snapshot(node: FleetNode, fleet: Fleet, qos: int) -> dict[str, float] | None:
+    try:
+        return store_snapshot(node, fleet.redis, qos)
+    except (OSError, RedisError, ValueError, KeyError) as e:
+        log(f"  cannot read /metrics or Redis INFO: {e}")
+        return None
+
+
+def log_flow(key: str, name: str, cell: Cell) -> None:
+    if not cell.result:
+        log(f"{key:20} {name:10} error: {cell.error}")
+        return
+    r = cell.result
+    redis = f" redis {cell.redis_cpu_s:.1f}s" if cell.redis_cpu_s is not None else ""
+    log(
+        f"{key:20} {name:10} {r['msgs_per_s']:>10,.0f} msg/s  p50 {r['p50_us']:>9,.0f} µs  "
+        f"p99 {r['p99_us']:>9,.0f} µs  lost {r['lost']} dup {r['dup']}  "
+        f"cpu broker {cell.broker_cpu_s:.1f}s{redis} loadgen {r['loadgen_cpu_s']:.1f}s "
+        f"softirq {cell.softirq_cpu_s:.1f}s other {cell.other_cpu_s:.1f}s"
+    )
+    st = r.get("store")
+    if st:
+        log(
+            f"{'':20} {name:10} store round trips {st['round_trips']:,.0f} / delivered {st['delivered']:,.0f} "
+            f"= {st['round_trips_per_msg']:.4f}; EVALSHA {st['evalsha_per_msg']:.4f}/msg, "
+            f"SCRIPT EXISTS {st['script_exists_per_msg']:.4f}/msg, Redis read events "
+            f"{st['redis_reads_per_msg']:.4f}/msg, commands {st['commands_per_msg']:.2f}/msg"
+            + (f"; Redis errors {st['redis_errors']}" if st.get("redis_errors") else "")
+        )
+
+
+def log_takeover(key: str, cell: Cell) -> None:
+    if not cell.result:
+        log(f"{key:20} {'fleetmq':10} error: {cell.error}")
+        return
+    r = cell.result
+    log(
+        f"{key:20} {'fleetmq':10} {r['reps']} takeovers: CONNECT->first resend p50 {r['first_p50_ms']:.1f} ms "
+        f"p99 {r['first_p99_ms']:.1f} ms; CONNACK p50 {r['connack_p50_ms']:.1f} p99 {r['connack_p99_ms']:.1f} ms; "
+        f"all {r['queued'] + r['inflight']} received p50 {r['drain_p50_ms']:.1f} p99 {r['drain_p99_ms']:.1f} ms; "
+        f"lost {r['lost']} dup {r['dup']} old connection left open {r['old_not_closed']}"
+    )
 
 
 def run_idle_cell(broker: Broker, binary: Path, conns: int) -> Cell:
@@ -126,11 +276,59 @@ def run_idle_cell(broker: Broker, binary: Path, conns: int) -> Cell:
         broker.stop()
 
 
-def _keep_logs(rows: list[Row], brokers: dict[str, Broker], out: Path) -> None:
+def fleet_rows(
+    key: str,
+    brokers: dict[str, Broker],
+    fleet: Fleet | None,
+    start_error: dict[str, str],
+    binary: Path,
+    args: argparse.Namespace,
+) -> list[Row]:
+    """One Redis row: mosquitto's counterpart first (redis-pt2pt only: same load, its in-memory sessions),
+    then fleetmq on the bench fleet. The mosquitto broker is stopped meanwhile and fleetmq's in-memory
+    broker too, so that they do not share the CPU with the fleet."""
+    mosq: Cell | None = None
+    if key.startswith("redis-pt2pt") and "mosquitto" in brokers:
+        broker = brokers["mosquitto"]
+        err = ensure_running(broker, start_error)
+        mosq = (
+            Cell(error=err)
+            if err
+            else run_flow_cell(broker, binary, "pt2pt", int(key[-1]), args, clean=False)
+        )
+        log_flow(key, "mosquitto", mosq)
+    rows: list[Row]
+    if fleet is None:
+        scenario, q = ("takeover", 1) if key == "takeover" else key.rsplit("-q", 1)
+        rows = [Row(scenario, int(q))]
+    else:
+        for broker in brokers.values():
+            broker.stop()  # idle processes, but keep the CPU for the fleet; restarted by the next row
+        rows = run_fleet_row(key, fleet, binary, args)
+    for row in rows:
+        if mosq is not None:
+            row.cells = {"mosquitto": mosq, **row.cells}
+        cell = row.cells.get("fleetmq")
+        if cell is not None:
+            if row.scenario == "takeover":
+                log_takeover(row.key, cell)
+            else:
+                log_flow(row.key, "fleetmq", cell)
+    return rows
+
+
+def _keep_logs(rows: list[Row], brokers: dict[str, Broker], fleet: Fleet | None, out: Path) -> None:
     """Copy the log of every broker that had an error next to the report (the workdir is temporary)."""
-    failed = {name for r in rows for name, c in r.cells.items() if c.error}
-    for name in sorted(failed):
-        log_path = brokers[name].log_path
+    paths: dict[str, Path] = {}
+    for r in rows:
+        for name, c in r.cells.items():
+            if not c.error:
+                continue
+            if r.scenario in FLEET_SCENARIOS and name == "fleetmq" and fleet is not None:
+                paths.update(fleet.log_paths())
+            elif name in brokers:
+                paths[name] = brokers[name].log_path
+    for name, log_path in sorted(paths.items()):
         if log_path.exists():
             kept = out.with_name(f"{out.stem}.{name}.log")
             kept.parent.mkdir(parents=True, exist_ok=True)
@@ -154,37 +352,39 @@ def main(argv: list[str] | None = None) -> int:
         "payload": args.payload,
         "conns": args.conns,
         "brokers": args.broker_names,
+        "takeover_reps": args.takeover_reps,
+        "takeover_queued": TAKEOVER_QUEUED,
+        "takeover_inflight": TAKEOVER_INFLIGHT,
     }
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="fleetmq-bench-") as tmp:
         brokers = {name: BROKERS[name](Path(tmp)) for name in args.broker_names}
+        fleet = Fleet(Path(tmp)) if "fleetmq" in args.broker_names else None
         machine = report.machine_info(Mosquitto(Path(tmp)).version())
         start_error: dict[str, str] = {}
         try:
             for key in args.rows:
                 if key == "idle":
                     continue
+                if key in FLEET_ROWS:
+                    rows += fleet_rows(key, brokers, fleet, start_error, binary, args)
+                    continue
+                if fleet is not None:
+                    fleet.stop()  # idle, but out of the way of the in-memory rows
                 mode, q = key.rsplit("-q", 1)
                 row = Row(mode, int(q))
                 for name, broker in brokers.items():
                     err = ensure_running(broker, start_error)
                     if err:
                         row.cells[name] = Cell(error=err)
-                        log(f"{key:10} {name:10} error: {err}")
+                        log(f"{key:20} {name:10} error: {err}")
                         continue
-                    cell = run_flow_cell(broker, binary, mode, int(q), args)
-                    row.cells[name] = cell
-                    if cell.result:
-                        r = cell.result
-                        log(
-                            f"{key:10} {name:10} {r['msgs_per_s']:>10,.0f} msg/s  p50 {r['p50_us']:>9,.0f} µs  "
-                            f"p99 {r['p99_us']:>9,.0f} µs  lost {r['lost']} dup {r['dup']}  "
-                            f"cpu broker {cell.broker_cpu_s:.1f}s loadgen {r['loadgen_cpu_s']:.1f}s softirq {cell.softirq_cpu_s:.1f}s other {cell.other_cpu_s:.1f}s"
-                        )
-                    else:
-                        log(f"{key:10} {name:10} error: {cell.error}")
+                    row.cells[name] = run_flow_cell(broker, binary, mode, int(q), args)
+                    log_flow(key, name, row.cells[name])
                 rows.append(row)
             if "idle" in args.rows:
+                if fleet is not None:
+                    fleet.stop()
                 row = Row("idle", None)
                 for name, broker in brokers.items():
                     broker.stop()
@@ -203,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for broker in brokers.values():
                 broker.stop()
-            _keep_logs(rows, brokers, args.out)
+            if fleet is not None:
+                fleet.stop()
+            _keep_logs(rows, brokers, fleet, args.out)
 
     md = report.markdown(rows, machine, settings, started)
     print(md)

@@ -145,9 +145,13 @@ class Fleetmq(Broker):
             "listeners:\n"
             f'  - {{name: mqtt, zone: bench, bind: "{HOST}:{self.port}", protocol: tcp}}\n'
         )
+        return [self.python(), "-m", "fleetmq.broker", "--config", str(cfg), "--log-level", "warning"]
+
+    @staticmethod
+    def python() -> str:
+        """The repo's venv Python if there is one (fleetmq is installed there), else this one."""
         venv_python = REPO / ".venv" / "bin" / "python"
-        python = str(venv_python) if venv_python.exists() else sys.executable
-        return [python, "-m", "fleetmq.broker", "--config", str(cfg), "--log-level", "warning"]
+        return str(venv_python) if venv_python.exists() else sys.executable
 
 
 BROKERS: dict[str, type[Broker]] = {"mosquitto": Mosquitto, "fleetmq": Fleetmq}

@@ -74,17 +74,53 @@ def _last_json(stdout: str) -> dict[str, Any] | None:
 
 
 def run_flow(
-    binary: Path, port: int, mode: str, qos: int, *, duration: float, warmup: float, window: int, payload: int
+    binary: Path,
+    port: int,
+    mode: str,
+    qos: int,
+    *,
+    duration: float,
+    warmup: float,
+    window: int,
+    payload: int,
+    sub_port: int | None = None,
+    clean: bool = True,
 ) -> dict[str, Any]:
-    """Run one throughput/latency scenario; returns the loadgen's JSON result."""
+    """Run one throughput/latency scenario; returns the loadgen's JSON result.
+
+    sub_port: subscribers connect there (another fleet node) instead of `port`.
+    clean=False: persistent sessions (clean_session=0) for publishers and subscribers.
+    """
     cmd = [
         str(binary),
         *("-host", "127.0.0.1", "-port", str(port), "-mode", mode, "-qos", str(qos)),
         *("-duration", f"{duration}s", "-warmup", f"{warmup}s", "-window", str(window)),
         *("-payload", str(payload), "-json"),
     ]
+    if sub_port is not None:
+        cmd += ["-sub-port", str(sub_port)]
+    if not clean:
+        cmd.append("-clean=false")
+    return _run(cmd, timeout=duration + warmup + 60)
+
+
+def run_takeover(
+    binary: Path, port_a: int, port_b: int, qos: int, *, reps: int, queued: int, inflight: int, payload: int
+) -> dict[str, Any]:
+    """Takeover latency: sessions with a full inflight window and `queued` messages on the node at port_a
+    are taken over by a connect to the node at port_b, `reps` times (plus 2 unmeasured)."""
+    cmd = [
+        str(binary),
+        *("-host", "127.0.0.1", "-port", str(port_a), "-sub-port", str(port_b), "-mode", "takeover"),
+        *("-qos", str(qos), "-reps", str(reps), "-queued", str(queued), "-inflight", str(inflight)),
+        *("-payload", str(payload), "-json"),
+    ]
+    return _run(cmd, timeout=60 + reps * 45)
+
+
+def _run(cmd: list[str], timeout: float) -> dict[str, Any]:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + warmup + 60)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise LoadgenError("loadgen timed out") from e
     res = _last_json(proc.stdout)

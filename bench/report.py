@@ -13,6 +13,12 @@ from typing import Any
 # Targets from the product issue: fleetmq throughput relative to mosquitto, and idle memory.
 RATIO_TARGET = {0: 0.35, 1: 0.5, 2: 0.5}
 IDLE_RSS_TARGET_MB = 250.0
+# Redis rows (issue 3): persistent sessions in Redis vs mosquitto's in-memory sessions, takeover latency,
+# and Redis round trips per delivered QoS 1 message ("well under 1", checked as below this).
+REDIS_RATIO_TARGET = 0.3
+TAKEOVER_P99_TARGET_MS = 100.0
+ROUND_TRIPS_TARGET = 0.5
+FLEET_SCENARIOS = ("redis-pt2pt", "cross-node-pt2pt", "takeover")
 
 
 @dataclass
@@ -24,11 +30,12 @@ class Cell:
     broker_cpu_s: float | None = None
     other_cpu_s: float | None = None  # CPU used by other processes on the machine meanwhile
     softirq_cpu_s: float | None = None  # kernel irq/softirq time (mostly loopback TCP) meanwhile
+    redis_cpu_s: float | None = None  # the bench's redis-server (Redis rows)
 
 
 @dataclass
 class Row:
-    scenario: str  # pt2pt | fanout | fanin | idle
+    scenario: str  # pt2pt | fanout | fanin | redis-pt2pt | cross-node-pt2pt | takeover | idle
     qos: int | None
     cells: dict[str, Cell] = field(default_factory=dict)
 
@@ -92,7 +99,13 @@ def _rate(cell: Cell | None) -> str:
 
 def _flow_line(row: Row) -> str:
     m, f = row.cells.get("mosquitto"), row.cells.get("fleetmq")
-    target = RATIO_TARGET[row.qos or 0]
+    if row.scenario == "cross-node-pt2pt":  # mosquitto has no cluster: nothing to compare with
+        ok = "error" if f and f.error else "—"
+        return (
+            f"| {row.scenario} (pub on node a, sub on b) | {row.qos} | n/a (no cluster) | {_rate(f)} | — "
+            f"| — | {_lat(f)} | report | {ok} |"
+        )
+    target = REDIS_RATIO_TARGET if row.scenario == "redis-pt2pt" else RATIO_TARGET[row.qos or 0]
     ratio, ok = "—", "—"
     if m and f and m.result and f.result and m.result["msgs_per_s"] > 0:
         r = f.result["msgs_per_s"] / m.result["msgs_per_s"]
@@ -135,6 +148,59 @@ def _idle_line(row: Row, conns: int) -> str:
     )
 
 
+def _takeover_line(row: Row, settings: dict[str, Any]) -> str:
+    f = row.cells.get("fleetmq")
+    what = (
+        f"takeover a→b ({settings['takeover_queued']:,} queued + {settings['takeover_inflight']} inflight, "
+        f"{settings['takeover_reps']} times)"
+    )
+    lat, ok = "—", "—"
+    if f and f.result:
+        r = f.result
+        lat = f"{r['first_p50_ms']:,.1f} / {r['first_p99_ms']:,.1f} ms to 1st resend"
+        ok = "yes" if r["first_p99_ms"] < TAKEOVER_P99_TARGET_MS else "no"
+    if f and f.error:
+        lat, ok = _err(f.error), "error"
+    return f"| {what} | {row.qos} | n/a (no cluster) | — | — | — | {lat} | p99 < {TAKEOVER_P99_TARGET_MS:.0f} ms | {ok} |"
+
+
+def _fleet_notes(rows: list[Row]) -> list[str]:
+    """Round trips per delivered message and takeover details, below the table."""
+    out = []
+    for row in rows:
+        f = row.cells.get("fleetmq")
+        r = f.result if f else None
+        if not r:
+            continue
+        st = r.get("store")
+        if row.scenario == "redis-pt2pt" and st:
+            n = st["delivered"]
+            ok = "yes" if n and st["round_trips_per_msg"] < ROUND_TRIPS_TARGET else "no"
+            out.append(
+                f"- **Redis round trips per delivered QoS {row.qos} message** ({row.key}, node a's /metrics): "
+                f"**{st['round_trips_per_msg']:.4f}** (fleetmq_store_round_trips_total +{st['round_trips']:,.0f} / "
+                f'fleetmq_messages_delivered_total{{qos="{row.qos}"}} +{n:,.0f}); target well under 1 '
+                f"(< {ROUND_TRIPS_TARGET}): {ok}. Redis INFO commandstats per delivered message: EVALSHA "
+                f"{st['evalsha_per_msg']:.4f}, SCRIPT EXISTS {st['script_exists_per_msg']:.4f}, all commands "
+                f"{st['commands_per_msg']:.3f} (commands inside scripts included); Redis read events "
+                f"(INFO stats total_reads_processed) {st['redis_reads_per_msg']:.4f}"
+                + (
+                    f". **Redis errors** during the run: {st['redis_errors_unexpected']}"
+                    if st.get("redis_errors_unexpected")
+                    else ""
+                )
+            )
+        if row.scenario == "takeover":
+            out.append(
+                f"- {row.key}: CONNECT on b → CONNACK p50/p99 {r['connack_p50_ms']:.1f} / {r['connack_p99_ms']:.1f} ms, "
+                f"→ first resend {r['first_p50_ms']:.1f} / {r['first_p99_ms']:.1f} ms (max {r['first_max_ms']:.1f}), "
+                f"→ all {r['queued'] + r['inflight']:,} messages received {r['drain_p50_ms']:.1f} / "
+                f"{r['drain_p99_ms']:.1f} ms; lost {r['lost']}, dup {r['dup']}, "
+                f"old connection on a left open {r['old_not_closed']} times"
+            )
+    return out
+
+
 def markdown(rows: list[Row], machine: dict[str, str], settings: dict[str, Any], started: datetime) -> str:
     lines = [
         f"# fleetmq vs mosquitto benchmark — {started.strftime('%Y-%m-%d %H:%M')} UTC",
@@ -144,19 +210,35 @@ def markdown(rows: list[Row], machine: dict[str, str], settings: dict[str, Any],
         f"- load: Go loadgen on loopback, closed loop, window {settings['window']} msgs/publisher, "
         f"payload {settings['payload']} B, warmup {settings['warmup']:g} s, measured {settings['duration']:g} s; "
         "msg/s counts every delivery to a subscriber (fanout: 1 pub → 10 subs; fanin: 10 pubs → 1 sub)",
+        "- Redis rows: fleetmq nodes with sessions in a redis-server started by the bench (no persistence); "
+        "redis-pt2pt: persistent sessions (clean_session=0) on one node vs mosquitto's in-memory sessions; "
+        "cross-node: publisher on node a, subscriber on node b (clean sessions)",
         "",
         "| scenario | qos | mosquitto msg/s | fleetmq msg/s | ratio | mosquitto p50/p99 µs "
         "| fleetmq p50/p99 µs | target | ok |",
         "|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in rows:
-        lines.append(_idle_line(row, settings["conns"]) if row.scenario == "idle" else _flow_line(row))
+        if row.scenario == "idle":
+            lines.append(_idle_line(row, settings["conns"]))
+        elif row.scenario == "takeover":
+            lines.append(_takeover_line(row, settings))
+        else:
+            lines.append(_flow_line(row))
+    fleet_notes = _fleet_notes(rows)
+    if fleet_notes:
+        lines += ["", *fleet_notes]
     notes = []
     for row in rows:
         for name, cell in row.cells.items():
             r = cell.result
-            if row.scenario != "idle" and r and (r.get("lost") or r.get("dup")):
-                notes.append(f"- {row.key} {name}: lost {r['lost']}, dup {r['dup']}")
+            if row.scenario != "idle" and r and (r.get("lost") or r.get("dup") or r.get("old_not_closed")):
+                extra = (
+                    f", old connection left open {r['old_not_closed']} times"
+                    if r.get("old_not_closed")
+                    else ""
+                )
+                notes.append(f"- {row.key} {name}: lost {r['lost']}, dup {r['dup']}{extra}")
     lines += ["", "Loss check: " + ("no message lost or duplicated." if not notes else "")]
     lines += notes
     lines += [
@@ -173,8 +255,9 @@ def markdown(rows: list[Row], machine: dict[str, str], settings: dict[str, Any],
         parts = []
         for name, cell in row.cells.items():
             if cell.result and cell.broker_cpu_s is not None:
+                redis = f" (+redis {cell.redis_cpu_s:.1f})" if cell.redis_cpu_s is not None else ""
                 parts.append(
-                    f"{name} {cell.broker_cpu_s:.1f} / {cell.result.get('loadgen_cpu_s', 0):.1f} / "
+                    f"{name} {cell.broker_cpu_s:.1f}{redis} / {cell.result.get('loadgen_cpu_s', 0):.1f} / "
                     f"{cell.softirq_cpu_s or 0:.1f} / {cell.other_cpu_s or 0:.1f}"
                 )
         if parts:
