@@ -97,24 +97,24 @@ def run_flow_cell(
             payload=args.payload,
             clean=clean,
         ),
-        [broker.pid],
+        {broker.name: broker.pid},
         None,
         lambda: None if broker.alive() else broker.exit_reason(),
     )
 
 
-def _sum_cpu(pids: list[int]) -> float:
-    return sum(procs.cpu_seconds(p) for p in pids)
+def _cpu(pids: dict[str, int]) -> dict[str, float]:
+    return {name: procs.cpu_seconds(p) for name, p in pids.items()}
 
 
 def _measured(
     run: Callable[[], dict[str, Any]],
-    broker_pids: list[int],
+    broker_pids: dict[str, int],
     redis_pid: int | None,
     dead: Callable[[], str | None],
 ) -> Cell:
     """Run the loadgen, charging CPU to the broker process(es), Redis, the loadgen, softirq and the rest."""
-    cpu0, (busy0, irq0) = _sum_cpu(broker_pids), procs.system_cpu_seconds()
+    cpu0, (busy0, irq0) = _cpu(broker_pids), procs.system_cpu_seconds()
     redis0 = procs.cpu_seconds(redis_pid) if redis_pid else 0.0
     try:
         res = run()
@@ -124,7 +124,10 @@ def _measured(
         if reason:
             err = f"{err} ({reason})"
         return Cell(error=err)
-    broker_cpu = _sum_cpu(broker_pids) - cpu0
+    per_process = {name: cpu - cpu0[name] for name, cpu in _cpu(broker_pids).items()}
+    broker_cpu = sum(per_process.values())
+    if len(per_process) > 1:  # fleet nodes: which one is busy
+        res["node_cpu_s"] = per_process
     redis_cpu = procs.cpu_seconds(redis_pid) - redis0 if redis_pid else None
     busy1, irq1 = procs.system_cpu_seconds()
     other = busy1 - busy0 - broker_cpu - (redis_cpu or 0.0) - float(res.get("loadgen_cpu_s", 0.0))
@@ -211,6 +214,8 @@ def log_flow(key: str, name: str, cell: Cell) -> None:
         return
     r = cell.result
     redis = f" redis {cell.redis_cpu_s:.1f}s" if cell.redis_cpu_s is not None else ""
+    if r.get("node_cpu_s"):
+        redis = " (" + ", ".join(f"{k} {v:.1f}s" for k, v in r["node_cpu_s"].items()) + ")" + redis
     log(
         f"{key:20} {name:10} {r['msgs_per_s']:>10,.0f} msg/s  p50 {r['p50_us']:>9,.0f} µs  "
         f"p99 {r['p99_us']:>9,.0f} µs  lost {r['lost']} dup {r['dup']}  "

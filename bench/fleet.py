@@ -297,8 +297,8 @@ class Fleet:
             node.stop()
         self.redis.stop()
 
-    def cpu_pids(self, wanted: tuple[str, ...]) -> list[int]:
-        return [self.nodes[n].pid for n in wanted if self.nodes[n].alive()]
+    def cpu_pids(self, wanted: tuple[str, ...]) -> dict[str, int]:
+        return {f"node {n}": self.nodes[n].pid for n in wanted if self.nodes[n].alive()}
 
     def dead(self, wanted: tuple[str, ...]) -> str | None:
         """Why the fleet is broken, if it is."""

@@ -255,7 +255,10 @@ def markdown(rows: list[Row], machine: dict[str, str], settings: dict[str, Any],
         parts = []
         for name, cell in row.cells.items():
             if cell.result and cell.broker_cpu_s is not None:
-                redis = f" (+redis {cell.redis_cpu_s:.1f})" if cell.redis_cpu_s is not None else ""
+                extra = [f"{k} {v:.1f}" for k, v in (cell.result.get("node_cpu_s") or {}).items()]
+                if cell.redis_cpu_s is not None:
+                    extra.append(f"+redis {cell.redis_cpu_s:.1f}")
+                redis = f" ({', '.join(extra)})" if extra else ""
                 parts.append(
                     f"{name} {cell.broker_cpu_s:.1f}{redis} / {cell.result.get('loadgen_cpu_s', 0):.1f} / "
                     f"{cell.softirq_cpu_s or 0:.1f} / {cell.other_cpu_s or 0:.1f}"
