@@ -287,6 +287,8 @@ class Fleet:
                 if name not in wanted:
                     node.stop()
                 elif not node.alive():
+                    if node.proc is not None:
+                        print(f"  {node.exit_reason()}; restarting", file=sys.stderr, flush=True)
                     node.start()
         except BrokerError as e:
             return str(e)
