@@ -15,13 +15,15 @@ node is alive. Every write of one event-loop turn goes to Redis as one pipeline 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError, ResponseError
 
 from .codec import decode_properties, encode_properties
 from .message import Delivery, Message
@@ -328,6 +330,20 @@ return false
 """
 
 
+SCRIPTS = {
+    "claim": CLAIM,
+    "journal": JOURNAL,
+    "park": PARK,
+    "enqueue": ENQUEUE,
+    "discard": DISCARD,
+    "route": ROUTE,
+    "pull": PULL,
+    "owner": OWNER,
+    "will": WILL,
+    "reap": REAP,
+}
+
+
 def _pairs(flat: list[bytes]) -> Iterable[tuple[bytes, bytes]]:
     it = iter(flat)
     return zip(it, it, strict=True)
@@ -349,20 +365,40 @@ class RedisStore(SessionStore):
             socket_timeout=5,
             retry_on_timeout=False,
         )
-        self._claim = self.redis.register_script(_script(CLAIM))
-        self._journal = self.redis.register_script(_script(JOURNAL))
-        self._park = self.redis.register_script(_script(PARK))
-        self._enqueue = self.redis.register_script(_script(ENQUEUE))
-        self._discard = self.redis.register_script(_script(DISCARD))
-        self._route = self.redis.register_script(_script(ROUTE))
-        self._pull = self.redis.register_script(_script(PULL))
-        self._owner = self.redis.register_script(_script(OWNER))
-        self._will = self.redis.register_script(_script(WILL))
-        self._reap = self.redis.register_script(_script(REAP))
+        self._scripts = {name: _script(body) for name, body in SCRIPTS.items()}
+        self._sha = {name: hashlib.sha1(body.encode()).hexdigest() for name, body in self._scripts.items()}
         self.round_trips = 0
 
     async def open(self) -> None:
-        await self.redis.ping()
+        await self._load_scripts()
+
+    async def _load_scripts(self) -> None:
+        """Load every script once, so pipelines carry bare EVALSHAs (no SCRIPT EXISTS round trip)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for body in self._scripts.values():
+            pipe.script_load(body)
+        await pipe.execute()
+
+    def _call(self, pipe: Pipeline, script: str, keys: list[str], args: list[Any]) -> None:
+        pipe.evalsha(self._sha[script], len(keys), *keys, *args)
+
+    async def _execute(self, build: Callable[[Pipeline], Any]) -> list[Any]:
+        """One round trip. After a Redis restart its script cache is empty: load them and run again (the
+        scripts that failed did nothing; everything else in a batch is idempotent)."""
+        for attempt in (1, 2):
+            pipe: Pipeline = self.redis.pipeline(transaction=False)
+            build(pipe)
+            replies = await pipe.execute(raise_on_error=False)
+            self.round_trips += 1
+            if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
+                log.info("Redis lost its scripts (restarted?); loading them again")
+                await self._load_scripts()
+                continue
+            for r in replies:
+                if isinstance(r, Exception) and not isinstance(r, ResponseError):
+                    raise r
+            return replies
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -379,7 +415,6 @@ class RedisStore(SessionStore):
         expiry: float = 0.0,
     ) -> Claimed:
         """Take ownership of a session for this node (epoch + 1); returns its stored state."""
-        self.round_trips += 1
         packed_will = pack_message(will) if will is not None else b""
         args = [
             self.node_id,
@@ -389,10 +424,14 @@ class RedisStore(SessionStore):
             repr(will_delay),
             repr(expiry),
         ]
-        pipe: Pipeline = self.redis.pipeline(transaction=False)
-        await self._claim(keys=keys(client_id), args=args, client=pipe)
-        pipe.sadd(node_sessions(self.node_id), client_id)  # so that, should this node die, others find it
-        res = (await pipe.execute())[0]
+
+        def build(pipe: Pipeline) -> None:
+            self._call(pipe, "claim", keys(client_id), args)
+            pipe.sadd(node_sessions(self.node_id), client_id)  # so that, should this node die, others find it
+
+        res = (await self._execute(build))[0]
+        if isinstance(res, Exception):
+            raise res
         epoch = int(res[0])
         if int(res[1]) != 2:
             discarded = [f.decode() for f in res[2]] if int(res[1]) == 1 else None
@@ -417,43 +456,44 @@ class RedisStore(SessionStore):
         return Claimed(epoch, s, None, previous)
 
     async def commit(self, ops: list[Op]) -> CommitResult:
-        result = CommitResult()
-        pipe: Pipeline = self.redis.pipeline(transaction=False)
         kinds: list[Op | None] = []  # what each pipelined command's reply belongs to, in order
-        for op in ops:
-            kinds.append(op)
-            if isinstance(op, Journal):
-                k = keys(op.client_id)
-                await self._journal(keys=[k[0], k[3], k[4]], args=self._journal_args(op), client=pipe)
-            elif isinstance(op, Enqueue):
-                d = op.delivery
-                args = [pack_delivery(d), str(d.qos), op.client_id]
-                await self._enqueue(keys=keys(op.client_id)[0:3:2], args=args, client=pipe)
-            elif isinstance(op, Save):
-                await self._park(keys=keys(op.session.client_id), args=self._park_args(op), client=pipe)
-                pipe.srem(node_sessions(self.node_id), op.session.client_id)
-                kinds.append(None)
-            elif isinstance(op, Discard):
-                args = [str(op.epoch) if op.epoch else "", self.node_id, op.client_id]
-                await self._discard(keys=keys(op.client_id), args=args, client=pipe)
-                pipe.srem(node_sessions(self.node_id), op.client_id)
-                kinds.append(None)
-            elif isinstance(op, Route):
-                packed = pack_sub(op.sub) if op.sub is not None else b""
-                args = [str(op.epoch), op.topic_filter, packed, self.node_id, op.client_id]
-                await self._route(keys=keys(op.client_id)[:2], args=args, client=pipe)
-            elif isinstance(op, Retain):
-                packed = pack_message(op.msg)
-                if op.msg.payload:
-                    pipe.hset(RETAINED, op.msg.topic, packed)
-                else:
-                    pipe.hdel(RETAINED, op.msg.topic)
-                pipe.publish(EVENTS, Z.join([b"t", self.node_id.encode(), packed]))
-                kinds.append(None)
-        if self.wait_replicas:
-            pipe.wait(self.wait_replicas, self.wait_timeout_ms)
-        replies = await pipe.execute(raise_on_error=False)
-        self.round_trips += 1
+
+        def build(pipe: Pipeline) -> None:
+            kinds.clear()
+            for op in ops:
+                kinds.append(op)
+                if isinstance(op, Journal):
+                    k = keys(op.client_id)
+                    self._call(pipe, "journal", [k[0], k[3], k[4]], self._journal_args(op))
+                elif isinstance(op, Enqueue):
+                    args = [pack_delivery(op.delivery), str(op.delivery.qos), op.client_id]
+                    self._call(pipe, "enqueue", keys(op.client_id)[0:3:2], args)
+                elif isinstance(op, Save):
+                    self._call(pipe, "park", keys(op.session.client_id), self._park_args(op))
+                    pipe.srem(node_sessions(self.node_id), op.session.client_id)
+                    kinds.append(None)
+                elif isinstance(op, Discard):
+                    args = [str(op.epoch) if op.epoch else "", self.node_id, op.client_id]
+                    self._call(pipe, "discard", keys(op.client_id), args)
+                    pipe.srem(node_sessions(self.node_id), op.client_id)
+                    kinds.append(None)
+                elif isinstance(op, Route):
+                    packed = pack_sub(op.sub) if op.sub is not None else b""
+                    args = [str(op.epoch), op.topic_filter, packed, self.node_id, op.client_id]
+                    self._call(pipe, "route", keys(op.client_id)[:2], args)
+                elif isinstance(op, Retain):
+                    packed = pack_message(op.msg)
+                    if op.msg.payload:
+                        pipe.hset(RETAINED, op.msg.topic, packed)
+                    else:
+                        pipe.hdel(RETAINED, op.msg.topic)
+                    pipe.publish(EVENTS, Z.join([b"t", self.node_id.encode(), packed]))
+                    kinds.append(None)
+            if self.wait_replicas:
+                pipe.wait(self.wait_replicas, self.wait_timeout_ms)
+
+        replies = await self._execute(build)
+        result = CommitResult()
         for op, reply in zip(kinds, replies, strict=False):
             if isinstance(reply, Exception):
                 raise reply
@@ -509,15 +549,21 @@ class RedisStore(SessionStore):
     async def set_will(self, s: Session, will: Message | None, will_delay: float) -> None:
         packed = pack_message(will) if will is not None else b""
         args = [str(s.epoch), packed, repr(will_delay), repr(s.expiry_interval)]
-        await self._will(keys=keys(s.client_id)[:1], args=args)
+        (reply,) = await self._execute(lambda pipe: self._call(pipe, "will", keys(s.client_id)[:1], args))
+        if isinstance(reply, Exception):
+            raise reply
 
     async def reap(self, dead: str, client_ids: list[str]) -> list[tuple[str, Message | None, float, float]]:
         """Let go of the sessions of a dead node: (client id, will, will delay, expiry) of each."""
-        pipe: Pipeline = self.redis.pipeline(transaction=False)
-        for cid in client_ids:
-            await self._reap(keys=keys(cid), args=[dead, self.node_id, cid], client=pipe)
+
+        def build(pipe: Pipeline) -> None:
+            for cid in client_ids:
+                self._call(pipe, "reap", keys(cid), [dead, self.node_id, cid])
+
         out = []
-        for cid, r in zip(client_ids, await pipe.execute(), strict=True):
+        for cid, r in zip(client_ids, await self._execute(build), strict=True):
+            if isinstance(r, Exception):
+                raise r
             if r:
                 will = unpack_message(r[0]) if r[0] else None
                 out.append((cid, will, float(r[1]), float(r[2])))
@@ -525,19 +571,25 @@ class RedisStore(SessionStore):
 
     async def owner(self, client_id: str) -> str | None:
         """The node the client is connected to, if any (from the session's meta)."""
-        node = await self._owner(keys=keys(client_id)[:1])
+        (node,) = await self._execute(lambda pipe: self._call(pipe, "owner", keys(client_id)[:1], []))
+        if isinstance(node, Exception):
+            raise node
         return node.decode() if node else None
 
     async def pull(self, targets: list[tuple[str, int, int]], n: int) -> list[Any]:
         """Queued deliveries of sessions connected here ((client id, epoch, first order reserved, or -1
         when not journaled) each): per session -1 where this node was fenced, else [first order, items]."""
-        pipe: Pipeline = self.redis.pipeline(transaction=False)
-        for cid, epoch, first in targets:
-            k = keys(cid)
-            args = [str(epoch), n, int(first >= 0), max(first, 0)]
-            await self._pull(keys=[k[0], k[2], k[3]], args=args, client=pipe)
-        self.round_trips += 1
-        return await pipe.execute()
+
+        def build(pipe: Pipeline) -> None:
+            for cid, epoch, first in targets:
+                k = keys(cid)
+                self._call(pipe, "pull", [k[0], k[2], k[3]], [str(epoch), n, int(first >= 0), max(first, 0)])
+
+        replies = await self._execute(build)
+        for r in replies:
+            if isinstance(r, Exception):
+                raise r
+        return replies
 
     # -- fleet-wide state loaded at start -------------------------------------------------------
     async def load_routes(self) -> list[tuple[str, str, Subscription]]:
