@@ -233,22 +233,34 @@ end
 return 1
 """
 
-# KEYS: m q. ARGV: delivery, qos, client id. Returns {dropped, zone}, or -1 (no such session), -2 (QoS0
-# not kept). A session connected somewhere is woken there by the same script: no stale owner cache.
+# KEYS: m q. ARGV: client id, then (delivery, qos) pairs: every delivery of one batch for one session.
+# Returns {dropped, zone} or -1 (no such session). QoS0 is skipped for an offline session that does not
+# keep it. A session connected somewhere is woken there by the same script: no stale owner cache.
 ENQUEUE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local meta = redis.call('HMGET', KEYS[1], 'qos0', 'maxq', 'zone', 'online', 'node')
-if ARGV[2] == '0' and meta[1] == '0' and meta[4] ~= '1' then return -2 end
-redis.call('RPUSH', KEYS[2], ARGV[1])
-if meta[4] == '1' and meta[5] then
-  redis.call('PUBLISH', 'NODE_CH' .. meta[5], 'w' .. Z .. ARGV[3])
+local online = meta[4] == '1'
+local skip_qos0 = meta[1] == '0' and not online
+local before = redis.call('LLEN', KEYS[2])
+local t = {}
+for j = 2, #ARGV, 2 do
+  if not (skip_qos0 and ARGV[j + 1] == '0') then
+    t[#t + 1] = ARGV[j]
+    if #t >= CHUNK_N then redis.call('RPUSH', KEYS[2], unpack(t)); t = {} end
+  end
+end
+if #t > 0 then redis.call('RPUSH', KEYS[2], unpack(t)) end
+local len = redis.call('LLEN', KEYS[2])
+-- The owner drains the whole queue when woken (and wakes itself after a partial pull), so only pushes
+-- into an empty queue need to wake it.
+if before == 0 and len > 0 and online and meta[5] then
+  redis.call('PUBLISH', 'NODE_CH' .. meta[5], 'w' .. Z .. ARGV[1])
 end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 local dropped = 0
 local max = tonumber(meta[2] or '0')
-if max > 0 and meta[4] ~= '1' then
-  local len = redis.call('LLEN', KEYS[2])
+if max > 0 and not online then
   if len > max then dropped = len - max; redis.call('LTRIM', KEYS[2], dropped, -1) end
 end
 return {dropped, meta[3] or 'default'}
@@ -456,18 +468,30 @@ class RedisStore(SessionStore):
         return Claimed(epoch, s, None, previous)
 
     async def commit(self, ops: list[Op]) -> CommitResult:
-        kinds: list[Op | None] = []  # what each pipelined command's reply belongs to, in order
+        # Deliveries for one session in this batch travel in one script call, at its first one's place.
+        enqueues: dict[str, list[Enqueue]] = {}
+        for op in ops:
+            if isinstance(op, Enqueue):
+                enqueues.setdefault(op.client_id, []).append(op)
+        kinds: list[Op | list[Enqueue] | None] = []  # what each pipelined command's reply belongs to
 
         def build(pipe: Pipeline) -> None:
             kinds.clear()
             for op in ops:
+                if isinstance(op, Enqueue):
+                    group = enqueues[op.client_id]
+                    if group[0] is not op:
+                        continue
+                    kinds.append(group)
+                    args: list[Any] = [op.client_id]
+                    for e in group:
+                        args += [pack_delivery(e.delivery), str(e.delivery.qos)]
+                    self._call(pipe, "enqueue", keys(op.client_id)[0:3:2], args)
+                    continue
                 kinds.append(op)
                 if isinstance(op, Journal):
                     k = keys(op.client_id)
                     self._call(pipe, "journal", [k[0], k[3], k[4]], self._journal_args(op))
-                elif isinstance(op, Enqueue):
-                    args = [pack_delivery(op.delivery), str(op.delivery.qos), op.client_id]
-                    self._call(pipe, "enqueue", keys(op.client_id)[0:3:2], args)
                 elif isinstance(op, Save):
                     self._call(pipe, "park", keys(op.session.client_id), self._park_args(op))
                     pipe.srem(node_sessions(self.node_id), op.session.client_id)
@@ -497,9 +521,9 @@ class RedisStore(SessionStore):
         for op, reply in zip(kinds, replies, strict=False):
             if isinstance(reply, Exception):
                 raise reply
-            if isinstance(op, Enqueue):
+            if isinstance(op, list):
                 if reply == -1:
-                    result.missing.append(op)
+                    result.missing.extend(op)
                 elif isinstance(reply, list) and int(reply[0]):
                     result.dropped.append((reply[1].decode(), int(reply[0])))
             elif isinstance(op, Journal | Route) and reply == -1:
