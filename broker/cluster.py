@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from redis.asyncio.client import PubSub
@@ -33,7 +34,6 @@ REAP_INTERVAL = 1.0
 NODES = f"{PREFIX}:nodes"
 HANDOVER_TIMEOUT = 3.0
 PULL_BATCH = 1000
-PULL_RETRY = 0.5
 
 
 def node_channel(node_id: str) -> str:
@@ -131,7 +131,11 @@ class Cluster:
         released = await self.store.reap(dead, cids)
         await redis.delete(node_sessions(dead))
         loop = asyncio.get_running_loop()
-        for cid, will, delay, expiry in released:
+        for cid, will, delay, expiry, kind in released:
+            if kind == 2:  # parked by the dead node with a will still waiting: due at `delay` (will_at)
+                wait = max(0.0, delay - time.time())
+                loop.call_later(wait, lambda c=cid, at=delay: self.node.spawn(self._due_will(c, at)))
+                continue
             if expiry <= 0:
                 self.node.router.remove_client(cid)
             if will is None:
@@ -142,6 +146,11 @@ class Cluster:
             else:
                 loop.call_later(delay, lambda c=cid, w=will: self.node.spawn(self._delayed_will(c, w)))
         return len(released)
+
+    async def _due_will(self, client_id: str, will_at: float) -> None:
+        will = await self.store.take_will(client_id, will_at)
+        if will is not None:
+            self.node.publish(will)
 
     async def _delayed_will(self, client_id: str, will: Message) -> None:
         """A will delay passed: publish unless the client came back meanwhile [MQTT-3.1.3-9]."""
@@ -215,11 +224,14 @@ class Cluster:
         try:
             replies = await self.store.pull(targets, PULL_BATCH)
         except Exception as e:
+            # Redis may have run the pull (moving deliveries into the journal) without us seeing the
+            # reply: those clients resume from Redis, which holds everything.
             self.node.metrics.store_errors += 1
-            log.warning("pulling queued messages failed (%s); retrying in %.1fs", e, PULL_RETRY)
-            loop = asyncio.get_running_loop()
-            for cid, _epoch, _first in targets:
-                loop.call_later(PULL_RETRY, self.wake, cid)  # their wake may not come again
+            log.warning("pulling queued messages failed (%s): %d sessions resynchronise", e, len(targets))
+            for cid, epoch, _first in targets:
+                ch = self.node.cm.channels.get(cid)
+                if ch is not None and ch.session is not None and ch.session.epoch == epoch:
+                    self.node.cm.resync(ch)
             return
         for (cid, epoch, _first), reply in zip(targets, replies, strict=True):
             ch = self.node.cm.channels.get(cid)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,7 @@ class Offline:
     expiry: asyncio.TimerHandle | None = None
     will: Message | None = None
     will_timer: asyncio.TimerHandle | None = field(default=None)
+    will_at: float = 0.0  # wall-clock time the will is due
 
 
 class _ClientLock:
@@ -112,6 +114,8 @@ class ChannelManager:
                     parked.will_timer.cancel()
                     if ch.clean_start and parked.will is not None:
                         node.publish(parked.will, parked.zone)  # the old session ends: its will goes now
+            if claimed.ended_will is not None:
+                node.publish(claimed.ended_will, ch.zone_name)
             if claimed.discarded is not None:
                 for topic_filter in claimed.discarded:
                     node.router.remove(cid, topic_filter)
@@ -154,7 +158,8 @@ class ChannelManager:
         parked.zone = ch.zone_name
         parked.filters = list(session.subscriptions)
         self.offline[cid] = parked
-        self.node.committer.add(Save(session, expiry))
+        pending_will = parked.will if parked.will_timer is not None else None
+        self.node.committer.add(Save(session, expiry, pending_will, parked.will_at))
         if expiry < NEVER_EXPIRE:
             parked.expiry = asyncio.get_running_loop().call_later(expiry, self._expire, cid)
 
@@ -181,6 +186,16 @@ class ChannelManager:
             self.node.committer.add(Discard(cid, session.epoch))
         await self.node.committer.barrier()
 
+    def resync(self, ch: Channel) -> None:
+        """This node's copy of a session may differ from the store's (a write's outcome is unknown): close
+        the connection (v5: 0x88) without storing anything; the reconnect resumes from the store."""
+        cid = ch.client_id
+        if self.channels.get(cid) is ch:
+            del self.channels[cid]
+        ch.session = None
+        ch.kick(RC.SERVER_UNAVAILABLE, "store_error")
+        log.warning("session %r is resynchronising from the store; closed its connection", cid)
+
     def fenced(self, ch: Channel) -> None:
         """This node's copy of a session is stale (another node owns it): drop it without storing."""
         cid = ch.client_id
@@ -200,6 +215,7 @@ class ChannelManager:
         if parked is None:
             parked = self.offline[cid] = Offline(zone, [])
         parked.will = will
+        parked.will_at = time.time() + delay
         parked.will_timer = asyncio.get_running_loop().call_later(delay, self._delayed_will, cid)
 
     def _delayed_will(self, cid: str) -> None:
@@ -207,7 +223,16 @@ class ChannelManager:
         if parked is None or parked.will is None:
             return
         will, parked.will, parked.will_timer = parked.will, None, None
-        self.node.publish(will, parked.zone)
+        if not self.node.store.durable:
+            self.node.publish(will, parked.zone)
+            return
+
+        async def take_and_publish(zone: str, will_at: float) -> None:
+            # the will is also in Redis (so it survives this node): exactly one node publishes it
+            if await self.node.store.take_will(cid, will_at) is not None:
+                self.node.publish(will, zone)
+
+        self.node.spawn(take_and_publish(parked.zone, parked.will_at))
 
     def _expire(self, cid: str) -> None:
         parked = self.offline.pop(cid, None)

@@ -40,7 +40,9 @@ class Node:
         self.router = Router()
         self.retained = Retained()
         self.cm = ChannelManager(self)
-        self.committer = GroupCommitter(self.store, self.metrics, self._on_commit, self._collect_journals)
+        self.committer = GroupCommitter(
+            self.store, self.metrics, self._on_commit, self._collect_journals, self._on_commit_failure
+        )
         self._journals: list[Session] = []  # sessions with changes to journal in the next batch
         self.cluster: Cluster | None = None
         if isinstance(self.store, RedisStore):
@@ -139,6 +141,15 @@ class Node:
             changes = s.take_journal()
             if changes is not None:
                 ops.append(Journal(s.client_id, s.epoch, s._next_pid, s.order, *changes))
+
+    def _on_commit_failure(self, ops: list[Op]) -> None:
+        """A journal write may be lost: those sessions resynchronise from the store (their clients
+        reconnect and resume from what it holds, which never lost anything acknowledged)."""
+        for op in ops:
+            if isinstance(op, Journal):
+                ch = self.cm.channels.get(op.client_id)
+                if ch is not None and ch.session is not None and ch.session.epoch == op.epoch:
+                    self.cm.resync(ch)
 
     def _on_commit(self, result: CommitResult) -> None:
         for zone, n in result.dropped:

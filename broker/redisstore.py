@@ -185,13 +185,18 @@ local previous = ''
 if prev[2] == '1' and prev[1] then previous = prev[1] end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 local filters = {}
+local ended_will = ''
 if existed and ARGV[2] == '1' then
   filters = redis.call('HKEYS', KEYS[2])
+  -- Clean Start ends the stored session: a will it still had waiting goes out now [MQTT-3.1.3-9]
+  if redis.call('HEXISTS', KEYS[1], 'will_at') == 1 then ended_will = redis.call('HGET', KEYS[1], 'will') end
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
   redis.call('HSET', KEYS[1], 'epoch', epoch)
   redis.call('PUBLISH', 'EVENTS_CH', 'd' .. Z .. ARGV[1] .. Z .. ARGV[3])
 end
 redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1', 'expiry', ARGV[6])
+-- the reconnect cancels a will still waiting for its delay [MQTT-3.1.3-9]; the new connection brings its own
+redis.call('HDEL', KEYS[1], 'will_at')
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'will', ARGV[4], 'will_delay', ARGV[5])
 else
@@ -199,7 +204,7 @@ else
 end
 for k = 1, 5 do redis.call('PERSIST', KEYS[k]) end
 if not existed or ARGV[2] == '1' then
-  return {epoch, existed and 1 or 0, filters, previous}
+  return {epoch, existed and 1 or 0, filters, previous, ended_will}
 end
 move_queue(KEYS[1], KEYS[3], KEYS[4], 0)
 return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
@@ -221,10 +226,11 @@ return 1
 """
 
 # KEYS: m s q i r. ARGV: epoch, ttl ms, n meta, (k, v)... The client left: the session (journaled all
-# along) waits for it until the TTL ends it.
+# along) waits for it until the TTL ends it. Meta may carry a will waiting for its delay (will, will_at).
 PARK = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
-redis.call('HDEL', KEYS[1], 'will', 'will_delay')  -- the node that saw the client go handles its will
+redis.call('HDEL', KEYS[1], 'will', 'will_delay', 'will_at')
+-- a will waiting for its delay is kept with its due time: if this node dies first, another publishes it
 hset_pairs(KEYS[1], ARGV, 4, tonumber(ARGV[3]))
 local ttl = tonumber(ARGV[2])
 for k = 1, 5 do
@@ -315,10 +321,21 @@ end
 return 1
 """
 
+# KEYS: m. ARGV: will_at. Hands a will whose delay ran out to exactly one publisher (its node's timer,
+# or the node releasing a dead node's sessions); nothing if the client came back meanwhile.
+TAKEWILL = """
+if redis.call('HGET', KEYS[1], 'will_at') ~= ARGV[1] then return false end
+local will = redis.call('HGET', KEYS[1], 'will')
+redis.call('HDEL', KEYS[1], 'will', 'will_delay', 'will_at')
+return will
+"""
+
 # KEYS: m s q i r. ARGV: dead node, node, client id. A session whose node died: it waits for its client
-# like any other (TTL = its expiry), or ends now if it had none. Returns {will, will delay, expiry, ended}.
+# like any other (TTL = its expiry), or ends now if it had none. Returns {will, will delay, expiry, kind}:
+# kind 0 = released, 1 = ended, 2 = parked earlier with a will still waiting (will delay = its will_at).
 REAP = """
-local m = redis.call('HMGET', KEYS[1], 'node', 'online', 'expiry', 'will', 'will_delay')
+local m = redis.call('HMGET', KEYS[1], 'node', 'online', 'expiry', 'will', 'will_delay', 'will_at')
+if m[2] ~= '1' and m[6] then return {m[4], m[6], m[3] or '0', 2} end
 if m[1] ~= ARGV[1] or m[2] ~= '1' then return false end
 local expiry = tonumber(m[3] or '0')
 local will = m[4] or ''
@@ -353,6 +370,7 @@ SCRIPTS = {
     "owner": OWNER,
     "will": WILL,
     "reap": REAP,
+    "takewill": TAKEWILL,
 }
 
 
@@ -447,7 +465,8 @@ class RedisStore(SessionStore):
         epoch = int(res[0])
         if int(res[1]) != 2:
             discarded = [f.decode() for f in res[2]] if int(res[1]) == 1 else None
-            return Claimed(epoch, None, discarded, res[3].decode() or None)
+            ended_will = unpack_message(res[4]) if res[4] else None
+            return Claimed(epoch, None, discarded, res[3].decode() or None, ended_will)
         previous = res[2].decode() or None
         meta = {k.decode(): v for k, v in _pairs(res[3])}
         s = Session(client_id, zone, zone_name)
@@ -494,8 +513,9 @@ class RedisStore(SessionStore):
                     self._call(pipe, "journal", [k[0], k[3], k[4]], self._journal_args(op))
                 elif isinstance(op, Save):
                     self._call(pipe, "park", keys(op.session.client_id), self._park_args(op))
-                    pipe.srem(node_sessions(self.node_id), op.session.client_id)
-                    kinds.append(None)
+                    if op.will is None:  # else this node stays responsible until the will is out
+                        pipe.srem(node_sessions(self.node_id), op.session.client_id)
+                        kinds.append(None)
                 elif isinstance(op, Discard):
                     args = [str(op.epoch) if op.epoch else "", self.node_id, op.client_id]
                     self._call(pipe, "discard", keys(op.client_id), args)
@@ -565,6 +585,9 @@ class RedisStore(SessionStore):
             "online": 0,
             "node": "",
         }
+        if op.will is not None:
+            meta["will"] = pack_message(op.will)
+            meta["will_at"] = f"{op.will_at:.3f}"
         args: list[Any] = [str(s.epoch), int(op.ttl * 1000), len(meta)]
         for k, v in meta.items():
             args += [k, v]
@@ -577,8 +600,10 @@ class RedisStore(SessionStore):
         if isinstance(reply, Exception):
             raise reply
 
-    async def reap(self, dead: str, client_ids: list[str]) -> list[tuple[str, Message | None, float, float]]:
-        """Let go of the sessions of a dead node: (client id, will, will delay, expiry) of each."""
+    async def reap(
+        self, dead: str, client_ids: list[str]
+    ) -> list[tuple[str, Message | None, float, float, int]]:
+        """Let go of the sessions of a dead node: (client id, will, will delay or will_at, expiry, kind)."""
 
         def build(pipe: Pipeline) -> None:
             for cid in client_ids:
@@ -590,8 +615,21 @@ class RedisStore(SessionStore):
                 raise r
             if r:
                 will = unpack_message(r[0]) if r[0] else None
-                out.append((cid, will, float(r[1]), float(r[2])))
+                out.append((cid, will, float(r[1]), float(r[2]), int(r[3])))
         return out
+
+    async def take_will(self, client_id: str, will_at: float) -> Message | None:
+        """The will due at `will_at`, if it is still due (exactly one caller gets it)."""
+        at = f"{will_at:.3f}"
+
+        def build(pipe: Pipeline) -> None:
+            self._call(pipe, "takewill", keys(client_id)[:1], [at])
+            pipe.srem(node_sessions(self.node_id), client_id)
+
+        (raw, _) = await self._execute(build)
+        if isinstance(raw, Exception):
+            raise raw
+        return unpack_message(raw) if raw else None
 
     async def owner(self, client_id: str) -> str | None:
         """The node the client is connected to, if any (from the session's meta)."""

@@ -31,6 +31,8 @@ class Save:
 
     session: Session
     ttl: float = 0.0
+    will: Message | None = None  # a will waiting for its delay (due at will_at, wall-clock seconds)
+    will_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -100,6 +102,7 @@ class Claimed:
     session: Session | None  # the stored session, or None if there was none (or Clean Start ended it)
     discarded: list[str] | None = None  # Clean Start ended a stored session: its subscriptions
     previous: str | None = None  # the node the client was connected to before (it is told to let go)
+    ended_will: Message | None = None  # Clean Start ended a session whose will was waiting: publish it
 
 
 class SessionStore(ABC):
@@ -126,6 +129,10 @@ class SessionStore(ABC):
         expiry: float = 0.0,
     ) -> Claimed:
         """Take a stored session over for a connecting client on this node (with its will and expiry)."""
+
+    async def take_will(self, client_id: str, will_at: float) -> Message | None:
+        """Claim a will whose delay ran out; None if another node published it or the client came back."""
+        raise NotImplementedError
 
     async def set_will(self, session: Session, will: Message | None, will_delay: float) -> None:
         """Keep a connected session's will (and expiry) where other nodes find it if this one dies."""
@@ -215,8 +222,10 @@ class GroupCommitter:
         metrics: Metrics,
         on_result: Callable[[CommitResult], None] | None = None,
         collect: Callable[[list[Op]], None] | None = None,
+        on_failure: Callable[[list[Op]], None] | None = None,
     ) -> None:
         self.store = store
+        self.on_failure = on_failure  # told which writes may not have been stored
         self.metrics = metrics
         self.on_result = on_result
         self.collect = collect  # adds the writes gathered elsewhere (session journals) to a batch
@@ -274,10 +283,12 @@ class GroupCommitter:
                 self.batches += 1
                 if self.on_result is not None:
                     self.on_result(result)
-        except Exception:  # a store failure must not kill the node: acks are simply withheld
+        except Exception as e:  # a store failure must not kill the node: acks are simply withheld
             ok = False
             self.metrics.store_errors += 1
-            log.exception("session store commit of %d writes failed", len(ops))
+            log.warning("session store commit of %d writes failed: %s", len(ops), e)
+            if self.on_failure is not None:
+                self.on_failure(ops)
         finally:
             self._inflight = None
         for cb in waiters:

@@ -98,3 +98,48 @@ def test_clean_sessions_of_a_killed_node_end(fleet, redis_server):
     got = p2.wait_for(1, timeout=5)
     assert [m.payload for m in got] == [b"for-the-absent"]
     p2.disconnect()
+
+
+def test_delayed_will_of_a_parked_session_survives_its_node(fleet, redis_server):
+    """A client drops off A with a 4 s will delay; A dies before it: another node publishes the will."""
+    a, b = fleet(2)
+    topic = uid("pw/")
+    watcher = Client(b.host, b.port, uid("watch"), version=5)
+    watcher.subscribe(topic + "/#", 1)
+    parked = Client(
+        a.host,
+        a.port,
+        uid("parked"),
+        version=5,
+        clean=False,
+        session_expiry=60,
+        will={"topic": topic + "/w", "payload": b"still-due", "qos": 1, "props": {"WillDelayInterval": 4}},
+    )
+    # a second client that comes back (on B) before its delay: its will must never appear
+    back_id = uid("back")
+    back = Client(
+        a.host,
+        a.port,
+        back_id,
+        version=5,
+        clean=False,
+        session_expiry=60,
+        will={"topic": topic + "/back", "payload": b"never", "qos": 1, "props": {"WillDelayInterval": 4}},
+    )
+    parked.stop()  # abnormal close: A parks the sessions, their wills wait for their delay
+    back.stop()
+    t_close = time.monotonic()
+    time.sleep(0.5)
+    a.kill()
+    back2 = Client(b.host, b.port, back_id, version=5, clean=False, session_expiry=60)
+    assert back2.session_present
+    got, before = watcher.wait_topic(topic + "/w", timeout=DETECT + 4)
+    waited = time.monotonic() - t_close
+    assert got.payload == b"still-due"
+    assert waited >= 3.5, f"the will went out after {waited:.1f}s, before its 4 s delay"
+    time.sleep(1.0)
+    assert not [m for m in before + watcher.drain() if m.topic == topic + "/back"], (
+        "will of a client that came back"
+    )
+    back2.disconnect()
+    watcher.disconnect()
