@@ -45,7 +45,40 @@ def _raise_nofile() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def passwd(argv: Sequence[str]) -> int:
+    """`fleetmq-broker passwd FILE USER`: add or update a user of a users file."""
+    import getpass
+
+    from .auth import UsersFileError, set_password
+
+    p = argparse.ArgumentParser(
+        prog="fleetmq-broker passwd", description="Add or update a user of a users file."
+    )
+    p.add_argument("file", help="the users file (created if missing)")
+    p.add_argument("user")
+    p.add_argument("--password", help="the password (default: asked for, or read from stdin)")
+    args = p.parse_args(argv)
+    password = args.password
+    if password is None:
+        password = (
+            getpass.getpass(f"password for {args.user}: ") if sys.stdin.isatty() else sys.stdin.readline()
+        )
+        password = password.rstrip("\n")
+    if not password:
+        print("fleetmq-broker passwd: empty password", file=sys.stderr)
+        return 2
+    try:
+        set_password(args.file, args.user, password)
+    except (UsersFileError, OSError) as e:
+        print(f"fleetmq-broker passwd: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["passwd"]:
+        return passwd(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -89,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             },
         )
     _raise_nofile()
+    from .auth import UsersFileError
     from .server import run
 
     try:
@@ -103,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         logging.getLogger("fleetmq").error("cannot start: %s", e)
         return 1
-    except NotImplementedError as e:
+    except (NotImplementedError, UsersFileError) as e:
         logging.getLogger("fleetmq").error("%s", e)
         return 2
     return 0

@@ -13,6 +13,7 @@ import os
 from collections.abc import Coroutine
 from typing import Any
 
+from .auth import Acl, Authenticator, read_users
 from .cluster import Cluster
 from .cm import ChannelManager
 from .config import BrokerConfig
@@ -50,6 +51,15 @@ class Node:
         self._client_ids = itertools.count(1)
         self._id_prefix = f"fleetmq-{self.node_id}-{os.getpid():x}-"
         self._tasks: set[asyncio.Task[Any]] = set()
+        # per zone: who may connect and what they may do (None = no checks configured)
+        self.auth: dict[str, Authenticator | None] = {
+            name: Authenticator(read_users(z.users_file)) if z.users_file else None
+            for name, z in self.zones.items()
+        }
+        self.acl: dict[str, Acl | None] = {
+            name: Acl(z.acl, z.acl_default) if z.acl or z.acl_default == "deny" else None
+            for name, z in self.zones.items()
+        }
         self.metrics.gauges = self.gauges
         self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", 0)
         self.metrics.config_info = {name: config.config_hash() for name in self.zones}

@@ -7,7 +7,7 @@ with them and the operator generates the CRD schemas from them. Names and defaul
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
 
@@ -41,6 +41,16 @@ Duration = Annotated[
     BeforeValidator(parse_duration),
     PlainSerializer(format_duration, return_type=str, when_used="json"),
 ]
+
+
+class AclRule(BaseModel):
+    """One access rule; %u and %c in the filter stand for the username and the client id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    permission: Literal["allow", "deny"]
+    action: Literal["publish", "subscribe", "all"] = "all"
+    filter: str = Field(min_length=1, description="Topic filter the rule applies to (%u, %c substituted)")
 
 
 class ZoneSettings(BaseModel):
@@ -111,6 +121,14 @@ class ZoneSettings(BaseModel):
         15.0, gt=0, description="Close a connection that sends no CONNECT this long."
     )
     allow_anonymous: bool = Field(True, description="Accept connections without a username.")
+    users_file: str | None = Field(
+        None,
+        description="File of users and salted password hashes (fleetmq-broker passwd); a mounted Secret.",
+    )
+    acl: list[AclRule] = Field(
+        default_factory=list, description="Ordered access rules; the first match wins."
+    )
+    acl_default: Literal["allow", "deny"] = Field("allow", description="Permission when no ACL rule matches.")
 
     def keepalive_timeout(self, keepalive: int) -> float:
         """Seconds of silence after which a connection with this Keep Alive is closed (0 = never)."""

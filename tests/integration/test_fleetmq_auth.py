@@ -1,0 +1,109 @@
+"""Authentication from a users file made by `fleetmq-broker passwd`, and per-zone ACL rules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from .harness import MOSQUITTO, uid
+from .mqttraw import CONNACK, PUBACK, PUBLISH, SUBACK
+
+pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")
+
+V311, V5 = 4, 5
+
+
+def passwd(path, user: str, password: str) -> None:
+    cmd = [sys.executable, "-m", "fleetmq.broker", "passwd", str(path), user, "--password", password]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def users(tmp_path):
+    path = tmp_path / "users"
+    passwd(path, "alice", "wonderland")
+    passwd(path, "bob", "builder")
+    passwd(path, "alice", "looking-glass")  # updates alice, keeps bob
+    return path
+
+
+def connack(bp, raw_clients, version: int, **kw):
+    c = raw_clients(bp, version)
+    return c, c.connect(uid("auth"), check=False, **kw)
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_users_file_and_anonymous_off(start_broker, raw_clients, users, version):
+    bp = start_broker(zone_overrides={"users_file": str(users), "allow_anonymous": False})
+    # v3 return codes: 5 not authorized, 4 bad user name or password; v5: 0x87, 0x86
+    _, ack = connack(bp, raw_clients, version)
+    assert ack.type == CONNACK and ack.reason == (0x87 if version == V5 else 5)
+    for user, password in (("alice", b"wonderland"), ("nobody", b"x"), ("alice", None)):
+        _, ack = connack(bp, raw_clients, version, username=user, password=password)
+        assert ack.reason == (0x86 if version == V5 else 4), (user, password, ack)
+    for user, password in (("alice", b"looking-glass"), ("bob", b"builder")):
+        c, ack = connack(bp, raw_clients, version, username=user, password=password)
+        assert ack.reason == 0, (user, ack)
+        c.close()
+    assert bp.metric("fleetmq_disconnects_total", reason="bad_username_or_password") >= 3
+
+
+ACL = [
+    {"permission": "deny", "action": "subscribe", "filter": "test/nosubscribe"},
+    {"permission": "allow", "action": "publish", "filter": "users/%u/#"},
+    {"permission": "allow", "action": "publish", "filter": "clients/%c"},
+    {"permission": "deny", "action": "publish", "filter": "users/#"},
+    {"permission": "deny", "action": "publish", "filter": "clients/#"},
+    {"permission": "allow", "action": "all", "filter": "#"},
+]
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_acl_rules(start_broker, raw_clients, users, version):
+    bp = start_broker(zone_overrides={"users_file": str(users), "acl": ACL})
+    sub = raw_clients(bp, version)
+    sub.connect(uid("watch"), username="bob", password=b"builder")
+    ack = sub.subscribe([("test/nosubscribe", 1), ("users/#", 1), ("clients/#", 1)])
+    assert ack.type == SUBACK
+    assert ack.codes == [0x87 if version == V5 else 0x80, 1, 1]
+    cid = uid("alice")
+    alice = raw_clients(bp, version)
+    alice.connect(cid, username="alice", password=b"looking-glass")
+    for topic in ("users/alice/x", "users/bob/x", f"clients/{cid}", "clients/someone-else"):
+        alice.publish(topic, topic.encode(), qos=1)
+    acks = alice.recv_n(4, timeout=5, ptype=PUBACK)
+    if version == V5:  # a refused PUBLISH is acknowledged with Not authorized
+        assert [a.reason for a in acks] == [0, 0x87, 0, 0x87]
+    got = [p.payload for p in sub.recv_all(1.0) if p.type == PUBLISH]
+    assert got == [b"users/alice/x", f"clients/{cid}".encode()]
+    assert bp.metric("fleetmq_messages_dropped_total", reason="not_authorized") == 2
+
+
+def test_acl_default_deny(start_broker, raw_clients):
+    bp = start_broker(
+        zone_overrides={
+            "acl_default": "deny",
+            "acl": [{"permission": "allow", "action": "all", "filter": "open/#"}],
+        }
+    )
+    c = raw_clients(bp, V5)
+    c.connect(uid("d"))
+    ack = c.subscribe([("open/a", 0), ("closed/a", 0), ("#", 0)])
+    assert ack.codes == [0, 0x87, 0x87]
+
+
+def test_bad_users_file_is_refused_at_start(tmp_path):
+    bad = tmp_path / "users"
+    bad.write_text("alice:plaintext\n")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"zones:\n  default: {{users_file: {bad}}}\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetmq.broker", "--config", str(cfg), "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert f"{bad}:1" in r.stderr
