@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import resource
+import ssl
 import sys
 from collections.abc import Sequence
 
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         logging.getLogger("fleetmq").error("cannot start: %s", e)
         return 1
-    except (NotImplementedError, UsersFileError) as e:
+    except (NotImplementedError, UsersFileError, ssl.SSLError) as e:
         logging.getLogger("fleetmq").error("%s", e)
         return 2
     return 0

@@ -49,8 +49,10 @@ class ListenerConfig(_Model):
     bind: str = Field(description="HOST:PORT to listen on")
     protocol: Literal["tcp", "ws", "tls", "wss"] = "tcp"
     path: str = "/mqtt"
-    certfile: str | None = None
-    keyfile: str | None = None
+    certfile: str | None = Field(None, description="PEM certificate (chain) of a tls/wss listener")
+    keyfile: str | None = Field(None, description="PEM private key of a tls/wss listener")
+    cafile: str | None = Field(None, description="PEM CA bundle to verify client certificates against")
+    verify_peer: bool = Field(False, description="Require a client certificate signed by cafile")
 
     @field_validator("bind")
     @classmethod
@@ -121,6 +123,10 @@ class BrokerConfig(_Model):
                 raise ValueError(f"listeners.{i}.bind: {listener.bind} is already used by another listener")
             if listener.protocol in ("tls", "wss") and not (listener.certfile and listener.keyfile):
                 raise ValueError(f"listeners.{i}: protocol {listener.protocol} needs certfile and keyfile")
+            if listener.verify_peer and not listener.cafile:
+                raise ValueError(
+                    f"listeners.{i}.verify_peer: needs cafile to verify client certificates against"
+                )
             names.add(listener.name)
             binds.add(listener.address)
         return self

@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import socket
+import ssl
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -22,6 +23,18 @@ from .store import MemoryStore, SessionStore
 log = logging.getLogger("fleetmq.server")
 
 BACKLOG = 4096
+
+
+def tls_context(listener: ListenerConfig) -> ssl.SSLContext:
+    """TLS 1.2+ with the listener's certificate; client certificates verified against cafile if asked."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    assert listener.certfile and listener.keyfile
+    ctx.load_cert_chain(listener.certfile, listener.keyfile)
+    if listener.cafile:
+        ctx.load_verify_locations(listener.cafile)
+        ctx.verify_mode = ssl.CERT_REQUIRED if listener.verify_peer else ssl.CERT_OPTIONAL
+    return ctx
 
 
 def make_store(config: BrokerConfig) -> SessionStore:
@@ -55,10 +68,10 @@ class Server:
         self.ready = True
 
     async def _open_listener(self, listener: ListenerConfig) -> None:
-        if listener.protocol != "tcp":
+        if listener.protocol not in ("tcp", "tls"):
             raise NotImplementedError(
                 f"listener {listener.name!r}: protocol {listener.protocol} is not available "
-                "yet in this build (tcp only)"
+                "yet in this build (tcp and tls)"
             )
         host, port = listener.address
         loop = asyncio.get_running_loop()
@@ -68,6 +81,7 @@ class Server:
             port,
             reuse_address=True,
             backlog=BACKLOG,
+            ssl=tls_context(listener) if listener.protocol == "tls" else None,
         )
         for sock in server.sockets:
             if sock.family in (socket.AF_INET, socket.AF_INET6):

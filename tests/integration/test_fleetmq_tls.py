@@ -1,0 +1,135 @@
+"""TLS listeners: certificates the test makes, real paho clients over TLS, client-certificate checks."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import queue
+import socket
+import ssl
+import time
+
+import paho.mqtt.client as mqtt
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from paho.mqtt.enums import CallbackAPIVersion
+
+from .harness import HOST, MOSQUITTO, free_port, uid
+
+pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")
+
+
+def _cert(subject: str, issuer_key, issuer_name, key, *, ca: bool = False, server: bool = False):
+    now = datetime.datetime.now(datetime.UTC)
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if server:
+        b = b.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(HOST))]), False)
+    return b.sign(issuer_key, hashes.SHA256())
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fleetmq test CA")])
+    ca = _cert("fleetmq test CA", ca_key, ca_name, ca_key, ca=True)
+    files = {}
+    for name, server in (("server", True), ("client", False)):
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _cert(name, ca_key, ca_name, key, server=server)
+        (d / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        (d / f"{name}.key").write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        files[name] = (str(d / f"{name}.crt"), str(d / f"{name}.key"))
+    (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files["ca"] = str(d / "ca.crt")
+    return files
+
+
+def tls_broker(start_broker, pki, **listener):
+    port = free_port()
+    cert, key = pki["server"]
+    return start_broker(
+        {
+            "listeners": [
+                {"name": "mqtt", "zone": "default", "bind": f"{HOST}:0", "protocol": "tcp"},
+                {"name": "mqtts", "zone": "default", "bind": f"{HOST}:{port}", "protocol": "tls",
+                 "certfile": cert, "keyfile": key, **listener},
+            ]
+        }
+    ), port  # fmt: skip
+
+
+def tls_client(port: int, ca: str, cert: tuple[str, str] | None = None, version=mqtt.MQTTv5):
+    got: queue.Queue[bytes] = queue.Queue()
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=uid("tls"), protocol=version)
+    c.tls_set(ca_certs=ca, certfile=cert[0] if cert else None, keyfile=cert[1] if cert else None,
+              tls_version=ssl.PROTOCOL_TLS_CLIENT)  # fmt: skip
+    c.on_message = lambda _c, _u, m: got.put(m.payload)
+    c.connect(HOST, port)
+    c.loop_start()
+    return c, got
+
+
+@pytest.mark.parametrize("version", [mqtt.MQTTv311, mqtt.MQTTv5])
+def test_tls_round_trip(start_broker, pki, version):
+    _bp, port = tls_broker(start_broker, pki)
+    c, got = tls_client(port, pki["ca"], version=version)
+    try:
+        topic = uid("tls/")
+        c.subscribe(topic, 1)
+        time.sleep(0.3)
+        c.publish(topic, b"over tls", qos=1).wait_for_publish(5)
+        assert got.get(timeout=5) == b"over tls"
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
+def test_tls_requires_client_certificate(start_broker, pki):
+    _bp, port = tls_broker(start_broker, pki, cafile=pki["ca"], verify_peer=True)
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=uid("nocert"), protocol=mqtt.MQTTv5)
+        c.tls_set(ca_certs=pki["ca"], tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        c.connect(HOST, port)
+        # TLS 1.3 reports a missing client certificate only at the first read
+        for _ in range(20):
+            rc = c.loop(timeout=0.1)
+            if rc != mqtt.MQTT_ERR_SUCCESS:
+                raise ConnectionError(f"closed: {rc}")
+        raise AssertionError("a client without a certificate stayed connected")
+    c, got = tls_client(port, pki["ca"], cert=pki["client"])
+    try:
+        topic = uid("mtls/")
+        c.subscribe(topic, 0)
+        time.sleep(0.3)
+        c.publish(topic, b"mutual", qos=0)
+        assert got.get(timeout=5) == b"mutual"
+    finally:
+        c.disconnect()
+        c.loop_stop()
+
+
+@pytest.mark.filterwarnings("ignore:ssl.TLSVersion.TLSv1_1 is deprecated:DeprecationWarning")
+def test_tls_1_1_refused(start_broker, pki):
+    _bp, port = tls_broker(start_broker, pki)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(pki["ca"])
+    ctx.minimum_version = ctx.maximum_version = ssl.TLSVersion.TLSv1_1
+    with socket.create_connection((HOST, port), timeout=5) as raw, pytest.raises(ssl.SSLError):
+        ctx.wrap_socket(raw, server_hostname=HOST)
