@@ -41,6 +41,7 @@ from .codec import (
     encode_ack,
 )
 from .keepalive import KeepAlive, effective_keepalive
+from .limiter import TokenBucket
 from .message import Delivery, Message
 from .router import Subscription, parse_share, valid_filter, valid_topic
 from .session import AwaitingRelFull, Session
@@ -84,6 +85,10 @@ class ChannelIO(Protocol):
 
     def time(self) -> float: ...
 
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
 
 class State:
     NEW, CONNECTING, CONNECTED, CLOSED = range(4)
@@ -94,6 +99,7 @@ class Channel:
         "_acks_pending",
         "_aliases_in",
         "_aliases_out",
+        "_backlog",
         "_ka_timer",
         "_rel_timer",
         "_retry_timer",
@@ -106,6 +112,7 @@ class Channel:
         "close_reason",
         "congested",
         "connected_at",
+        "counted",
         "io",
         "keepalive",
         "last_recv",
@@ -113,6 +120,7 @@ class Channel:
         "node",
         "parser",
         "peer",
+        "publish_rate",
         "retry",
         "session",
         "state",
@@ -131,6 +139,9 @@ class Channel:
         self.zone = node.zones[zone_name]
         self.zm = node.metrics.zone(zone_name)
         self.acl = node.acl.get(zone_name)
+        self.counted = False  # in its zone's connection count
+        self._backlog: list[Any] | None = None  # packets held back by the publish rate
+        self.publish_rate: TokenBucket | None = None
         self.io = io
         self.peer = peer
         self.listener = listener
@@ -173,9 +184,24 @@ class Channel:
             packets = self.parser.feed(data)
         except ProtocolError as e:
             error, packets = e, e.packets  # packets before the bad one still count
-        for packet in packets:
+        if self._backlog is not None:  # throttled: these wait behind the ones already held back
+            self._backlog.extend(packets)
+            if error is not None:
+                self.protocol_error(error.reason, error.message)
+            return
+        self._dispatch(packets)
+        if error is not None:
+            self.protocol_error(error.reason, error.message)
+
+    def _dispatch(self, packets: list[Any]) -> None:
+        for i, packet in enumerate(packets):
             state = self.state
             if state == State.CONNECTED:
+                if self.publish_rate is not None and type(packet) is Publish and self.version < MQTT5:
+                    wait = self.publish_rate.take(self.io.time())
+                    if wait:  # over the zone's publish rate: v3 cannot be told, so it is slowed down
+                        self._hold_back(packets[i:], wait)
+                        return
                 handler = _HANDLERS.get(type(packet))
                 if handler is None:
                     self.protocol_error(
@@ -193,8 +219,20 @@ class Channel:
                 self._on_connect(packet)
             else:
                 return
-        if error is not None:
-            self.protocol_error(error.reason, error.message)
+
+    def _hold_back(self, packets: list[Any], wait: float) -> None:
+        """Read nothing more and handle `packets` once the publish rate allows (TCP backpressure then
+        slows the client down; nothing is dropped)."""
+        self._backlog = packets
+        self.io.pause_reading()
+        self.io.call_later(wait, self._release_backlog)
+
+    def _release_backlog(self) -> None:
+        packets, self._backlog = self._backlog or [], None
+        if self.state == State.CLOSED:
+            return
+        self.io.resume_reading()
+        self._dispatch(packets)
 
     def protocol_error(self, reason: int, message: str) -> None:
         """Malformed input or a protocol violation: tell a v5 client why, count it, close."""
@@ -236,6 +274,9 @@ class Channel:
         prior = self.state
         self.state = State.CLOSED
         self._cancel_timers()
+        if self.counted:
+            self.counted = False
+            self.node.limits(self.zone_name).connections -= 1
         if prior in (State.CONNECTED, State.CLOSED) and self.session is not None:
             self.node.cm.channel_closed(self)
 
@@ -277,6 +318,15 @@ class Channel:
             return self._refuse(RC.BAD_AUTHENTICATION_METHOD, "bad_authentication_method")
         if p.username is None and not zone.allow_anonymous:
             return self._refuse(RC.NOT_AUTHORIZED, "not_authorized")
+        limits = self.node.limits(self.zone_name)
+        if zone.max_connections and limits.connections >= zone.max_connections:
+            return self._refuse(RC.QUOTA_EXCEEDED, "max_connections")
+        if not limits.connect_allowed(self.io.time()):
+            return self._refuse(RC.CONNECTION_RATE_EXCEEDED, "connection_rate_exceeded")
+        limits.connections += 1
+        self.counted = True
+        if zone.max_publish_rate:
+            self.publish_rate = TokenBucket(zone.max_publish_rate, self.io.time())
         password = p.password
         will = p.will
         if will is not None:
@@ -458,6 +508,11 @@ class Channel:
                     return self._publish_refused(p, RC.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
         qos = p.qos
         self.zm.received[qos] += 1
+        bucket = self.publish_rate
+        # over the zone's publish rate: v5 is refused and told so (v3 is throttled in _dispatch instead)
+        if bucket is not None and self.version >= MQTT5 and bucket.take(self.io.time()):
+            self.zm.dropped["rate_limited"] += 1
+            return self._publish_refused(p, RC.QUOTA_EXCEEDED, "publish rate exceeded")
         acl = self.acl
         if acl is not None and not acl.allowed("publish", topic, self.username, self.client_id):
             self.zm.dropped["not_authorized"] += 1

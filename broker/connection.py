@@ -120,3 +120,13 @@ class Connection(asyncio.Protocol):
 
     def time(self) -> float:
         return self._loop.time()
+
+    def pause_reading(self) -> None:
+        t = self.transport
+        if t is not None and not self._closing and t.is_reading():
+            t.pause_reading()
+
+    def resume_reading(self) -> None:
+        t = self.transport
+        if t is not None and not self._closing and not t.is_closing() and not t.is_reading():
+            t.resume_reading()

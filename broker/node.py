@@ -17,6 +17,7 @@ from .auth import Acl, Authenticator, read_users
 from .cluster import Cluster
 from .cm import ChannelManager
 from .config import BrokerConfig
+from .limiter import TokenBucket
 from .message import Delivery, Message
 from .metrics import Metrics
 from .redisstore import RedisStore
@@ -27,6 +28,24 @@ from .store import CommitResult, Enqueue, GroupCommitter, Journal, MemoryStore, 
 from .zones import ZoneSettings
 
 log = logging.getLogger("fleetmq.node")
+
+
+class ZoneLimits:
+    """One zone's connections on this node and its connect-rate bucket."""
+
+    __slots__ = ("_bucket", "connections", "rate")
+
+    def __init__(self, rate: float) -> None:
+        self.connections = 0
+        self.rate = rate
+        self._bucket: TokenBucket | None = None
+
+    def connect_allowed(self, now: float) -> bool:
+        if not self.rate:
+            return True
+        if self._bucket is None:
+            self._bucket = TokenBucket(self.rate, now)  # on the channels' clock
+        return not self._bucket.take(now)
 
 
 class Node:
@@ -60,9 +79,17 @@ class Node:
             name: Acl(z.acl, z.acl_default) if z.acl or z.acl_default == "deny" else None
             for name, z in self.zones.items()
         }
+        self._limits: dict[str, ZoneLimits] = {}
         self.metrics.gauges = self.gauges
         self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", 0)
         self.metrics.config_info = {name: config.config_hash() for name in self.zones}
+
+    def limits(self, zone: str) -> ZoneLimits:
+        """This node's connection count and connect-rate bucket of a zone."""
+        lim = self._limits.get(zone)
+        if lim is None:
+            lim = self._limits[zone] = ZoneLimits(self.zones[zone].max_conn_rate)
+        return lim
 
     def assign_client_id(self) -> str:
         return f"{self._id_prefix}{next(self._client_ids)}"

@@ -121,6 +121,13 @@ class ZoneSettings(BaseModel):
         15.0, gt=0, description="Close a connection that sends no CONNECT this long."
     )
     allow_anonymous: bool = Field(True, description="Accept connections without a username.")
+    max_connections: int = Field(0, ge=0, description="Connections per node in this zone; 0 = no limit.")
+    max_conn_rate: float = Field(
+        0.0, ge=0, description="CONNECTs per second per node in this zone; 0 = no limit."
+    )
+    max_publish_rate: float = Field(
+        0.0, ge=0, description="PUBLISH packets per second per connection; 0 = no limit."
+    )
     users_file: str | None = Field(
         None,
         description="File of users and salted password hashes (fleetmq-broker passwd); a mounted Secret.",
