@@ -872,8 +872,16 @@ class Channel:
 
     def apply_zone(self) -> None:
         """Pick up changed zone settings (window, queue limit, retry) at the next delivery."""
-        self.zone = self.node.zones[self.zone_name]
-        self.parser.max_packet_size = self.zone.max_packet_size
+        zone = self.node.zones.get(self.zone_name)
+        if zone is None:
+            return  # its zone left the config (with its listener, which closes this connection)
+        self.zone = zone
+        self.acl = self.node.acl.get(self.zone_name)
+        self.parser.max_packet_size = zone.max_packet_size
+        if not zone.max_publish_rate:
+            self.publish_rate = None
+        elif self.publish_rate is None or self.publish_rate.rate != zone.max_publish_rate:
+            self.publish_rate = TokenBucket(zone.max_publish_rate, self.io.time())
         if self.session is not None:
             dropped = self.session.apply_zone(self.zone)
             if dropped:

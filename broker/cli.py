@@ -10,7 +10,7 @@ import ssl
 import sys
 from collections.abc import Sequence
 
-from .config import ConfigError, load_config, parse_bind
+from .config import BrokerConfig, ConfigError, load_config, parse_bind
 
 DEFAULT_LISTEN = "127.0.0.1:1883"
 
@@ -107,21 +107,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             {"name": f"tcp-{i}" if i else "tcp", "zone": "default", "bind": bind, "protocol": "tcp"}
             for i, bind in enumerate(args.listen)
         ]
-    try:
+
+    def load() -> BrokerConfig:
         config = load_config(args.config, overrides=overrides)
+        if not config.listeners:
+            listener = {"name": "tcp", "zone": "default", "bind": DEFAULT_LISTEN}
+            config = load_config(args.config, overrides={**overrides, "listeners": [listener]})
+        return config
+
+    try:
+        config = load()
     except ConfigError as e:
         print(
             f"fleetmq-broker: invalid config{' ' + args.config if args.config else ''}:\n{e}", file=sys.stderr
         )
         return 2
-    if not config.listeners:
-        config = load_config(
-            args.config,
-            overrides={
-                **overrides,
-                "listeners": [{"name": "tcp", "zone": "default", "bind": DEFAULT_LISTEN}],
-            },
-        )
     _raise_nofile()
     from .auth import UsersFileError
     from .server import run
@@ -132,9 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         uvloop = None
     try:
         if uvloop is not None:
-            uvloop.run(run(config))
+            uvloop.run(run(config, load, args.config))
         else:
-            asyncio.run(run(config))
+            asyncio.run(run(config, load, args.config))
     except OSError as e:
         logging.getLogger("fleetmq").error("cannot start: %s", e)
         return 1

@@ -113,6 +113,7 @@ class Metrics:
         self.zones: dict[str, ZoneMetrics] = defaultdict(ZoneMetrics)
         self.store_errors = 0
         self.store_reconnects = 0
+        self.config_reload_errors = 0
         self.store_round_trips: Callable[[], int] = lambda: 0
         self.store_ops: dict[str, Histogram] = defaultdict(lambda: Histogram(STORE_BUCKETS))
         self.takeover = Histogram(LATENCY_BUCKETS)
@@ -196,6 +197,9 @@ class _Collector(Collector):
         err = counter("store_errors", "Failed session-store operations.", [])
         err.add_metric([], m.store_errors)
         yield err
+        cre = counter("config_reload_errors", "Config files (or listeners) refused at a live reload.", [])
+        cre.add_metric([], m.config_reload_errors)
+        yield cre
         rt = counter("store_round_trips", "Round trips to the session store (a group commit is one).", [])
         rt.add_metric([], m.store_round_trips())
         yield rt

@@ -70,19 +70,40 @@ class Node:
         self._client_ids = itertools.count(1)
         self._id_prefix = f"fleetmq-{self.node_id}-{os.getpid():x}-"
         self._tasks: set[asyncio.Task[Any]] = set()
-        # per zone: who may connect and what they may do (None = no checks configured)
-        self.auth: dict[str, Authenticator | None] = {
-            name: Authenticator(read_users(z.users_file)) if z.users_file else None
-            for name, z in self.zones.items()
-        }
-        self.acl: dict[str, Acl | None] = {
-            name: Acl(z.acl, z.acl_default) if z.acl or z.acl_default == "deny" else None
-            for name, z in self.zones.items()
-        }
         self._limits: dict[str, ZoneLimits] = {}
+        self.auth, self.acl = self._access(self.zones)
         self.metrics.gauges = self.gauges
         self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", 0)
         self.metrics.config_info = {name: config.config_hash() for name in self.zones}
+
+    @staticmethod
+    def _access(
+        zones: dict[str, ZoneSettings],
+    ) -> tuple[dict[str, Authenticator | None], dict[str, Acl | None]]:
+        """Per zone: who may connect and what they may do (None = no checks configured)."""
+        auth = {
+            name: Authenticator(read_users(z.users_file)) if z.users_file else None
+            for name, z in zones.items()
+        }
+        acl = {
+            name: Acl(z.acl, z.acl_default) if z.acl or z.acl_default == "deny" else None
+            for name, z in zones.items()
+        }
+        return auth, acl
+
+    def apply_config(self, config: BrokerConfig) -> None:
+        """Adopt a changed config's zones: new sessions get them at once, live ones at their next
+        delivery (Channel.apply_zone). Raises (changing nothing) if a users file cannot be read."""
+        zones = dict(config.zones)
+        auth, acl = self._access(zones)
+        self.config = config
+        self.zones, self.auth, self.acl = zones, auth, acl
+        for name, lim in self._limits.items():
+            z = zones.get(name)
+            lim.rate = z.max_conn_rate if z is not None else 0.0
+            lim._bucket = None
+        digest = config.config_hash()
+        self.metrics.config_info = {name: digest for name in zones}
 
     def limits(self, zone: str) -> ZoneLimits:
         """This node's connection count and connect-rate bucket of a zone."""

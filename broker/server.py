@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import socket
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from .auth import UsersFileError
 from .codec import RC
-from .config import BrokerConfig, ListenerConfig, parse_bind
+from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
 from .connection import Connection
 from .metrics import Metrics
 from .node import Node
@@ -45,9 +48,19 @@ def make_store(config: BrokerConfig) -> SessionStore:
     return RedisStore(config.store.url, config.node_id, config.store.wait_replicas)
 
 
+WATCH_INTERVAL = 1.0
+
+
 class Server:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        reload: Callable[[], BrokerConfig] | None = None,
+        watch: str | None = None,
+    ) -> None:
         self.config = config
+        self._reload = reload  # reads and validates the config file again
+        self._watch = watch  # the file whose changes trigger a reload
         self.metrics = Metrics()
         self.node = Node(config, make_store(config), self.metrics)
         self.connections: set[Connection] = set()
@@ -96,8 +109,76 @@ class Server:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
+        watcher = None
+        if self._reload is not None:
+            loop.add_signal_handler(signal.SIGHUP, lambda: self.node.spawn(self.reload()))
+            if self._watch:
+                watcher = loop.create_task(self._watch_file(self._watch))
         await self._stopping.wait()
+        if watcher is not None:
+            watcher.cancel()
         await self.drain()
+
+    async def _watch_file(self, path: str) -> None:
+        def stamp() -> tuple[float, int] | None:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            return st.st_mtime, st.st_size
+
+        last = stamp()
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL)
+            now = stamp()
+            if now is not None and now != last:
+                last = now
+                await self.reload()
+
+    async def reload(self) -> bool:
+        """Apply a changed config file live; an invalid one is refused whole (the last good one stays)."""
+        assert self._reload is not None
+        try:
+            new = self._reload()
+            if new.store != self.config.store:
+                log.warning("store settings changed in the config file: they apply at the next restart")
+                new = new.model_copy(update={"store": self.config.store})
+            if new.config_hash() == self.config.config_hash():
+                return True
+            self.node.apply_config(new)
+        except (ConfigError, UsersFileError) as e:
+            self.metrics.config_reload_errors += 1
+            log.error("config reload refused, keeping the last good config:\n%s", e)
+            return False
+        for conn in list(self.connections):
+            if conn.channel is not None:
+                conn.channel.apply_zone()
+        await self._apply_listeners(new)
+        self.config = new
+        log.info("config %s applied", new.config_hash())
+        return True
+
+    async def _apply_listeners(self, new: BrokerConfig) -> None:
+        """Open added listeners; close removed or changed ones (their clients get 0x8B and reconnect)."""
+        old = {lst.name: lst for lst in self.config.listeners}
+        wanted = {lst.name: lst for lst in new.listeners}
+        for name, lst in old.items():
+            if wanted.get(name) == lst:
+                continue
+            server = self.listeners.pop(name, None)
+            if server is not None:
+                server.close()
+            for conn in list(self.connections):
+                if conn.listener == name and conn.channel is not None:
+                    conn.channel.kick(RC.SERVER_SHUTTING_DOWN, "listener_removed")
+            log.info("listener %s closed", name)
+        for name, lst in wanted.items():
+            if old.get(name) != lst:
+                try:
+                    await self._open_listener(lst)
+                except (OSError, NotImplementedError) as e:
+                    self.metrics.config_reload_errors += 1
+                    log.error("cannot open listener %s: %s", name, e)
 
     def stop(self) -> None:
         if self._stopping is not None:
@@ -173,7 +254,9 @@ class Server:
         return "404 Not Found", "text/plain", b"not found\n"
 
 
-async def run(config: BrokerConfig) -> None:
-    server = Server(config)
+async def run(
+    config: BrokerConfig, reload: Callable[[], BrokerConfig] | None = None, watch: str | None = None
+) -> None:
+    server = Server(config, reload, watch)
     await server.start()
     await server.serve_forever()
