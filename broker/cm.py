@@ -188,22 +188,21 @@ class ChannelManager:
 
     def resync(self, ch: Channel) -> None:
         """This node's copy of a session may differ from the store's (a write's outcome is unknown): close
-        the connection (v5: 0x88) without storing anything; the reconnect resumes from the store."""
-        cid = ch.client_id
-        if self.channels.get(cid) is ch:
-            del self.channels[cid]
-        ch.session = None
-        ch.kick(RC.SERVER_UNAVAILABLE, "store_error")
-        log.warning("session %r is resynchronising from the store; closed its connection", cid)
+        the connection (v5: 0x88); the reconnect resumes from the store."""
+        self._let_go(ch, RC.SERVER_UNAVAILABLE, "store_error")
+        log.warning("session %r is resynchronising from the store; closed its connection", ch.client_id)
 
     def fenced(self, ch: Channel) -> None:
-        """This node's copy of a session is stale (another node owns it): drop it without storing."""
-        cid = ch.client_id
-        if self.channels.get(cid) is ch:
-            del self.channels[cid]
+        """This node's copy of a session is stale (another node owns it): close the connection (0x8E)."""
+        self._let_go(ch, RC.SESSION_TAKEN_OVER, "takenover")
+        log.info("session %r is owned by another node now; closed the connection here", ch.client_id)
+
+    def _let_go(self, ch: Channel, reason: int, why: str) -> None:
+        """Drop this node's copy of a session without storing anything, and close its connection."""
+        if self.channels.get(ch.client_id) is ch:
+            del self.channels[ch.client_id]
         ch.session = None
-        ch.kick(RC.SESSION_TAKEN_OVER, "takenover")
-        log.info("session %r is owned by another node now; closed the connection here", cid)
+        ch.kick(reason, why)
 
     def _will(self, cid: str, will: Message, delay: float, expiry: float, zone: str) -> None:
         """Publish a will now, or after its delay unless the session ends first (then at its end)."""
