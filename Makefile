@@ -13,9 +13,9 @@ $(BIN)/python:
 
 venv: $(BIN)/python
 
-# Python packages the tests need, plus the project in editable mode.
+# Python packages the tests need (the pipeline's Spark tests too), plus the project in editable mode.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,pipeline]'
 	touch $@
 
 deps: $(VENV)/.installed
