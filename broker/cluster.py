@@ -44,6 +44,11 @@ def alive_key(node_id: str) -> str:
     return f"{PREFIX}:alive:{node_id}"
 
 
+def nodeinfo_key(node_id: str) -> str:
+    """What a node reports to the operator: applied config hash, connections, sessions."""
+    return f"{PREFIX}:nodeinfo:{node_id}"
+
+
 class Cluster:
     def __init__(self, node: Node, store: RedisStore) -> None:
         self.node = node
@@ -79,7 +84,7 @@ class Cluster:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         with contextlib.suppress(Exception):
-            await self.store.redis.delete(alive_key(self.node_id))
+            await self.store.redis.delete(alive_key(self.node_id), nodeinfo_key(self.node_id))
             await self.store.redis.srem(NODES, self.node_id)
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
@@ -87,7 +92,20 @@ class Cluster:
 
     # -- registry --------------------------------------------------------------------------------
     async def _beat(self) -> None:
-        await self.store.redis.set(alive_key(self.node_id), b"1", px=int(HEARTBEAT_TTL * 1000))
+        node = self.node
+        channels = node.cm.channels.values()
+        info = {
+            "config_hash": node.config_hash,
+            "connections": len(channels),
+            "sessions": sum(1 for ch in channels if ch.session is not None),
+            "ts_ms": int(time.time() * 1000),
+        }
+        ttl = int(HEARTBEAT_TTL * 1000)
+        async with self.store.redis.pipeline(transaction=False) as pipe:
+            pipe.set(alive_key(self.node_id), b"1", px=ttl)
+            pipe.hset(nodeinfo_key(self.node_id), mapping=info)
+            pipe.pexpire(nodeinfo_key(self.node_id), 3 * ttl)
+            await pipe.execute()
 
     async def _heartbeat(self) -> None:
         while True:

@@ -132,8 +132,12 @@ class BrokerConfig(_Model):
         return self
 
     def config_hash(self) -> str:
-        """A stable digest of the applied config, so an operator can tell which pods run which version."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        """A stable digest of the applied config, so an operator can tell which pods run which version.
+
+        The node id is left out: every pod of a fleet runs one rendered config under its own name, and the
+        operator computes the same digest from what it rendered.
+        """
+        blob = json.dumps(self.model_dump(mode="json", exclude={"node_id"}), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 

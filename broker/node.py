@@ -74,7 +74,8 @@ class Node:
         self.auth, self.acl = self._access(self.zones)
         self.metrics.gauges = self.gauges
         self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", 0)
-        self.metrics.config_info = {name: config.config_hash() for name in self.zones}
+        self.config_hash = config.config_hash()
+        self.metrics.config_info = {name: self.config_hash for name in self.zones}
 
     @staticmethod
     def _access(
@@ -102,8 +103,8 @@ class Node:
             z = zones.get(name)
             lim.rate = z.max_conn_rate if z is not None else 0.0
             lim._bucket = None
-        digest = config.config_hash()
-        self.metrics.config_info = {name: digest for name in zones}
+        self.config_hash = config.config_hash()
+        self.metrics.config_info = {name: self.config_hash for name in zones}
 
     def limits(self, zone: str) -> ZoneLimits:
         """This node's connection count and connect-rate bucket of a zone."""

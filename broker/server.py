@@ -111,39 +111,48 @@ class Server:
             loop.add_signal_handler(sig, self._stopping.set)
         watcher = None
         if self._reload is not None:
-            loop.add_signal_handler(signal.SIGHUP, lambda: self.node.spawn(self.reload()))
-            if self._watch:
-                watcher = loop.create_task(self._watch_file(self._watch))
+            loop.add_signal_handler(signal.SIGHUP, lambda: self.node.spawn(self.reload(force=True)))
+            watcher = loop.create_task(self._watch_files())
         await self._stopping.wait()
         if watcher is not None:
             watcher.cancel()
         await self.drain()
 
-    async def _watch_file(self, path: str) -> None:
-        def stamp() -> tuple[float, int] | None:
+    def _watched(self) -> list[str]:
+        """The config file and the users files its zones name (a mounted Secret changes on its own)."""
+        users = {z.users_file for z in self.config.zones.values() if z.users_file}
+        return [self._watch, *sorted(users)] if self._watch else sorted(users)
+
+    async def _watch_files(self) -> None:
+        def stamp(path: str) -> tuple[float, int, int] | None:
             try:
-                st = os.stat(path)
+                st = os.stat(path)  # follows the symlinks a kubelet swaps when a ConfigMap changes
             except OSError:
                 return None
-            return st.st_mtime, st.st_size
+            return st.st_mtime, st.st_size, st.st_ino
 
-        last = stamp()
+        last = {path: stamp(path) for path in self._watched()}
         while True:
             await asyncio.sleep(WATCH_INTERVAL)
-            now = stamp()
-            if now is not None and now != last:
-                last = now
-                await self.reload()
+            now = {path: stamp(path) for path in self._watched()}
+            changed = [p for p, st in now.items() if st is not None and st != last.get(p)]
+            last = now
+            if changed:
+                # a users file alone changes no config hash: re-apply anyway so its users count
+                await self.reload(force=changed != [self._watch])
 
-    async def reload(self) -> bool:
-        """Apply a changed config file live; an invalid one is refused whole (the last good one stays)."""
+    async def reload(self, force: bool = False) -> bool:
+        """Apply a changed config file live; an invalid one is refused whole (the last good one stays).
+
+        ``force`` re-applies an unchanged config too, re-reading its users files (SIGHUP, users file edits).
+        """
         assert self._reload is not None
         try:
             new = self._reload()
             if new.store != self.config.store:
                 log.warning("store settings changed in the config file: they apply at the next restart")
                 new = new.model_copy(update={"store": self.config.store})
-            if new.config_hash() == self.config.config_hash():
+            if not force and new.config_hash() == self.node.config_hash:
                 return True
             self.node.apply_config(new)
         except (ConfigError, UsersFileError) as e:
@@ -245,7 +254,7 @@ class Server:
             info: dict[str, Any] = {
                 "ready": self.ready,
                 "node_id": self.node.node_id,
-                "config_hash": self.config.config_hash(),
+                "config_hash": self.node.config_hash,
                 "connections": len(self.node.cm.channels),
                 "listeners": sorted(self.listeners),
             }

@@ -107,3 +107,23 @@ def test_bad_users_file_is_refused_at_start(tmp_path):
     )
     assert r.returncode == 2
     assert f"{bad}:1" in r.stderr
+
+
+def test_users_file_change_applies_live(start_broker, raw_clients, users):
+    """A mounted Secret changes only the users file: the broker notices it without a config change."""
+    from .harness import wait_until
+
+    bp = start_broker(zone_overrides={"users_file": str(users), "allow_anonymous": False})
+    c, ack = connack(bp, raw_clients, V5, username="carol", password=b"singer")
+    assert ack.reason == 0x86
+    c.close()
+    passwd(users, "carol", "singer")
+
+    def carol_accepted() -> bool:
+        c, ack = connack(bp, raw_clients, V5, username="carol", password=b"singer")
+        c.close()
+        return ack.reason == 0
+
+    wait_until(carol_accepted, timeout=10, msg="users file reloaded")
+    _, ack = connack(bp, raw_clients, V5, username="bob", password=b"builder")
+    assert ack.reason == 0  # the other users are still there

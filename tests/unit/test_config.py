@@ -293,12 +293,16 @@ def test_config_hash_does_not_depend_on_spelling():
         {"zones": {"internal": {"retry_interval": "31s"}}},
         {"zones": {"default": {"server_keepalive": 10}}},
         {"zones": {"new": {}}},
-        {"node_id": "n2"},
         {"listeners": [{"name": "m", "bind": "0.0.0.0:1883"}]},
     ],
 )
 def test_config_hash_changes_with_a_setting(change):
     assert load(**change).config_hash() != load().config_hash()
+
+
+def test_config_hash_is_the_same_on_every_pod():
+    """The operator renders one config for all pods and computes the hash they report from it."""
+    assert load(node_id="broker-0").config_hash() == load(node_id="broker-1").config_hash()
 
 
 def test_config_dump_is_json_serialisable():

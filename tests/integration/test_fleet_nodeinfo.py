@@ -1,0 +1,35 @@
+"""What every node reports to the operator in Redis (`fmq:nodeinfo:<node>`): the hash of the config it
+applied, its connections and sessions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.harness import uid, wait_until
+from tests.integration.test_fleet_support import raw_connect
+
+pytestmark = pytest.mark.redis
+
+
+def nodeinfo(redis_server, node: str) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in redis_server.hgetall(f"fmq:nodeinfo:{node}").items()}
+
+
+def test_nodes_report_config_hash_connections_and_sessions(fleet, redis_server):
+    _, b = fleet(2)
+    applied = json.loads(b.http_get("/readyz")[1])["config_hash"]
+    wait_until(lambda: nodeinfo(redis_server, "node-1").get("config_hash") == applied, timeout=5)
+    clients = [raw_connect(b, uid("info"), 5)[0] for _ in range(3)]
+    wait_until(
+        lambda: nodeinfo(redis_server, "node-1").get("connections") == "3", timeout=5, msg="3 connections"
+    )
+    info = nodeinfo(redis_server, "node-1")
+    assert info["sessions"] == "3" and int(info["ts_ms"]) > 0
+    assert 0 < int(redis_server.command("PTTL", "fmq:nodeinfo:node-1")) <= 15000
+    for c in clients:
+        c.close()
+    b.stop()
+    assert nodeinfo(redis_server, "node-1") == {}  # a drained node removes its report
+    assert nodeinfo(redis_server, "node-0")["connections"] == "0"
