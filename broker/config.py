@@ -48,7 +48,7 @@ class ListenerConfig(_Model):
     zone: str = "default"
     bind: str = Field(description="HOST:PORT to listen on")
     protocol: Literal["tcp", "ws", "tls", "wss"] = "tcp"
-    path: str = "/mqtt"
+    path: str = Field("/mqtt", pattern=r"^/\S*$", description="URL path of a ws/wss listener")
     certfile: str | None = Field(None, description="PEM certificate (chain) of a tls/wss listener")
     keyfile: str | None = Field(None, description="PEM private key of a tls/wss listener")
     cafile: str | None = Field(None, description="PEM CA bundle to verify client certificates against")

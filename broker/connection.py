@@ -2,6 +2,7 @@
 
 Everything written to a connection during one event-loop turn (acks, deliveries from many publishers) is
 joined and handed to the transport once, at the end of the turn: one syscall instead of one per packet.
+WsConnection carries the same byte stream in WebSocket frames (ws and wss listeners).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .channel import Channel
+from .codec import RC
+from .websocket import WebSocket
 
 if TYPE_CHECKING:
     from .node import Node
@@ -130,3 +133,50 @@ class Connection(asyncio.Protocol):
         t = self.transport
         if t is not None and not self._closing and not t.is_closing() and not t.is_reading():
             t.resume_reading()
+
+
+class WsConnection(Connection):
+    """MQTT over WebSocket: the channel sees the plain MQTT stream; one loop turn's writes make one frame."""
+
+    __slots__ = ("ws",)
+
+    def __init__(self, node: Node, zone: str, listener: str, connections: set[Connection], path: str) -> None:
+        super().__init__(node, zone, listener, connections)
+        self.ws = WebSocket(path)
+
+    def data_received(self, data: bytes) -> None:
+        self._from_socket(data)
+
+    def eof_received(self) -> bool:
+        self._from_socket(None)
+        return False
+
+    def _from_socket(self, data: bytes | None) -> None:
+        ws = self.ws
+        mqtt, out = ws.receive(data)
+        if out and self.transport is not None and not self._closing:
+            self.transport.write(out)
+        if mqtt:
+            super().data_received(mqtt)
+        if ws.closed:
+            if ws.error is not None and self.channel is not None:
+                log.info("websocket from %s closed: %s", self.channel.peer, ws.error)
+                self.channel.kick(RC.PROTOCOL_ERROR, "bad_websocket")
+            self.close()
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        buf = self._buf
+        if not buf or self.transport is None:
+            return
+        data = b"".join(buf)
+        buf.clear()
+        self.transport.write(self.ws.frame(data))
+
+    def close(self) -> None:
+        if self._closing or self.transport is None:
+            return
+        self._flush()
+        self._closing = True
+        self.transport.write(self.ws.close())
+        self.transport.close()

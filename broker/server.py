@@ -10,6 +10,7 @@ import signal
 import socket
 import ssl
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -18,7 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from .auth import UsersFileError
 from .codec import RC
 from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
-from .connection import Connection
+from .connection import Connection, WsConnection
 from .metrics import Metrics
 from .node import Node
 from .store import MemoryStore, SessionStore
@@ -81,20 +82,20 @@ class Server:
         self.ready = True
 
     async def _open_listener(self, listener: ListenerConfig) -> None:
-        if listener.protocol not in ("tcp", "tls"):
-            raise NotImplementedError(
-                f"listener {listener.name!r}: protocol {listener.protocol} is not available "
-                "yet in this build (tcp and tls)"
-            )
         host, port = listener.address
         loop = asyncio.get_running_loop()
+        args = (self.node, listener.zone, listener.name, self.connections)
+        if listener.protocol in ("ws", "wss"):
+            factory: Callable[[], Connection] = partial(WsConnection, *args, listener.path)
+        else:
+            factory = partial(Connection, *args)
         server = await loop.create_server(
-            lambda: Connection(self.node, listener.zone, listener.name, self.connections),
+            factory,
             host,
             port,
             reuse_address=True,
             backlog=BACKLOG,
-            ssl=tls_context(listener) if listener.protocol == "tls" else None,
+            ssl=tls_context(listener) if listener.protocol in ("tls", "wss") else None,
         )
         for sock in server.sockets:
             if sock.family in (socket.AF_INET, socket.AF_INET6):

@@ -52,6 +52,14 @@ def pytest_runtest_makereport(item, call):
     return rep
 
 
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """CA, server (127.0.0.1) and client certificates: {"server": (crt, key), "client": (crt, key), "ca"}."""
+    from tests.integration.pki import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
 @pytest.fixture(scope="module")
 def _module_broker(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("broker")

@@ -227,6 +227,11 @@ def test_error_tls_without_certificate():
     assert "listeners.0" in error_of(listeners=[{"name": "s", "bind": "0.0.0.0:8883", "protocol": "tls"}])
 
 
+def test_error_ws_path_must_be_absolute():
+    msg = error_of(listeners=[{"name": "w", "bind": "0.0.0.0:8083", "protocol": "ws", "path": "mqtt"}])
+    assert "listeners.0.path" in msg
+
+
 def test_error_bad_store_kind():
     msg = error_of(store={"kind": "etcd"})
     assert "store" in msg
