@@ -44,10 +44,12 @@ class RedisStoreConfig(_Model):
 
 
 class ListenerConfig(_Model):
-    name: str = Field(min_length=1)
-    zone: str = "default"
+    name: str = Field(min_length=1, description="Listener name, unique in the config")
+    zone: str = Field("default", description="Zone whose settings the listener's clients get")
     bind: str = Field(description="HOST:PORT to listen on")
-    protocol: Literal["tcp", "ws", "tls", "wss"] = "tcp"
+    protocol: Literal["tcp", "ws", "tls", "wss"] = Field(
+        "tcp", description="MQTT over TCP, WebSocket, TLS or WebSocket over TLS"
+    )
     path: str = Field("/mqtt", pattern=r"^/\S*$", description="URL path of a ws/wss listener")
     certfile: str | None = Field(None, description="PEM certificate (chain) of a tls/wss listener")
     keyfile: str | None = Field(None, description="PEM private key of a tls/wss listener")
@@ -77,9 +79,11 @@ class MetricsConfig(_Model):
 
 
 class EventLogConfig(_Model):
-    enabled: bool = False
-    max_len: int = Field(1_000_000, ge=1)
-    sample: float = Field(1.0, ge=0.0, le=1.0)
+    enabled: bool = Field(
+        False, description="Append events to the fleet's Redis Stream (read by the pipeline)"
+    )
+    max_len: int = Field(1_000_000, ge=1, description="Approximate length the stream is trimmed to")
+    sample: float = Field(1.0, ge=0.0, le=1.0, description="Fraction of events kept under overload")
 
 
 class BrokerConfig(_Model):

@@ -48,8 +48,8 @@ class AclRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    permission: Literal["allow", "deny"]
-    action: Literal["publish", "subscribe", "all"] = "all"
+    permission: Literal["allow", "deny"] = Field(description="What a matching rule decides.")
+    action: Literal["publish", "subscribe", "all"] = Field("all", description="The action the rule is about.")
     filter: str = Field(min_length=1, description="Topic filter the rule applies to (%u, %c substituted)")
 
 
