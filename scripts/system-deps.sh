@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs the system packages tests and benchmarks need (Debian), once.
+# Installs the system packages tests and benchmarks need (Debian), once. etcd-server is the etcd of the
+# test control plane (tests/kubeapi.py; kube-apiserver and friends come from `make envtest`).
 set -euo pipefail
 need=()
-for pkg in redis-server mosquitto; do
+for pkg in redis-server mosquitto etcd-server; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then
@@ -11,7 +12,7 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 # The Debian packages start system services; tests start their own servers on free ports.
-for svc in redis-server mosquitto; do
+for svc in redis-server mosquitto etcd; do
   command -v systemctl >/dev/null && systemctl stop "$svc" 2>/dev/null || true
 done
 exit 0
