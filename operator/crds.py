@@ -1,0 +1,460 @@
+"""The custom resources' models: BrokerFleet and MqttZone (group fleetmq.io, version v1alpha1).
+
+The zone settings are not retyped here: every MqttZone field that configures a broker is derived from the
+broker's own models (ZoneSettings, AclRule, ListenerConfig, RedisStoreConfig, EventLogConfig), carrying
+their descriptions, defaults, ranges and enums, under camelCase names grouped as users read them
+(session, keepalive, limits, authentication, acl). crdgen turns these models into the CRDs in crds/.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Annotated, Any, Literal
+
+from fleetmq.broker.config import EventLogConfig, ListenerConfig, RedisStoreConfig
+from fleetmq.broker.zones import AclRule, ZoneSettings, format_duration, parse_duration
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model
+from pydantic.fields import FieldInfo
+
+GROUP = "fleetmq.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: A duration in a CRD: "30s"-style strings (ms, s, m, h, d) or a plain number of seconds.
+DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)?\s*$"
+DURATION_SCHEMA: dict[str, Any] = {
+    "x-kubernetes-int-or-string": True,
+    "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}],
+    "pattern": DURATION_PATTERN,
+}
+CrdDuration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(DURATION_SCHEMA)]
+
+# Where each ZoneSettings field lives in an MqttZone spec: group -> {broker field: camelCase name}.
+SESSION_FIELDS = {
+    "max_inflight": "maxInflight",
+    "max_mqueue_len": "maxMqueueLen",
+    "mqueue_store_qos0": "mqueueStoreQos0",
+    "retry_interval": "retryInterval",
+    "retry_v5": "retryV5",
+    "max_awaiting_rel": "maxAwaitingRel",
+    "await_rel_timeout": "awaitRelTimeout",
+    "session_expiry_interval": "sessionExpiryInterval",
+}
+KEEPALIVE_FIELDS = {
+    "server_keepalive": "serverKeepalive",
+    "keepalive_backoff": "backoff",
+    "idle_timeout": "idleTimeout",
+}
+LIMITS_FIELDS = {
+    "max_connections": "maxConnections",
+    "max_conn_rate": "maxConnRate",
+    "max_publish_rate": "maxPublishRate",
+    "max_packet_size": "maxPacketSize",
+    "max_topic_alias": "maxTopicAlias",
+    "max_clientid_len": "maxClientidLen",
+    "receive_maximum": "receiveMaximum",
+}
+AUTH_FIELDS = {"allow_anonymous": "allowAnonymous"}
+ACCESS_FIELDS = {"acl": "acl", "acl_default": "aclDefault"}
+#: ZoneSettings fields an MqttZone does not set directly, and what sets them instead.
+OPERATOR_SET_FIELDS = {"users_file": "authentication.usersSecretRef (mounted into the pods)"}
+ZONE_GROUPS = {
+    "session": SESSION_FIELDS,
+    "keepalive": KEEPALIVE_FIELDS,
+    "limits": LIMITS_FIELDS,
+    "authentication": AUTH_FIELDS,
+}
+
+
+def _is_duration(info: FieldInfo) -> bool:
+    return any(getattr(m, "func", None) is parse_duration for m in info.metadata)
+
+
+def derived_field(source: type[BaseModel], name: str, alias: str) -> tuple[Any, FieldInfo]:
+    """One field of a broker model under its CRD name, keeping type, default, range and description."""
+    info = copy.copy(source.model_fields[name])
+    annotation: Any = info.annotation
+    if _is_duration(info):
+        annotation = CrdDuration
+        info.metadata = []
+        if isinstance(info.default, int | float):
+            info.json_schema_extra = {"default": format_duration(info.default)}
+    else:
+        annotation = Annotated[annotation, *info.metadata] if info.metadata else annotation
+    info.alias = alias
+    info.validation_alias = alias
+    info.serialization_alias = alias
+    return annotation, info
+
+
+def derive(
+    model_name: str,
+    source: type[BaseModel],
+    fields: dict[str, str],
+    doc: str,
+    descriptions: dict[str, str] | None = None,
+) -> type[BaseModel]:
+    """A camelCase model made of some fields of a broker model (validated by the same rules);
+    `descriptions` rewords a field where the CRD spells it differently (e.g. a Secret for a file path)."""
+    defs = {name: derived_field(source, name, alias) for name, alias in fields.items()}
+    for name, text in (descriptions or {}).items():
+        defs[name][1].description = text
+    model = create_model(  # type: ignore[call-overload]
+        model_name,
+        __config__=ConfigDict(extra="forbid", populate_by_name=True),
+        __doc__=doc,
+        **defs,
+    )
+    return model  # type: ignore[no-any-return]
+
+
+class CrdModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+# ----------------------------------------------------------------------------------------------- refs
+class ObjectRef(CrdModel):
+    """A reference to an object in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the object in this namespace.")
+
+
+class SecretRef(CrdModel):
+    """A Secret in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret in this namespace.")
+
+
+class SecretKeyRef(CrdModel):
+    """One key of a Secret in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret in this namespace.")
+    key: str = Field("password", min_length=1, description="Key of the Secret holding the password.")
+
+
+class UsersSecretRef(CrdModel):
+    """The users file in a Secret of the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret in this namespace.")
+    key: str = Field("users", min_length=1, description="Key of the Secret holding the users file.")
+
+
+# ------------------------------------------------------------------------------------------- MqttZone
+SessionSpec = derive(
+    "SessionSpec",
+    ZoneSettings,
+    SESSION_FIELDS,
+    "Session settings: Inflight Window, Message Queue, retransmission, QoS2 and expiry. Applied live.",
+)
+KeepaliveSpec = derive(
+    "KeepaliveSpec", ZoneSettings, KEEPALIVE_FIELDS, "Keep-alive settings. Applied live to new connections."
+)
+LimitsSpec = derive(
+    "LimitsSpec", ZoneSettings, LIMITS_FIELDS, "Per-node and per-connection limits of the zone. Applied live."
+)
+_AuthBase = derive("AuthenticationBase", ZoneSettings, AUTH_FIELDS, "Who may connect.")
+
+
+class AuthenticationSpec(_AuthBase):  # type: ignore[misc,valid-type]
+    """Who may connect: anonymous clients and/or the users of a Secret (`fleetmq-broker passwd` format)."""
+
+    usersSecretRef: UsersSecretRef | None = Field(
+        None,
+        description="Secret whose key (default 'users') holds the users file (salted hashes, one user a line, "
+        "written by `fleetmq-broker passwd`). Mounted into the pods; edits reach the brokers live.",
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.allowAnonymous || has(self.usersSecretRef)",
+                    "message": "allowAnonymous: false needs usersSecretRef, else no client could connect",
+                }
+            ]
+        },
+    )
+
+
+_LISTENER_DERIVED = derive(
+    "ListenerBase",
+    ListenerConfig,
+    {"protocol": "protocol", "path": "path", "verify_peer": "verifyPeer"},
+    "A listener.",
+    {"verify_peer": "Require a client certificate signed by the ca.crt of tlsSecretRef (tls/wss only)."},
+)
+
+
+class ListenerSpec(_LISTENER_DERIVED):  # type: ignore[misc,valid-type]
+    """One listener of the zone: a port on every broker pod and a client Service."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=15,
+        pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
+        description="Listener name, unique in the zone; also the Service port name (IANA service name).",
+    )
+    port: int = Field(ge=1, le=65535, description="Port the brokers listen on and the Service exposes.")
+    tlsSecretRef: SecretRef | None = Field(
+        None,
+        description="kubernetes.io/tls Secret (tls.crt, tls.key, optional ca.crt for verifyPeer) of a tls or "
+        "wss listener.",
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(self.protocol in ['tls', 'wss']) || has(self.tlsSecretRef)",
+                    "message": "a tls or wss listener needs tlsSecretRef",
+                },
+                {
+                    "rule": "!self.verifyPeer || self.protocol in ['tls', 'wss']",
+                    "message": "verifyPeer needs a tls or wss listener",
+                },
+            ]
+        },
+    )
+
+
+class MqttZoneSpec(CrdModel):
+    """A zone: listeners bound to one set of session, keep-alive, limit and access settings."""
+
+    fleetRef: ObjectRef = Field(description="The BrokerFleet (same namespace) whose brokers serve this zone.")
+    listeners: list[ListenerSpec] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Listeners of this zone. Adding, changing or removing one is applied live by the brokers "
+        "and updates the zone's client Services.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.all(l, self.filter(m, m.port == l.port).size() == 1)",
+                    "message": "listener ports must be unique",
+                }
+            ],
+        },
+    )
+    session: SessionSpec = Field(default_factory=SessionSpec, description=SessionSpec.__doc__)  # type: ignore[valid-type]
+    keepalive: KeepaliveSpec = Field(default_factory=KeepaliveSpec, description=KeepaliveSpec.__doc__)  # type: ignore[valid-type]
+    limits: LimitsSpec = Field(default_factory=LimitsSpec, description=LimitsSpec.__doc__)  # type: ignore[valid-type]
+    authentication: AuthenticationSpec = Field(
+        default_factory=AuthenticationSpec, description=AuthenticationSpec.__doc__
+    )
+    acl: list[AclRule] = Field(
+        default_factory=list,
+        max_length=256,
+        description=ZoneSettings.model_fields["acl"].description,
+    )
+    aclDefault: Literal["allow", "deny"] = Field(
+        ZoneSettings.model_fields["acl_default"].default,
+        description=ZoneSettings.model_fields["acl_default"].description,
+    )
+
+    def zone_settings(self, users_file: str | None = None) -> ZoneSettings:
+        """The broker's settings for this zone (snake_case, validated by the broker's model)."""
+        data: dict[str, Any] = {}
+        for group, fields in ZONE_GROUPS.items():
+            values = getattr(self, group)
+            for name in fields:
+                data[name] = getattr(values, name)
+        data["acl"] = [rule.model_dump() for rule in self.acl]
+        data["acl_default"] = self.aclDefault
+        data["users_file"] = users_file
+        return ZoneSettings.model_validate(data)
+
+
+# ---------------------------------------------------------------------------------------- BrokerFleet
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
+        }
+    ),
+]
+
+
+class ResourcesSpec(CrdModel):
+    """CPU and memory of each broker container (a Kubernetes ResourceRequirements)."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=lambda: {"cpu": "100m", "memory": "128Mi"}, description="Resources reserved."
+    )
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource ceilings.")
+
+
+class RedisSpec(CrdModel):
+    """Where the fleet keeps its sessions: a Redis the operator runs, or an existing one."""
+
+    managed: bool = Field(
+        False, description="Run a Redis StatefulSet + Service for this fleet (exclusive with url)."
+    )
+    url: str | None = Field(
+        None,
+        pattern=r"^rediss?://",
+        description="URL of an existing Redis, redis://host:port/db, without password (see secretRef).",
+    )
+    secretRef: SecretKeyRef | None = Field(
+        None,
+        description="Secret key (default 'password') with the password of the Redis at url (URL-safe "
+        "characters).",
+    )
+    waitReplicas: int = Field(
+        RedisStoreConfig.model_fields["wait_replicas"].default,
+        ge=0,
+        description=RedisStoreConfig.model_fields["wait_replicas"].description,
+    )
+    image: str = Field("redis:7-alpine", description="Image of the managed Redis.")
+    storage: str | None = Field(
+        None, description="Size of the managed Redis' PersistentVolumeClaim (e.g. 1Gi); emptyDir if unset."
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.managed != has(self.url)",
+                    "message": "set exactly one of managed: true or url",
+                },
+                {
+                    "rule": "!self.managed || !has(self.secretRef)",
+                    "message": "secretRef is the password of an external Redis (url), not of a managed one",
+                },
+            ]
+        },
+    )
+
+
+class ServiceSpec(CrdModel):
+    """The client Services (one per listener)."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP", description="Service type.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of the Services.")
+
+
+class MetricsSpec(CrdModel):
+    """Where the brokers serve /metrics, /healthz and /readyz, and whether Prometheus scrapes them."""
+
+    port: int = Field(9100, ge=1, le=65535, description="Metrics and probe port of every broker pod.")
+    serviceMonitor: bool = Field(
+        True, description="Create a ServiceMonitor (when the monitoring.coreos.com CRD exists)."
+    )
+    interval: str = Field("30s", pattern=r"^\d+(ms|s|m|h)$", description="Scrape interval.")
+
+
+class SchedulingSpec(CrdModel):
+    """How broker pods spread over nodes, so one node failure takes one broker."""
+
+    antiAffinity: Literal["preferred", "required", "none"] = Field(
+        "preferred", description="Pod anti-affinity between brokers of the fleet over topologyKey."
+    )
+    topologyKey: str = Field(
+        "kubernetes.io/hostname", description="Node label that anti-affinity spreads over."
+    )
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Node labels broker pods need.")
+
+
+EventLogSpec = derive(
+    "EventLogSpec",
+    EventLogConfig,
+    {"enabled": "enabled", "max_len": "maxLen", "sample": "sample"},
+    "The brokers' event log (a Redis Stream read by the pipeline). Changes restart the pods.",
+)
+
+
+class BrokerFleetSpec(CrdModel):
+    """A fleet of broker pods sharing one Redis, serving the MqttZones that point at it."""
+
+    replicas: int = Field(3, ge=0, description="Number of broker pods (scale subresource).")
+    image: str = Field(
+        "fleetmq/broker:0.1.0", min_length=1, description="Broker image (runs fleetmq-broker)."
+    )
+    imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy of the broker containers."
+    )
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description=ResourcesSpec.__doc__)
+    redis: RedisSpec = Field(default_factory=lambda: RedisSpec(managed=True), description=RedisSpec.__doc__)
+    service: ServiceSpec = Field(default_factory=ServiceSpec, description=ServiceSpec.__doc__)
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec, description=MetricsSpec.__doc__)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description=SchedulingSpec.__doc__)
+    terminationGracePeriodSeconds: int = Field(
+        30,
+        ge=1,
+        description="Time a stopping broker has to drain: it refuses new clients, disconnects connected ones "
+        "(MQTT 5: 0x8B) so they reconnect to other pods, and commits pending session writes.",
+    )
+    eventLog: EventLogSpec = Field(default_factory=EventLogSpec, description=EventLogSpec.__doc__)  # type: ignore[valid-type]
+    logLevel: Literal["debug", "info", "warning", "error"] = Field("info", description="Broker log level.")
+
+
+# ------------------------------------------------------------------------------------------- statuses
+class Condition(CrdModel):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(description="Ready, Progressing, ConfigApplied, Degraded, Accepted or Applied.")
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field("", description="Human-readable detail.")
+    observedGeneration: int | None = Field(None, description="The generation the condition is about.")
+    lastTransitionTime: str = Field(description="When status last changed (RFC 3339).")
+
+
+class PodReport(CrdModel):
+    """What one broker pod reports in Redis (fmq:nodeinfo:<pod>)."""
+
+    name: str
+    configHash: str | None = Field(None, description="Hash of the config the broker applied.")
+    connections: int = 0
+    sessions: int = 0
+
+
+class FleetZoneStatus(CrdModel):
+    """One zone as this fleet serves it."""
+
+    generation: int = Field(description="MqttZone generation in the rendered config.")
+    appliedGeneration: int | None = Field(
+        None, description="Generation applied by every pod (the lowest any pod runs); null if unknown."
+    )
+    podsApplied: int = Field(0, description="Pods running the rendered generation.")
+
+
+class BrokerFleetStatus(CrdModel):
+    """Observed state of the fleet."""
+
+    observedGeneration: int | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    replicas: int = Field(0, description="Broker pods that exist.")
+    readyReplicas: int = Field(0, description="Broker pods that are ready.")
+    selector: str = Field("", description="Label selector of the broker pods (scale subresource).")
+    configHash: str | None = Field(None, description="Hash of the rendered config the pods should report.")
+    zoneCount: int = Field(0, description="Zones served.")
+    zones: dict[str, FleetZoneStatus] = Field(default_factory=dict, description="Per zone generations.")
+    pods: list[PodReport] = Field(default_factory=list, description="Per pod applied config and load.")
+    connections: int = Field(0, description="Client connections over all pods.")
+    sessions: int = Field(0, description="Sessions over all pods.")
+
+
+class MqttZoneStatus(CrdModel):
+    """Observed state of the zone."""
+
+    observedGeneration: int | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    appliedGeneration: int | None = Field(None, description="Generation applied by every pod of the fleet.")
+    podGenerations: dict[str, int] = Field(default_factory=dict, description="Generation each pod applied.")

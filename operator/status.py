@@ -1,0 +1,250 @@
+"""Status of BrokerFleets and MqttZones from what was rendered and what the pods report (pure).
+
+Pods report the hash of the config they applied in Redis (`fmq:nodeinfo:<pod>`); the rendered ConfigMap's
+history maps each hash to the zone generations it held, so a pod's hash says which generation of every
+zone it runs. Conditions follow the Kubernetes conventions: lastTransitionTime moves only when status does.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+from .render import Rejection, Rendered, names, selector_string
+
+STATEFULSET_ROLLING = "rolling"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(
+    conditions: list[dict[str, Any]],
+    type_: str,
+    status: bool | None,
+    reason: str,
+    message: str,
+    generation: int | None,
+    timestamp: str,
+) -> list[dict[str, Any]]:
+    """Conditions with `type_` set; its lastTransitionTime kept unless its status changed."""
+    value = "Unknown" if status is None else ("True" if status else "False")
+    old = next((c for c in conditions if c.get("type") == type_), None)
+    since = old["lastTransitionTime"] if old and old.get("status") == value else timestamp
+    new = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": since,
+    }
+    return [c for c in conditions if c.get("type") != type_] + [new]
+
+
+def condition(status: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == type_), None)
+
+
+@dataclass
+class Observed:
+    """What the operator saw of a fleet's running parts."""
+
+    statefulset: dict[str, Any] | None = None
+    nodeinfo: dict[str, dict[str, str]] | None = None  # pod -> fields; None: Redis not readable
+    nodeinfo_error: str = ""
+    apply_error: str = ""
+    rejected: dict[str, Rejection] = field(default_factory=dict)
+
+
+def pod_generations(
+    rendered: Rendered, nodeinfo: dict[str, dict[str, str]], pods: list[str]
+) -> dict[str, dict[str, int | None]]:
+    """zone -> pod -> generation the pod applied (None: unknown hash or pod not reporting)."""
+    out: dict[str, dict[str, int | None]] = {}
+    for zone in rendered.zone_generations:
+        out[zone] = {}
+        for pod in pods:
+            digest = (nodeinfo.get(pod) or {}).get("config_hash")
+            out[zone][pod] = rendered.history.get(digest or "", {}).get(zone)
+    return out
+
+
+def fleet_status(
+    fleet: dict[str, Any],
+    rendered: Rendered | None,
+    render_error: str,
+    observed: Observed,
+    timestamp: str | None = None,
+) -> dict[str, Any]:
+    """The BrokerFleet's status (a merge patch of .status)."""
+    timestamp = timestamp or now()
+    meta = fleet["metadata"]
+    gen = meta.get("generation")
+    spec = fleet.get("spec") or {}
+    replicas = int(spec.get("replicas", 3))
+    previous = fleet.get("status") or {}
+    conds: list[dict[str, Any]] = list(previous.get("conditions") or [])
+    sts_status = (observed.statefulset or {}).get("status") or {}
+    ready = int(sts_status.get("readyReplicas") or 0)
+    current = int(sts_status.get("replicas") or 0)
+    pods = [f"{names(meta['name'])['statefulset']}-{i}" for i in range(replicas)]
+    nodeinfo = observed.nodeinfo or {}
+    status: dict[str, Any] = {
+        "observedGeneration": gen,
+        "replicas": current,
+        "readyReplicas": ready,
+        "selector": selector_string(meta["name"]),
+    }
+    reports = []
+    for pod in pods:
+        info = nodeinfo.get(pod)
+        if info is not None:
+            reports.append(
+                {
+                    "name": pod,
+                    "configHash": info.get("config_hash"),
+                    "connections": int(info.get("connections") or 0),
+                    "sessions": int(info.get("sessions") or 0),
+                }
+            )
+    status["pods"] = reports
+    status["connections"] = sum(r["connections"] for r in reports)
+    status["sessions"] = sum(r["sessions"] for r in reports)
+    applied_pods = 0
+    if rendered is not None:
+        status["configHash"] = rendered.config_hash
+        status["zoneCount"] = len(rendered.zone_generations)
+        gens = pod_generations(rendered, nodeinfo, pods)
+        zones = {}
+        for zone, generation in rendered.zone_generations.items():
+            per_pod = gens[zone]
+            known = [g for g in per_pod.values() if g is not None]
+            zones[zone] = {
+                "generation": generation,
+                "appliedGeneration": min(known) if pods and len(known) == len(pods) else None,
+                "podsApplied": sum(1 for g in known if g == generation),
+            }
+        status["zones"] = zones
+        applied_pods = sum(1 for r in reports if r["configHash"] == rendered.config_hash)
+
+    # ConfigApplied: every pod runs the rendered config
+    if render_error:
+        conds = set_condition(conds, "ConfigApplied", False, "ConfigInvalid", render_error, gen, timestamp)
+    elif observed.nodeinfo is None:
+        msg = f"cannot read pod reports from Redis: {observed.nodeinfo_error}"
+        conds = set_condition(conds, "ConfigApplied", None, "ReportsUnavailable", msg, gen, timestamp)
+    elif replicas == 0:
+        conds = set_condition(conds, "ConfigApplied", True, "NoPods", "replicas is 0", gen, timestamp)
+    elif rendered is not None and applied_pods == replicas:
+        msg = f"all {replicas} pods run config {rendered.config_hash}"
+        conds = set_condition(conds, "ConfigApplied", True, "Applied", msg, gen, timestamp)
+    else:
+        want = rendered.config_hash if rendered else "?"
+        msg = f"{applied_pods}/{replicas} pods run config {want}"
+        conds = set_condition(conds, "ConfigApplied", False, "Pending", msg, gen, timestamp)
+    config_ok = (condition({"conditions": conds}, "ConfigApplied") or {}).get("status") == "True"
+
+    # Progressing: the StatefulSet rolls or pods have yet to pick the config up
+    sts = observed.statefulset or {}
+    sts_gen = (sts.get("metadata") or {}).get("generation")
+    rolling = (
+        sts_status.get("observedGeneration") != sts_gen
+        or int(sts_status.get("updatedReplicas") or 0) < replicas
+        or (sts_status.get("currentRevision") != sts_status.get("updateRevision"))
+    )
+    if render_error or observed.apply_error:
+        conds = set_condition(
+            conds, "Progressing", False, "Blocked", render_error or observed.apply_error, gen, timestamp
+        )
+    elif ready < replicas or (replicas and rolling):
+        msg = f"{ready}/{replicas} pods ready"
+        conds = set_condition(conds, "Progressing", True, "RollingOut", msg, gen, timestamp)
+    elif not config_ok:
+        conds = set_condition(
+            conds, "Progressing", True, "ApplyingConfig", "pods are loading the config", gen, timestamp
+        )
+    else:
+        conds = set_condition(conds, "Progressing", False, "Stable", "nothing to do", gen, timestamp)
+
+    # Degraded: something the user must fix
+    problems = []
+    if render_error:
+        problems.append(("ConfigInvalid", render_error))
+    if observed.apply_error:
+        problems.append(("ApplyFailed", observed.apply_error))
+    bad_zones = {k: v for k, v in observed.rejected.items() if v.reason != "Paused"}
+    if bad_zones:
+        problems.append(
+            (
+                "ZoneRejected",
+                "; ".join(f"zone {k}: {v.reason}: {v.message}" for k, v in sorted(bad_zones.items())),
+            )
+        )
+    if problems:
+        reason = problems[0][0]
+        conds = set_condition(
+            conds, "Degraded", True, reason, "; ".join(m for _, m in problems), gen, timestamp
+        )
+    else:
+        conds = set_condition(conds, "Degraded", False, "AsExpected", "", gen, timestamp)
+
+    # Ready: all pods ready and on the rendered config
+    if ready >= replicas and config_ok:
+        conds = set_condition(conds, "Ready", True, "Ready", f"{ready}/{replicas} pods ready", gen, timestamp)
+    else:
+        reason = "PodsNotReady" if ready < replicas else "ConfigPending"
+        conds = set_condition(conds, "Ready", False, reason, f"{ready}/{replicas} pods ready", gen, timestamp)
+    status["conditions"] = conds
+    return status
+
+
+def zone_status(
+    zone: dict[str, Any],
+    *,
+    fleet_found: bool,
+    rejection: Rejection | None,
+    fleet_status_: dict[str, Any] | None,
+    pod_gens: dict[str, int | None] | None,
+    timestamp: str | None = None,
+) -> dict[str, Any]:
+    """The MqttZone's status: Accepted (valid, fleet found, ports free) and Applied (every pod runs it)."""
+    timestamp = timestamp or now()
+    meta = zone["metadata"]
+    gen = meta.get("generation")
+    conds: list[dict[str, Any]] = list((zone.get("status") or {}).get("conditions") or [])
+    fleet = ((zone.get("spec") or {}).get("fleetRef") or {}).get("name", "")
+    status: dict[str, Any] = {"observedGeneration": gen}
+    if not fleet_found:
+        msg = f"BrokerFleet {fleet!r} not found in this namespace"
+        conds = set_condition(conds, "Accepted", False, "FleetNotFound", msg, gen, timestamp)
+        conds = set_condition(conds, "Applied", False, "FleetNotFound", msg, gen, timestamp)
+        status["conditions"] = conds
+        return status
+    if rejection is not None:
+        conds = set_condition(conds, "Accepted", False, rejection.reason, rejection.message, gen, timestamp)
+    else:
+        conds = set_condition(conds, "Accepted", True, "Accepted", f"served by fleet {fleet}", gen, timestamp)
+    pod_gens = pod_gens or {}
+    status["podGenerations"] = {p: g for p, g in pod_gens.items() if g is not None}
+    known = [g for g in pod_gens.values() if g is not None]
+    applied = min(known) if pod_gens and len(known) == len(pod_gens) else None
+    status["appliedGeneration"] = applied
+    if rejection is not None:
+        msg = f"generation {gen} is not applied ({rejection.reason})"
+        if applied is not None:
+            msg += f"; pods run generation {applied}"
+        conds = set_condition(conds, "Applied", False, rejection.reason, msg, gen, timestamp)
+    elif not pod_gens:
+        conds = set_condition(conds, "Applied", None, "NoPods", "the fleet has no pods", gen, timestamp)
+    elif applied == gen:
+        msg = f"all {len(pod_gens)} pods run generation {gen}"
+        conds = set_condition(conds, "Applied", True, "Applied", msg, gen, timestamp)
+    else:
+        done = sum(1 for g in pod_gens.values() if g == gen)
+        msg = f"{done}/{len(pod_gens)} pods run generation {gen}"
+        conds = set_condition(conds, "Applied", False, "Pending", msg, gen, timestamp)
+    status["conditions"] = conds
+    return status

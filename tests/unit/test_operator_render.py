@@ -1,0 +1,236 @@
+"""Rendering a BrokerFleet and its MqttZones: the broker config, the children, what restarts pods."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from fleetmq.broker.config import BrokerConfig
+from fleetmq.operator import render
+from fleetmq.operator.render import Rejection
+from fleetmq.operator.status import Observed, fleet_status, zone_status
+
+
+def fleet(**spec) -> dict:
+    return {
+        "apiVersion": "fleetmq.io/v1alpha1",
+        "kind": "BrokerFleet",
+        "metadata": {"name": "edge", "namespace": "mq", "uid": "uid-1", "generation": 1},
+        "spec": {"replicas": 2, **spec},
+    }
+
+
+def zone(name: str, gen: int = 1, created: str = "2024-01-01T00:00:00Z", **spec) -> dict:
+    spec.setdefault("listeners", [{"name": "mqtt", "port": 1883}])
+    return {
+        "apiVersion": "fleetmq.io/v1alpha1",
+        "kind": "MqttZone",
+        "metadata": {"name": name, "namespace": "mq", "generation": gen, "creationTimestamp": created},
+        "spec": {"fleetRef": {"name": "edge"}, **spec},
+    }
+
+
+def rendered(f: dict, *zones: dict, **kw) -> render.Rendered:
+    accepted, rejected = render.select_zones(f, list(zones))
+    assert not rejected, rejected
+    return render.render(f, accepted, **kw)
+
+
+def by_kind(r: render.Rendered, kind: str) -> list[dict]:
+    return [m for m in r.manifests if m["kind"] == kind]
+
+
+def broker_sts(r: render.Rendered) -> dict:
+    return next(m for m in by_kind(r, "StatefulSet") if m["metadata"]["name"] == "edge")
+
+
+def test_config_is_the_broker_contract_and_hash_matches_what_brokers_compute():
+    f = fleet(redis={"url": "redis://10.0.0.5:6379/0"})
+    z = zone("external", session={"maxInflight": 7, "retryInterval": "10s"},
+             acl=[{"permission": "deny", "action": "subscribe", "filter": "secret/#"}])  # fmt: skip
+    r = rendered(f, z)
+    cm = by_kind(r, "ConfigMap")[0]
+    text = cm["data"][render.CONFIG_KEY]
+    cfg = BrokerConfig.model_validate(yaml.safe_load(text) | {"node_id": "edge-1"})
+    assert cfg.zones["external"].max_inflight == 7
+    assert cfg.zones["external"].retry_interval == 10.0
+    assert cfg.zones["external"].acl[0].filter == "secret/#"
+    assert [(lst.name, lst.bind, lst.zone) for lst in cfg.listeners] == [
+        ("external/mqtt", "0.0.0.0:1883", "external")
+    ]
+    assert cfg.store.url == "redis://10.0.0.5:6379/0"
+    assert cfg.config_hash() == r.config_hash == cm["metadata"]["annotations"][render.A_CONFIG_HASH]
+    assert json.loads(cm["metadata"]["annotations"][render.A_ZONE_GENERATIONS]) == {"external": 1}
+
+
+def test_every_child_is_owned_by_the_fleet_and_labelled():
+    r = rendered(fleet(redis={"managed": True}), zone("external"), service_monitor=True)
+    kinds = sorted(m["kind"] for m in r.manifests)
+    assert kinds == sorted(
+        ["ConfigMap", "StatefulSet", "StatefulSet", "Service", "Service", "Service", "PodDisruptionBudget",
+         "ServiceMonitor"]
+    )  # fmt: skip
+    for m in r.manifests:
+        (owner,) = m["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "fleetmq.io/v1alpha1",
+            "kind": "BrokerFleet",
+            "name": "edge",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert m["metadata"]["labels"][render.L_MANAGED] == render.MANAGER
+        assert m["metadata"]["namespace"] == "mq"
+    assert "edge-redis.mq.svc" in r.config["store"]["url"]
+
+
+def test_statefulset_pods_probe_drain_and_spread():
+    f = fleet(terminationGracePeriodSeconds=45, resources={"requests": {"cpu": "1", "memory": "1Gi"}},
+              scheduling={"antiAffinity": "required"})  # fmt: skip
+    sts = broker_sts(rendered(f, zone("external")))
+    pod = sts["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["serviceName"] == "edge-headless"
+    assert c["args"][c["args"].index("--node-id") + 1] == "$(POD_NAME)"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["port"] == "metrics"
+    assert c["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}
+    assert pod["terminationGracePeriodSeconds"] == 45
+    assert pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "topology.kubernetes.io/zone"
+    assert {"name": "config", "configMap": {"name": "edge-config"}} in pod["volumes"]
+    assert not any("subPath" in m for m in c["volumeMounts"])  # subPath mounts never see updates
+
+
+def test_zone_acl_and_listener_changes_leave_the_pod_template_alone():
+    f = fleet()
+    before = rendered(f, zone("external"))
+    after = rendered(
+        f,
+        zone("external", gen=2, session={"maxInflight": 1},
+             acl=[{"permission": "deny", "filter": "#"}],
+             listeners=[{"name": "mqtt", "port": 1884}, {"name": "ws", "port": 8083, "protocol": "ws"}]),
+        zone("internal", created="2024-01-02T00:00:00Z", listeners=[{"name": "mqtt", "port": 11883}]),
+    )  # fmt: skip
+    assert after.config_hash != before.config_hash
+    assert broker_sts(after)["spec"]["template"] == broker_sts(before)["spec"]["template"]
+    assert sorted(s["metadata"]["name"] for s in by_kind(after, "Service")) == [
+        "edge-external-mqtt", "edge-external-ws", "edge-headless", "edge-internal-mqtt", "edge-redis"
+    ]  # fmt: skip
+    ws = next(s for s in by_kind(after, "Service") if s["metadata"]["name"] == "edge-external-ws")
+    assert ws["spec"]["ports"] == [{"name": "ws", "port": 8083, "targetPort": 8083, "protocol": "TCP"}]
+
+
+def test_start_only_settings_and_image_change_the_pod_template():
+    base = broker_sts(rendered(fleet(), zone("external")))["spec"]["template"]
+    for change in ({"eventLog": {"enabled": True}}, {"metrics": {"port": 9200}}, {"image": "fleetmq/broker:0.2"},
+                   {"redis": {"url": "redis://other:6379/0"}}):  # fmt: skip
+        tmpl = broker_sts(rendered(fleet(**change), zone("external")))["spec"]["template"]
+        assert tmpl != base, change
+    # no trace of the operator's own version in what the pods run
+    assert "version" not in json.dumps(base["metadata"]).lower()
+
+
+def test_redis_secret_password_goes_into_the_url_the_brokers_use():
+    f = fleet(redis={"url": "redis://db.example:6379/2", "secretRef": {"name": "redis-auth"}})
+    r = rendered(f, zone("external"), redis_password="s3cret")
+    c = broker_sts(r)["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "redis-auth", "key": "password"}
+    assert env["FLEETMQ_REDIS_URL"]["value"] == "redis://:$(REDIS_PASSWORD)@db.example:6379/2"
+    assert "s3cret" not in json.dumps(r.manifests)
+    with_pw = BrokerConfig.model_validate(
+        r.config | {"store": r.config["store"] | {"url": "redis://:s3cret@db.example:6379/2"}}
+    )
+    assert with_pw.config_hash() == r.config_hash
+
+
+def test_tls_listener_and_users_secret_are_mounted():
+    z = zone("secure", listeners=[{"name": "mqtts", "port": 8883, "protocol": "tls",
+                                   "tlsSecretRef": {"name": "edge-tls"}, "verifyPeer": True}],
+             authentication={"allowAnonymous": False, "usersSecretRef": {"name": "edge-users"}})  # fmt: skip
+    r = rendered(fleet(), z)
+    (lst,) = r.config["listeners"]
+    assert lst["certfile"] == "/etc/fleetmq/tls/edge-tls/tls.crt"
+    assert lst["cafile"] == "/etc/fleetmq/tls/edge-tls/ca.crt" and lst["verify_peer"] is True
+    assert r.config["zones"]["secure"]["users_file"] == "/etc/fleetmq/users/secure/users"
+    pod = broker_sts(r)["spec"]["template"]["spec"]
+    secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"edge-tls", "edge-users"}
+
+
+def test_port_conflict_rejects_the_younger_zone_only():
+    f = fleet()
+    old = zone("a", listeners=[{"name": "mqtt", "port": 1883}])
+    young = zone("b", created="2024-02-01T00:00:00Z", listeners=[{"name": "mqtt", "port": 1883}])
+    accepted, rejected = render.select_zones(f, [young, old])
+    assert [z.name for z in accepted] == ["a"]
+    assert rejected["b"].reason == "PortConflict" and "zone a" in rejected["b"].message
+    metrics_clash = zone("c", listeners=[{"name": "mqtt", "port": 9100}])
+    _, rejected = render.select_zones(f, [metrics_clash])
+    assert "metrics" in rejected["c"].message
+
+
+def test_broken_or_paused_zone_keeps_its_last_applied_version():
+    f = fleet()
+    good = rendered(f, zone("external", session={"maxInflight": 5}))
+    last = render.applied_zones(by_kind(good, "ConfigMap")[0])
+    assert last["external"].spec.session.max_inflight == 5
+    bad = zone("external", gen=2, session={"maxInflight": -1})
+    accepted, rejected = render.select_zones(f, [bad], last)
+    assert (
+        rejected["external"].reason == "InvalidSpec" and "session.maxInflight" in rejected["external"].message
+    )
+    assert [(z.name, z.generation, z.spec.session.max_inflight) for z in accepted] == [("external", 1, 5)]
+    paused = zone("external", gen=3, session={"maxInflight": 99})
+    paused["metadata"]["annotations"] = {render.PAUSED: "true"}
+    accepted, rejected = render.select_zones(f, [paused], last)
+    assert rejected["external"].reason == "Paused"
+    assert accepted[0].spec.session.max_inflight == 5
+
+
+def test_long_names_are_cut_to_valid_object_names():
+    name = render.dns_name("a" * 60, "zone", "listener")
+    assert len(name) == 63 and name != render.dns_name("a" * 60, "zone", "listener2")
+
+
+def test_status_maps_pod_hashes_to_zone_generations():
+    f = fleet()
+    r1 = rendered(f, zone("external", gen=1))
+    (z2,), _ = render.select_zones(f, [zone("external", gen=2, session={"maxInflight": 3})])
+    r2 = render.render(f, [z2], history=r1.history)
+    assert r2.history == {r1.config_hash: {"external": 1}, r2.config_hash: {"external": 2}}
+    sts = {"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "replicas": 2, "readyReplicas": 2,
+           "updatedReplicas": 2, "currentRevision": "a", "updateRevision": "a"}}  # fmt: skip
+    info = {
+        "edge-0": {"config_hash": r2.config_hash, "connections": "3", "sessions": "2"},
+        "edge-1": {"config_hash": r1.config_hash, "connections": "1", "sessions": "1"},
+    }
+    st = fleet_status(f, r2, "", Observed(statefulset=sts, nodeinfo=info))
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert st["zones"]["external"] == {"generation": 2, "appliedGeneration": 1, "podsApplied": 1}
+    assert (st["connections"], st["sessions"], st["readyReplicas"]) == (4, 3, 2)
+    assert conds["ConfigApplied"]["status"] == "False" and "1/2" in conds["ConfigApplied"]["message"]
+    assert conds["Ready"]["status"] == "False" and conds["Progressing"]["status"] == "True"
+    info["edge-1"]["config_hash"] = r2.config_hash
+    st2 = fleet_status(f | {"status": st}, r2, "", Observed(statefulset=sts, nodeinfo=info))
+    conds2 = {c["type"]: c for c in st2["conditions"]}
+    assert conds2["Ready"]["status"] == "True" and conds2["Degraded"]["status"] == "False"
+    assert conds2["Degraded"]["lastTransitionTime"] == conds["Degraded"]["lastTransitionTime"]
+    zs = zone_status(zone("external", gen=2), fleet_found=True, rejection=None, fleet_status_=st2,
+                     pod_gens={"edge-0": 2, "edge-1": 2})  # fmt: skip
+    zconds = {c["type"]: c["status"] for c in zs["conditions"]}
+    assert zconds == {"Accepted": "True", "Applied": "True"} and zs["appliedGeneration"] == 2
+
+
+def test_zone_status_reports_missing_fleet_and_rejections():
+    zs = zone_status(zone("x"), fleet_found=False, rejection=None, fleet_status_=None, pod_gens=None)
+    accepted = next(c for c in zs["conditions"] if c["type"] == "Accepted")
+    assert (accepted["status"], accepted["reason"]) == ("False", "FleetNotFound")
+    zs = zone_status(zone("x", gen=4), fleet_found=True, rejection=Rejection("PortConflict", "port 1883 ..."),
+                     fleet_status_=None, pod_gens={"edge-0": 3})  # fmt: skip
+    conds = {c["type"]: c for c in zs["conditions"]}
+    assert conds["Accepted"]["reason"] == "PortConflict" and conds["Applied"]["status"] == "False"
+    assert zs["appliedGeneration"] == 3 and conds["Accepted"]["observedGeneration"] == 4
