@@ -1,4 +1,4 @@
-"""`fleetmq-broker` / `python -m fleetmq.broker`: run one broker node."""
+"""`fleetmq-broker` / `python -m fleetmq.broker`: run one broker node (or, with --workers, several)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         help="acks also wait until N Redis replicas have the writes (WAIT)",
     )
+    p.add_argument(
+        "--workers",
+        metavar="N",
+        type=int,
+        default=1,
+        help="run N broker processes sharing the listeners (SO_REUSEPORT), each a node of the fleet; "
+        "needs the Redis store",
+    )
+    p.add_argument("--worker-socket", help=argparse.SUPPRESS)  # set by the supervisor of --workers
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.workers < 1:
+        p.error("--workers must be at least 1")
+    return args
 
 
 def _raise_nofile() -> None:
@@ -81,8 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["passwd"]:
         return passwd(argv[1:])
     args = parse_args(argv)
+    worker = f" [{args.node_id}]" if args.worker_socket else ""
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=args.log_level.upper(), format=f"%(asctime)s %(levelname)s{worker} %(name)s: %(message)s"
     )
     overrides: dict[str, object] = {}
     if args.node_id:
@@ -123,6 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     _raise_nofile()
+    if args.workers > 1:
+        from . import workers
+
+        if (why := workers.check(config, args.workers)) is not None:
+            print(f"fleetmq-broker: {why}", file=sys.stderr)
+            return 2
+        return asyncio.run(workers.Supervisor(config, [*argv, "--workers", "1"], args.workers).run())
     from .auth import UsersFileError
     from .server import run
 
@@ -132,9 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         uvloop = None
     try:
         if uvloop is not None:
-            uvloop.run(run(config, load, args.config))
+            uvloop.run(run(config, load, args.config, args.worker_socket))
         else:
-            asyncio.run(run(config, load, args.config))
+            asyncio.run(run(config, load, args.config, args.worker_socket))
     except OSError as e:
         logging.getLogger("fleetmq").error("cannot start: %s", e)
         return 1

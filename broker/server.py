@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from . import http
 from .auth import UsersFileError
 from .codec import RC
 from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
@@ -58,8 +59,11 @@ class Server:
         config: BrokerConfig,
         reload: Callable[[], BrokerConfig] | None = None,
         watch: str | None = None,
+        worker_socket: str | None = None,
     ) -> None:
         self.config = config
+        # a worker of `--workers N`: listeners shared with SO_REUSEPORT, HTTP on a socket for the supervisor
+        self._worker_socket = worker_socket
         self._reload = reload  # reads and validates the config file again
         self._watch = watch  # the file whose changes trigger a reload
         self.metrics = Metrics()
@@ -75,9 +79,11 @@ class Server:
         await self.node.start()
         for listener in self.config.listeners:
             await self._open_listener(listener)
-        if self.config.metrics.bind:
+        if self._worker_socket:
+            self._http = await asyncio.start_unix_server(http.handler(self._route), self._worker_socket)
+        elif self.config.metrics.bind:
             host, port = parse_bind(self.config.metrics.bind)
-            self._http = await asyncio.start_server(self._http_handler, host, port, reuse_address=True)
+            self._http = await asyncio.start_server(http.handler(self._route), host, port, reuse_address=True)
             log.info("metrics on http://%s:%d/metrics", host, port)
         self.ready = True
 
@@ -94,6 +100,7 @@ class Server:
             host,
             port,
             reuse_address=True,
+            reuse_port=self._worker_socket is not None,
             backlog=BACKLOG,
             ssl=tls_context(listener) if listener.protocol in ("tls", "wss") else None,
         )
@@ -220,31 +227,7 @@ class Server:
         log.info("stopped")
 
     # -- HTTP: /metrics, /healthz, /readyz --------------------------------------------------------
-    async def _http_handler(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-            method, path, *_ = request.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
-            status, ctype, body = self._route(method, path.split("?", 1)[0])
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
-            await writer.drain()
-        except (
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,
-            TimeoutError,
-            ValueError,
-            ConnectionError,
-        ):
-            pass
-        finally:
-            writer.close()
-
-    def _route(self, method: str, path: str) -> tuple[str, str, bytes]:
-        if method not in ("GET", "HEAD"):
-            return "405 Method Not Allowed", "text/plain", b"method not allowed\n"
+    async def _route(self, method: str, path: str) -> tuple[str, str, bytes]:
         if path == "/metrics":
             registry = CollectorRegistry()
             registry.register(self.metrics.collector())
@@ -255,6 +238,7 @@ class Server:
             info: dict[str, Any] = {
                 "ready": self.ready,
                 "node_id": self.node.node_id,
+                "pid": os.getpid(),
                 "config_hash": self.node.config_hash,
                 "connections": len(self.node.cm.channels),
                 "listeners": sorted(self.listeners),
@@ -265,8 +249,11 @@ class Server:
 
 
 async def run(
-    config: BrokerConfig, reload: Callable[[], BrokerConfig] | None = None, watch: str | None = None
+    config: BrokerConfig,
+    reload: Callable[[], BrokerConfig] | None = None,
+    watch: str | None = None,
+    worker_socket: str | None = None,
 ) -> None:
-    server = Server(config, reload, watch)
+    server = Server(config, reload, watch, worker_socket)
     await server.start()
     await server.serve_forever()
