@@ -33,7 +33,9 @@ FLEET_ROWS = [
     "cross-node-pt2pt-q2",
     "takeover",
 ]
-ALL_ROWS = [f"{m}-q{q}" for m in MODES for q in (0, 1, 2)] + FLEET_ROWS + ["idle"]
+# the same point-to-point flow, every client over TLS 1.2+ (both brokers on one certificate)
+TLS_ROWS = ["tls-pt2pt-q0", "tls-pt2pt-q1"]
+ALL_ROWS = [f"{m}-q{q}" for m in MODES for q in (0, 1, 2)] + TLS_ROWS + FLEET_ROWS + ["idle"]
 IDLE_SETTLE_S = 2.0
 TAKEOVER_QUEUED = 1000
 
@@ -85,17 +87,19 @@ def ensure_running(broker: Broker, start_error: dict[str, str]) -> str | None:
 def run_flow_cell(
     broker: Broker, binary: Path, mode: str, qos: int, args: argparse.Namespace, *, clean: bool = True
 ) -> Cell:
+    tls = mode.startswith("tls-")
     return _measured(
         lambda: driver.run_flow(
             binary,
-            broker.port,
-            mode,
+            broker.tls_port if tls else broker.port,
+            mode.removeprefix("tls-"),
             qos,
             duration=args.duration,
             warmup=args.warmup,
             window=args.window,
             payload=args.payload,
             clean=clean,
+            tls_ca=broker.pki["ca"] if tls else None,
         ),
         {broker.name: broker.pid},
         None,

@@ -1,11 +1,13 @@
 """Start/stop the brokers under test on free loopback ports with equivalent, unlimited settings.
 
 Both brokers get unlimited inflight windows and queues, so that the closed-loop
-load generator (not a broker limit) decides how much is in flight.
+load generator (not a broker limit) decides how much is in flight, and a second, TLS
+listener with the same certificate (tls-* rows).
 """
 
 from __future__ import annotations
 
+import getpass
 import shutil
 import subprocess
 import sys
@@ -31,8 +33,19 @@ class Broker:
         self.workdir = workdir / self.name
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = 0
+        self.tls_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self._pki: dict | None = None
+
+    @property
+    def pki(self) -> dict:
+        """{"server": (crt, key), "ca": crt}: made once, for the TLS listener."""
+        if self._pki is None:
+            from tests.integration.pki import make_pki
+
+            self._pki = make_pki(self.workdir)
+        return self._pki
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -56,6 +69,7 @@ class Broker:
         """Launch on a fresh port and wait until it accepts connections."""
         self.stop()
         self.port = procs.free_port(HOST)
+        self.tls_port = procs.free_port(HOST)
         cmd = self.command()
         self.starts += 1
         with self.log_path.open("ab") as log:
@@ -69,6 +83,7 @@ class Broker:
                 raise BrokerError(f"cannot run {cmd[0]}: {e}") from e
         try:
             procs.wait_port(HOST, self.port, START_TIMEOUT, self.proc)
+            procs.wait_port(HOST, self.tls_port, START_TIMEOUT, self.proc)
         except RuntimeError as e:
             self.stop()
             raise BrokerError(f"{self.name} {e}{self.log_tail()}") from e
@@ -116,6 +131,11 @@ class Mosquitto(Broker):
             "max_queued_messages 0\n"
             "persistence false\n"
             "log_dest none\n"
+            # as root, mosquitto would switch to its own user, who cannot read the bench's key file
+            f"user {getpass.getuser()}\n"
+            f"listener {self.tls_port} {HOST}\n"
+            f"certfile {self.pki['server'][0]}\n"
+            f"keyfile {self.pki['server'][1]}\n"
         )
         return [self.binary(), "-c", str(conf)]
 
@@ -144,6 +164,8 @@ class Fleetmq(Broker):
             "  bench: {max_inflight: 0, max_mqueue_len: 0, max_awaiting_rel: 0}\n"
             "listeners:\n"
             f'  - {{name: mqtt, zone: bench, bind: "{HOST}:{self.port}", protocol: tcp}}\n'
+            f'  - {{name: mqtts, zone: bench, bind: "{HOST}:{self.tls_port}", protocol: tls,\n'
+            f'     certfile: "{self.pki["server"][0]}", keyfile: "{self.pki["server"][1]}"}}\n'
         )
         return [self.python(), "-m", "fleetmq.broker", "--config", str(cfg), "--log-level", "warning"]
 

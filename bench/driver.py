@@ -85,11 +85,13 @@ def run_flow(
     payload: int,
     sub_port: int | None = None,
     clean: bool = True,
+    tls_ca: str | None = None,
 ) -> dict[str, Any]:
     """Run one throughput/latency scenario; returns the loadgen's JSON result.
 
     sub_port: subscribers connect there (another fleet node) instead of `port`.
     clean=False: persistent sessions (clean_session=0) for publishers and subscribers.
+    tls_ca: every client speaks TLS to `port`, verifying the broker against this CA file.
     """
     cmd = [
         str(binary),
@@ -101,6 +103,8 @@ def run_flow(
         cmd += ["-sub-port", str(sub_port)]
     if not clean:
         cmd.append("-clean=false")
+    if tls_ca is not None:
+        cmd += ["-tls-ca", tls_ca]
     return _run(cmd, timeout=duration + warmup + 60)
 
 

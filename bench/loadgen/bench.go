@@ -11,6 +11,8 @@ package main
 
 import (
 	"bufio"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -201,6 +203,9 @@ func dialSub(cfg *config, clientID string, keepalive uint16) (net.Conn, *bufio.R
 	return conn, r, err
 }
 
+// tlsConfig is set by -tls-ca: every connection then speaks TLS, verified against that CA.
+var tlsConfig *tls.Config
+
 func tcpDial(addr string) (net.Conn, error) {
 	conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
@@ -209,7 +214,31 @@ func tcpDial(addr string) (net.Conn, error) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
-	return conn, nil
+	if tlsConfig == nil {
+		return conn, nil
+	}
+	tc := tls.Client(conn, tlsConfig)
+	_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := tc.Handshake(); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("tls handshake: %w", err)
+	}
+	_ = tc.SetDeadline(time.Time{})
+	return tc, nil
+}
+
+// loadTLS makes the client TLS config from a PEM CA file (the broker's certificate is for host).
+func loadTLS(caFile, host string) error {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("%s: no PEM certificates", caFile)
+	}
+	tlsConfig = &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS12}
+	return nil
 }
 
 // dialAddr connects, sends CONNECT and waits for a successful CONNACK; it

@@ -60,6 +60,7 @@ func main() {
 	warmupReps := flag.Int("warmup-reps", 2, "takeover: unmeasured repetitions first")
 	queued := flag.Int("queued", 1000, "takeover: messages queued behind the full inflight window")
 	inflight := flag.Int("inflight", 32, "takeover: the broker's max_inflight (the window the old connection fills)")
+	tlsCA := flag.String("tls-ca", "", "connect with TLS, verifying the broker against this PEM CA file")
 	asJSON := flag.Bool("json", false, "print one JSON object")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile here (development aid)")
 	flag.Parse()
@@ -74,6 +75,11 @@ func main() {
 
 	runtime.GOMAXPROCS(*procs)
 	raiseNofile()
+	if *tlsCA != "" {
+		if err := loadTLS(*tlsCA, cfg.host); err != nil {
+			fatal("tls: " + err.Error())
+		}
+	}
 	if cfg.runID == "" {
 		b := make([]byte, 4)
 		_, _ = rand.Read(b)
