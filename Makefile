@@ -15,11 +15,16 @@ venv: $(BIN)/python
 
 # Python packages the tests need (the pipeline's Spark tests too), plus the project in editable mode.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test,pipeline]'
+	$(BIN)/pip install -q -e '.[test,pipeline,operator]'
 	touch $@
 
 deps: $(VENV)/.installed
 	bash scripts/system-deps.sh
+
+# The CustomResourceDefinitions in crds/, generated from the pydantic models (a test fails when stale).
+.PHONY: crds
+crds: $(VENV)/.installed
+	$(BIN)/python -m fleetmq.operator.crdgen crds
 
 run: $(VENV)/.installed
 	$(BIN)/fleetmq-broker --listen $(LISTEN)
