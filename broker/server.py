@@ -34,12 +34,22 @@ def tls_context(listener: ListenerConfig) -> ssl.SSLContext:
     """TLS 1.2+ with the listener's certificate; client certificates verified against cafile if asked."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    load_certificates(ctx, listener)
+    if listener.cafile:
+        ctx.verify_mode = ssl.CERT_REQUIRED if listener.verify_peer else ssl.CERT_OPTIONAL
+    return ctx
+
+
+def load_certificates(ctx: ssl.SSLContext, listener: ListenerConfig) -> None:
+    """(Re)load a listener's files into its context: new handshakes use them, open connections go on."""
     assert listener.certfile and listener.keyfile
     ctx.load_cert_chain(listener.certfile, listener.keyfile)
     if listener.cafile:
         ctx.load_verify_locations(listener.cafile)
-        ctx.verify_mode = ssl.CERT_REQUIRED if listener.verify_peer else ssl.CERT_OPTIONAL
-    return ctx
+
+
+def tls_files(listener: ListenerConfig) -> list[str]:
+    return [f for f in (listener.certfile, listener.keyfile, listener.cafile) if f]
 
 
 def make_store(config: BrokerConfig) -> SessionStore:
@@ -70,6 +80,7 @@ class Server:
         self.node = Node(config, make_store(config), self.metrics)
         self.connections: set[Connection] = set()
         self.listeners: dict[str, asyncio.Server] = {}
+        self._tls: dict[str, ssl.SSLContext] = {}  # of the open tls/wss listeners, by name
         self._http: asyncio.Server | None = None
         self._stopping: asyncio.Event | None = None
         self.ready = False
@@ -95,6 +106,9 @@ class Server:
             factory: Callable[[], Connection] = partial(WsConnection, *args, listener.path)
         else:
             factory = partial(Connection, *args)
+        ctx = tls_context(listener) if listener.protocol in ("tls", "wss") else None
+        if ctx is not None:
+            self._tls[listener.name] = ctx
         server = await loop.create_server(
             factory,
             host,
@@ -102,7 +116,7 @@ class Server:
             reuse_address=True,
             reuse_port=self._worker_socket is not None,
             backlog=BACKLOG,
-            ssl=tls_context(listener) if listener.protocol in ("tls", "wss") else None,
+            ssl=ctx,
         )
         for sock in server.sockets:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -127,9 +141,11 @@ class Server:
         await self.drain()
 
     def _watched(self) -> list[str]:
-        """The config file and the users files its zones name (a mounted Secret changes on its own)."""
-        users = {z.users_file for z in self.config.zones.values() if z.users_file}
-        return [self._watch, *sorted(users)] if self._watch else sorted(users)
+        """The config file, and the users and certificate files it names (mounted Secrets change on their
+        own: a rotated certificate or a new user needs no restart)."""
+        files = {z.users_file for z in self.config.zones.values() if z.users_file}
+        files.update(f for lst in self.config.listeners for f in tls_files(lst))
+        return [self._watch, *sorted(files)] if self._watch else sorted(files)
 
     async def _watch_files(self) -> None:
         def stamp(path: str) -> tuple[float, int, int] | None:
@@ -152,7 +168,8 @@ class Server:
     async def reload(self, force: bool = False) -> bool:
         """Apply a changed config file live; an invalid one is refused whole (the last good one stays).
 
-        ``force`` re-applies an unchanged config too, re-reading its users files (SIGHUP, users file edits).
+        ``force`` re-applies an unchanged config too, re-reading its users and certificate files (SIGHUP,
+        edits of those files).
         """
         assert self._reload is not None
         try:
@@ -172,8 +189,24 @@ class Server:
                 conn.channel.apply_zone()
         await self._apply_listeners(new)
         self.config = new
+        if force:
+            self._reload_certificates()
         log.info("config %s applied", new.config_hash())
         return True
+
+    def _reload_certificates(self) -> None:
+        for lst in self.config.listeners:
+            ctx = self._tls.get(lst.name)
+            if ctx is None:
+                continue
+            try:
+                tls_context(lst)  # the files as a whole first: a half-rotated pair must not go live
+                load_certificates(ctx, lst)
+            except (OSError, ssl.SSLError) as e:
+                self.metrics.config_reload_errors += 1
+                log.error(
+                    "listener %s: certificate files not reloaded, the previous ones stay: %s", lst.name, e
+                )
 
     async def _apply_listeners(self, new: BrokerConfig) -> None:
         """Open added listeners; close removed or changed ones (their clients get 0x8B and reconnect)."""
@@ -183,6 +216,7 @@ class Server:
             if wanted.get(name) == lst:
                 continue
             server = self.listeners.pop(name, None)
+            self._tls.pop(name, None)
             if server is not None:
                 server.close()
             for conn in list(self.connections):

@@ -88,3 +88,43 @@ def test_tls_1_1_refused(start_broker, pki):
     ctx.minimum_version = ctx.maximum_version = ssl.TLSVersion.TLSv1_1
     with socket.create_connection((HOST, port), timeout=5) as raw, pytest.raises(ssl.SSLError):
         ctx.wrap_socket(raw, server_hostname=HOST)
+
+
+def test_rotated_certificate_is_used_without_restart(start_broker, pki, tmp_path):
+    """cert-manager renews the Secret mounted as certfile/keyfile: new handshakes get the new certificate."""
+    import shutil
+
+    from .harness import wait_until
+    from .pki import make_pki
+
+    crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(pki["server"][0], crt)
+    shutil.copy(pki["server"][1], key)
+    bp, port = tls_broker(start_broker, {"server": (str(crt), str(key))})
+    c, _ = tls_client(port, pki["ca"])
+    (tmp_path / "renewed").mkdir()
+    renewed = make_pki(tmp_path / "renewed")
+    shutil.copy(renewed["server"][1], key)  # a half-rotated pair is refused, the old one stays
+    time.sleep(1.5)
+    c2, _ = tls_client(port, pki["ca"])
+    c2.disconnect()
+    c2.loop_stop()
+    assert bp.metric("fleetmq_config_reload_errors_total") >= 1
+    shutil.copy(renewed["server"][0], crt)
+
+    def handshake_with(ca: str) -> bool:
+        ctx = ssl.create_default_context(cafile=ca)
+        try:
+            with (
+                socket.create_connection((HOST, port), timeout=5) as raw,
+                ctx.wrap_socket(raw, server_hostname=HOST),
+            ):
+                return True
+        except ssl.SSLError:
+            return False
+
+    wait_until(lambda: handshake_with(renewed["ca"]), timeout=10, msg="renewed certificate served")
+    assert not handshake_with(pki["ca"])
+    assert c.is_connected()  # the connection made before the rotation goes on
+    c.disconnect()
+    c.loop_stop()
