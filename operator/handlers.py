@@ -1,0 +1,417 @@
+"""kopf handlers: every BrokerFleet is reconciled as a whole (the fleet, its zones and its children).
+
+Any trigger (fleet created/changed/resumed, a zone created/changed/deleted, a child changed or deleted by
+someone else, the resync timer) asks for one reconciliation of the fleet concerned; requests that arrive
+while one runs are folded into one more pass, so a fleet is never reconciled twice at once. Status is
+patched explicitly; handler return values are not used (kopf would store them in the object).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kopf
+import redis.asyncio as aioredis
+from fleetmq.broker.cluster import nodeinfo_key
+
+from . import metrics, render
+from .crds import GROUP, VERSION, BrokerFleetSpec
+from .kube import ApiError, Credentials, Kube, load_kubeconfig
+from .status import Observed, fleet_status, pod_generations, zone_status
+
+log = logging.getLogger("fleetmq.operator")
+
+FLEETS = (GROUP, VERSION, "brokerfleets")
+ZONES = (GROUP, VERSION, "mqttzones")
+CHILD_LABELS = {render.L_MANAGED: render.MANAGER}
+PRUNED_KINDS = ("Service", "StatefulSet", "PodDisruptionBudget", "ConfigMap", "ServiceMonitor")
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+RESYNC_SECONDS = _env_float("FLEETMQ_RESYNC_SECONDS", 30.0)
+WATCH_SERVER_TIMEOUT = _env_float("FLEETMQ_WATCH_SERVER_TIMEOUT", 300.0)
+WATCH_CLIENT_TIMEOUT = _env_float("FLEETMQ_WATCH_CLIENT_TIMEOUT", 330.0)
+
+
+class ImpersonatingConnectionInfo(kopf.ConnectionInfo):
+    """kopf's connection info plus the Impersonate-User header of a kubeconfig's `as:`."""
+
+    impersonate: str | None = None
+
+    def as_http_headers(self) -> dict[str, str]:
+        headers = super().as_http_headers()
+        if self.impersonate:
+            headers["Impersonate-User"] = self.impersonate
+        return headers
+
+
+def connection_info(creds: Credentials) -> kopf.ConnectionInfo:
+    info = ImpersonatingConnectionInfo(
+        server=creds.server,
+        ca_data=creds.ca_data,
+        insecure=creds.insecure or None,
+        token=creds.token or (Path(creds.token_file).read_text().strip() if creds.token_file else None),
+        certificate_data=creds.cert_data,
+        private_key_data=creds.key_data,
+        default_namespace=creds.namespace,
+    )
+    info.impersonate = creds.impersonate
+    return info
+
+
+@dataclass
+class Operator:
+    """Shared state of one operator process (kept in kopf's memo)."""
+
+    kube: Kube
+    reconciling: set[tuple[str, str]] = field(default_factory=set)
+    dirty: set[tuple[str, str]] = field(default_factory=set)
+    redis: dict[str, aioredis.Redis] = field(default_factory=dict)
+    monitor_kind: tuple[float, bool] = (0.0, False)
+    zone_counts: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+
+    async def request(self, namespace: str, name: str) -> None:
+        """Reconcile the fleet now, or once more after the pass that is running."""
+        key = (namespace, name)
+        self.dirty.add(key)
+        if key in self.reconciling:
+            return
+        self.reconciling.add(key)
+        try:
+            while key in self.dirty:
+                self.dirty.discard(key)
+                await self.reconcile(namespace, name)
+        finally:
+            self.reconciling.discard(key)
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        started = time.monotonic()
+        try:
+            result = await self._reconcile(namespace, name)
+        except Exception:
+            metrics.RECONCILES.labels("error").inc()
+            log.exception("reconciling BrokerFleet %s/%s failed", namespace, name)
+            raise
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        metrics.RECONCILES.labels(result).inc()
+
+    async def _reconcile(self, namespace: str, name: str) -> str:
+        kube = self.kube
+        fleet = await kube.get("BrokerFleet", namespace, name)
+        if fleet is None or fleet["metadata"].get("deletionTimestamp"):
+            self.zone_counts.pop((namespace, name), None)
+            await self._zones_without_fleet(namespace, name)
+            return "gone"
+        if render.paused(fleet):
+            return "paused"
+        zones = [
+            z
+            for z in await kube.list("MqttZone", namespace)
+            if ((z.get("spec") or {}).get("fleetRef") or {}).get("name") == name
+        ]
+        cm_name = render.names(name)["config"]
+        current_cm = await kube.get("ConfigMap", namespace, cm_name)
+        accepted, rejected = render.select_zones(fleet, zones, render.applied_zones(current_cm))
+        self.zone_counts[(namespace, name)] = (len(accepted), len(rejected))
+        metrics.ZONES.labels("accepted").set(sum(a for a, _ in self.zone_counts.values()))
+        metrics.ZONES.labels("rejected").set(sum(r for _, r in self.zone_counts.values()))
+        metrics.FLEETS.set(len(self.zone_counts))
+        observed = Observed(rejected=rejected)
+        rendered: render.Rendered | None = None
+        render_error = ""
+        try:
+            spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
+            password = await self._redis_password(namespace, spec)
+            rendered = render.render(
+                fleet,
+                accepted,
+                history=render.history(current_cm),
+                redis_password=password,
+                service_monitor=await self._has_service_monitor(),
+            )
+        except (render.RenderError, ValueError) as e:
+            metrics.RECONCILE_ERRORS.labels("render").inc()
+            render_error = str(e)
+        except ApiError as e:
+            metrics.RECONCILE_ERRORS.labels("render").inc()
+            render_error = f"cannot read the Redis password: {e}"
+        if rendered is not None:
+            observed.apply_error = await self._apply(fleet, rendered, current_cm)
+        observed.statefulset = await kube.get("StatefulSet", namespace, render.names(name)["statefulset"])
+        if rendered is not None:
+            observed.nodeinfo, observed.nodeinfo_error = await self._nodeinfo(
+                rendered.config["store"]["url"], password, fleet
+            )
+        status = fleet_status(fleet, rendered, render_error, observed)
+        await self._patch_status(fleet, status)
+        await self._zone_statuses(fleet, zones, rejected, rendered, observed, status)
+        return "error" if render_error or observed.apply_error else "ok"
+
+    async def _redis_password(self, namespace: str, spec: BrokerFleetSpec) -> str | None:
+        ref = spec.redis.secretRef
+        if ref is None or spec.redis.managed:
+            return None
+        secret = await self.kube.get("Secret", namespace, ref.name)
+        if secret is None or ref.key not in (secret.get("data") or {}):
+            raise render.RenderError(f"redis.secretRef: Secret {ref.name} has no key {ref.key!r}")
+        return base64.b64decode(secret["data"][ref.key]).decode()
+
+    async def _has_service_monitor(self) -> bool:
+        checked, present = self.monitor_kind
+        if time.monotonic() - checked > 300:
+            try:
+                present = await self.kube.has_kind("monitoring.coreos.com/v1", "ServiceMonitor")
+            except ApiError:
+                present = False
+            self.monitor_kind = (time.monotonic(), present)
+        return present
+
+    async def _apply(
+        self, fleet: dict[str, Any], rendered: render.Rendered, current_cm: dict[str, Any] | None
+    ) -> str:
+        """Server-side apply every child, delete the ones no longer rendered; returns an error or ""."""
+        kube = self.kube
+        errors = []
+        for manifest in rendered.manifests:
+            meta = manifest["metadata"]
+            try:
+                before = await kube.get(manifest["kind"], meta["namespace"], meta["name"])
+                after = await kube.apply(manifest, render.MANAGER)
+            except ApiError as e:
+                metrics.RECONCILE_ERRORS.labels("apply").inc()
+                errors.append(f"{manifest['kind']} {meta['name']}: {e}")
+                continue
+            if (
+                before is None
+                or before["metadata"]["resourceVersion"] != after["metadata"]["resourceVersion"]
+            ):
+                metrics.CHILD_CHANGES.labels(manifest["kind"]).inc()
+                action = "Created" if before is None else "Updated"
+                await self._event(fleet, action, f"{action} {manifest['kind']} {meta['name']}")
+        old_hash = ((current_cm or {}).get("metadata", {}).get("annotations") or {}).get(render.A_CONFIG_HASH)
+        if not errors and old_hash != rendered.config_hash:
+            gens = ", ".join(f"{z} generation {g}" for z, g in sorted(rendered.zone_generations.items()))
+            await self._event(fleet, "ConfigRendered", f"config {rendered.config_hash}: {gens or 'no zones'}")
+        try:
+            await self._prune(fleet, rendered)
+        except ApiError as e:
+            metrics.RECONCILE_ERRORS.labels("prune").inc()
+            errors.append(f"pruning: {e}")
+        return "; ".join(errors)
+
+    async def _prune(self, fleet: dict[str, Any], rendered: render.Rendered) -> None:
+        meta = fleet["metadata"]
+        wanted = {(m["kind"], m["metadata"]["name"]) for m in rendered.manifests}
+        selector = f"{render.L_FLEET}={meta['name']},{render.L_MANAGED}={render.MANAGER}"
+        for kind in PRUNED_KINDS:
+            if kind == "ServiceMonitor" and not await self._has_service_monitor():
+                continue
+            for obj in await self.kube.list(kind, meta["namespace"], selector):
+                owners = obj["metadata"].get("ownerReferences") or []
+                if (kind, obj["metadata"]["name"]) in wanted or not any(
+                    o.get("uid") == meta["uid"] for o in owners
+                ):
+                    continue
+                if await self.kube.delete(kind, meta["namespace"], obj["metadata"]["name"]):
+                    metrics.CHILD_DELETES.labels(kind).inc()
+                    await self._event(fleet, "Deleted", f"Deleted {kind} {obj['metadata']['name']}")
+
+    async def _nodeinfo(
+        self, url: str, password: str | None, fleet: dict[str, Any]
+    ) -> tuple[dict[str, dict[str, str]] | None, str]:
+        """What each broker pod reports in Redis: applied config hash, connections, sessions."""
+        replicas = int((fleet.get("spec") or {}).get("replicas", 3))
+        sts = render.names(fleet["metadata"]["name"])["statefulset"]
+        pods = [f"{sts}-{i}" for i in range(replicas)]
+        url = render.with_password(url, password)
+        client = self.redis.get(url)
+        if client is None:
+            client = self.redis[url] = aioredis.from_url(
+                url, socket_timeout=2, socket_connect_timeout=2, decode_responses=True
+            )
+        try:
+            async with client.pipeline(transaction=False) as pipe:
+                for pod in pods:
+                    pipe.hgetall(nodeinfo_key(pod))
+                replies = await pipe.execute()
+        except Exception as e:  # redis errors, DNS, timeouts: reported, never fatal
+            metrics.RECONCILE_ERRORS.labels("nodeinfo").inc()
+            return None, str(e) or type(e).__name__
+        return {pod: info for pod, info in zip(pods, replies, strict=True) if info}, ""
+
+    async def _patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        try:
+            await self.kube.patch_status(obj["kind"], meta["namespace"], meta["name"], status)
+        except ApiError as e:
+            if e.status != 404:
+                metrics.RECONCILE_ERRORS.labels("status").inc()
+                raise
+
+    async def _zone_statuses(
+        self,
+        fleet: dict[str, Any],
+        zones: list[dict[str, Any]],
+        rejected: dict[str, render.Rejection],
+        rendered: render.Rendered | None,
+        observed: Observed,
+        fleet_st: dict[str, Any],
+    ) -> None:
+        replicas = int((fleet.get("spec") or {}).get("replicas", 3))
+        sts = render.names(fleet["metadata"]["name"])["statefulset"]
+        all_pods = [f"{sts}-{i}" for i in range(replicas)]
+        gens = pod_generations(rendered, observed.nodeinfo or {}, all_pods) if rendered else {}
+        for zone in zones:
+            zname = zone["metadata"]["name"]
+            if render.paused(zone):
+                continue
+            st = zone_status(
+                zone,
+                fleet_found=True,
+                rejection=rejected.get(zname),
+                fleet_status_=fleet_st,
+                pod_gens=gens.get(zname, dict.fromkeys(all_pods)),
+            )
+            before = {c["type"]: c["status"] for c in (zone.get("status") or {}).get("conditions") or []}
+            await self._patch_status(zone, st)
+            accepted = next(c for c in st["conditions"] if c["type"] == "Accepted")
+            if accepted["status"] == "False" and before.get("Accepted") != "False":
+                await self._event(zone, accepted["reason"], accepted["message"], "Warning")
+
+    async def _zones_without_fleet(self, namespace: str, name: str) -> None:
+        for zone in await self.kube.list("MqttZone", namespace):
+            if ((zone.get("spec") or {}).get("fleetRef") or {}).get("name") == name and not render.paused(
+                zone
+            ):
+                await self.zone_without_fleet(zone)
+
+    async def zone_without_fleet(self, zone: dict[str, Any]) -> None:
+        st = zone_status(zone, fleet_found=False, rejection=None, fleet_status_=None, pod_gens=None)
+        await self._patch_status(zone, st)
+
+    async def _event(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
+        try:
+            await self.kube.event(obj, reason, message, type_=type_, component=render.MANAGER)
+        except ApiError as e:
+            log.warning("cannot record event %s on %s: %s", reason, obj["metadata"]["name"], e)
+
+    async def close(self) -> None:
+        await self.kube.close()
+        for client in self.redis.values():
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+
+def _op(memo: kopf.Memo) -> Operator:
+    return memo["fleetmq"]  # type: ignore[no-any-return]
+
+
+# -------------------------------------------------------------------------------------------- startup
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """The same credentials for kopf's watches and our own requests (kubeconfig or ServiceAccount)."""
+    return connection_info(load_kubeconfig())
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
+    settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    settings.persistence.finalizer = "fleetmq.io/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="operator.fleetmq.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="operator.fleetmq.io", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING  # our own Events say what we do; kopf's add noise
+    memo["fleetmq"] = Operator(Kube(load_kubeconfig()))
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    op = memo.get("fleetmq")
+    if op is not None:
+        await op.close()
+
+
+# --------------------------------------------------------------------------------------------- fleets
+@kopf.on.resume(*FLEETS)
+@kopf.on.create(*FLEETS)
+@kopf.on.update(*FLEETS)
+async def fleet_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    await _op(memo).request(namespace, name)
+
+
+@kopf.timer(*FLEETS, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS / 2)
+async def fleet_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """Corrects drift nobody told us about and refreshes status from the pods' reports."""
+    await _op(memo).request(namespace, name)
+
+
+@kopf.on.event(*FLEETS, when=lambda type, **_: type == "DELETED")
+async def fleet_deleted(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    await _op(memo).request(namespace, name)
+
+
+# ---------------------------------------------------------------------------------------------- zones
+async def _zone_fleet(op: Operator, zone: dict[str, Any]) -> None:
+    meta = zone["metadata"]
+    fleet_name = ((zone.get("spec") or {}).get("fleetRef") or {}).get("name")
+    if not fleet_name:
+        return
+    fleet = await op.kube.get("BrokerFleet", meta["namespace"], fleet_name)
+    if fleet is None:
+        if not render.paused(zone):
+            await op.zone_without_fleet(zone)
+        return
+    await op.request(meta["namespace"], fleet_name)
+
+
+@kopf.on.resume(*ZONES)
+@kopf.on.create(*ZONES)
+@kopf.on.update(*ZONES)
+async def zone_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> None:
+    op = _op(memo)
+    zone = await op.kube.get("MqttZone", body.metadata.namespace, body.metadata.name) or dict(body)
+    previous = ((old or {}).get("spec") or {}).get("fleetRef", {}).get("name")
+    if previous and previous != zone["spec"]["fleetRef"]["name"]:
+        await op.request(body.metadata.namespace, previous)  # the old fleet drops the zone
+    await _zone_fleet(op, zone)
+
+
+@kopf.on.event(*ZONES, when=lambda type, **_: type == "DELETED")
+async def zone_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    fleet_name = (body.get("spec") or {}).get("fleetRef", {}).get("name")
+    if fleet_name:
+        await _op(memo).request(body.metadata.namespace, fleet_name)
+
+
+# ------------------------------------------------------------------------------------------- children
+def _owned_child(labels: dict[str, str], **_: Any) -> bool:
+    return bool(labels.get(render.L_FLEET))
+
+
+@kopf.on.event("apps", "v1", "statefulsets", labels=CHILD_LABELS, when=_owned_child)
+@kopf.on.event("", "v1", "services", labels=CHILD_LABELS, when=_owned_child)
+@kopf.on.event("", "v1", "configmaps", labels=CHILD_LABELS, when=_owned_child)
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS, when=_owned_child)
+async def child_event(type: str, namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
+    """A child changed (its status, or someone edited or deleted it): reconcile its fleet."""
+    if type is None:  # the initial listing: the fleets' own resume handlers cover it
+        return
+    await _op(memo).request(namespace, labels[render.L_FLEET])
