@@ -41,11 +41,6 @@ def _env_float(name: str, default: float) -> float:
         return default
 
 
-RESYNC_SECONDS = _env_float("FLEETMQ_RESYNC_SECONDS", 30.0)
-WATCH_SERVER_TIMEOUT = _env_float("FLEETMQ_WATCH_SERVER_TIMEOUT", 300.0)
-WATCH_CLIENT_TIMEOUT = _env_float("FLEETMQ_WATCH_CLIENT_TIMEOUT", 330.0)
-
-
 class ImpersonatingConnectionInfo(kopf.ConnectionInfo):
     """kopf's connection info plus the Impersonate-User header of a kubeconfig's `as:`."""
 
@@ -82,6 +77,8 @@ class Operator:
     redis: dict[str, aioredis.Redis] = field(default_factory=dict)
     monitor_kind: tuple[float, bool] = (0.0, False)
     zone_counts: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    resync: float = 30.0
+    last_reconcile: dict[tuple[str, str], float] = field(default_factory=dict)
 
     async def request(self, namespace: str, name: str) -> None:
         """Reconcile the fleet now, or once more after the pass that is running."""
@@ -99,6 +96,7 @@ class Operator:
 
     async def reconcile(self, namespace: str, name: str) -> None:
         started = time.monotonic()
+        self.last_reconcile[(namespace, name)] = started
         try:
             result = await self._reconcile(namespace, name)
         except Exception:
@@ -329,8 +327,9 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
-    settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT
+    # Watches end and restart within bounded time, so a silently dropped connection is never waited on.
+    settings.watching.server_timeout = _env_float("FLEETMQ_WATCH_SERVER_TIMEOUT", 300.0)
+    settings.watching.client_timeout = _env_float("FLEETMQ_WATCH_CLIENT_TIMEOUT", 330.0)
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     settings.persistence.finalizer = "fleetmq.io/finalizer"
@@ -339,7 +338,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         prefix="operator.fleetmq.io", key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING  # our own Events say what we do; kopf's add noise
-    memo["fleetmq"] = Operator(Kube(load_kubeconfig()))
+    memo["fleetmq"] = Operator(Kube(load_kubeconfig()), resync=_env_float("FLEETMQ_RESYNC_SECONDS", 30.0))
 
 
 @kopf.on.cleanup()
@@ -357,10 +356,20 @@ async def fleet_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) ->
     await _op(memo).request(namespace, name)
 
 
-@kopf.timer(*FLEETS, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS / 2)
-async def fleet_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """Corrects drift nobody told us about and refreshes status from the pods' reports."""
-    await _op(memo).request(namespace, name)
+@kopf.daemon(*FLEETS, cancellation_timeout=5.0)
+async def fleet_resync(
+    namespace: str, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+) -> None:
+    """Every resync interval: correct drift nobody told us about, refresh status from the pods' reports."""
+    op = _op(memo)
+    while not stopped:
+        await stopped.wait(min(op.resync, 1.0))
+        last = op.last_reconcile.get((namespace, name), 0.0)
+        if not stopped and time.monotonic() - last >= op.resync:
+            try:
+                await op.request(namespace, name)
+            except Exception:  # logged and counted by reconcile(); the next interval tries again
+                pass
 
 
 @kopf.on.event(*FLEETS, when=lambda type, **_: type == "DELETED")

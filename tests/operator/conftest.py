@@ -1,0 +1,132 @@
+"""Fixtures for the operator against a real kube-apiserver (tests/kubeapi.py, `make envtest`).
+
+The operator runs in-process (kopf.testing.KopfRunner) with a kubeconfig holding a token of the
+ServiceAccount that operator/rbac.yaml defines, so every request it makes is authorized by that RBAC alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fleetmq.operator import rbac
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+OPERATOR_NS = "fleetmq-system"
+
+
+def wait_for(
+    pred: Callable[[], Any], timeout: float = 30.0, interval: float = 0.25, msg: str = "condition"
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            last = pred()
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {msg} (last: {last!r})")
+
+
+class Kubectl:
+    """kubectl as the admin, in one namespace, with JSON in and out."""
+
+    def __init__(self, cp: Any, namespace: str) -> None:
+        self.cp, self.ns = cp, namespace
+
+    def __call__(self, *args: str, input: str | None = None, check: bool = True) -> Any:
+        return self.cp.kubectl("-n", self.ns, *args, input=input, check=check)
+
+    def apply(self, obj: dict[str, Any], check: bool = True) -> Any:
+        return self("apply", "-f", "-", input=json.dumps(obj), check=check)
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        out = self("get", kind, name, "-o", "json", check=False)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+    def patch(self, kind: str, name: str, patch: dict[str, Any], kind_of_patch: str = "merge") -> Any:
+        return self("patch", kind, name, "--type", kind_of_patch, "-p", json.dumps(patch))
+
+    def condition(self, kind: str, name: str, type_: str) -> dict[str, Any]:
+        obj = self.get(kind, name) or {}
+        return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
+
+
+@pytest.fixture(scope="session")
+def crds_installed(control_plane) -> None:
+    control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
+    control_plane.kubectl(
+        "wait", "--for", "condition=established", "--timeout=60s",
+        "crd/brokerfleets.fleetmq.io", "crd/mqttzones.fleetmq.io",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(control_plane, crds_installed) -> Path:
+    """A kubeconfig with a token of the operator's ServiceAccount, bound only by operator/rbac.yaml."""
+    if control_plane.kubectl("get", "namespace", OPERATOR_NS, check=False).returncode != 0:
+        control_plane.create_namespace(OPERATOR_NS)
+    control_plane.kubectl("apply", "-f", "-", input=rbac.render_yaml(OPERATOR_NS))
+    return control_plane.serviceaccount_kubeconfig(f"{OPERATOR_NS}/{rbac.NAME}")
+
+
+@pytest.fixture
+def k(control_plane, kube_namespace, crds_installed) -> Kubectl:
+    return Kubectl(control_plane, kube_namespace)
+
+
+@pytest.fixture
+def run_operator(operator_kubeconfig, kube_namespace, monkeypatch) -> Iterator[Callable[[], Any]]:
+    """Start the operator (as its ServiceAccount) watching the test's namespace; stopped at teardown."""
+    from kopf.testing import KopfRunner
+
+    monkeypatch.setenv("KUBECONFIG", str(operator_kubeconfig))
+    monkeypatch.setenv("FLEETMQ_RESYNC_SECONDS", "1")
+    runners: list[KopfRunner] = []
+
+    def start() -> KopfRunner:
+        runner = KopfRunner(
+            ["run", "--module", "fleetmq.operator.handlers", "--namespace", kube_namespace, "--standalone"],
+            timeout=60,
+        )
+        runner.__enter__()
+        runners.append(runner)
+        return runner
+
+    yield start
+    for runner in runners:
+        runner.__exit__(None, None, None)
+        output = runner.output
+        assert "Traceback" not in output or "CancelledError" in output, output[-6000:]
+        assert "Forbidden" not in output, f"RBAC is not enough:\n{output[-6000:]}"
+
+
+def fleet(name: str = "edge", **spec: Any) -> dict[str, Any]:
+    spec.setdefault("replicas", 2)
+    spec.setdefault("redis", {"url": "redis://127.0.0.1:1/0"})
+    return {
+        "apiVersion": "fleetmq.io/v1alpha1",
+        "kind": "BrokerFleet",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def zone(name: str = "external", fleet_name: str = "edge", **spec: Any) -> dict[str, Any]:
+    spec.setdefault("listeners", [{"name": "mqtt", "port": 1883}])
+    return {
+        "apiVersion": "fleetmq.io/v1alpha1",
+        "kind": "MqttZone",
+        "metadata": {"name": name},
+        "spec": {"fleetRef": {"name": fleet_name}, **spec},
+    }
+
+
+os.environ.setdefault("FLEETMQ_WATCH_SERVER_TIMEOUT", "60")

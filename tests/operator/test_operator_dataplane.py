@@ -1,0 +1,110 @@
+"""Data plane from the control plane: the ConfigMap the operator rendered runs real brokers, and an
+MqttZone change made through the apiserver reaches them live, with the operator reporting what they run.
+
+The broker runs the rendered file unchanged (the test picks free ports for the zone's listener and the
+fleet's metrics port, and points the fleet at a real redis-server on loopback), so its config hash is the
+one the operator expects. A new ConfigMap version is copied to the broker's config file, as the kubelet
+does for a mounted ConfigMap; the broker's file watch picks it up.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import yaml
+from fleetmq.operator import render
+
+from tests.integration.harness import LIVE_BROKERS, BrokerProc, _wait_port, free_port, uid
+from tests.integration.mqttraw import PUBACK, PUBLISH, RawClient
+
+from .conftest import fleet, wait_for, zone
+
+pytestmark = pytest.mark.redis
+
+
+def readyz(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+        return json.loads(r.read())
+
+
+def start_pod(config_path, node_id: str, mqtt_port: int, metrics_port: int, workdir) -> BrokerProc:
+    """One broker "pod": the command line the StatefulSet gives its container."""
+    log_path = workdir / f"{node_id}.log"
+    cmd = [sys.executable, "-m", "fleetmq.broker", "--config", str(config_path), "--node-id", node_id]
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    bp = BrokerProc("127.0.0.1", mqtt_port, metrics_port, proc, log_path, "fleetmq", config_path,
+                    {"external/mqtt": mqtt_port}, cmd)  # fmt: skip
+    LIVE_BROKERS.append(bp)
+    for port in (mqtt_port, metrics_port):
+        _wait_port(bp, port)
+    return bp
+
+
+def test_zone_change_through_the_apiserver_reaches_running_brokers(k, run_operator, redis_server, tmp_path):
+    mqtt_port, metrics_port = free_port(), free_port()
+    run_operator()
+    k.apply(fleet(replicas=1, redis={"url": redis_server.url}, metrics={"port": metrics_port}))
+    k.apply(zone(listeners=[{"name": "mqtt", "port": mqtt_port}], session={"maxInflight": 2}))
+
+    def rendered() -> tuple[str, str]:
+        cm = k.get("configmap", "edge-config")
+        return cm["metadata"]["annotations"][render.A_CONFIG_HASH], cm["data"][render.CONFIG_KEY]
+
+    first_hash, text = wait_for(rendered, msg="rendered config")
+    config_path = tmp_path / "broker.yaml"
+    config_path.write_text(text)
+    bp = start_pod(config_path, "edge-0", mqtt_port, metrics_port, tmp_path)
+    try:
+        assert readyz(metrics_port)["config_hash"] == first_hash
+        st = wait_for(lambda: (s := k.get("brokerfleet", "edge")["status"])["zones"]["external"].get(
+            "appliedGeneration") == 1 and s, msg="fleet reports generation 1 applied")  # fmt: skip
+        assert st["pods"][0]["name"] == "edge-0" and st["pods"][0]["configHash"] == first_hash
+        cond = k.condition("brokerfleet", "edge", "ConfigApplied")
+        assert cond["status"] == "True", cond
+        wait_for(
+            lambda: k.condition("mqttzone", "external", "Applied").get("status") == "True", msg="zone applied"
+        )
+        assert k.get("mqttzone", "external")["status"]["podGenerations"] == {"edge-0": 1}
+
+        topic = uid("live/")
+        sub = RawClient("127.0.0.1", mqtt_port, version=5, timeout=5)
+        sub.connect(uid("s"))
+        sub.subscribe([(topic, 1)])
+        pub = RawClient("127.0.0.1", mqtt_port, version=5, timeout=5)
+        pub.connect(uid("p"))
+        for i in range(6):
+            pub.publish(topic, b"%d" % i, qos=1)
+        assert len(pub.recv_n(6, timeout=5, ptype=PUBACK)) == 6
+        first = [p for p in sub.recv_all(0.5) if p.type == PUBLISH]
+        assert [p.payload for p in first] == [b"0", b"1"]  # the zone's window of 2 is full
+
+        k.patch("mqttzone", "external", {"spec": {
+            "session": {"maxInflight": 4},
+            "acl": [{"permission": "deny", "action": "publish", "filter": topic}],
+        }})  # fmt: skip
+        new_hash, text = wait_for(lambda: (r := rendered())[0] != first_hash and r, msg="re-rendered")
+        assert yaml.safe_load(text)["zones"]["external"]["max_inflight"] == 4
+        config_path.write_text(text)  # what the kubelet does with a mounted ConfigMap
+        wait_for(lambda: readyz(metrics_port)["config_hash"] == new_hash, msg="broker applied the new config")
+        # the same connections: the window grew, the ACL refuses
+        more = [p for p in sub.recv_all(1.0) if p.type == PUBLISH]
+        assert [p.payload for p in more] == [b"2", b"3"]
+        pub.publish(topic, b"denied", qos=1)
+        assert pub.expect(PUBACK, timeout=5).reason == 0x87
+
+        st = wait_for(lambda: (s := k.get("brokerfleet", "edge")["status"])["zones"]["external"].get(
+            "appliedGeneration") == 2 and s, msg="fleet reports generation 2 applied")  # fmt: skip
+        assert st["connections"] == 2 and st["pods"][0]["configHash"] == new_hash
+        wait_for(lambda: k.get("mqttzone", "external")["status"].get("podGenerations") == {"edge-0": 2},
+                 msg="zone reports generation 2 on every pod")  # fmt: skip
+        assert k.condition("mqttzone", "external", "Applied")["status"] == "True"
+        assert bp.alive()
+        sub.close()
+        pub.close()
+    finally:
+        bp.stop()

@@ -1,0 +1,229 @@
+"""The operator against a real kube-apiserver, running as its own ServiceAccount (operator/rbac.yaml).
+
+Without kube-controller-manager the StatefulSet gets no pods; the tests then check what exists
+(readyReplicas 0, Progressing). With it (and kwok) they also see owner-reference garbage collection.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fleetmq.broker.config import BrokerConfig
+from fleetmq.operator import render
+
+from .conftest import fleet, wait_for, zone
+
+CHILDREN = [
+    ("configmap", "edge-config"),
+    ("statefulset", "edge"),
+    ("service", "edge-headless"),
+    ("service", "edge-external-mqtt"),
+    ("poddisruptionbudget", "edge"),
+]
+
+
+def config_of(k) -> dict:
+    import yaml
+
+    cm = k.get("configmap", "edge-config")
+    return yaml.safe_load(cm["data"][render.CONFIG_KEY])
+
+
+def cm_hash(k) -> str | None:
+    cm = k.get("configmap", "edge-config")
+    return cm and cm["metadata"]["annotations"][render.A_CONFIG_HASH]
+
+
+def test_fleet_and_zone_become_owned_children_with_status(k, run_operator):
+    run_operator()
+    k.apply(fleet())
+    k.apply(zone(session={"maxInflight": 5}))
+    for kind, name in CHILDREN:
+        wait_for(lambda kind=kind, name=name: k.get(kind, name), msg=f"{kind} {name}")
+    f = k.get("brokerfleet", "edge")
+    for kind, name in CHILDREN:
+        obj = k.get(kind, name)
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+            "BrokerFleet", "edge", f["metadata"]["uid"], True,
+        )  # fmt: skip
+        managers = {m["manager"] for m in obj["metadata"]["managedFields"] if m["operation"] == "Apply"}
+        assert managers == {"fleetmq-operator"}
+    cfg = config_of(k)
+    assert cfg["zones"]["external"]["max_inflight"] == 5
+    assert BrokerConfig.model_validate(cfg).config_hash() == cm_hash(k)
+    sts = k.get("statefulset", "edge")
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert sts["spec"]["replicas"] == 2
+    assert k.get("service", "edge-external-mqtt")["spec"]["ports"][0]["port"] == 1883
+
+    accepted = wait_for(lambda: k.condition("mqttzone", "external", "Accepted").get("status") == "True",
+                        msg="zone accepted")  # fmt: skip
+    assert accepted
+    st = wait_for(lambda: (k.get("brokerfleet", "edge").get("status") or {}).get("conditions") and
+                  k.get("brokerfleet", "edge")["status"], msg="fleet status")  # fmt: skip
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert set(conds) == {"Ready", "Progressing", "ConfigApplied", "Degraded"}
+    for c in conds.values():
+        assert (
+            c["observedGeneration"] == f["metadata"]["generation"] and c["lastTransitionTime"] and c["reason"]
+        )
+    assert conds["Degraded"]["status"] == "False"
+    assert conds["Ready"]["status"] == "False"  # no pod reports the config yet
+    assert conds["ConfigApplied"]["reason"] == "ReportsUnavailable"  # redis://127.0.0.1:1 is not there
+    assert st["selector"] == render.selector_string("edge")
+    assert st["zones"]["external"]["generation"] == 1 and st["zoneCount"] == 1
+    events = json.loads(k("get", "events", "-o", "json").stdout)["items"]
+    reasons = {(e["involvedObject"]["name"], e["reason"]) for e in events}
+    assert ("edge", "ConfigRendered") in reasons and ("edge", "Created") in reasons
+
+
+def test_zone_changes_are_live_and_image_changes_roll(k, run_operator):
+    run_operator()
+    k.apply(fleet())
+    k.apply(zone())
+    wait_for(lambda: k.get("statefulset", "edge"), msg="statefulset")
+    wait_for(lambda: k.get("service", "edge-external-mqtt"), msg="service")
+    before_hash = wait_for(lambda: cm_hash(k), msg="config")
+    sts = k.get("statefulset", "edge")
+    template, sts_gen = sts["spec"]["template"], sts["metadata"]["generation"]
+
+    k.patch("mqttzone", "external", {"spec": {
+        "session": {"maxInflight": 1},
+        "acl": [{"permission": "deny", "action": "subscribe", "filter": "secret/#"}],
+        "listeners": [{"name": "mqtt", "port": 1883}, {"name": "alt", "port": 1884}],
+    }})  # fmt: skip
+    wait_for(lambda: cm_hash(k) != before_hash, msg="config re-rendered")
+    cfg = config_of(k)
+    assert cfg["zones"]["external"]["max_inflight"] == 1
+    assert cfg["zones"]["external"]["acl"] == [
+        {"permission": "deny", "action": "subscribe", "filter": "secret/#"}
+    ]
+    assert {lst["bind"] for lst in cfg["listeners"]} == {"0.0.0.0:1883", "0.0.0.0:1884"}
+    wait_for(lambda: k.get("service", "edge-external-alt"), msg="service of the new listener")
+    sts = k.get("statefulset", "edge")
+    assert sts["spec"]["template"] == template and sts["metadata"]["generation"] == sts_gen
+    wait_for(lambda: (k.get("brokerfleet", "edge")["status"]["zones"]["external"]["generation"] == 2),
+             msg="status shows generation 2")  # fmt: skip
+
+    k.patch("mqttzone", "external", {"spec": {"listeners": [{"name": "mqtt", "port": 1883}]}})
+    wait_for(
+        lambda: k.get("service", "edge-external-alt") is None, msg="service of the removed listener pruned"
+    )
+
+    k.patch("brokerfleet", "edge", {"spec": {"image": "fleetmq/broker:9.9", "eventLog": {"enabled": True}}})
+    wait_for(lambda: k.get("statefulset", "edge")["metadata"]["generation"] > sts_gen, msg="rollout")
+    new = k.get("statefulset", "edge")["spec"]["template"]
+    assert new["spec"]["containers"][0]["image"] == "fleetmq/broker:9.9"
+    restart = render.A_RESTART_HASH
+    assert new["metadata"]["annotations"][restart] != template["metadata"]["annotations"][restart]
+
+
+def test_drift_is_corrected(k, run_operator):
+    run_operator()
+    k.apply(fleet())
+    k.apply(zone())
+    wait_for(lambda: k.get("service", "edge-external-mqtt"), msg="service")
+    wait_for(lambda: cm_hash(k), msg="config")
+    k.patch("statefulset", "edge", {"spec": {"replicas": 7}})
+    k.patch("configmap", "edge-config", {"data": {render.CONFIG_KEY: "zones: {}\n"}})
+    k("delete", "service", "edge-external-mqtt")
+    wait_for(lambda: k.get("statefulset", "edge")["spec"]["replicas"] == 2, msg="replicas restored")
+    wait_for(lambda: "external" in config_of(k)["zones"], msg="config restored")
+    wait_for(lambda: k.get("service", "edge-external-mqtt"), msg="service recreated")
+
+
+def test_scale_subresource(k, run_operator):
+    run_operator()
+    k.apply(fleet())
+    wait_for(lambda: k.get("statefulset", "edge"), msg="statefulset")
+    k("scale", "brokerfleet", "edge", "--replicas=4")
+    wait_for(lambda: k.get("statefulset", "edge")["spec"]["replicas"] == 4, msg="scaled")
+    scale = json.loads(k("get", "--raw",
+                         f"/apis/fleetmq.io/v1alpha1/namespaces/{k.ns}/brokerfleets/edge/scale").stdout)  # fmt: skip
+    assert scale["spec"]["replicas"] == 4
+    wait_for(lambda: k.get("brokerfleet", "edge")["status"].get("selector"), msg="selector in status")
+
+
+def test_pause_stops_reconciliation_of_one_fleet(k, run_operator):
+    run_operator()
+    k.apply(fleet())
+    k.apply(zone())
+    before = wait_for(lambda: cm_hash(k), msg="config")
+    k("annotate", "brokerfleet", "edge", f"{render.PAUSED}=true")
+    time.sleep(1.5)
+    k.patch("mqttzone", "external", {"spec": {"session": {"maxInflight": 3}}})
+    k.patch("statefulset", "edge", {"spec": {"replicas": 5}})
+    time.sleep(4)  # several resync intervals
+    assert cm_hash(k) == before
+    assert k.get("statefulset", "edge")["spec"]["replicas"] == 5
+    k("annotate", "brokerfleet", "edge", f"{render.PAUSED}-")
+    wait_for(lambda: cm_hash(k) != before, msg="reconciled after unpause")
+    wait_for(
+        lambda: k.get("statefulset", "edge")["spec"]["replicas"] == 2, msg="drift corrected after unpause"
+    )
+
+
+def test_paused_zone_keeps_its_applied_version(k, run_operator):
+    run_operator()
+    k.apply(fleet())
+    k.apply(zone(session={"maxInflight": 4}))
+    before = wait_for(lambda: cm_hash(k), msg="config")
+    k("annotate", "mqttzone", "external", f"{render.PAUSED}=true")
+    k.patch("mqttzone", "external", {"spec": {"session": {"maxInflight": 9}}})
+    time.sleep(3)
+    assert cm_hash(k) == before and config_of(k)["zones"]["external"]["max_inflight"] == 4
+
+
+def test_bad_zones_are_reported_without_touching_the_running_fleet(k, run_operator):
+    run_operator()
+    k.apply(zone("orphan", fleet_name="nowhere"))
+    cond = wait_for(lambda: k.condition("mqttzone", "orphan", "Accepted").get("reason") == "FleetNotFound"
+                    and k.condition("mqttzone", "orphan", "Accepted"), msg="orphan reported")  # fmt: skip
+    assert cond["status"] == "False" and "nowhere" in cond["message"]
+
+    k.apply(fleet())
+    k.apply(zone("first"))
+    wait_for(
+        lambda: k.condition("mqttzone", "first", "Accepted").get("status") == "True", msg="first accepted"
+    )
+    running = wait_for(lambda: cm_hash(k), msg="config")
+    time.sleep(1.1)  # a later creationTimestamp: the older zone keeps the port
+    k.apply(zone("second"))
+    cond = wait_for(lambda: k.condition("mqttzone", "second", "Accepted").get("reason") == "PortConflict"
+                    and k.condition("mqttzone", "second", "Accepted"), msg="conflict reported")  # fmt: skip
+    assert "port 1883 is already used by zone first" in cond["message"]
+    degraded = wait_for(lambda: k.condition("brokerfleet", "edge", "Degraded").get("status") == "True"
+                        and k.condition("brokerfleet", "edge", "Degraded"), msg="fleet degraded")  # fmt: skip
+    assert degraded["reason"] == "ZoneRejected" and "second" in degraded["message"]
+    assert (
+        cm_hash(k) == running
+        and set(config_of(k)["zones"]) >= {"first"}
+        and "second" not in config_of(k)["zones"]
+    )
+    assert k.get("service", "edge-second-mqtt") is None
+
+    # a zone whose fleet is created later is picked up
+    k.patch("mqttzone", "orphan", {"spec": {"fleetRef": {"name": "edge"},
+                                            "listeners": [{"name": "mqtt", "port": 2883}]}})  # fmt: skip
+    wait_for(
+        lambda: k.condition("mqttzone", "orphan", "Accepted").get("status") == "True", msg="orphan adopted"
+    )
+    wait_for(lambda: "orphan" in config_of(k)["zones"], msg="orphan rendered")
+
+
+def test_deleting_the_fleet(k, run_operator, control_plane):
+    run_operator()
+    k.apply(fleet())
+    k.apply(zone())
+    wait_for(lambda: k.get("statefulset", "edge"), msg="statefulset")
+    wait_for(lambda: k.condition("mqttzone", "external", "Accepted").get("status") == "True", msg="accepted")
+    k("delete", "brokerfleet", "edge", "--wait=true", "--timeout=30s")
+    assert k.get("brokerfleet", "edge") is None  # the operator released its finalizer
+    wait_for(lambda: k.condition("mqttzone", "external", "Accepted").get("reason") == "FleetNotFound",
+             msg="zone reports the fleet gone")  # fmt: skip
+    if control_plane.controllers:  # the garbage collector follows the owner references
+        for kind, name in CHILDREN:
+            wait_for(lambda kind=kind, name=name: k.get(kind, name) is None, msg=f"{kind} {name} collected")
