@@ -40,6 +40,18 @@ from .codec import (
     encode,
     encode_ack,
 )
+from .events import (
+    ACK,
+    AWAITING_REL_TIMEOUT,
+    CONNECT,
+    DELIVER,
+    DISCONNECT,
+    DROP,
+    INFLIGHT_FULL,
+    KEEPALIVE_TIMEOUT,
+    PUBLISH_IN,
+    RETRANSMIT,
+)
 from .keepalive import KeepAlive, effective_keepalive
 from .limiter import TokenBucket
 from .message import Delivery, Message
@@ -113,6 +125,7 @@ class Channel:
         "congested",
         "connected_at",
         "counted",
+        "ev",
         "io",
         "keepalive",
         "last_recv",
@@ -138,6 +151,7 @@ class Channel:
         self.zone_name = zone_name
         self.zone = node.zones[zone_name]
         self.zm = node.metrics.zone(zone_name)
+        self.ev = node.events  # the event log, or None (events are off)
         self.acl = node.acl.get(zone_name)
         self.counted = False  # in its zone's connection count
         self._backlog: list[Any] | None = None  # packets held back by the publish rate
@@ -262,6 +276,8 @@ class Channel:
     def _close(self, why: str) -> None:
         self.close_reason = why
         self.zm.disconnects[why] += 1
+        if self.ev is not None and self.state == State.CONNECTED:
+            self.ev.emit(DISCONNECT, self.zone_name, self.client_id, reason=why)
         self.state = State.CLOSED
         self._cancel_timers()
         self.io.close()
@@ -271,6 +287,8 @@ class Channel:
         if self.close_reason is None:
             self.close_reason = "sock_closed"
             self.zm.disconnects["sock_closed"] += 1
+            if self.ev is not None and self.state == State.CONNECTED:
+                self.ev.emit(DISCONNECT, self.zone_name, self.client_id, reason="sock_closed")
         prior = self.state
         self.state = State.CLOSED
         self._cancel_timers()
@@ -401,6 +419,15 @@ class Channel:
         self.connected_at = self.io.time()
         self.io.write(encode(Connack(present, 0, connack_props), self.version))
         self._arm_keepalive()
+        if self.ev is not None:  # the backlog a resumed session brings: what queued while it was away
+            self.ev.emit(
+                CONNECT,
+                self.zone_name,
+                self.client_id,
+                inflight_len=len(session.inflight),
+                mqueue_len=len(session.mqueue),
+                reason="resumed" if present else "new",
+            )
         now = self.io.time()
         if present:
             self.node.metrics.takeover.observe(time.perf_counter() - t0)
@@ -446,6 +473,8 @@ class Channel:
             self._ka_timer = self.io.call_later(left, self._check_keepalive)
             return
         self.zm.keepalive_timeouts += 1
+        if self.ev is not None:
+            self.ev.emit(KEEPALIVE_TIMEOUT, self.zone_name, self.client_id)
         log.info("keep alive timeout for %r after %.1fs of silence", self.client_id, self.keepalive.timeout)
         self.disconnect(RC.KEEP_ALIVE_TIMEOUT, "keepalive_timeout")
 
@@ -478,6 +507,8 @@ class Channel:
         n = self.session.expire_awaiting_rel(self.io.time())
         if n:
             self.zm.dropped["awaiting_rel_timeout"] += n
+            if self.ev is not None:
+                self.ev.emit(AWAITING_REL_TIMEOUT, self.zone_name, self.client_id, reason=str(n))
         self._arm_rel_timer()
 
     # ---------------------------------------------------------------------------------------------
@@ -544,6 +575,17 @@ class Channel:
             if self._rel_timer is None:
                 self._arm_rel_timer()
         msg = Message.from_publish(topic, p.payload, qos, p.retain, props, self.client_id)
+        if self.ev is not None:
+            self.ev.emit(
+                PUBLISH_IN,
+                self.zone_name,
+                self.client_id,
+                msg.msg_id,
+                topic,
+                qos,
+                p.packet_id or -1,
+                len(p.payload),
+            )
         matched, needs_commit = self.node.publish(msg, self.zone_name)
         if qos:
             rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
@@ -602,6 +644,8 @@ class Channel:
             return  # unknown or duplicate ack: harmless
         self.zm.acked[1] += 1
         self.zm.latency.observe(time.time() - d.msg.ts)
+        if self.ev is not None:
+            self._ack_event(d, session)
         if session.mqueue:
             self._send_deliveries(*session.refill(self.io.time()))
 
@@ -633,8 +677,33 @@ class Channel:
             return
         self.zm.acked[2] += 1
         self.zm.latency.observe(time.time() - d.msg.ts)
+        if self.ev is not None:
+            self._ack_event(d, session)
         if session.mqueue:
             self._send_deliveries(*session.refill(self.io.time()))
+
+    def _ack_event(self, d: Delivery, session: Session) -> None:
+        assert self.ev is not None
+        self.ev.emit(
+            ACK,
+            self.zone_name,
+            self.client_id,
+            d.msg.msg_id,
+            d.msg.topic,
+            d.qos,
+            d.packet_id,
+            -1,
+            "",
+            len(session.inflight),
+            len(session.mqueue),
+        )
+
+    def _drop_events(self, dropped: list[Delivery], reason: str) -> None:
+        assert self.ev is not None
+        for d in dropped:
+            self.ev.emit(
+                DROP, self.zone_name, self.client_id, d.msg.msg_id, d.msg.topic, d.qos, reason=reason
+            )
 
     # ---------------------------------------------------------------------------------------------
     # deliveries to the client
@@ -655,13 +724,29 @@ class Channel:
         max_mqueue_len, and QoS0 is dropped: a slow subscriber never grows the node's memory unbounded.
         """
         if qos == 0:
+            ev = self.ev
             if self.congested:
                 self.zm.dropped["queue_full"] += 1
+                if ev is not None:
+                    ev.emit(
+                        DROP, self.zone_name, self.client_id, msg.msg_id, msg.topic, 0, reason="queue_full"
+                    )
                 return
             data = self._encode(msg, 0, retain, 0, False, sub_ids)
             if data is not None:
                 self.io.write(data)
                 self.zm.delivered[0] += 1
+                if ev is not None:
+                    ev.emit(
+                        DELIVER,
+                        self.zone_name,
+                        self.client_id,
+                        msg.msg_id,
+                        msg.topic,
+                        0,
+                        -1,
+                        len(msg.payload),
+                    )
             return
         self._deliver(Delivery(msg, qos, retain, sub_ids))
 
@@ -678,6 +763,19 @@ class Channel:
             self.zm.inflight_full += 1
             if dropped:
                 self.zm.dropped["queue_full"] += len(dropped)
+            if self.ev is not None:
+                self.ev.emit(
+                    INFLIGHT_FULL,
+                    self.zone_name,
+                    self.client_id,
+                    d.msg.msg_id,
+                    d.msg.topic,
+                    d.qos,
+                    inflight_len=len(session.inflight),
+                    mqueue_len=len(session.mqueue),
+                )
+                if dropped:
+                    self._drop_events(dropped, "queue_full")
 
     def _encode(
         self, msg: Message, qos: int, retain: bool, packet_id: int, dup: bool, sub_ids: tuple[int, ...] | None
@@ -700,6 +798,10 @@ class Channel:
         if self.client_max_packet and len(data) > self.client_max_packet:
             # [MQTT-3.1.2-25]: never send a client a packet bigger than it accepts; drop it instead.
             self.zm.dropped["too_large"] += 1
+            if self.ev is not None:
+                self.ev.emit(
+                    DROP, self.zone_name, self.client_id, msg.msg_id, msg.topic, qos, reason="too_large"
+                )
             return None
         return data
 
@@ -712,6 +814,20 @@ class Channel:
             session.drop(d.packet_id)
             return False
         self.zm.delivered[d.qos] += 1
+        if self.ev is not None:
+            self.ev.emit(
+                RETRANSMIT if dup else DELIVER,
+                self.zone_name,
+                self.client_id,
+                d.msg.msg_id,
+                d.msg.topic,
+                d.qos,
+                d.packet_id,
+                len(d.msg.payload),
+                "",
+                len(session.inflight),
+                len(session.mqueue),
+            )
         if d.qos == 2 and not dup and session.dirty is not None:
             # Exactly once across a crash: the packet id must be stored before the client sees it, or a
             # node taking over could give that id to another message, which the client would take for a
@@ -733,10 +849,23 @@ class Channel:
                     if data is not None:
                         self.io.write(data)
                         self.zm.delivered[0] += 1
+                        if self.ev is not None:
+                            self.ev.emit(
+                                DELIVER,
+                                self.zone_name,
+                                self.client_id,
+                                d.msg.msg_id,
+                                d.msg.topic,
+                                0,
+                                -1,
+                                len(d.msg.payload),
+                            )
                 elif not self._send_publish(d):
                     freed = True
             if expired:
                 self.zm.dropped["expired"] += len(expired)
+                if self.ev is not None:
+                    self._drop_events(expired, "expired")
             if not (freed and session.mqueue):
                 break
             sent, expired = session.refill(self.io.time())
@@ -746,9 +875,20 @@ class Channel:
     def _resend(self, d: Delivery) -> None:
         self.zm.retransmitted += 1
         if d.stage == 0:
-            self._send_publish(d, dup=True)
+            self._send_publish(d, dup=True)  # its event: retransmit
         else:
             self._send_ack(PUBREL, d.packet_id, 0)
+            if self.ev is not None:
+                self.ev.emit(
+                    RETRANSMIT,
+                    self.zone_name,
+                    self.client_id,
+                    d.msg.msg_id,
+                    d.msg.topic,
+                    d.qos,
+                    d.packet_id,
+                    reason="pubrel",
+                )
 
     # ---------------------------------------------------------------------------------------------
     # SUBSCRIBE / UNSUBSCRIBE / PING / DISCONNECT
@@ -886,6 +1026,8 @@ class Channel:
             dropped = self.session.apply_zone(self.zone)
             if dropped:
                 self.zm.dropped["queue_full"] += len(dropped)
+                if self.ev is not None:
+                    self._drop_events(dropped, "queue_full")
             if self.state == State.CONNECTED:
                 self._send_deliveries(*self.session.refill(self.io.time()))
 

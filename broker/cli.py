@@ -36,6 +36,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="acks also wait until N Redis replicas have the writes (WAIT)",
     )
     p.add_argument(
+        "--event-log",
+        action="store_true",
+        help="append delivery events to the fleet's Redis Stream (the pipeline's input; see event_log:)",
+    )
+    p.add_argument(
         "--workers",
         metavar="N",
         type=int,
@@ -109,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.redis_wait_replicas is not None:
             store["wait_replicas"] = args.redis_wait_replicas
         overrides["store"] = store
+    if args.event_log:
+        overrides["event_log"] = {"enabled": True}
     if args.listen:
         try:
             for bind in args.listen:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .codec import RC
+from .events import TAKEOVER
 from .message import Message
 from .session import Session
 from .store import Discard, Save
@@ -80,6 +81,8 @@ class ChannelManager:
             old.session = None
             old.kick(RC.SESSION_TAKEN_OVER, "takenover")
             zm.session_events["takenover"] += 1
+            if node.events is not None:
+                node.events.emit(TAKEOVER, ch.zone_name, cid, reason="local")
             # The old connection ended without DISCONNECT, so its will applies; a delayed will is
             # cancelled by this very reconnect unless Clean Start ends the session [MQTT-3.1.3-9].
             if old.will is not None and (ch.clean_start or old.will_delay <= 0):
@@ -105,6 +108,8 @@ class ChannelManager:
             epoch, session = claimed.epoch, claimed.session
             if claimed.previous and claimed.previous != node.node_id and node.cluster is not None:
                 zm.session_events["takenover"] += 1
+                if node.events is not None:
+                    node.events.emit(TAKEOVER, ch.zone_name, cid, reason="remote")
                 node.spawn(node.cluster.kick_stale(cid, claimed.previous, epoch))
             parked = self.offline.pop(cid, None)
             if parked is not None:
@@ -173,6 +178,8 @@ class ChannelManager:
         ch.session = None
         ch.kick(RC.SESSION_TAKEN_OVER, "takenover")
         self.node.metrics.zone(ch.zone_name).session_events["takenover"] += 1
+        if self.node.events is not None:
+            self.node.events.emit(TAKEOVER, ch.zone_name, cid, reason="handover")
         # A will without delay goes now; a delayed one is cancelled by the reconnect unless the new
         # connection's Clean Start ends the session [MQTT-3.1.3-9].
         if ch.will is not None and (clean_start or ch.will_delay <= 0):

@@ -83,7 +83,17 @@ class EventLogConfig(_Model):
         False, description="Append events to the fleet's Redis Stream (read by the pipeline)"
     )
     max_len: int = Field(1_000_000, ge=1, description="Approximate length the stream is trimmed to")
-    sample: float = Field(1.0, ge=0.0, le=1.0, description="Fraction of events kept under overload")
+    sample: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of messages whose per-message events (publish_in, deliver, ack, retransmit) "
+        "are kept; the same messages on every node, so their events stay together",
+    )
+    fleet: str = Field(
+        "fleetmq", min_length=1, description="Fleet name; the stream is the Redis key fmq:eventlog:<fleet>"
+    )
+    redis_url: str | None = Field(None, description="Redis holding the stream (default: the session store's)")
 
 
 class BrokerConfig(_Model):
@@ -135,6 +145,21 @@ class BrokerConfig(_Model):
             binds.add(listener.address)
         return self
 
+    @model_validator(mode="after")
+    def _check_event_log(self) -> BrokerConfig:
+        if self.event_log.enabled and self.event_log.redis_url is None and self.store.kind != "redis":
+            raise ValueError(
+                "event_log.redis_url: the event log is a Redis Stream: set event_log.redis_url or use the "
+                "Redis session store"
+            )
+        return self
+
+    def event_log_url(self) -> str | None:
+        """Where the event log goes (None: it is off)."""
+        if not self.event_log.enabled:
+            return None
+        return self.event_log.redis_url or getattr(self.store, "url", None)
+
     def config_hash(self) -> str:
         """A stable digest of the applied config, so an operator can tell which pods run which version.
 
@@ -175,7 +200,11 @@ def load_config(path: str | Path | None = None, *, overrides: dict[str, Any] | N
         data = loaded or {}
     overrides = dict(overrides or {})
     store = overrides.pop("store", None)
+    event_log = overrides.pop("event_log", None)
     data.update(overrides)
+    if event_log is not None:  # --event-log turns the file's event log on, keeping its settings
+        base = data.get("event_log") if isinstance(data.get("event_log"), dict) else {}
+        data["event_log"] = {**base, **event_log}
     if store is not None:  # --redis-url / --redis-wait-replicas refine the file's store, not replace it
         base = data.get("store") if isinstance(data.get("store"), dict) else {}
         data["store"] = {**base, **store} if base.get("kind", "redis") == "redis" else store

@@ -115,6 +115,8 @@ class Metrics:
         self.store_reconnects = 0
         self.config_reload_errors = 0
         self.store_round_trips: Callable[[], int] = lambda: 0
+        # the event log's records by outcome (written, dropped) and failed sends; None while it is off
+        self.event_log: Callable[[], tuple[int, int, int]] | None = None
         self.store_ops: dict[str, Histogram] = defaultdict(lambda: Histogram(STORE_BUCKETS))
         self.takeover = Histogram(LATENCY_BUCKETS)
         self.gauges: Callable[[], dict[str, Any]] | None = None
@@ -203,6 +205,17 @@ class _Collector(Collector):
         rt = counter("store_round_trips", "Round trips to the session store (a group commit is one).", [])
         rt.add_metric([], m.store_round_trips())
         yield rt
+        if m.event_log is not None:
+            written, dropped, errors = m.event_log()
+            evl = counter("event_log_records", "Event log records by outcome.", ["outcome"])
+            evl.add_metric(["written"], written)
+            evl.add_metric(["dropped"], dropped)
+            yield evl
+            eve = counter(
+                "event_log_errors", "Failed event log sends (their records retried or dropped).", []
+            )
+            eve.add_metric([], errors)
+            yield eve
         rec = counter("store_reconnects", "Times the node resynchronised with the store after an outage.", [])
         rec.add_metric([], m.store_reconnects)
         yield rec

@@ -17,6 +17,7 @@ from .auth import Acl, Authenticator, read_users
 from .cluster import Cluster
 from .cm import ChannelManager
 from .config import BrokerConfig
+from .events import DROP, EventLog
 from .limiter import TokenBucket
 from .message import Delivery, Message
 from .metrics import Metrics
@@ -76,6 +77,15 @@ class Node:
         self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", 0)
         self.config_hash = config.config_hash()
         self.metrics.config_info = {name: self.config_hash for name in self.zones}
+        self.events: EventLog | None = None
+        if (url := config.event_log_url()) is not None:
+            log_cfg = config.event_log
+            self.events = EventLog(
+                url, fleet=log_cfg.fleet, node=self.node_id, max_len=log_cfg.max_len, sample=log_cfg.sample
+            )
+            self.events.set_zones(self.zones)
+            events = self.events
+            self.metrics.event_log = lambda: (events.written, events.dropped, events.errors)
 
     @staticmethod
     def _access(
@@ -105,6 +115,8 @@ class Node:
             lim._bucket = None
         self.config_hash = config.config_hash()
         self.metrics.config_info = {name: self.config_hash for name in zones}
+        if self.events is not None:
+            self.events.set_zones(zones)
 
     def limits(self, zone: str) -> ZoneLimits:
         """This node's connection count and connect-rate bucket of a zone."""
@@ -133,10 +145,14 @@ class Node:
             self.router.add(cid, topic_filter, sub)
         for msg in await self.store.load_retained():
             self.retained.put(msg)
+        if self.events is not None:
+            await self.events.start()
 
     async def stop(self) -> None:
         if self.cluster is not None:
             await self.cluster.stop()
+        if self.events is not None:
+            await self.events.stop()
         await self.store.close()
 
     def publish(self, msg: Message, zone: str = "default") -> tuple[int, bool]:
@@ -153,6 +169,10 @@ class Node:
         matches = self.router.match(msg.topic, channels.__contains__)
         if not matches:
             self.metrics.drop(zone, "no_subscribers")
+            if self.events is not None:
+                self.events.emit(
+                    DROP, zone, msg.sender, msg.msg_id, msg.topic, msg.qos, reason="no_subscribers"
+                )
             return 0, durable and msg.retain
         sender = msg.sender
         if len(matches) > 1 and len({cid for cid, _ in matches}) != len(matches):
@@ -184,6 +204,8 @@ class Node:
                 continue  # connecting right now: it resubscribes or resumes from the store
             if qos == 0 and not self.zones[parked.zone].mqueue_store_qos0:
                 self.metrics.drop(parked.zone, "qos0_offline")
+                if self.events is not None:
+                    self.events.emit(DROP, parked.zone, cid, msg.msg_id, msg.topic, 0, reason="qos0_offline")
                 continue
             self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids)))
             needs_commit = True
@@ -211,8 +233,11 @@ class Node:
                     self.cm.resync(ch)
 
     def _on_commit(self, result: CommitResult) -> None:
-        for zone, n in result.dropped:
+        for zone, cid, n in result.dropped:
             self.metrics.drop(zone, "queue_full", n)
+            if self.events is not None:  # the oldest messages of a full queue in the store (ids unknown)
+                for _ in range(n):
+                    self.events.emit(DROP, zone, cid, reason="queue_full")
         for op in result.missing:  # the session ended (expired) somewhere: its routes go too
             if op.client_id not in self.cm.channels:
                 self.router.remove_client(op.client_id)

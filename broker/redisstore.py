@@ -545,7 +545,7 @@ class RedisStore(SessionStore):
                 if reply == -1:
                     result.missing.extend(op)
                 elif isinstance(reply, list) and int(reply[0]):
-                    result.dropped.append((reply[1].decode(), int(reply[0])))
+                    result.dropped.append((reply[1].decode(), op[0].client_id, int(reply[0])))
             elif isinstance(op, Journal | Route) and reply == -1:
                 result.fenced.append(op.client_id)
         if self.wait_replicas:

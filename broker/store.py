@@ -88,7 +88,7 @@ Op = Save | Journal | Enqueue | Discard | Route | Retain
 class CommitResult:
     """What a commit did that the broker must account for (metrics, events)."""
 
-    dropped: list[tuple[str, int]] = field(default_factory=list)  # (zone, n) dropped from full queues
+    dropped: list[tuple[str, str, int]] = field(default_factory=list)  # (zone, client, n) from full queues
     missing: list[Enqueue] = field(default_factory=list)  # enqueues for sessions that no longer exist
     fenced: list[str] = field(default_factory=list)  # sessions another node owns now (stale epoch)
     duration: float = 0.0
@@ -198,7 +198,7 @@ class MemoryStore(SessionStore):
                     continue
                 dropped = s.enqueue(op.delivery)
                 if dropped:
-                    result.dropped.append((s.zone_name, len(dropped)))
+                    result.dropped.append((s.zone_name, op.client_id, len(dropped)))
             elif isinstance(op, Discard):
                 sessions.pop(op.client_id, None)
                 self._epochs.pop(op.client_id, None)

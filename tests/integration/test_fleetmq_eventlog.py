@@ -1,0 +1,59 @@
+"""The broker's event log (`--event-log` / event_log:): what a real broker writes to its fleet's Redis
+Stream for a scenario with a full window, queue drops, acks and a takeover."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.harness import uid, wait_until
+from tests.integration.mqttraw import PUBACK, PUBLISH, RawClient, ack
+from tests.integration.test_fleet_support import raw_connect
+
+pytestmark = pytest.mark.redis
+
+
+def stream(redis_server, fleet: str) -> list[dict[str, str]]:
+    entries = redis_server.command("XRANGE", f"fmq:eventlog:{fleet}", "-", "+", decode=True) or []
+    return [dict(zip(fields[::2], fields[1::2], strict=True)) for _id, fields in entries]
+
+
+def test_events_of_a_full_window_drops_acks_and_takeover(fleet, redis_server):
+    (bp,) = fleet(
+        1, {"max_inflight": 1, "max_mqueue_len": 2}, {"event_log": {"enabled": True, "fleet": "t1"}}
+    )
+    topic = uid("ev/")
+    sub_id = uid("sub")
+    sub, _ = raw_connect(bp, sub_id, 5)
+    sub.subscribe([(topic, 1)])
+    pub, _ = raw_connect(bp, uid("pub"), 5)
+    for i in range(5):
+        pub.publish(topic, b"m%d" % i, qos=1)
+    pub.recv_n(5, ptype=PUBACK)
+    first = sub.expect(PUBLISH)
+    sub.send(ack(PUBACK, first.packet_id, version=5))  # frees the window: the queue head goes next
+    sub.expect(PUBLISH)
+    taker = RawClient(bp.host, bp.port, version=5)  # the same client id from a new connection
+    taker.connect(sub_id, clean=False, props={"session_expiry_interval": 300})
+
+    def have_all() -> bool:
+        return any(e["event"] == "takeover" for e in stream(redis_server, "t1"))
+
+    wait_until(have_all, timeout=5, msg="events in the stream")
+    time.sleep(0.3)
+    events = stream(redis_server, "t1")
+    by = lambda kind: [e for e in events if e["event"] == kind]  # noqa: E731
+    published = [e["msg_id"] for e in by("publish_in")]
+    assert len(published) == 5 and len(set(published)) == 5
+    assert {e["zone"] for e in events} >= {"default"} and all(e["node"] == "node-0" for e in events)
+    # window 1, queue 2: m0 sent; m1, m2 queued; m3 and m4 push the oldest (m1, m2) out
+    assert [e["msg_id"] for e in by("drop") if e.get("reason") == "queue_full"] == published[1:3]
+    assert len(by("inflight_full")) == 4
+    delivered = [e["msg_id"] for e in by("deliver")]
+    assert delivered[:2] == [published[0], published[3]]
+    assert [e["msg_id"] for e in by("ack")] == [published[0]]
+    assert by("ack")[0]["packet_id"] == str(first.packet_id)
+    assert by("takeover") and len({e["client"] for e in by("connect")}) == 2
+    assert sub_id not in {e.get("client") for e in events}  # client ids are hashed
+    assert bp.metric("fleetmq_event_log_records_total", outcome="written") >= len(events)
