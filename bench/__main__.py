@@ -32,6 +32,7 @@ FLEET_ROWS = [
     "cross-node-pt2pt-q1",
     "cross-node-pt2pt-q2",
     "takeover",
+    "eventlog-pt2pt-q1",
 ]
 # the same point-to-point flow, every client over TLS 1.2+ (both brokers on one certificate)
 TLS_ROWS = ["tls-pt2pt-q0", "tls-pt2pt-q1"]
@@ -149,6 +150,8 @@ def run_fleet_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace
     if key == "takeover":
         wanted: tuple[str, ...] = ("a", "b")
         rows = [Row("takeover", q) for q in (1, 2)]
+    elif key.startswith("eventlog-"):
+        return [run_event_log_row(key, fleet, binary, args)]
     else:
         scenario, q = key.rsplit("-q", 1)
         wanted = ("a",) if scenario == "redis-pt2pt" else ("a", "b")
@@ -202,6 +205,40 @@ def run_fleet_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace
                 cell.result["store"] = store_delta(before, after)
         row.cells["fleetmq"] = cell
     return rows
+
+
+def run_event_log_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace) -> Row:
+    """The same clean-session pt2pt flow on node a (sessions in Redis), its event log off, then on."""
+    scenario, q = key.rsplit("-q", 1)
+    row = Row(scenario, int(q))
+    a = fleet.nodes["a"]
+    for name, on in (("event log off", False), ("event log on", True)):
+        if a.event_log != on:
+            a.stop()
+            a.event_log = on
+        err = fleet.ensure(("a",))
+        if err:
+            row.cells[name] = Cell(error=err)
+            continue
+        row.cells[name] = _measured(
+            lambda: driver.run_flow(
+                binary,
+                a.port,
+                "pt2pt",
+                int(q),
+                duration=args.duration,
+                warmup=args.warmup,
+                window=args.window,
+                payload=args.payload,
+            ),
+            fleet.cpu_pids(("a",)),
+            fleet.redis.pid,
+            lambda: fleet.dead(("a",)),
+        )
+        log_flow(key, name, row.cells[name])
+    a.stop()
+    a.event_log = False
+    return row
 
 
 def _snapshot(node: FleetNode, fleet: Fleet, qos: int) -> dict[str, float] | None:

@@ -28,6 +28,7 @@ class Broker:
     """One broker process; subclasses say how to configure and launch it."""
 
     name = "broker"
+    tls = True  # also listens with TLS on tls_port (the tls-* rows)
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir / self.name
@@ -69,7 +70,7 @@ class Broker:
         """Launch on a fresh port and wait until it accepts connections."""
         self.stop()
         self.port = procs.free_port(HOST)
-        self.tls_port = procs.free_port(HOST)
+        self.tls_port = procs.free_port(HOST) if self.tls else 0
         cmd = self.command()
         self.starts += 1
         with self.log_path.open("ab") as log:
@@ -83,7 +84,8 @@ class Broker:
                 raise BrokerError(f"cannot run {cmd[0]}: {e}") from e
         try:
             procs.wait_port(HOST, self.port, START_TIMEOUT, self.proc)
-            procs.wait_port(HOST, self.tls_port, START_TIMEOUT, self.proc)
+            if self.tls:
+                procs.wait_port(HOST, self.tls_port, START_TIMEOUT, self.proc)
         except RuntimeError as e:
             self.stop()
             raise BrokerError(f"{self.name} {e}{self.log_tail()}") from e

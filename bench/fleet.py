@@ -206,12 +206,15 @@ class RedisServer:
 class FleetNode(Broker):
     """One fleetmq node of the bench fleet: sessions in the bench's Redis, /metrics on a free port."""
 
+    tls = False
+
     def __init__(self, workdir: Path, node_id: str, redis: RedisServer) -> None:
         self.name = f"fleetmq-{node_id}"
         self.node_id = node_id
         self.redis = redis
         self.tk_port = 0
         self.metrics_port = 0
+        self.event_log = False  # --event-log: the eventlog-pt2pt row measures its cost
         super().__init__(workdir)
 
     def command(self) -> list[str]:
@@ -224,6 +227,7 @@ class FleetNode(Broker):
             "zones:\n"
             "  bench: {max_inflight: 0, max_mqueue_len: 0, max_awaiting_rel: 0}\n"
             f"  takeover: {{max_inflight: {TAKEOVER_INFLIGHT}, max_mqueue_len: 0, max_awaiting_rel: 0}}\n"
+            "event_log: {fleet: bench, max_len: 200000}\n"
             "listeners:\n"
             f'  - {{name: mqtt, zone: bench, bind: "{HOST}:{self.port}", protocol: tcp}}\n'
             f'  - {{name: tk, zone: takeover, bind: "{HOST}:{self.tk_port}", protocol: tcp}}\n'
@@ -233,6 +237,7 @@ class FleetNode(Broker):
             *("-m", "fleetmq.broker", "--config", str(cfg)),
             *("--redis-url", self.redis.url, "--metrics", f"{HOST}:{self.metrics_port}"),
             *("--log-level", "warning"),
+            *(("--event-log",) if self.event_log else ()),
         ]
 
     def start(self) -> None:

@@ -18,7 +18,9 @@ IDLE_RSS_TARGET_MB = 250.0
 REDIS_RATIO_TARGET = 0.3
 TAKEOVER_P99_TARGET_MS = 100.0
 ROUND_TRIPS_TARGET = 0.5
-FLEET_SCENARIOS = ("redis-pt2pt", "cross-node-pt2pt", "takeover")
+FLEET_SCENARIOS = ("redis-pt2pt", "cross-node-pt2pt", "takeover", "eventlog-pt2pt")
+# Issue 7: the event log may cost at most 10% of the throughput (on / off on the same node and load).
+EVENT_LOG_RATIO_TARGET = 0.9
 
 
 @dataclass
@@ -97,7 +99,23 @@ def _rate(cell: Cell | None) -> str:
     return _num(cell.result["msgs_per_s"])
 
 
+def _event_log_line(row: Row) -> str:
+    off, on = row.cells.get("event log off"), row.cells.get("event log on")
+    ratio, ok = "—", "—"
+    if off and on and off.result and on.result and off.result["msgs_per_s"] > 0:
+        r = on.result["msgs_per_s"] / off.result["msgs_per_s"]
+        ratio, ok = f"{r:.2f}", "yes" if r >= EVENT_LOG_RATIO_TARGET else "no"
+    if (off and off.error) or (on and on.error):
+        ok = "error"
+    return (
+        f"| {row.scenario} (fleetmq node a, event log off → on) | {row.qos} | off: {_rate(off)} | on: {_rate(on)} "
+        f"| {ratio} | off: {_lat(off)} | on: {_lat(on)} | on/off ≥ {EVENT_LOG_RATIO_TARGET:.2f} | {ok} |"
+    )
+
+
 def _flow_line(row: Row) -> str:
+    if row.scenario == "eventlog-pt2pt":
+        return _event_log_line(row)
     m, f = row.cells.get("mosquitto"), row.cells.get("fleetmq")
     if row.scenario == "cross-node-pt2pt":  # mosquitto has no cluster: nothing to compare with
         ok = "error" if f and f.error else "—"
