@@ -4,8 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 CACHE ?= $(HOME)/.cache/fleetmq
 LISTEN ?= 127.0.0.1:1883
+# the test control plane (tests/kubeapi.py): binaries built by `make envtest`, outside the repo
+K8S_VERSION := $(shell awk '$$1 == "require" && $$2 == "k8s.io/kubernetes" {print $$3}' tests/envtest/go.mod)
+export ENVTEST_BIN_DIR ?= $(CACHE)/envtest/$(K8S_VERSION)/bin
 
-.PHONY: run test lint bench deps venv clean
+.PHONY: run test lint bench deps venv clean envtest dev-cluster dev-cluster-down
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,7 +36,19 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: deps
+# kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes) and kwok built with Go into
+# $(ENVTEST_BIN_DIR); reused when there, built when missing (the first build takes a while).
+envtest: deps
+	CACHE=$(CACHE) bash scripts/envtest.sh
+
+# A control plane for trying things by hand (kubectl, the operator, the chart); state in $(CACHE)/dev-cluster.
+dev-cluster: envtest
+	$(BIN)/python -m tests.kubeapi up --dir $(CACHE)/dev-cluster
+
+dev-cluster-down: $(VENV)/.installed
+	$(BIN)/python -m tests.kubeapi down --dir $(CACHE)/dev-cluster
+
+test: deps envtest
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)

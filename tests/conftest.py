@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import threading
+import uuid
 
 import pytest
 
+from tests import kubeapi
 from tests.integration import harness
 from tests.integration.harness import LIVE_BROKERS, MOSQUITTO, BrokerProc, ClientFactory
 from tests.redisproc import LIVE_REDIS, REDIS_SERVER_BIN, RedisServer, redis_server_available
@@ -25,6 +28,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers",
         "redis: starts its own redis-server (installed by `make deps`) on a free port; runs in `make test`",
+    )
+    config.addinivalue_line(
+        "markers",
+        "envtest: uses the real kube-apiserver + etcd control plane (tests/kubeapi.py, built by `make envtest`)",
     )
 
 
@@ -49,6 +56,9 @@ def pytest_runtest_makereport(item, call):
             )
         for rs in list(LIVE_REDIS):
             rep.sections.append((f"redis-server pid {rs.pid} port {rs.port} log (tail)", rs.log()[-4000:]))
+        if "control_plane" in getattr(item, "fixturenames", ()):
+            for p in list(kubeapi.LIVE_PROCS):
+                rep.sections.append((f"{p.name} pid {p.pid} log (tail)", p.log(3000) or "<empty>"))
     return rep
 
 
@@ -205,3 +215,34 @@ def fleet(redis_server, tmp_path):
         redis_server.resume()  # so the nodes can finish their shutdown writes
     for bp in started:
         bp.stop()
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory):
+    """A real control plane for the session (tests/kubeapi.ControlPlane): etcd + kube-apiserver with RBAC,
+    plus kube-controller-manager, kube-scheduler and kwok fake nodes when those were built (`make envtest`;
+    `control_plane.controllers` says). Skipped when the binaries are missing, except in CI (CI=true),
+    where that is a failure."""
+    in_ci = os.environ.get("CI", "").lower() in ("true", "1")
+    missing = kubeapi.missing_binaries(controllers=in_ci)
+    if missing:
+        msg = (
+            f"control plane binaries missing in {kubeapi.bin_dir()}: {', '.join(missing)}; run `make envtest`"
+        )
+        if in_ci:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    cp = kubeapi.ControlPlane(tmp_path_factory.mktemp("kube"))
+    cp.start(controllers=kubeapi.controllers_available())
+    yield cp
+    cp.stop()
+
+
+@pytest.fixture
+def kube_namespace(control_plane, request):
+    """A fresh namespace (name from the test's name), deleted (without waiting) at teardown."""
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower()).strip("-")
+    name = f"{base[:50].strip('-')}-{uuid.uuid4().hex[:6]}"
+    control_plane.create_namespace(name)
+    yield name
+    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
