@@ -24,8 +24,11 @@ API_VERSION = f"{GROUP}/{VERSION}"
 DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)?\s*$"
 DURATION_SCHEMA: dict[str, Any] = {
     "x-kubernetes-int-or-string": True,
-    "anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}],
-    "pattern": DURATION_PATTERN,
+    "anyOf": [{"type": "integer"}, {"type": "string"}],  # the only anyOf a structural schema allows
+    "pattern": DURATION_PATTERN,  # applies to strings only
+    "x-kubernetes-validations": [
+        {"rule": "type(self) == string || self >= 0", "message": "a duration cannot be negative"}
+    ],
 }
 CrdDuration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(DURATION_SCHEMA)]
 
@@ -170,7 +173,7 @@ class AuthenticationSpec(_AuthBase):  # type: ignore[misc,valid-type]
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "self.allowAnonymous || has(self.usersSecretRef)",
+                    "rule": "!has(self.allowAnonymous) || self.allowAnonymous || has(self.usersSecretRef)",
                     "message": "allowAnonymous: false needs usersSecretRef, else no client could connect",
                 }
             ]

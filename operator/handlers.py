@@ -131,6 +131,7 @@ class Operator:
         observed = Observed(rejected=rejected)
         rendered: render.Rendered | None = None
         render_error = ""
+        password: str | None = None
         try:
             spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
             password = await self._redis_password(namespace, spec)

@@ -453,7 +453,7 @@ def statefulset(
             "replicas": spec.replicas,
             "serviceName": n["headless"],
             "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "updateStrategy": {"type": "RollingUpdate"},  # one pod at a time, each waiting for readiness
             "selector": {"matchLabels": selector_labels(name)},
             "template": {
                 "metadata": {"labels": labels(name), "annotations": {A_RESTART_HASH: restart}},
