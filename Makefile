@@ -24,10 +24,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 deps: $(VENV)/.installed
 	bash scripts/system-deps.sh
 
-# The CustomResourceDefinitions in crds/, generated from the pydantic models (a test fails when stale).
+# The CustomResourceDefinitions in crds/ and the chart's charts/fleetmq/crds/, generated from the pydantic
+# models (tests fail when either is stale).
 .PHONY: crds
 crds: $(VENV)/.installed
-	$(BIN)/python -m fleetmq.operator.crdgen crds
+	$(BIN)/python -m fleetmq.operator.crdgen
 
 run: $(VENV)/.installed
 	$(BIN)/fleetmq-broker --listen $(LISTEN)

@@ -2,7 +2,8 @@
 
 Pydantic's JSON Schema is turned into a Kubernetes structural schema: references inlined, Optional[X] as
 nullable X, exclusive bounds in OpenAPI v3 form, defaults from default factories (so nested defaults apply),
-titles dropped. The CRDs are never edited by hand; a test fails when crds/ differs from this output.
+titles dropped. The CRDs are never edited by hand; a test fails when crds/ or the Helm chart's copy
+(charts/fleetmq/crds/, which Helm installs before the chart's templates) differs from this output.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic_core import core_schema
 from .crds import GROUP, VERSION, BrokerFleetSpec, BrokerFleetStatus, MqttZoneSpec, MqttZoneStatus
 
 CRD_DIR = Path(__file__).resolve().parent.parent / "crds"
+CHART_CRD_DIR = CRD_DIR.parent / "charts" / "fleetmq" / "crds"
 
 
 class _Schema(GenerateJsonSchema):
@@ -251,18 +253,25 @@ def stale(directory: Path = CRD_DIR) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fleetmq.operator.crdgen", description=__doc__)
-    p.add_argument("directory", nargs="?", type=Path, default=CRD_DIR)
-    p.add_argument("--check", action="store_true", help="exit 1 if the directory is stale")
+    p.add_argument(
+        "directories",
+        nargs="*",
+        type=Path,
+        default=[CRD_DIR, CHART_CRD_DIR],
+        help="default: crds/ and the chart's",
+    )
+    p.add_argument("--check", action="store_true", help="exit 1 if a directory is stale")
     args = p.parse_args(argv)
     if args.check:
-        bad = stale(args.directory)
-        for name in bad:
-            print(f"stale: {args.directory / name} (run `make crds`)", file=sys.stderr)
+        bad = [d / name for d in args.directories for name in stale(d)]
+        for path in bad:
+            print(f"stale: {path} (run `make crds`)", file=sys.stderr)
         return 1 if bad else 0
-    args.directory.mkdir(parents=True, exist_ok=True)
-    for name, text in render().items():
-        (args.directory / name).write_text(text)
-        print(args.directory / name)
+    for directory in args.directories:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in render().items():
+            (directory / name).write_text(text)
+            print(directory / name)
     return 0
 
 
