@@ -329,8 +329,8 @@ def login(**_: Any) -> kopf.ConnectionInfo:
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     # Watches end and restart within bounded time, so a silently dropped connection is never waited on.
-    settings.watching.server_timeout = _env_float("FLEETMQ_WATCH_SERVER_TIMEOUT", 300.0)
-    settings.watching.client_timeout = _env_float("FLEETMQ_WATCH_CLIENT_TIMEOUT", 330.0)
+    settings.watching.server_timeout = int(_env_float("FLEETMQ_WATCH_SERVER_TIMEOUT", 300))
+    settings.watching.client_timeout = int(_env_float("FLEETMQ_WATCH_CLIENT_TIMEOUT", 330))
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     settings.persistence.finalizer = "fleetmq.io/finalizer"

@@ -48,7 +48,8 @@ def test_fleet_and_zone_become_owned_children_with_status(k, run_operator):
         assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
             "BrokerFleet", "edge", f["metadata"]["uid"], True,
         )  # fmt: skip
-        managers = {m["manager"] for m in obj["metadata"]["managedFields"] if m["operation"] == "Apply"}
+        full = json.loads(k("get", kind, name, "-o", "json", "--show-managed-fields").stdout)
+        managers = {m["manager"] for m in full["metadata"]["managedFields"] if m["operation"] == "Apply"}
         assert managers == {"fleetmq-operator"}
     cfg = config_of(k)
     assert cfg["zones"]["external"]["max_inflight"] == 5
