@@ -126,6 +126,9 @@ class Exporter:
             start = reply[0]
             if reply[1]:
                 log.info("claimed %d pending entries of other consumers", len(reply[1]))
+            if len(reply) > 2 and reply[2]:  # Redis 7: pending entries MAXLEN removed leave the PEL here
+                self.stats.trimmed += len(reply[2])
+                log.warning("%d pending entries were trimmed from the stream before export", len(reply[2]))
             if start in ("0-0", b"0-0"):
                 return
 

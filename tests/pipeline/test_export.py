@@ -1,0 +1,170 @@
+"""The exporter against a real redis-server: layout, deduplication, and crash safety under SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from fleetmq.broker.events import DELIVER, PUBLISH_IN, EventLog, stream_key
+from fleetmq.pipeline.export import DEFAULT_GROUP, PAUSE_AT_ENV, PAUSE_FILE_ENV, Exporter
+
+pytestmark = pytest.mark.redis
+
+FLEET = "edge"
+
+
+def emit_events(url: str, n: int, *, zones: tuple[str, ...] = ("external",)) -> int:
+    """n messages' publish_in + deliver through a real EventLog; returns the events written."""
+
+    async def go() -> int:
+        log = EventLog(url, fleet=FLEET, node="n1", batch=500)
+        await log.start()
+        for m in range(1, n + 1):
+            zone = zones[m % len(zones)]
+            log.emit(PUBLISH_IN, zone, "pub", m, "t/1", 1, m, 10)
+            log.emit(DELIVER, zone, "sub", m, "t/1", 1, m, 10, "", 1, 0)
+            if m % 100 == 0:
+                await asyncio.sleep(0)
+        await log.stop()
+        assert log.dropped == 0
+        return log.written
+
+    return asyncio.run(go())
+
+
+def exported(out: Path) -> list[dict]:
+    rows = []
+    for f in sorted((out / "events").glob("date=*/zone=*/*.parquet")):
+        zone = f.parent.name.removeprefix("zone=")
+        rows += [{**r, "zone": zone, "file": f.name} for r in pq.read_table(f).to_pylist()]
+    return rows
+
+
+def pending(rs) -> int:
+    return rs.command("XPENDING", stream_key(FLEET), DEFAULT_GROUP)[0]
+
+
+def test_export_writes_parquet_by_date_and_zone_and_acks(redis_server, tmp_path):
+    written = emit_events(redis_server.url, 300, zones=("external", "internal"))
+    # an entry from yesterday, and a resend of an entry already in the stream (same eid)
+    key = stream_key(FLEET)
+    yesterday = (time.time() - 86400) * 1000
+    redis_server.command(
+        "XADD", key, "*", "eid", "old-1", "ts_ms", repr(yesterday), "zone", "external", "event", "drop"
+    )
+    first = redis_server.command("XRANGE", key, "-", "+", "COUNT", 1, decode=True)[0][1]
+    redis_server.command("XADD", key, "*", *first)
+    stats = Exporter(redis_server.url, FLEET, tmp_path, batch=1000).run(once=True)
+    rows = exported(tmp_path)
+    assert stats.entries == written + 2 and stats.duplicates == 1 and stats.rows == written + 1
+    assert len(rows) == written + 1 and len({r["eid"] for r in rows}) == len(rows)
+    dates = {p.parent.parent.name for p in (tmp_path / "events").glob("date=*/zone=*/*.parquet")}
+    assert len(dates) == 2
+    assert {r["zone"] for r in rows} == {"external", "internal"}
+    d = next(r for r in rows if r["event"] == "deliver" and r["msg_id"] == 7)
+    assert (d["qos"], d["packet_id"], d["bytes"], d["inflight_len"], d["mqueue_len"], d["topic"]) == (
+        1,
+        7,
+        10,
+        1,
+        0,
+        "t/1",
+    )
+    assert d["node"] == "n1" and isinstance(d["ts_ms"], float) and d["stream_id"]
+    assert pending(redis_server) == 0
+    # names are the stream ids of the file's own rows
+    for f in {r["file"] for r in rows}:
+        ids = sorted(
+            (r["stream_id"] for r in rows if r["file"] == f), key=lambda s: tuple(map(int, s.split("-")))
+        )
+        assert f == f"part-{ids[0]}-{ids[-1]}.parquet"
+    # nothing new: a second run writes nothing
+    again = Exporter(redis_server.url, FLEET, tmp_path, batch=1000).run(once=True)
+    assert again.entries == 0 and len(exported(tmp_path)) == len(rows)
+
+
+def test_bad_values_become_null_and_trimmed_pending_entries_are_skipped(redis_server, tmp_path):
+    key = stream_key(FLEET)
+    now = repr(time.time() * 1000)
+    redis_server.command(
+        "XADD", key, "*", "eid", "x-1", "ts_ms", now, "zone", "z", "event", "deliver", "qos", "one"
+    )
+    Exporter(redis_server.url, FLEET, tmp_path).run(once=True)
+    (row,) = exported(tmp_path)
+    assert row["qos"] is None and row["event"] == "deliver"
+    # entries handed out but not acknowledged, then trimmed by MAXLEN before a restart
+    redis_server.command("XADD", key, "*", "eid", "x-2", "ts_ms", now, "zone", "z", "event", "ack")
+    redis_server.command("XREADGROUP", "GROUP", DEFAULT_GROUP, "exporter", "COUNT", 10, "STREAMS", key, ">")
+    redis_server.command("XTRIM", key, "MAXLEN", 0)
+    stats = Exporter(redis_server.url, FLEET, tmp_path).run(once=True)
+    assert stats.trimmed == 1 and pending(redis_server) == 0
+
+
+def test_follow_mode_exports_what_arrives(redis_server, tmp_path):
+    ex = Exporter(redis_server.url, FLEET, tmp_path, flush_interval=0.2, block_ms=100)
+    emit_events(redis_server.url, 50)
+    stats = ex.run(once=False, stop_after=1.0)
+    assert stats.entries == 100 and len(exported(tmp_path)) == 100
+
+
+def test_bad_input_is_refused_clearly(tmp_path):
+    with pytest.raises(ValueError, match="fleet name"):
+        Exporter("redis://127.0.0.1:1/0", "", tmp_path)
+    with pytest.raises(ValueError, match="--batch"):
+        Exporter("redis://127.0.0.1:1/0", FLEET, tmp_path, batch=0)
+    r = subprocess.run(
+        [sys.executable, "-m", "fleetmq.pipeline.cli", "export", "--redis-url", "redis://127.0.0.1:1/0", "--fleet",
+         FLEET, "--out", str(tmp_path), "--once"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2 and "cannot reach Redis" in r.stderr
+
+
+def _export_proc(url: str, out: Path, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleetmq.pipeline.cli", "export", "--redis-url", url, "--fleet", FLEET,
+         "--out", str(out), "--once", "--batch", "400"],
+        env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("point", ["before_rename", "after_rename"])
+def test_sigkill_at_the_worst_moment_loses_and_duplicates_nothing(redis_server, tmp_path, point):
+    written = emit_events(redis_server.url, 500, zones=("external", "internal"))  # 1000 entries
+    marker = tmp_path / "paused"
+    out = tmp_path / "out"
+    proc = _export_proc(redis_server.url, out, {PAUSE_AT_ENV: point, PAUSE_FILE_ENV: str(marker)})
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the exporter never reached the pause point"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    # killed after writing its first batch but before acknowledging it
+    assert pending(redis_server) == 400
+    temporaries = list(out.glob("events/date=*/zone=*/.part-*.tmp"))
+    if point == "before_rename":
+        assert temporaries and not exported(out)
+    else:
+        assert not temporaries and len(exported(out)) > 0
+    done = _export_proc(redis_server.url, out, {})
+    _, stderr = done.communicate(timeout=60)
+    assert done.returncode == 0, stderr
+    rows = exported(out)
+    eids = [r["eid"] for r in rows]
+    assert len(eids) == written == 1000 and len(set(eids)) == 1000  # nothing lost, nothing twice
+    assert pending(redis_server) == 0
+    assert not list(out.glob("events/date=*/zone=*/.part-*.tmp"))
