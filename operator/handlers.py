@@ -8,6 +8,7 @@ patched explicitly; handler return values are not used (kopf would store them in
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
@@ -364,7 +365,8 @@ async def fleet_resync(
     """Every resync interval: correct drift nobody told us about, refresh status from the pods' reports."""
     op = _op(memo)
     while not stopped:
-        await stopped.wait(min(op.resync, 1.0))
+        # plain sleeps: kopf's stopped.wait() leaves a timer task behind that can fail the shutdown
+        await asyncio.sleep(min(op.resync, 1.0))
         last = op.last_reconcile.get((namespace, name), 0.0)
         if not stopped and time.monotonic() - last >= op.resync:
             try:

@@ -228,3 +228,81 @@ def test_deleting_the_fleet(k, run_operator, control_plane):
     if control_plane.controllers:  # the garbage collector follows the owner references
         for kind, name in CHILDREN:
             wait_for(lambda kind=kind, name=name: k.get(kind, name) is None, msg=f"{kind} {name} collected")
+
+
+def test_restarting_the_operator_changes_no_pod_template(k, run_operator):
+    """Upgrading (restarting) the operator must not roll the brokers."""
+    first = run_operator()
+    k.apply(fleet())
+    k.apply(zone())
+    wait_for(lambda: k.condition("mqttzone", "external", "Accepted").get("status") == "True", msg="accepted")
+    before = k.get("statefulset", "edge")
+    first.stop()
+    run_operator()
+    time.sleep(3)  # resumed and resynced a few times
+    after = k.get("statefulset", "edge")
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert after["spec"]["template"] == before["spec"]["template"]
+
+
+def test_redis_choices_and_service_monitor(k, run_operator, control_plane):
+    monitor_crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor"},
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+        },
+    }  # fmt: skip
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(monitor_crd))
+    control_plane.kubectl(
+        "wait", "--for", "condition=established", "crd/servicemonitors.monitoring.coreos.com"
+    )
+    run_operator()
+    k.apply(fleet(redis={"managed": True}))
+    wait_for(lambda: k.get("statefulset", "edge-redis"), msg="managed redis")
+    assert k.get("service", "edge-redis")["spec"]["ports"][0]["port"] == 6379
+    mon = wait_for(lambda: k.get("servicemonitor", "edge"), msg="service monitor")
+    assert mon["spec"]["endpoints"][0]["port"] == "metrics"
+    assert "edge-redis" in config_of(k)["store"]["url"]
+
+    # an external Redis with a password Secret: the password reaches the pods, not the ConfigMap
+    k.apply({**fleet(redis={"url": "redis://db.example:6379/0", "secretRef": {"name": "redis-pw"}}),
+             "spec": {**fleet()["spec"], "redis": {"managed": False, "url": "redis://db.example:6379/0",
+                                                   "secretRef": {"name": "redis-pw"}},
+                      "metrics": {"serviceMonitor": False}}})  # fmt: skip
+    degraded = wait_for(lambda: (c := k.condition("brokerfleet", "edge", "Degraded")).get("reason") == "ConfigInvalid"
+                        and c, msg="missing secret reported")  # fmt: skip
+    assert "redis-pw" in degraded["message"]
+    k("create", "secret", "generic", "redis-pw", "--from-literal=password=s3cret")
+    wait_for(lambda: "db.example" in config_of(k)["store"]["url"], msg="external redis rendered")
+    assert "s3cret" not in json.dumps(k.get("configmap", "edge-config"))
+    env = {
+        e["name"]: e for e in k.get("statefulset", "edge")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "redis-pw"
+    wait_for(lambda: k.get("statefulset", "edge-redis") is None, msg="managed redis pruned")
+    wait_for(lambda: k.get("servicemonitor", "edge") is None, msg="service monitor pruned")
+    wait_for(
+        lambda: k.condition("brokerfleet", "edge", "Degraded").get("status") == "False", msg="not degraded"
+    )
+
+
+def test_operator_metrics_count_reconciles(k, run_operator):
+    from fleetmq.operator import metrics
+
+    before = metrics.REGISTRY.get_sample_value("fleetmq_operator_reconciles_total", {"result": "ok"}) or 0
+    run_operator()
+    k.apply(fleet())
+    wait_for(lambda: k.get("statefulset", "edge"), msg="statefulset")
+    wait_for(lambda: (metrics.REGISTRY.get_sample_value("fleetmq_operator_reconciles_total", {"result": "ok"})
+                      or 0) > before, msg="reconciles counted")  # fmt: skip
+    assert (
+        metrics.REGISTRY.get_sample_value("fleetmq_operator_child_changes_total", {"kind": "StatefulSet"})
+        >= 1
+    )
+    assert metrics.REGISTRY.get_sample_value("fleetmq_operator_reconcile_duration_seconds_count") >= 1
