@@ -42,6 +42,11 @@ lint: $(VENV)/.installed
 envtest: deps
 	CACHE=$(CACHE) bash scripts/envtest.sh
 
+# helm, built with Go into $(CACHE)/tools (scripts/tools.sh; pinned there), for the chart tests.
+.PHONY: tools
+tools:
+	CACHE=$(CACHE) bash scripts/tools.sh helm
+
 # A control plane for trying things by hand (kubectl, the operator, the chart); state in $(CACHE)/dev-cluster.
 dev-cluster: envtest
 	$(BIN)/python -m tests.kubeapi up --dir $(CACHE)/dev-cluster
@@ -49,7 +54,7 @@ dev-cluster: envtest
 dev-cluster-down: $(VENV)/.installed
 	$(BIN)/python -m tests.kubeapi down --dir $(CACHE)/dev-cluster
 
-test: deps envtest
+test: deps envtest tools
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
