@@ -348,7 +348,7 @@ def fleet_overview() -> Dashboard:
         broker_variables(),
     )
     d.row("Now")
-    fleet_jobs = f"group by (namespace, job) (fleetmq_zone_config_info{{{FLEET}}})"
+    fleet_jobs = f"group by (namespace, job) (fleetmq_zone_config_info{{{ZONE}}})"
     d.add(
         stat(
             "Broker pods up",

@@ -1,0 +1,43 @@
+"""Fixtures of the monitoring tests: the real Prometheus (and promtool) of Debian's `prometheus` package."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.monitoring import promproc
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "prometheus: runs Debian's prometheus / promtool (installed by `make deps`); runs in `make test`",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    rep = yield
+    if rep.failed and rep.when in ("call", "setup"):
+        for p in list(promproc.LIVE_PROMETHEUS):
+            rep.sections.append((f"prometheus pid {p.proc.pid} port {p.port} log (tail)", p.log()[-4000:]))
+    return rep
+
+
+def _need(binary: str) -> str:
+    if not promproc.available(binary):
+        pytest.fail(
+            f"{binary} not found: run `make deps` (Debian's prometheus package) or set PROMETHEUS_BIN"
+        )
+    return binary
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Path of promtool."""
+    return _need(promproc.PROMTOOL_BIN)
+
+
+@pytest.fixture(scope="session")
+def prometheus_bin() -> str:
+    """Path of prometheus."""
+    return _need(promproc.PROMETHEUS_BIN)

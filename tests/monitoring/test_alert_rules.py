@@ -1,0 +1,143 @@
+"""The chart's alert rules through promtool: the file is valid, and thresholds and `for:` behave on series
+spanning hours (which the live test in test_promql.py cannot wait for): what must fire fires, with the
+labels a receiver routes on, and steady background noise does not."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from fleetmq.operator import grafana
+
+pytestmark = pytest.mark.prometheus
+
+ALERTS = grafana.CHART_DIR / grafana.ALERTS_FILE
+FLEET = {"namespace": "mq", "job": "edge-headless"}
+
+
+def _sel(name: str, **labels: str) -> str:
+    return name + "{" + ", ".join(f'{k}="{v}"' for k, v in {**FLEET, **labels}.items()) + "}"
+
+
+def test_promtool_accepts_the_chart_rules(promtool: str):
+    r = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rules = sum(len(g["rules"]) for g in grafana.alert_groups()["groups"])
+    assert f"SUCCESS: {rules} rules found" in r.stdout
+
+
+# (series, values every minute) and the alerts expected at eval_time; labels beyond the alert's own grouping
+# are what promtool compares, so each case also pins which labels an alert carries.
+CASES = {
+    "queue drops for 5 minutes fire": (
+        [(_sel("fleetmq_messages_dropped_total", pod="edge-0", zone="ext", reason="queue_full"), "0+60x20")],
+        "10m",
+        {"FleetmqQueueDrops": [{"severity": "warning", **FLEET, "zone": "ext"}]},
+    ),
+    "a full window for most deliveries fires after 10 minutes": (
+        [
+            (_sel("fleetmq_inflight_full_total", pod="edge-0", zone="ext"), "0+600x30"),
+            (_sel("fleetmq_messages_delivered_total", pod="edge-0", zone="ext", qos="1"), "0+60x30"),
+        ],
+        "20m",
+        {"FleetmqInflightWindowFull": [{"severity": "warning", **FLEET, "zone": "ext"}]},
+    ),
+    "a steady keep-alive timeout rate is not a spike": (
+        [(_sel("fleetmq_keepalive_timeouts_total", pod="edge-0", zone="ext"), "0+20x120")],
+        "110m",
+        {"FleetmqKeepaliveTimeoutsSpiking": []},
+    ),
+    "keep-alive timeouts jumping above the hour's rate fire": (
+        [(_sel("fleetmq_keepalive_timeouts_total", pod="edge-0", zone="ext"), "0+1x100 100+40x10")],
+        "108m",
+        {"FleetmqKeepaliveTimeoutsSpiking": [{"severity": "warning", **FLEET, "zone": "ext"}]},
+    ),
+    "store errors fire per pod after a minute": (
+        [(_sel("fleetmq_store_errors_total", pod="edge-1"), "0 0 3 3 3")],
+        "4m",
+        {"FleetmqStoreErrors": [{"severity": "critical", **FLEET, "pod": "edge-1"}]},
+    ),
+    "roaming clients are not a takeover storm": (
+        [
+            (_sel("fleetmq_session_events_total", pod="edge-0", zone="ext", event="takenover"), "0+30x30"),
+            (_sel("fleetmq_session_events_total", pod="edge-0", zone="ext", event="resumed"), "0+200x30"),
+        ],
+        "25m",
+        {"FleetmqTakeoverStorm": []},
+    ),
+    "clients fighting over a client id are": (
+        [
+            (_sel("fleetmq_session_events_total", pod="edge-0", zone="ext", event="takenover"), "0+300x30"),
+            (_sel("fleetmq_session_events_total", pod="edge-0", zone="ext", event="resumed"), "0+310x30"),
+        ],
+        "25m",
+        {"FleetmqTakeoverStorm": [{"severity": "warning", **FLEET, "zone": "ext"}]},
+    ),
+    "a down pod of a fleet fires, a down target of another job does not": (
+        [
+            (
+                _sel("fleetmq_zone_config_info", pod="edge-0", zone="ext", config_hash="a", instance="i0"),
+                "1x20",
+            ),
+            (_sel("up", pod="edge-0", instance="i0"), "1x20"),
+            (_sel("up", pod="edge-2", instance="i2"), "0x20"),
+            ('up{namespace="mq", job="something-else", instance="i9"}', "0x20"),
+        ],
+        "10m",
+        {"FleetmqBrokerDown": [{"severity": "critical", **FLEET, "pod": "edge-2", "instance": "i2"}]},
+    ),
+    "pods running different configs of a zone for 15 minutes fire": (
+        [
+            (_sel("fleetmq_zone_config_info", pod="edge-0", zone="ext", config_hash="a"), "1x30"),
+            (_sel("fleetmq_zone_config_info", pod="edge-1", zone="ext", config_hash="b"), "1x30"),
+            (_sel("fleetmq_zone_config_info", pod="edge-1", zone="int", config_hash="c"), "1x30"),
+        ],
+        "20m",
+        {"FleetmqZoneConfigDiverged": [{"severity": "warning", **FLEET, "zone": "ext"}]},
+    ),
+    "a refused reload fires at once": (
+        [(_sel("fleetmq_config_reload_errors_total", pod="edge-1"), "0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1")],
+        "2m",
+        {"FleetmqConfigReloadFailed": [{"severity": "warning", **FLEET, "pod": "edge-1"}]},
+    ),
+    "operator reconcile errors for 15 minutes fire": (
+        [('fleetmq_operator_reconciles_total{namespace="ops", pod="op-0", result="error"}', "0+1x40")],
+        "30m",
+        {"FleetmqOperatorReconcileErrors": [{"severity": "warning", "namespace": "ops", "pod": "op-0"}]},
+    ),
+}
+
+
+def test_alerts_fire_on_what_they_are_about_and_not_on_noise(promtool: str, tmp_path: Path):
+    rules = copy.deepcopy(grafana.alert_groups())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations")  # promtool compares annotations too; the labels are what is tested here
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False, width=1000))
+    tests = []
+    for name, (series, eval_time, expected) in CASES.items():
+        tests.append(
+            {
+                "name": name,
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series],
+                "alert_rule_test": [
+                    {
+                        "eval_time": eval_time,
+                        "alertname": alert,
+                        "exp_alerts": [{"exp_labels": lb} for lb in want],
+                    }
+                    for alert, want in expected.items()
+                ],
+            }
+        )
+    spec = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests}
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, width=1000))
+    r = subprocess.run(
+        [promtool, "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout

@@ -1,0 +1,127 @@
+"""The chart's dashboards and alert rules: generated, in step with the chart, and built on real metric names.
+
+Whether each expression returns data is proven against a real Prometheus in tests/monitoring; these checks
+are the cheap ones: staleness, layout, variables, and names that the exporters really have.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from fleetmq.broker.metrics import Metrics
+from fleetmq.operator import grafana
+from fleetmq.operator import metrics as operator_metrics
+from prometheus_client.registry import Collector
+
+DASHBOARDS = {make().uid: make().json() for make in grafana.DASHBOARDS}
+BROKER = [uid for uid in DASHBOARDS if uid != "fleetmq-operator"]
+SELECTOR = re.compile(r"\b((?:fleetmq_|up\b)\w*)(\{[^}]*\})?")
+
+
+def _exported(collector: Collector) -> set[str]:
+    """Sample names a collector exports, whether or not it has samples yet."""
+    out: set[str] = set()
+    for fam in collector.collect():
+        out |= {s.name for s in fam.samples}
+        if fam.type == "counter":
+            out.add(f"{fam.name}_total")
+        elif fam.type == "histogram":
+            out |= {f"{fam.name}_bucket", f"{fam.name}_count", f"{fam.name}_sum"}
+        else:
+            out.add(fam.name)
+    return out
+
+
+def _broker_names() -> set[str]:
+    m = Metrics()
+    m.zone("default")
+    m.store_ops["commit"].observe(0.001)
+    return _exported(m.collector())
+
+
+def _exprs(dashboard: dict) -> list[tuple[str, str]]:
+    out = [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p.get("targets", [])]
+    out += [
+        (f"variable {v['name']}", v["definition"])
+        for v in dashboard["templating"]["list"]
+        if "definition" in v
+    ]
+    return out
+
+
+def test_chart_files_are_up_to_date():
+    stale = grafana.stale()
+    assert not stale, f"charts/fleetmq is stale ({stale}): run `make dashboards`"
+
+
+def test_committed_json_is_what_grafana_loads():
+    for rel, text in grafana.render().items():
+        if rel.endswith(".json"):
+            d = json.loads(text)
+            assert d["uid"] == rel.rsplit("/", 1)[1].removesuffix(".json") and len(d["uid"]) <= 40
+            assert d["schemaVersion"] >= 36 and "fleetmq" in d["tags"]
+
+
+@pytest.mark.parametrize("uid", list(DASHBOARDS))
+def test_panels_are_laid_out_described_and_bound_to_the_datasource_variable(uid: str):
+    d = DASHBOARDS[uid]
+    panels = d["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells: set[tuple[int, int]] = set()
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, f"{p['title']} overlaps another panel"
+        cells |= mine
+        if p["type"] == "row":
+            continue
+        assert p["description"] and p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        assert p["targets"] and all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
+        if p["type"] != "heatmap":
+            assert p["fieldConfig"]["defaults"]["unit"], p["title"]
+    names = [v["name"] for v in d["templating"]["list"]]
+    assert names[0] == "datasource"
+    want = ["namespace", "job", "pod", "zone"] if uid in BROKER else ["namespace", "pod"]
+    assert names[1:] == want
+    for v in d["templating"]["list"][1:]:
+        assert v["includeAll"] and v["multi"] and v["allValue"] == ".*"
+
+
+@pytest.mark.parametrize("uid", BROKER)
+def test_every_broker_selector_follows_the_template_variables(uid: str):
+    """Picking a namespace, fleet, pod or zone narrows every panel, not just some."""
+    zoned = {n for n in _broker_names() if n.startswith("fleetmq_")} - {
+        n for n in _broker_names() if re.match(r"fleetmq_(store|takeover|config_reload)", n)
+    }
+    for title, expr in _exprs(DASHBOARDS[uid]):
+        if title.startswith("variable"):
+            continue
+        for name, sel in SELECTOR.findall(expr):
+            assert sel, f"{title}: {name} without a selector"
+            for label in ("namespace", "job", "pod"):
+                assert f'{label}=~"${label}"' in sel, f"{title}: {name}{sel} ignores ${label}"
+            if name in zoned:
+                assert 'zone=~"$zone"' in sel, f"{title}: {name}{sel} ignores $zone"
+
+
+def test_every_metric_the_chart_queries_is_exported():
+    """A renamed or removed metric fails here, naming the panel or alert that still reads it."""
+    broker, operator = _broker_names(), _exported(operator_metrics.REGISTRY)
+    uses = [(f"{uid}: {title}", expr) for uid, d in DASHBOARDS.items() for title, expr in _exprs(d)]
+    uses += [(f"alert {r['alert']}", r["expr"]) for g in grafana.alert_groups()["groups"] for r in g["rules"]]
+    for where, expr in uses:
+        for name in re.findall(r"\bfleetmq_\w+", expr):
+            known = operator if name.startswith("fleetmq_operator_") else broker
+            assert name in known, f"{where}: {name} is not exported"
+
+
+def test_alerts_are_labelled_and_annotated():
+    rules = [r for g in grafana.alert_groups()["groups"] for r in g["rules"]]
+    assert len({r["alert"] for r in rules}) == len(rules)
+    for r in rules:
+        assert r["labels"]["severity"] in ("warning", "critical")
+        assert r["annotations"]["summary"] and r["annotations"]["description"]
+        assert re.fullmatch(r"\d+[smh]", r["for"])
