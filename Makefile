@@ -30,6 +30,12 @@ deps: $(VENV)/.installed
 crds: $(VENV)/.installed
 	$(BIN)/python -m fleetmq.operator.crdgen
 
+# The chart's Grafana dashboards (charts/fleetmq/dashboards/) and alert rules (charts/fleetmq/files/alerts.yaml),
+# generated from operator/grafana.py (a test fails when stale).
+.PHONY: dashboards
+dashboards: $(VENV)/.installed
+	$(BIN)/python -m fleetmq.operator.grafana
+
 run: $(VENV)/.installed
 	$(BIN)/fleetmq-broker --listen $(LISTEN)
 
