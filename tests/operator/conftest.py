@@ -85,13 +85,14 @@ def k(control_plane, kube_namespace, crds_installed) -> Kubectl:
 class Operator:
     """One in-process operator (kopf.testing.KopfRunner) watching one namespace."""
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, peering: tuple[str, int] | None = None) -> None:
+        from fleetmq.operator.cli import kopf_args, parse_args
         from kopf.testing import KopfRunner
 
-        self.runner = KopfRunner(
-            ["run", "--module", "fleetmq.operator.handlers", "--namespace", namespace, "--standalone"],
-            timeout=60,
-        )
+        flags = ["--namespace", namespace]
+        if peering:
+            flags += ["--peering", peering[0], "--priority", str(peering[1])]
+        self.runner = KopfRunner(kopf_args(parse_args(flags)), timeout=60)
         self.runner.__enter__()
         self.running = True
 
@@ -110,14 +111,14 @@ class Operator:
 
 
 @pytest.fixture
-def run_operator(operator_kubeconfig, kube_namespace, monkeypatch) -> Iterator[Callable[[], Operator]]:
+def run_operator(operator_kubeconfig, kube_namespace, monkeypatch) -> Iterator[Callable[..., Operator]]:
     """Start the operator (as its ServiceAccount) watching the test's namespace; stopped at teardown."""
     monkeypatch.setenv("KUBECONFIG", str(operator_kubeconfig))
     monkeypatch.setenv("FLEETMQ_RESYNC_SECONDS", "1")
     started: list[Operator] = []
 
-    def start() -> Operator:
-        started.append(Operator(kube_namespace))
+    def start(peering: tuple[str, int] | None = None) -> Operator:
+        started.append(Operator(kube_namespace, peering))
         return started[-1]
 
     yield start

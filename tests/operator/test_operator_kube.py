@@ -306,3 +306,29 @@ def test_operator_metrics_count_reconciles(k, run_operator):
         >= 1
     )
     assert metrics.REGISTRY.get_sample_value("fleetmq_operator_reconcile_duration_seconds_count") >= 1
+
+
+def test_peering_keeps_one_operator_active(k, run_operator, caplog):
+    """HA: replicas of the operator with kopf peering; the highest priority one acts, the others wait."""
+    k.apply({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "fleetmq"}})
+    low = run_operator(peering=("fleetmq", 10))
+    k.apply(fleet())
+    wait_for(lambda: k.get("statefulset", "edge"), msg="reconciled by the only operator")
+
+    def peers() -> int:
+        return len((k.get("kopfpeering", "fleetmq") or {}).get("status") or {})
+
+    wait_for(lambda: peers() == 1, msg="first operator announced")
+    high = run_operator(peering=("fleetmq", 20))
+    wait_for(lambda: peers() == 2, msg="both operators announced")
+    k("scale", "brokerfleet", "edge", "--replicas=3")
+    wait_for(
+        lambda: k.get("statefulset", "edge")["spec"]["replicas"] == 3, msg="reconciled by the active one"
+    )
+    high.stop()
+    wait_for(lambda: peers() == 1, msg="the active operator left")
+    k("scale", "brokerfleet", "edge", "--replicas=4")
+    wait_for(lambda: k.get("statefulset", "edge")["spec"]["replicas"] == 4, msg="the standby took over")
+    low.stop()
+    paused = [r.getMessage() for r in caplog.records if "Pausing operations in favour of" in r.getMessage()]
+    assert paused and all("priority=20" in m for m in paused)  # only the low one ever stood back
