@@ -6,6 +6,9 @@ import pytest
 
 from tests.monitoring import promproc
 
+# the operator tests' fixtures (a CRD-installed control plane, the operator ServiceAccount's kubeconfig)
+from tests.operator.conftest import crds_installed, operator_kubeconfig  # noqa: F401
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
