@@ -214,6 +214,20 @@ def test_bad_zones_are_reported_without_touching_the_running_fleet(k, run_operat
     )
     wait_for(lambda: "orphan" in config_of(k)["zones"], msg="orphan rendered")
 
+    # deleting the zone that holds the port frees it: the refused zone is accepted, the deleted one pruned
+    k("delete", "mqttzone", "first")
+    wait_for(
+        lambda: k.condition("mqttzone", "second", "Accepted").get("status") == "True", msg="second accepted"
+    )
+    wait_for(
+        lambda: "first" not in config_of(k)["zones"] and "second" in config_of(k)["zones"], msg="re-rendered"
+    )
+    wait_for(lambda: k.get("service", "edge-first-mqtt") is None, msg="deleted zone's Service pruned")
+    assert k.get("service", "edge-second-mqtt")["spec"]["ports"][0]["port"] == 1883
+    wait_for(
+        lambda: k.condition("brokerfleet", "edge", "Degraded").get("status") == "False", msg="healthy again"
+    )
+
 
 def test_deleting_the_fleet(k, run_operator, control_plane):
     run_operator()
