@@ -45,7 +45,9 @@ def start_pod(config_path, node_id: str, mqtt_port: int, metrics_port: int, work
     return bp
 
 
-def test_zone_change_through_the_apiserver_reaches_running_brokers(k, run_operator, redis_server, tmp_path):
+def test_zone_change_through_the_apiserver_reaches_running_brokers(
+    k, run_operator, redis_server, tmp_path, control_plane
+):
     mqtt_port, metrics_port = free_port(), free_port()
     run_operator()
     k.apply(fleet(replicas=1, redis={"url": redis_server.url}, metrics={"port": metrics_port}))
@@ -103,6 +105,10 @@ def test_zone_change_through_the_apiserver_reaches_running_brokers(k, run_operat
         wait_for(lambda: k.get("mqttzone", "external")["status"].get("podGenerations") == {"edge-0": 2},
                  msg="zone reports generation 2 on every pod")  # fmt: skip
         assert k.condition("mqttzone", "external", "Applied")["status"] == "True"
+        if control_plane.controllers:  # kwok runs pod edge-0: ready, and it reports the rendered config
+            wait_for(
+                lambda: k.condition("brokerfleet", "edge", "Ready").get("status") == "True", msg="fleet ready"
+            )
         assert bp.alive()
         sub.close()
         pub.close()

@@ -346,3 +346,52 @@ def test_peering_keeps_one_operator_active(k, run_operator, caplog):
     low.stop()
     paused = [r.getMessage() for r in caplog.records if "Pausing operations in favour of" in r.getMessage()]
     assert paused and all("priority=20" in m for m in paused)  # only the low one ever stood back
+
+
+def test_pods_roll_one_at_a_time_and_zone_changes_keep_them(k, run_operator, control_plane):
+    """With kube-controller-manager, scheduler and kwok: real StatefulSet pods on fake nodes."""
+    if not control_plane.controllers:
+        import pytest
+
+        pytest.skip("needs kube-controller-manager, kube-scheduler and kwok (make envtest)")
+    run_operator()
+    k.apply(fleet(replicas=3))
+    k.apply(zone())
+
+    def pods() -> list[dict]:
+        out = json.loads(k("get", "pods", "-l", render.selector_string("edge"), "-o", "json").stdout)["items"]
+        return out
+
+    def ready(p: dict) -> bool:
+        return any(
+            c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", [])
+        )
+
+    wait_for(lambda: len([p for p in pods() if ready(p)]) == 3, timeout=90, msg="3 ready pods")
+    assert sorted(p["metadata"]["name"] for p in pods()) == ["edge-0", "edge-1", "edge-2"]
+    uids = {p["metadata"]["uid"] for p in pods()}
+    before = cm_hash(k)
+    k.patch("mqttzone", "external", {"spec": {"session": {"maxInflight": 1}}})
+    wait_for(lambda: cm_hash(k) != before, msg="config re-rendered")
+    time.sleep(2)
+    assert {p["metadata"]["uid"] for p in pods()} == uids  # live change: no pod replaced
+
+    k.patch("brokerfleet", "edge", {"spec": {"image": "fleetmq/broker:next"}})
+    worst = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        current = pods()
+        worst = max(
+            worst, 3 - len([p for p in current if ready(p) and not p["metadata"].get("deletionTimestamp")])
+        )
+        done = [
+            p for p in current if ready(p) and p["spec"]["containers"][0]["image"] == "fleetmq/broker:next"
+        ]
+        if len(done) == 3:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(
+            f"rollout did not finish: {[(p['metadata']['name'], p['spec']['containers'][0]['image']) for p in pods()]}"
+        )
+    assert worst <= 1, f"{worst} pods were down at once"
