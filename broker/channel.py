@@ -575,7 +575,7 @@ class Channel:
             if self._rel_timer is None:
                 self._arm_rel_timer()
         msg = Message.from_publish(topic, p.payload, qos, p.retain, props, self.client_id)
-        if self.ev is not None:
+        if self.ev is not None and self.ev.keeps(msg.msg_id):
             self.ev.emit(
                 PUBLISH_IN,
                 self.zone_name,
@@ -644,7 +644,7 @@ class Channel:
             return  # unknown or duplicate ack: harmless
         self.zm.acked[1] += 1
         self.zm.latency.observe(time.time() - d.msg.ts)
-        if self.ev is not None:
+        if self.ev is not None and self.ev.keeps(d.msg.msg_id):
             self._ack_event(d, session)
         if session.mqueue:
             self._send_deliveries(*session.refill(self.io.time()))
@@ -677,7 +677,7 @@ class Channel:
             return
         self.zm.acked[2] += 1
         self.zm.latency.observe(time.time() - d.msg.ts)
-        if self.ev is not None:
+        if self.ev is not None and self.ev.keeps(d.msg.msg_id):
             self._ack_event(d, session)
         if session.mqueue:
             self._send_deliveries(*session.refill(self.io.time()))
@@ -736,7 +736,7 @@ class Channel:
             if data is not None:
                 self.io.write(data)
                 self.zm.delivered[0] += 1
-                if ev is not None:
+                if ev is not None and ev.keeps(msg.msg_id):
                     ev.emit(
                         DELIVER,
                         self.zone_name,
@@ -814,7 +814,7 @@ class Channel:
             session.drop(d.packet_id)
             return False
         self.zm.delivered[d.qos] += 1
-        if self.ev is not None:
+        if self.ev is not None and self.ev.keeps(d.msg.msg_id):
             self.ev.emit(
                 RETRANSMIT if dup else DELIVER,
                 self.zone_name,
@@ -849,7 +849,7 @@ class Channel:
                     if data is not None:
                         self.io.write(data)
                         self.zm.delivered[0] += 1
-                        if self.ev is not None:
+                        if self.ev is not None and self.ev.keeps(d.msg.msg_id):
                             self.ev.emit(
                                 DELIVER,
                                 self.zone_name,
@@ -878,7 +878,7 @@ class Channel:
             self._send_publish(d, dup=True)  # its event: retransmit
         else:
             self._send_ack(PUBREL, d.packet_id, 0)
-            if self.ev is not None:
+            if self.ev is not None and self.ev.keeps(d.msg.msg_id):
                 self.ev.emit(
                     RETRANSMIT,
                     self.zone_name,

@@ -90,6 +90,12 @@ class EventLogConfig(_Model):
         description="Fraction of messages whose per-message events (publish_in, deliver, ack, retransmit) "
         "are kept; the same messages on every node, so their events stay together",
     )
+    max_rate: float = Field(
+        10_000,
+        ge=0,
+        description="Per-message events a second a node logs at most: past it, fewer messages are sampled "
+        "(zone_config records carry the rate in force) so the log never slows delivery; 0 = no cap",
+    )
     fleet: str = Field(
         "fleetmq", min_length=1, description="Fleet name; the stream is the Redis key fmq:eventlog:<fleet>"
     )

@@ -181,6 +181,7 @@ class EventLog:
         max_buffer: int = 100_000,
         timeout: float = 2.0,
         config_interval: float = 300.0,
+        max_rate: float = 0.0,
     ) -> None:
         if not node:
             raise ValueError("the event log needs a node name")
@@ -197,6 +198,13 @@ class EventLog:
         self.max_len = max_len
         self.sample = sample
         self._threshold = sample_threshold(sample)
+        if max_rate < 0:
+            raise ValueError(f"event log max_rate must be >= 0 (0: no cap), got {max_rate}")
+        # Overload: past max_rate per-message events a second, fewer messages are sampled (see keeps()).
+        self.max_rate = max_rate
+        self.effective_sample = sample
+        self._offered = 0  # keeps() calls since the last adjustment
+        self._adjusted = time.monotonic()
         self.interval = interval
         self.batch = batch
         self.max_buffer = max_buffer
@@ -234,9 +242,40 @@ class EventLog:
         """The log a node's config asks for, or None when it is disabled."""
         if not config.enabled:
             return None
-        return cls(redis_url, fleet=fleet, node=node, max_len=config.max_len, sample=config.sample, **kwargs)
+        return cls(
+            redis_url,
+            fleet=fleet,
+            node=node,
+            max_len=config.max_len,
+            sample=config.sample,
+            max_rate=config.max_rate,
+            **kwargs,
+        )
 
     # -- the data path ---------------------------------------------------------------------------------
+    def keeps(self, msg_id: int) -> bool:
+        """Whether a message's events are logged: asked before building a per-message event, so that a
+        message sampled out costs the data path one call. Counts the offered load for the overload cap."""
+        self._offered += 1
+        t = self._threshold
+        return t is None or ((msg_id * _GOLDEN) & _MASK64) < t
+
+    def _adapt(self, now: float) -> None:
+        """Once a second: past max_rate, sample fewer messages (at once); below it, more (doubling)."""
+        elapsed = now - self._adjusted
+        if elapsed < 1.0:
+            return
+        offered, self._offered, self._adjusted = self._offered / elapsed, 0, now
+        target = self.sample
+        if self.max_rate and offered * target > self.max_rate:
+            target = self.max_rate / offered
+        current = self.effective_sample
+        new = target if target <= current else min(target, current * 2)
+        if abs(new - current) > 0.1 * current or (new == self.sample and current != new):
+            self.effective_sample = new
+            self._threshold = sample_threshold(new)
+            self._config_due = 0.0  # the stream learns the new rate (zone_config records carry it)
+
     def emit(
         self,
         event: str,
@@ -346,6 +385,8 @@ class EventLog:
                     async with asyncio.timeout(self.interval):
                         await self._wake.wait()
             self._wake.clear()
+            if self.max_rate:
+                self._adapt(time.monotonic())
             if self._zones and time.monotonic() >= self._config_due:
                 self._config_due = time.monotonic() + self.config_interval
                 self._emit_zone_config()
@@ -363,7 +404,7 @@ class EventLog:
         now = time.time_ns() // 1000
         self._configs = [
             _CONFIG_FORMAT
-            % (next(self._seq), now, zone, ZONE_CONFIG, max_inflight, max_mqueue_len, self.sample)
+            % (next(self._seq), now, zone, ZONE_CONFIG, max_inflight, max_mqueue_len, self.effective_sample)
             for zone, (max_inflight, max_mqueue_len) in self._zones.items()
         ]
 

@@ -80,9 +80,8 @@ class Node:
         self.events: EventLog | None = None
         if (url := config.event_log_url()) is not None:
             log_cfg = config.event_log
-            self.events = EventLog(
-                url, fleet=log_cfg.fleet, node=self.node_id, max_len=log_cfg.max_len, sample=log_cfg.sample
-            )
+            self.events = EventLog.from_config(log_cfg, redis_url=url, fleet=log_cfg.fleet, node=self.node_id)
+            assert self.events is not None
             self.events.set_zones(self.zones)
             events = self.events
             self.metrics.event_log = lambda: (events.written, events.dropped, events.errors)

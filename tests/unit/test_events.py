@@ -231,3 +231,26 @@ def test_emit_needs_no_loop_and_keeps_to_its_bound():
     for i in range(1500):
         ev.emit(DELIVER, "external", "client-17", i + 1, "sensors/1/temp", 1, i & 0xFFFF, 64, "", 5, 0)
     assert (ev.buffered, ev.dropped, ev.written) == (1000, 500, 0)
+
+
+def test_overload_samples_fewer_messages_and_recovers():
+    """Past max_rate per-message events a second, keeps() lets fewer messages through: the log's cost stays
+    bounded whatever the message rate, and the same message ids are kept on every node (a lower rate keeps a
+    subset of a higher rate's messages)."""
+    ev = EventLog("redis://127.0.0.1:1/0", fleet="f", node="n", max_rate=1000)
+    t0 = ev._adjusted
+    for m in range(20_000):  # 20,000 offered in "one second"
+        ev.keeps(m)
+    ev._adapt(t0 + 1.0)
+    assert ev.effective_sample == pytest.approx(1000 / 20_000)
+    kept = [m for m in range(100_000, 120_000) if ev.keeps(m)]
+    assert 700 < len(kept) < 1300
+    ev._adapt(t0 + 2.0)  # 20,000 offered again: the rate holds
+    assert ev.effective_sample == pytest.approx(1000 / 20_000)
+    ev._adapt(t0 + 3.0)  # quiet: it recovers, doubling each second, up to the configured sample
+    assert ev.effective_sample == pytest.approx(2 * 1000 / 20_000)
+    for i in range(4, 12):
+        ev._adapt(t0 + i)
+    assert ev.effective_sample == 1.0 and all(ev.keeps(m) for m in range(100))
+    low = sample_threshold(0.05)
+    assert all(sampled(m, sample_threshold(0.5)) for m in range(10_000) if sampled(m, low))
