@@ -446,6 +446,13 @@ class ControlPlane:
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
                 "--authorization-mode=Node,RBAC",
                 "--allow-privileged=true",
                 # the "kubernetes" Service's Endpoints may not point at a loopback address
@@ -612,7 +619,7 @@ class ControlPlane:
                 "capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
             },
         }
-        self.kubectl("apply", "-f", "-", input=json.dumps(node))
+        self.apply(node)
 
     # -- PKI and kubeconfigs
     def _ensure_pki(self) -> None:
@@ -620,9 +627,22 @@ class ControlPlane:
         from cryptography.hazmat.primitives.asymmetric import ec
 
         pki = self.pki
+        pki.mkdir(parents=True, exist_ok=True)
+        if not (pki / "front-proxy-client.key").exists():
+            # the aggregation layer's client CA (requestheader authentication), which controller-manager and
+            # scheduler read from kube-system/extension-apiserver-authentication
+            fp_ca_cert, fp_ca_key = _new_cert("fleetmq-envtest-front-proxy-ca", is_ca=True)
+            fp_cert, fp_key = _new_cert("front-proxy-client", ca=(fp_ca_cert, fp_ca_key), client=True)
+            self._write_pki(
+                {
+                    "front-proxy-ca.crt": _cert_pem(fp_ca_cert),
+                    "front-proxy-ca.key": _key_pem(fp_ca_key),
+                    "front-proxy-client.crt": _cert_pem(fp_cert),
+                    "front-proxy-client.key": _key_pem(fp_key),
+                }
+            )
         if (pki / "admin.key").exists():
             return  # made by an earlier start of this workdir: kubeconfigs handed out stay valid
-        pki.mkdir(parents=True, exist_ok=True)
         ca_cert, ca_key = _new_cert("fleetmq-envtest-ca", is_ca=True)
         server_cert, server_key = _new_cert(
             "kube-apiserver",
@@ -651,8 +671,11 @@ class ControlPlane:
             ),
             "admin.key": _key_pem(admin_key),  # last: its presence means the set is complete
         }
+        self._write_pki(files)
+
+    def _write_pki(self, files: dict[str, bytes]) -> None:
         for fname, data in files.items():
-            path = pki / fname
+            path = self.pki / fname
             path.write_bytes(data)
             if fname.endswith(".key"):
                 path.chmod(0o600)
@@ -751,7 +774,7 @@ class ControlPlane:
         ns, name = self._split_sa(service_account)
         if create:
             sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}}
-            self.kubectl("apply", "-f", "-", input=json.dumps(sa))
+            self.apply(sa)
         entry = {"token": self.serviceaccount_token(service_account)}
         fname = self._safe("sa-" + service_account)
         return self._write_kubeconfig(
@@ -783,6 +806,14 @@ class ControlPlane:
         if check and cp.returncode != 0:
             raise KubectlError(cp.returncode, argv, cp.stdout, cp.stderr)
         return cp
+
+    def apply(self, *objs: dict | str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+        """`kubectl apply -f -` of manifests: dicts (sent as one JSON List) or YAML/JSON text."""
+        if all(isinstance(o, dict) for o in objs):
+            text = json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objs)})
+        else:
+            text = "\n---\n".join(o if isinstance(o, str) else json.dumps(o) for o in objs)
+        return self.kubectl("apply", "-f", "-", input=text, check=check, **kw)
 
     def create_namespace(self, name: str, timeout: float = 30.0) -> str:
         """Create namespace `name`; with controllers, wait for its "default" ServiceAccount (pods need it)."""
