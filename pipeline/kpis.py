@@ -155,7 +155,9 @@ def zone_kpis(
         delivered.groupBy(*KEYS, "client", "window_end")
         .count()
         .join(settings.select("zone", "sample"), "zone", "left")
-        .withColumn("rate", F.col("count") / window_s / F.coalesce(F.col("sample"), F.lit(1.0)))
+        .withColumn(
+            "rate", F.col("count") / window_s / F.when(F.col("sample") > 0, F.col("sample")).otherwise(1.0)
+        )
         .groupBy(*KEYS)
         .agg(pct("rate", P_SIZING).alias("session_rate_p95"))
     )
@@ -173,7 +175,7 @@ def zone_kpis(
             "zone",
             "window_start",
             "window_end",
-            F.date_format("window_start", "yyyy-MM-dd").alias("date"),
+            F.to_date("window_start").alias("date"),
             "publishes",
             "deliveries",
             "acks",

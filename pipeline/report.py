@@ -89,6 +89,10 @@ def spark_session(master: str | None, app: str = "fleetmq-report") -> Any:
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
+    active = SparkSession.getActiveSession()
+    if active is not None:  # embedded (tests, a notebook): use it as configured, in UTC
+        active.conf.set("spark.sql.session.timeZone", "UTC")
+        return active
     builder = SparkSession.builder.appName(app).config("spark.sql.session.timeZone", "UTC")
     if master:
         builder = builder.master(master)
@@ -109,12 +113,18 @@ def _events_dir(in_dir: str | Path) -> str:
     return f"{str(in_dir).rstrip('/')}/{EVENTS_DIR}"
 
 
+def check_events(in_dir: str | Path) -> None:
+    """Fail early, with the hint, when a local input folder holds no exported events."""
+    path = _events_dir(in_dir)
+    if "://" not in path and not any(Path(path).glob("date=*/zone=*/*.parquet")):
+        raise ReportError(f"no events under {path}: run `fleetmq-pipeline export --out {in_dir}` first")
+
+
 def read_events(spark: Any, in_dir: str | Path, dates: list[str] | None = None) -> Any:
     from pyspark.sql import functions as F
 
     path = _events_dir(in_dir)
-    if "://" not in path and not any(Path(path).glob("date=*/zone=*/*.parquet")):
-        raise ReportError(f"no events under {path}: run `fleetmq-pipeline export --out {in_dir}` first")
+    check_events(in_dir)
     df = spark.read.schema(spark_schema()).option("basePath", path).parquet(path)
     return df.where(F.col("date").isin(dates)) if dates is not None else df
 
@@ -150,7 +160,7 @@ def _run_incremental(
 ) -> None:
     from fleetmq.pipeline.kpis import zone_kpis
 
-    read_events(spark, in_dir, dates=[])  # fails early, with the hint, when there is nothing to read
+    check_events(in_dir)
     stream = spark.readStream.schema(spark_schema()).parquet(_events_dir(in_dir))
 
     def process(batch: Any, batch_id: int) -> None:
@@ -162,7 +172,7 @@ def _run_incremental(
         kpis = zone_kpis(read_events(spark, in_dir, dates=read), spec, limits)
         from pyspark.sql import functions as F
 
-        kpis = kpis.where(F.col("date").isin(sorted(touched)))
+        kpis = kpis.where(F.col("date").isin([dt.date.fromisoformat(d) for d in sorted(touched)]))
         spark.conf.set("spark.sql.sources.partitionOverwriteMode", "dynamic")
         try:
             kpis.write.mode("overwrite").partitionBy("date").parquet(kpis_path)
@@ -248,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         window_spec(args.window)
         limits = load_limits(args.config) if args.config else None
+        check_events(args.in_dir)
+        if args.incremental and not args.checkpoint:
+            raise ReportError("--incremental needs --checkpoint DIR (where the stream remembers its files)")
         spark = spark_session(args.master)
         recs = run(
             spark,
