@@ -196,7 +196,7 @@ def _b64(data: bytes) -> str:
 LIVE_PROCS: list[_Proc] = []
 
 
-@dataclass
+@dataclass(eq=False)
 class _Proc:
     name: str
     argv: list[str]
@@ -265,7 +265,7 @@ class KubectlError(subprocess.CalledProcessError):
 
 
 # ------------------------------------------------------------------ the control plane
-@dataclass
+@dataclass(eq=False)
 class ControlPlane:
     """etcd + kube-apiserver (+ controllers) whose files (pki/, etcd/, logs, kubeconfigs) live in workdir."""
 
