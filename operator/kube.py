@@ -8,10 +8,12 @@ operator touches are listed in KINDS.
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import os
 import ssl
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,9 +254,6 @@ class Kube:
         self, obj: dict[str, Any], reason: str, message: str, *, type_: str = "Normal", component: str
     ) -> None:
         """Record a Kubernetes Event on `obj` (what the operator did, for `kubectl describe`)."""
-        import datetime
-        import uuid
-
         meta = obj["metadata"]
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {

@@ -115,6 +115,7 @@ def run_operator(operator_kubeconfig, kube_namespace, monkeypatch) -> Iterator[C
     """Start the operator (as its ServiceAccount) watching the test's namespace; stopped at teardown."""
     monkeypatch.setenv("KUBECONFIG", str(operator_kubeconfig))
     monkeypatch.setenv("FLEETMQ_RESYNC_SECONDS", "1")
+    monkeypatch.setenv("FLEETMQ_WATCH_SERVER_TIMEOUT", "60")  # watches restart within the test's time
     started: list[Operator] = []
 
     def start(peering: tuple[str, int] | None = None) -> Operator:
@@ -145,6 +146,3 @@ def zone(name: str = "external", fleet_name: str = "edge", **spec: Any) -> dict[
         "metadata": {"name": name},
         "spec": {"fleetRef": {"name": fleet_name}, **spec},
     }
-
-
-os.environ.setdefault("FLEETMQ_WATCH_SERVER_TIMEOUT", "60")

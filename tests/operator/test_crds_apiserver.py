@@ -6,12 +6,14 @@ import json
 
 import pytest
 
-from .conftest import fleet, zone
+from .conftest import fleet, wait_for, zone
 
 
 def test_explain_shows_the_broker_models_descriptions(k):
-    out = k("explain", "mqttzone.spec.session.maxInflight").stdout
-    assert "Inflight Window length" in out
+    # the apiserver publishes a new CRD's OpenAPI a moment after it is established
+    out = wait_for(lambda: (o := k("explain", "mqttzone.spec.session.maxInflight", check=False).stdout)
+                   and "Inflight Window length" in o and o, msg="kubectl explain")  # fmt: skip
+    assert "FIELD: maxInflight <integer>" in out
     out = k("explain", "brokerfleet.spec.redis").stdout
     assert "managed" in out and "secretRef" in out
 
