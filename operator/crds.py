@@ -371,7 +371,7 @@ class SchedulingSpec(CrdModel):
 EventLogSpec = derive(
     "EventLogSpec",
     EventLogConfig,
-    {"enabled": "enabled", "max_len": "maxLen", "sample": "sample"},
+    {"enabled": "enabled", "max_len": "maxLen", "sample": "sample", "max_rate": "maxRate"},
     "The brokers' event log (a Redis Stream read by the pipeline). Changes restart the pods.",
 )
 

@@ -250,10 +250,13 @@ def broker_config(fleet: dict[str, Any], zones: list[Zone]) -> dict[str, Any]:
         "zones": zone_cfg,
         "listeners": listeners,
         "metrics": {"bind": f"0.0.0.0:{spec.metrics.port}"},
+        # the stream is fmq:eventlog:<fleet> in the fleet's Redis, where the pipeline reads it
         "event_log": {
             "enabled": spec.eventLog.enabled,
             "max_len": spec.eventLog.max_len,
             "sample": spec.eventLog.sample,
+            "max_rate": spec.eventLog.max_rate,
+            "fleet": meta["name"],
         },
     }
 

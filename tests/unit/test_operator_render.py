@@ -59,6 +59,7 @@ def test_config_is_the_broker_contract_and_hash_matches_what_brokers_compute():
         ("external/mqtt", "0.0.0.0:1883", "external")
     ]
     assert cfg.store.url == "redis://10.0.0.5:6379/0"
+    assert cfg.event_log.fleet == "edge"  # the pipeline finds the fleet's stream by its name
     assert cfg.config_hash() == r.config_hash == cm["metadata"]["annotations"][render.A_CONFIG_HASH]
     assert json.loads(cm["metadata"]["annotations"][render.A_ZONE_GENERATIONS]) == {"external": 1}
 
