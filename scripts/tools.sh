@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the pinned command-line tools the chart tests and the e2e use, built with the machine's Go from
-# the Go module proxy into a cache outside the repo, and prints their folder:
+# the Go module proxy into a cache outside the repo, and prints their paths:
 #     $CACHE/tools/<tool>-<version>/<tool>     (CACHE defaults to ~/.cache/fleetmq)
 # A tool already there is reused; a missing one is (re)built. Bump a version here to get a new build.
 #
@@ -8,7 +8,8 @@
 #   scripts/tools.sh helm kind    the ones named
 #   scripts/tools.sh --path TOOL  only print where TOOL is (or would be) installed; builds nothing
 set -euo pipefail
-HELM_VERSION=v3.18.6 # client-go v0.33, as the test control plane (tests/envtest/go.mod)
+HELM_VERSION=v3.18.6 # client-go v0.33: Kubernetes 1.33, as the test control plane (tests/envtest/go.mod)
+HELM_K8S_MINOR=33
 KIND_VERSION=v0.30.0
 CACHE="${CACHE:-$HOME/.cache/fleetmq}"
 TOOLS="$CACHE/tools"
@@ -23,7 +24,13 @@ module() {
 dir() { local m; m="$(module "$1")"; echo "$TOOLS/$1-${m##*@}"; }
 ldflags() { # what their release builds stamp, so `helm version` / `kind version` tell the truth
   case "$1" in
-    helm) echo "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" ;;
+    helm) # and the Kubernetes version `helm template` and `helm lint` assume (that of its client-go)
+      local v="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+      v+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+      for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+        v+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$HELM_K8S_MINOR"
+      done
+      echo "$v" ;;
     kind) echo "" ;;
   esac
 }

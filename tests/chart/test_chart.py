@@ -1,0 +1,348 @@
+"""The Helm chart without a cluster: `helm lint`, what `helm template` renders for several value sets, the
+values schema refusing bad values, and the generated parts (CRDs, RBAC rules, versions) being current.
+The same renders go through a real kube-apiserver in test_chart_kube.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tomllib
+
+import pytest
+import yaml
+from fleetmq.operator import cli, crdgen, crds, rbac, render
+
+from .conftest import CHART, ROOT, find, kinds
+
+EXAMPLES = {"examples": {"enabled": True}}
+MONITORING = (
+    "--api-versions",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "--api-versions",
+    "monitoring.coreos.com/v1/PrometheusRule",
+)
+DASHBOARDS = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
+
+
+def operator_container(manifests):
+    return find(manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+
+# ------------------------------------------------------------------------------------------ generated
+def test_chart_crds_are_the_generated_crds():
+    chart_crds = {p.name: p.read_text() for p in (CHART / "crds").glob("*.yaml")}
+    assert chart_crds == crdgen.render(), "run `make crds`"
+    assert chart_crds == {p.name: p.read_text() for p in (ROOT / "crds").glob("*.yaml")}
+
+
+def test_rbac_rules_file_is_generated_from_operator_rbac():
+    text = (CHART / "files" / "operator-rbac-rules.yaml").read_text()
+    assert text == rbac.render_rules_yaml(), "run `python -m fleetmq.operator.rbac --write`"
+    assert yaml.safe_load(text) == [rule for _, rule in rbac.RULES]
+
+
+def test_versions_and_image_agree_with_the_project():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert chart["apiVersion"] == "v2" and chart["appVersion"] == version
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    # the image a BrokerFleet runs by default is the one the chart runs the operator from
+    default_fleet_image = crds.BrokerFleetSpec().image
+    assert default_fleet_image == f"{values['image']['repository']}:{version}"
+
+
+# ------------------------------------------------------------------------------------------- render
+def test_defaults_render_operator_rbac_dashboards_and_nothing_optional(helm):
+    m = helm.template()
+    assert kinds(m) == sorted(
+        ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+        + ["ConfigMap"] * len(DASHBOARDS)
+    )
+    dep = find(m, "Deployment")
+    assert dep["metadata"]["name"] == "fleetmq-operator" and dep["metadata"]["namespace"] == "fleetmq-system"
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]["spec"]
+    c = operator_container(m)
+    assert c["image"] == crds.BrokerFleetSpec().image
+    assert c["command"] == ["fleetmq-operator"]
+    assert c["args"] == [
+        "--all-namespaces",
+        "--peering=fleetmq",
+        "--liveness=http://0.0.0.0:8081/healthz",
+        "--metrics=0.0.0.0:8080",
+        "--resync=30",
+    ]
+    # the flags are the CLI's, and mean what the Deployment needs
+    args = cli.parse_args(c["args"])
+    assert cli.kopf_args(args)[3:] == [
+        "--all-namespaces",
+        "--peering",
+        "fleetmq",
+        "--priority",
+        "0",
+        "--liveness",
+        "http://0.0.0.0:8081/healthz",
+    ]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"metrics": 8080, "healthz": 8081}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+    # RBAC: operator/rbac.py's rules, bound to the ServiceAccount the pods run as
+    sa = find(m, "ServiceAccount")
+    assert pod["serviceAccountName"] == sa["metadata"]["name"] == "fleetmq-operator"
+    assert find(m, "ClusterRole")["rules"] == [rule for _, rule in rbac.RULES]
+    binding = find(m, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == find(m, "ClusterRole")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "fleetmq-operator", "namespace": "fleetmq-system"}
+    ]
+    assert find(m, "ClusterKopfPeering")["metadata"]["name"] == "fleetmq"
+    svc = find(m, "Service")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"] == [
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+
+
+def test_dashboards_are_configmaps_for_the_grafana_sidecar(helm):
+    maps = [d for d in helm.template() if d["kind"] == "ConfigMap"]
+    assert DASHBOARDS, "charts/fleetmq/dashboards/ has no dashboard"
+    by_key = {}
+    for cm in maps:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (key,) = cm["data"]
+        by_key[key] = cm
+    assert sorted(by_key) == DASHBOARDS
+    for name, cm in by_key.items():
+        assert json.loads(cm["data"][name]) == json.loads((CHART / "dashboards" / name).read_text())
+        assert cm["metadata"]["name"] == "fleetmq-dashboard-" + name.removesuffix(".json").removeprefix(
+            "fleetmq-"
+        )
+    assert not [d for d in helm.template({"dashboards": {"enabled": False}}) if d["kind"] == "ConfigMap"]
+    other = helm.template(
+        {"dashboards": {"namespace": "monitoring", "annotations": {"grafana_folder": "MQTT"}}}
+    )
+    for cm in (d for d in other if d["kind"] == "ConfigMap"):
+        assert cm["metadata"]["namespace"] == "monitoring"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "MQTT"}
+
+
+@pytest.mark.parametrize("folder", ["empty", "missing"])
+def test_no_dashboards_renders_and_lints(helm, tmp_path, folder):
+    chart = tmp_path / "fleetmq"
+    shutil.copytree(CHART, chart)
+    shutil.rmtree(chart / "dashboards")
+    if folder == "empty":
+        (chart / "dashboards").mkdir()
+    assert "ConfigMap" not in kinds(helm.template(chart=chart))
+    helm("lint", "--strict", chart)
+
+
+def test_monitoring_crds_present_add_servicemonitor_selecting_the_metrics_service(helm):
+    m = helm.template(None, *MONITORING)
+    sm = find(m, "ServiceMonitor")
+    svc = find(m, "Service")
+    selector = sm["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": ["fleetmq-system"]}
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in svc["spec"]["ports"]} and endpoint["path"] == "/metrics"
+    find(m, "PrometheusRule")
+    off = {"metrics": {"serviceMonitor": {"enabled": False}}, "prometheusRule": {"enabled": False}}
+    assert not {"ServiceMonitor", "PrometheusRule"} & set(kinds(helm.template(off, *MONITORING)))
+    labelled = helm.template({"metrics": {"serviceMonitor": {"labels": {"release": "kps"}}}}, *MONITORING)
+    assert find(labelled, "ServiceMonitor")["metadata"]["labels"]["release"] == "kps"
+
+
+def test_examples_render_a_fleet_zone_test_pod_and_cleanup_hook(helm):
+    m = helm.template(EXAMPLES, release="demo", namespace="mq")
+    fleet = find(m, "BrokerFleet", "edge")
+    zone = find(m, "MqttZone", "external")
+    assert fleet["metadata"]["namespace"] == zone["metadata"]["namespace"] == "mq"
+    assert fleet["spec"] == {
+        "replicas": 3,
+        "redis": {"managed": True},
+        "image": crds.BrokerFleetSpec().image,
+        "imagePullPolicy": "IfNotPresent",
+    }
+    assert zone["spec"]["fleetRef"] == {"name": "edge"}
+    # the operator accepts them, and the Service the test pod connects to is one it renders
+    fleet["metadata"]["uid"] = "uid"
+    spec = crds.MqttZoneSpec.model_validate(zone["spec"])
+    rendered = render.render(fleet, [render.Zone("external", 1, spec)])
+    services = {o["metadata"]["name"]: o for o in rendered.manifests if o["kind"] == "Service"}
+    pod = find(m, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env == {"HOST": "edge-external-mqtt", "PORT": "1883"}
+    assert services["edge-external-mqtt"]["spec"]["ports"][0]["port"] == 1883
+    script = pod["spec"]["containers"][0]["args"][0]
+    assert "mosquitto_sub" in script and "mosquitto_pub" in script
+    # a pre-delete hook deletes the examples while the operator (and its RBAC) still exist
+    job = find(m, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["kubectl"]
+    assert c["args"][-2:] == ["mqttzones.fleetmq.io/external", "brokerfleets.fleetmq.io/edge"]
+    role = find(m, "Role")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["fleetmq.io"],
+            "resources": ["brokerfleets", "mqttzones"],
+            "verbs": ["get", "list", "watch", "delete"],
+        }
+    ]
+    for kind in ("ServiceAccount", "Role", "RoleBinding"):
+        hook = find(m, kind, job["spec"]["template"]["spec"]["serviceAccountName"])
+        assert hook["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+        assert int(hook["metadata"]["annotations"]["helm.sh/hook-weight"]) < 0  # before the Job
+    # a zone whose only listener is ws: nothing for mosquitto to connect to, so no test pod
+    ws = {
+        "examples": {
+            "enabled": True,
+            "zone": {
+                "name": "web",
+                "spec": {"listeners": [{"name": "ws", "port": 8083, "protocol": "ws", "path": "/mqtt"}]},
+            },
+        }
+    }
+    assert "Pod" not in kinds(helm.template(ws))
+
+
+CUSTOM = {
+    "image": {"repository": "registry.example.com/mq/fleetmq", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "operator": {
+        "replicas": 2,
+        "watchNamespaces": ["team-a", "team-b"],
+        "peering": {"name": "mq-operators"},
+        "resyncSeconds": 10,
+        "logLevel": "debug",
+        "ports": {"metrics": 9090, "liveness": 9091},
+        "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": 1, "memory": "1Gi"}},
+        "podSecurityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 20000,
+            "fsGroup": 20000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "mq", "effect": "NoSchedule"}],
+        "podAnnotations": {"example.com/team": "mq"},
+        "priorityClassName": "system-cluster-critical",
+    },
+    "serviceAccount": {"name": "mq-operator", "annotations": {"example.com/role": "operator"}},
+}
+
+
+@pytest.mark.parametrize("values", [None, EXAMPLES, CUSTOM], ids=["defaults", "examples", "custom"])
+def test_helm_lint_strict(helm, values):
+    out = helm("lint", "--strict", CHART, *helm.values_file(values))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+
+
+def test_custom_values_reach_the_deployment(helm):
+    m = helm.template(CUSTOM, release="mq", namespace="mq-system")
+    dep = find(m, "Deployment", "mq-fleetmq-operator")
+    pod = dep["spec"]["template"]["spec"]
+    c = operator_container(m)
+    assert dep["spec"]["replicas"] == 2
+    assert c["image"] == "registry.example.com/mq/fleetmq:0.1.0-rc1" and c["imagePullPolicy"] == "Always"
+    assert c["args"] == [
+        "--namespace=team-a",
+        "--namespace=team-b",
+        "--peering=mq-operators",
+        "--liveness=http://0.0.0.0:9091/healthz",
+        "--metrics=0.0.0.0:9090",
+        "--resync=10",
+        "--verbose",
+    ]
+    args = cli.parse_args(c["args"])
+    assert args.namespace == ["team-a", "team-b"] and args.resync == 10 and args.verbose
+    assert c["resources"] == CUSTOM["operator"]["resources"]
+    assert c["securityContext"] == CUSTOM["operator"]["securityContext"]
+    assert CUSTOM["operator"]["podSecurityContext"].items() <= pod["securityContext"].items()
+    assert pod["serviceAccountName"] == "mq-operator" == find(m, "ServiceAccount")["metadata"]["name"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert (
+        pod["nodeSelector"] == {"kubernetes.io/os": "linux"} and pod["tolerations"][0]["key"] == "dedicated"
+    )
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert dep["spec"]["template"]["metadata"]["annotations"]["example.com/team"] == "mq"
+    # one KopfPeering per watched namespace instead of the cluster-wide one
+    peerings = [d for d in m if d["kind"] == "KopfPeering"]
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    assert {p["metadata"]["name"] for p in peerings} == {"mq-operators"}
+    assert "ClusterKopfPeering" not in kinds(m)
+    assert find(m, "Service")["spec"]["ports"][0]["port"] == 9090
+
+
+def test_standalone_and_existing_serviceaccount(helm):
+    m = helm.template(
+        {
+            "operator": {"peering": {"name": ""}, "logLevel": "warning"},
+            "serviceAccount": {"create": False, "name": "byo"},
+            "rbac": {"create": False},
+        }
+    )
+    c = operator_container(m)
+    assert "--standalone" in c["args"] and "--quiet" in c["args"]
+    assert not {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"} & set(kinds(m))
+    assert find(m, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "byo"
+
+
+BAD_VALUES = [
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+    ({"image": {"repository": ""}}, "/image/repository"),
+    ({"operater": {"replicas": 2}}, "operater"),  # a typo is refused, not ignored
+    ({"operator": {"replicas": "two"}}, "/operator/replicas"),
+    ({"operator": {"replicas": -1}}, "/operator/replicas"),
+    ({"operator": {"ports": {"metrics": 70000}}}, "/operator/ports/metrics"),
+    ({"operator": {"logLevel": "trace"}}, "/operator/logLevel"),
+    ({"operator": {"watchNamespaces": ["Team A"]}}, "/operator/watchNamespaces/0"),
+    ({"operator": {"peering": {"name": "Not_A_Name"}}}, "/operator/peering/name"),
+    ({"operator": {"resources": {"requests": {"cpu": ["1"]}}}}, "/operator/resources/requests/cpu"),
+    ({"metrics": {"serviceMonitor": {"interval": "often"}}}, "/metrics/serviceMonitor/interval"),
+    ({"dashboards": {"labels": {"grafana_dashboard": 1}}}, "/dashboards/labels/grafana_dashboard"),
+    ({"examples": {"fleet": {"name": "Edge_1"}}}, "/examples/fleet/name"),
+    ({"examples": {"zone": {"spec": {"fleetRef": {"name": "x"}}}}}, "/examples/zone/spec"),
+]
+
+
+@pytest.mark.parametrize(("values", "where"), BAD_VALUES, ids=[w for _, w in BAD_VALUES])
+def test_values_schema_refuses_bad_values(helm, values, where):
+    for command in (("template", "fleetmq"), ("lint", "--strict")):
+        out = helm(*command, CHART, *helm.values_file(values), check=False)
+        assert out.returncode != 0, out.stdout
+        assert "values don't meet the specifications of the schema" in out.stderr + out.stdout
+        assert where in out.stderr + out.stdout, out.stderr
+
+
+def test_replicas_without_peering_are_refused_with_a_reason(helm):
+    out = helm(
+        "template",
+        "fleetmq",
+        CHART,
+        "--set",
+        "operator.replicas=2",
+        "--set",
+        "operator.peering.name=",
+        check=False,
+    )
+    assert out.returncode != 0
+    assert "operator.replicas > 1 needs operator.peering.name" in out.stderr

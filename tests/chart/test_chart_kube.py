@@ -1,0 +1,296 @@
+"""The Helm chart against a real kube-apiserver (tests/kubeapi.py): every rendered manifest validated by the
+server (`kubectl apply --dry-run=server --validate=strict`, in a namespace enforcing the "restricted" Pod
+Security Standard), and `helm install`, after which the operator, started with the chart's Deployment's own
+command line and a token of the chart's ServiceAccount, reconciles the chart's example fleet: the chart's
+RBAC is enough. `helm uninstall` then leaves nothing behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from .conftest import CHART, find
+from .test_chart import CUSTOM, EXAMPLES, MONITORING
+
+pytestmark = pytest.mark.envtest
+
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/warn": "restricted",
+}
+MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}  # no Prometheus Operator CRDs here
+
+
+def wait_for(pred, timeout: float = 60.0, interval: float = 0.3, msg: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            last = pred()
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {msg} (last: {last!r})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def chart_crds(control_plane) -> None:
+    control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+    control_plane.kubectl("wait", "--for", "condition=established", "--timeout=60s", "crd", "--all")
+
+
+@pytest.fixture
+def ns(control_plane, kube_namespace) -> str:
+    control_plane.kubectl("label", "namespace", kube_namespace, *(f"{k}={v}" for k, v in RESTRICTED.items()))
+    return kube_namespace
+
+
+def get(cp, kind: str, name: str, ns: str | None = None) -> dict[str, Any] | None:
+    out = cp.kubectl("get", kind, name, *(["-n", ns] if ns else []), "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+# --------------------------------------------------------------------------------- server validation
+VALUE_SETS = {
+    "defaults": (None, ()),
+    "examples": (EXAMPLES, ()),
+    "monitoring": (None, MONITORING),
+    "custom": (CUSTOM, ()),
+    "standalone-no-dashboards": (
+        {"operator": {"peering": {"name": ""}}, "dashboards": {"enabled": False}},
+        (),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_rendered_manifests_pass_the_apiserver(helm, control_plane, chart_crds, ns, name):
+    values, extra = VALUE_SETS[name]
+    if values is CUSTOM:  # its KopfPeerings go to the watched namespaces, which must exist
+        values = {**CUSTOM, "operator": {**CUSTOM["operator"], "watchNamespaces": [ns]}}
+    manifests = helm.template(values, *extra, release=f"r{uuid.uuid4().hex[:6]}", namespace=ns)
+    checked = [m for m in manifests if m["kind"] not in MONITORING_KINDS]
+    assert {m["kind"] for m in manifests} - {m["kind"] for m in checked} == (
+        MONITORING_KINDS if extra else set()
+    )
+    out = control_plane.kubectl(
+        "apply",
+        "--dry-run=server",
+        "--validate=strict",
+        "-f",
+        "-",
+        input="\n---\n".join(yaml.safe_dump(m) for m in checked),
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == len(checked) and all(line.endswith("(server dry run)") for line in lines), out.stdout
+    # nothing the restricted Pod Security Standard would refuse (Pods are refused, Deployments warned)
+    assert "PodSecurity" not in out.stderr and "Warning" not in out.stderr, out.stderr
+
+
+def test_bad_example_spec_is_refused_by_the_crd(helm, control_plane, chart_crds, ns):
+    """The values schema leaves the example specs to the CRDs, which refuse them with the field's path."""
+    values = {"examples": {"enabled": True, "fleet": {"spec": {"replicas": -1, "redis": {"managed": True}}}}}
+    manifests = helm.template(values, namespace=ns)
+    fleet = find(manifests, "BrokerFleet")
+    out = control_plane.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(fleet), check=False)
+    assert out.returncode != 0
+    assert "spec.replicas" in out.stderr and "should be greater than or equal to 0" in out.stderr
+
+
+def notes(helm, cp, ns: str, *args: str, chart: Path = CHART) -> str:
+    out = helm("install", "fleetmq", chart, "--dry-run=server", "-n", ns, *args, kubeconfig=cp.kubeconfig)
+    return out.stdout[out.stdout.index("NOTES:") :]
+
+
+def test_notes_tell_the_next_steps(helm, control_plane, chart_crds, ns):
+    text = notes(helm, control_plane, ns)
+    assert f"kubectl -n {ns} rollout status deployment/fleetmq-operator" in text
+    assert "kind: BrokerFleet" in text and "kind: MqttZone" in text and "kubectl apply -f -" in text
+    dashboards = len(list((CHART / "dashboards").glob("*.json")))
+    assert f"{dashboards} dashboards (ConfigMaps labelled grafana_dashboard=1 in namespace {ns})" in text
+    assert "kubectl port-forward svc/edge-external-mqtt 1883:1883" in text
+    assert "The Prometheus Operator is not installed" in text  # none on this apiserver
+    assert f"helm test fleetmq -n {ns}" in notes(helm, control_plane, ns, "--set", "examples.enabled=true")
+
+
+def test_notes_without_dashboards(helm, control_plane, chart_crds, ns, tmp_path):
+    chart = tmp_path / "fleetmq"
+    shutil.copytree(CHART, chart)
+    shutil.rmtree(chart / "dashboards")
+    assert "no dashboards were installed" in notes(helm, control_plane, ns, chart=chart)
+    assert "no dashboards were installed" in notes(
+        helm, control_plane, ns, "--set", "dashboards.enabled=false"
+    )
+
+
+# ------------------------------------------------------------------------------ install and reconcile
+def start_operator(container: dict[str, Any], kubeconfig: Path, log: Path) -> subprocess.Popen:
+    """The Deployment's command line, run here (no kubelet): only the credentials differ (a token of the
+    chart's ServiceAccount instead of the one mounted in the pod)."""
+    assert container["command"] == ["fleetmq-operator"]
+    exe = Path(sys.executable).with_name("fleetmq-operator")
+    argv = [str(exe), *container["args"], f"--kubeconfig={kubeconfig}"]
+    env = {**os.environ, "FLEETMQ_WATCH_SERVER_TIMEOUT": "60"}
+    env.pop("KUBECONFIG", None)
+    with log.open("w") as f:
+        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def http_get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.status, r.read().decode()
+
+
+def test_helm_install_operator_as_chart_serviceaccount_reconciles_example_then_uninstall(
+    helm, control_plane, ns, tmp_path
+):
+    cp = control_plane
+    release = f"fq{uuid.uuid4().hex[:6]}"
+    full = f"{release}-fleetmq"
+    crds_before = cp.kubectl("get", "crd", "brokerfleets.fleetmq.io", check=False).returncode == 0
+    metrics, liveness = free_port(), free_port()
+    values = {
+        "examples": {"enabled": True, "fleet": {"spec": {"replicas": 2, "redis": {"managed": True}}}},
+        "operator": {
+            "watchNamespaces": [ns],
+            "ports": {"metrics": metrics, "liveness": liveness},
+            "resyncSeconds": 2,
+        },
+    }
+    t0 = time.monotonic()
+    out = helm(
+        "install", release, CHART, "--namespace", ns, *helm.values_file(values), kubeconfig=cp.kubeconfig
+    )
+    assert "STATUS: deployed" in out.stdout and f"helm test {release} -n {ns}" in out.stdout
+    for crd in ("brokerfleets.fleetmq.io", "mqttzones.fleetmq.io", "kopfpeerings.kopf.dev"):
+        assert get(cp, "crd", crd), f"{crd} not installed (from the chart's crds/)"
+    print(f"helm install: {time.monotonic() - t0:.1f}s (CRDs {'were there' if crds_before else 'installed'})")
+    assert get(cp, "clusterrole", f"{full}-operator") and get(cp, "kopfpeering", "fleetmq", ns)
+    dep = get(cp, "deployment", f"{full}-operator", ns)
+    assert dep, "no operator Deployment"
+    pod = dep["spec"]["template"]["spec"]
+    sa = pod["serviceAccountName"]
+    assert get(cp, "serviceaccount", sa, ns)
+
+    kubeconfig = cp.serviceaccount_kubeconfig(f"{ns}/{sa}")
+    log = tmp_path / "operator.log"
+    proc = start_operator(pod["containers"][0], kubeconfig, log)
+    try:
+        # children of the example fleet, owned by it
+        fleet = wait_for(lambda: get(cp, "brokerfleet", "edge", ns), msg="example fleet")
+        children = [
+            ("configmap", "edge-config"),
+            ("statefulset", "edge"),
+            ("service", "edge-headless"),
+            ("service", "edge-external-mqtt"),
+            ("service", "edge-external-ws"),
+            ("poddisruptionbudget", "edge"),
+            ("statefulset", "edge-redis"),
+            ("service", "edge-redis"),
+        ]
+        for kind, name in children:
+            obj = wait_for(lambda k=kind, n=name: get(cp, k, n, ns), msg=f"{kind} {name}")
+            (owner,) = obj["metadata"]["ownerReferences"]
+            assert (owner["kind"], owner["uid"]) == ("BrokerFleet", fleet["metadata"]["uid"])
+        assert get(cp, "statefulset", "edge", ns)["spec"]["replicas"] == 2
+        image = get(cp, "statefulset", "edge", ns)["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert image == pod["containers"][0]["image"]  # the brokers run the operator's image
+
+        # status patched on both resources
+        def conditions(kind: str, name: str) -> dict[str, dict[str, Any]]:
+            obj = get(cp, kind, name, ns) or {}
+            return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+
+        conds = wait_for(lambda: (c := conditions("brokerfleet", "edge")) and len(c) == 4 and c, msg="status")
+        assert set(conds) == {"Ready", "Progressing", "ConfigApplied", "Degraded"}
+        assert all(c["observedGeneration"] == fleet["metadata"]["generation"] for c in conds.values())
+        assert conds["Degraded"]["status"] == "False"
+        wait_for(
+            lambda: conditions("mqttzone", "external")["Accepted"]["status"] == "True", msg="zone accepted"
+        )
+
+        # the probe and the metrics the Deployment declares answer where it says
+        probe = pod["containers"][0]["livenessProbe"]["httpGet"]
+        ports = {p["name"]: p["containerPort"] for p in pod["containers"][0]["ports"]}
+        assert (ports[probe["port"]], ports["metrics"]) == (liveness, metrics)
+        assert wait_for(lambda: http_get(f"http://127.0.0.1:{liveness}{probe['path']}")[0] == 200, msg="live")
+        text = wait_for(lambda: http_get(f"http://127.0.0.1:{metrics}/metrics")[1], msg="metrics")
+        assert 'fleetmq_operator_reconciles_total{result="ok"}' in text
+        # kopf peering through the chart's KopfPeering: this operator announced itself in it
+        wait_for(lambda: (get(cp, "kopfpeering", "fleetmq", ns) or {}).get("status"), msg="peering status")
+        assert proc.poll() is None, log.read_text()[-4000:]
+        before_uninstall = log.read_text()
+        assert "Forbidden" not in before_uninstall and " 403" not in before_uninstall, before_uninstall[
+            -6000:
+        ]
+
+        # `helm uninstall`. Its pre-delete hook Job cannot run without a kubelet: its ServiceAccount and Role
+        # are applied as helm would, and its kubectl command runs here, as that ServiceAccount.
+        hooks = [
+            h
+            for h in yaml.safe_load_all(
+                helm("get", "hooks", release, "-n", ns, kubeconfig=cp.kubeconfig).stdout
+            )
+            if h
+        ]
+        pre_delete = [h for h in hooks if h["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"]
+        job = find(pre_delete, "Job")
+        hook_rbac = [h for h in pre_delete if h is not job]
+        cp.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(h) for h in hook_rbac))
+        hook_sa = job["spec"]["template"]["spec"]["serviceAccountName"]
+        (cleanup,) = job["spec"]["template"]["spec"]["containers"]
+        assert cleanup["command"] == ["kubectl"]
+        as_hook = cp.impersonating_kubeconfig(f"{ns}/{hook_sa}")
+        t0 = time.monotonic()
+        cp.kubectl(*cleanup["args"], kubeconfig=as_hook, timeout=260)  # --wait: until the finalizer is gone
+        print(f"examples deleted by the hook's command in {time.monotonic() - t0:.1f}s")
+        assert get(cp, "brokerfleet", "edge", ns) is None and get(cp, "mqttzone", "external", ns) is None
+        cp.kubectl("delete", "-f", "-", input="\n---\n".join(yaml.safe_dump(h) for h in hook_rbac))
+        helm("uninstall", release, "-n", ns, "--no-hooks", "--wait", kubeconfig=cp.kubeconfig)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    assert helm("list", "-n", ns, "-q", kubeconfig=cp.kubeconfig).stdout.strip() == ""
+    left = cp.kubectl(
+        "get",
+        "all,configmaps,serviceaccounts,roles,rolebindings,kopfpeerings,brokerfleets,mqttzones",
+        "-n",
+        ns,
+        "-l",
+        f"app.kubernetes.io/instance={release}",
+        "-o",
+        "name",
+    ).stdout
+    assert left.strip() == ""
+    assert get(cp, "clusterrole", f"{full}-operator") is None
+    assert get(cp, "clusterrolebinding", f"{full}-operator") is None
+    if cp.controllers:  # garbage collection of the fleet's children by their owner references
+        wait_for(lambda: get(cp, "statefulset", "edge", ns) is None, msg="children collected")
