@@ -1,0 +1,27 @@
+# syntax=docker/dockerfile:1
+# The fleetmq image: `fleetmq-broker` (the entrypoint, run by the operator's broker StatefulSets) and
+# `fleetmq-operator` (run by the Helm chart's Deployment).
+#   docker build -t fleetmq/broker:0.1.0 .
+ARG PYTHON=python:3.11-slim-bookworm
+
+FROM ${PYTHON} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY broker/ broker/
+COPY operator/ operator/
+COPY pipeline/ pipeline/
+RUN pip wheel --no-deps --wheel-dir /dist . \
+ && python -m venv /opt/fleetmq \
+ && /opt/fleetmq/bin/pip install "$(ls /dist/fleetmq-*.whl)[operator]"
+
+FROM ${PYTHON}
+ENV PATH=/opt/fleetmq/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+RUN groupadd --system --gid 10001 fleetmq \
+ && useradd --system --uid 10001 --gid fleetmq --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin fleetmq
+COPY --from=build /opt/fleetmq /opt/fleetmq
+USER 10001:10001
+# MQTT (tcp, ws) and /metrics /healthz /readyz; the listeners themselves come from the config
+EXPOSE 1883 8083 9100
+ENTRYPOINT ["fleetmq-broker"]
