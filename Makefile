@@ -49,9 +49,14 @@ envtest: deps
 	CACHE=$(CACHE) bash scripts/envtest.sh
 
 # helm, built with Go into $(CACHE)/tools (scripts/tools.sh; pinned there), for the chart tests.
-.PHONY: tools
+.PHONY: tools e2e
 tools:
 	CACHE=$(CACHE) bash scripts/tools.sh helm
+
+# The user flow on a kind cluster (e2e/): needs a running Docker engine, says what is missing otherwise
+# and fails. Not part of `make test`.
+e2e: $(VENV)/.installed
+	CACHE=$(CACHE) bash e2e/run.sh $(E2E_ARGS)
 
 # A control plane for trying things by hand (kubectl, the operator, the chart); state in $(CACHE)/dev-cluster.
 dev-cluster: envtest

@@ -1,0 +1,186 @@
+"""QoS 1 load through a fleet while broker pods are deleted, and the check that no acked message is lost.
+
+A publisher and a persistent-session subscriber each connect to one broker; at a third and at two thirds of
+the messages the subscriber's, then the publisher's broker is deleted. Each reconnects, with the same
+client id, to another broker: the subscriber resumes its session from Redis, the publisher sends again what
+was not acked (at least once). Every message the publisher got a PUBACK for must reach the subscriber.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import paho.mqtt.client as mqtt
+
+
+class Endpoint(Protocol):
+    """How to reach one broker from here (a `kubectl port-forward` to a pod in the e2e)."""
+
+    local: int
+
+    def alive(self) -> bool: ...
+    def start(self) -> object: ...
+
+
+def client(
+    port: int, client_id: str, *, clean: bool = True, transport: str = "tcp", on_message=None
+) -> mqtt.Client:
+    c = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id=client_id,
+        clean_session=clean,
+        protocol=mqtt.MQTTv311,
+        transport=transport,
+    )
+    if transport == "websockets":
+        c.ws_set_options(path="/mqtt")
+    c.on_message = on_message  # before CONNECT: a resumed session's messages may come at once
+    c.connect("127.0.0.1", port, keepalive=15)
+    c.loop_start()
+    return c
+
+
+def close(c: mqtt.Client | None) -> None:
+    if c is not None:
+        c.disconnect()
+        c.loop_stop()
+
+
+class Resilient:
+    """An MQTT client that, when its broker goes away, reconnects (same client id) to another one."""
+
+    def __init__(
+        self,
+        endpoints: dict[str, Endpoint],
+        client_id: str,
+        *,
+        clean: bool,
+        on_message=None,
+        subscribe: str | None = None,
+    ):
+        self.endpoints, self.client_id, self.clean = endpoints, client_id, clean
+        self.on_message, self.subscribe = on_message, subscribe
+        self.c: mqtt.Client | None = None
+        self.broker = ""
+        self.lost = threading.Event()
+        self.reconnects = 0
+
+    def connect(self, prefer: list[str]) -> None:
+        close(self.c)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            for name in prefer + [n for n in self.endpoints if n not in prefer]:
+                ep = self.endpoints[name]
+                try:
+                    if not ep.alive():
+                        ep.start()
+                    self.lost.clear()
+                    c = client(ep.local, self.client_id, clean=self.clean, on_message=self.on_message)
+                except (OSError, RuntimeError):
+                    continue
+                c.on_disconnect = lambda *_: self.lost.set()
+                if self.subscribe:
+                    c.subscribe(self.subscribe, qos=1)
+                self.c, self.broker = c, name
+                return
+            time.sleep(1)
+        raise AssertionError(f"{self.client_id}: no broker to connect to")
+
+    def reconnect(self) -> None:
+        self.reconnects += 1
+        self.connect([n for n in self.endpoints if n != self.broker])
+
+
+@dataclass(repr=False)
+class Result:
+    total: int
+    acked: set[int]
+    received: list[int]
+    deleted: list[str]
+    seconds: float
+    publisher_reconnects: int
+    subscriber_reconnects: int
+
+    @property
+    def lost(self) -> set[int]:
+        return self.acked - set(self.received)
+
+    @property
+    def duplicates(self) -> int:
+        return len(self.received) - len(set(self.received))
+
+    def __str__(self) -> str:
+        return (
+            f"{self.total} QoS1 messages in {self.seconds:.1f}s, {len(self.acked)} acked; brokers deleted "
+            f"{self.deleted}; publisher reconnects {self.publisher_reconnects}, subscriber reconnects "
+            f"{self.subscriber_reconnects}; {len(self.lost)} acked messages lost {sorted(self.lost)[:10]}, "
+            f"{self.duplicates} duplicates"
+        )
+
+    __repr__ = __str__
+
+
+def qos1_load_with_deletions(
+    endpoints: dict[str, Endpoint],
+    delete: Callable[[str], None],
+    topic: str,
+    *,
+    total: int = 3000,
+    drain_timeout: float = 180.0,
+) -> Result:
+    names = list(endpoints)
+    received: list[int] = []
+    lock = threading.Lock()
+
+    def on_message(_c, _u, msg):
+        with lock:
+            received.append(int(msg.payload))
+
+    sub = Resilient(endpoints, f"load-sub-{topic}", clean=False, on_message=on_message, subscribe=topic)
+    sub.connect([names[1]])
+    pub = Resilient(endpoints, f"load-pub-{topic}", clean=True)
+    pub.connect([names[0]])
+    time.sleep(1)  # the subscription is in place
+
+    victims = {total // 3: sub, 2 * total // 3: pub}  # first the subscriber's broker, then the publisher's
+    acked: set[int] = set()
+    deleted: list[str] = []
+    seq = 0
+    t0 = time.monotonic()
+    try:
+        while seq < total:
+            if sub.lost.is_set():
+                sub.reconnect()
+            if (victim := victims.pop(seq, None)) is not None:
+                delete(victim.broker)
+                deleted.append(victim.broker)
+            try:
+                assert pub.c is not None
+                info = pub.c.publish(topic, str(seq).encode(), qos=1)
+                info.wait_for_publish(timeout=10)
+                ok = info.is_published()
+            except (RuntimeError, ValueError):
+                ok = False
+            if ok:
+                acked.add(seq)  # PUBACK: the fleet owns the message
+                seq += 1
+            else:
+                pub.reconnect()  # and publish the same message again
+        seconds = time.monotonic() - t0
+        deadline = time.monotonic() + drain_timeout
+        while time.monotonic() < deadline:
+            if sub.lost.is_set():
+                sub.reconnect()
+            with lock:
+                if acked <= set(received):
+                    break
+            time.sleep(0.5)
+    finally:
+        close(pub.c)
+        close(sub.c)
+    with lock:
+        return Result(total, acked, list(received), deleted, seconds, pub.reconnects, sub.reconnects)
