@@ -294,7 +294,7 @@ def query_variable(name: str, label: str, query: str) -> dict[str, Any]:
         "label": label,
         "type": "query",
         "datasource": DS,
-        "query": {"query": query, "refId": f"{name}-variable"},
+        "query": query,
         "definition": query,
         "current": {},
         "hide": 0,
@@ -348,11 +348,12 @@ def fleet_overview() -> Dashboard:
         broker_variables(),
     )
     d.row("Now")
-    fleet_jobs = f"group by (namespace, job) (fleetmq_zone_config_info{{{ZONE}}})"
+    # the scrape jobs of fleets: those whose pods exported broker metrics within the hour, even if none does now
+    fleet_jobs = f"group by (namespace, job) (last_over_time(fleetmq_zone_config_info{{{ZONE}}}[1h]))"
     d.add(
         stat(
             "Broker pods up",
-            "Broker pods whose /metrics Prometheus scraped successfully at the last scrape.",
+            "Broker pods whose /metrics answered Prometheus's last scrape.",
             Target(f"sum(up{{{FLEET}}} and on (namespace, job) {fleet_jobs})"),
         ),
         w=4,
@@ -361,8 +362,8 @@ def fleet_overview() -> Dashboard:
     d.add(
         stat(
             "Broker pods down",
-            "Pods of a fleet whose /metrics did not answer at the last scrape while other pods of the fleet "
-            "did: a crashed or hung broker (alert FleetmqBrokerDown).",
+            "Pods of a fleet whose /metrics did not answer the last scrape: crashed, hung or not scheduled "
+            "(alert FleetmqBrokerDown).",
             Target(f"count(up{{{FLEET}}} == 0 and on (namespace, job) {fleet_jobs}) or on () vector(0)"),
             thresholds=(("green", None), ("red", 1)),
         ),
@@ -1023,13 +1024,13 @@ def alert_groups() -> dict[str, Any]:
     fleet = [
         alert(
             "FleetmqBrokerDown",
-            "up == 0 and on (namespace, job) group by (namespace, job) (fleetmq_zone_config_info)",
+            "up == 0 and on (namespace, job) group by (namespace, job) (last_over_time(fleetmq_zone_config_info[1h]))",
             "5m",
             "critical",
             "A broker pod of a fleet is down",
             "{{ $labels.pod }} ({{ $labels.instance }}) of {{ $labels.namespace }}/{{ $labels.job }} does not "
-            "answer /metrics while other pods of the fleet do: the fleet is not Ready; its clients reconnect "
-            "to the other pods and resume their sessions from Redis.",
+            "answer /metrics: the fleet is not Ready; its clients reconnect to the other pods and resume their "
+            "sessions from Redis.",
         ),
         alert(
             "FleetmqOperatorReconcileErrors",

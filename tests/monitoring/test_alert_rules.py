@@ -89,6 +89,17 @@ CASES = {
         "10m",
         {"FleetmqBrokerDown": [{"severity": "critical", **FLEET, "pod": "edge-2", "instance": "i2"}]},
     ),
+    "a whole fleet down fires for each pod": (
+        [
+            (
+                _sel("fleetmq_zone_config_info", pod="edge-0", zone="ext", config_hash="a", instance="i0"),
+                "1x10",
+            ),
+            (_sel("up", pod="edge-0", instance="i0"), "1x10 0x20"),
+        ],
+        "25m",
+        {"FleetmqBrokerDown": [{"severity": "critical", **FLEET, "pod": "edge-0", "instance": "i0"}]},
+    ),
     "pods running different configs of a zone for 15 minutes fire": (
         [
             (_sel("fleetmq_zone_config_info", pod="edge-0", zone="ext", config_hash="a"), "1x30"),

@@ -213,19 +213,32 @@ def _redis_outage(redis: RedisServer, nodes: list[BrokerProc], load: Load) -> No
     wait_until(lambda: _total(nodes, "fleetmq_store_errors_total") > 0, timeout=15, msg="store errors")
     redis.start()
     wait_until(lambda: _total(nodes, "fleetmq_store_reconnects_total") > 0, timeout=30, msg="store reconnect")
-    for node in nodes:  # pooled connections that died with Redis fail once each: wait until writes work
-        wait_until(lambda node=node: _persistent_session_works(node), timeout=20, msg="store usable again")
+    # Each pooled Redis connection that died with Redis fails the first operation that gets it, so until
+    # all were used once the broker refuses some CONNECTs: rounds of concurrent sessions flush them out.
+    for node in nodes:
+        wait_until(lambda node=node: _sessions_work(node), timeout=30, interval=0.1, msg="store usable again")
 
 
-def _persistent_session_works(node: BrokerProc) -> bool:
-    with RawClient(node.host, node.port) as c:
-        try:
-            c.connect(uid("probe"), clean=False, keepalive=0)
-            c.subscribe([("probe/#", 1)])
-            c.send(b"\xe0\x00")
-            return True
-        except (ConnectionClosed, AssertionError):
-            return False
+def _sessions_work(node: BrokerProc, n: int = 16) -> bool:
+    """Whether `n` persistent sessions opened at once on `node` all connect and subscribe."""
+    ok: list[bool] = []
+
+    def one() -> None:
+        with RawClient(node.host, node.ports["slow"]) as c:  # not in zone default, whose takeovers count
+            try:
+                c.connect(uid("probe"), clean=False, keepalive=0)
+                c.subscribe([("probe/#", 1)])
+                c.send(b"\xe0\x00")
+                ok.append(True)
+            except (ConnectionClosed, AssertionError, OSError):
+                ok.append(False)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return len(ok) == n and all(ok)
 
 
 def _session_events(load: Load, nodes: list[BrokerProc]) -> None:
@@ -285,6 +298,16 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> I
     nodes: list[BrokerProc] = []
     prom: PrometheusServer | None = None
     load: Load | None = None
+
+    def cleanup() -> None:
+        if load is not None:
+            load.close()
+        if prom is not None:
+            prom.stop()
+        for n in nodes:
+            n.stop()
+        redis.stop()
+
     try:
         for i in range(3):
             cfg = copy.deepcopy(CONFIG)
@@ -337,15 +360,15 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> I
         )
         time.sleep(3)
         assert not load.errors, load.errors
+    except BaseException:
+        for n in nodes:  # they are gone before pytest reports a failed setup: show their logs now
+            print(f"----- {n.log_path.name} -----\n{n.log()[-6000:]}")
+        cleanup()
+        raise
+    try:
         yield Scenario(prom, nodes, load)
     finally:
-        if load is not None:
-            load.close()
-        if prom is not None:
-            prom.stop()
-        for n in nodes:
-            n.stop()
-        redis.stop()
+        cleanup()
 
 
 # ------------------------------------------------------------------------------------------ tests
