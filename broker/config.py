@@ -169,10 +169,11 @@ class BrokerConfig(_Model):
     def config_hash(self) -> str:
         """A stable digest of the applied config, so an operator can tell which pods run which version.
 
-        The node id is left out: every pod of a fleet runs one rendered config under its own name, and the
-        operator computes the same digest from what it rendered.
+        Left out: the node id (every pod of a fleet runs one rendered config under its own name, and the
+        operator computes the same digest from what it rendered) and the store, which applies only at a
+        restart and whose URL may carry a password the operator injects from a Secret.
         """
-        blob = json.dumps(self.model_dump(mode="json", exclude={"node_id"}), sort_keys=True).encode()
+        blob = json.dumps(self.model_dump(mode="json", exclude={"node_id", "store"}), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -261,14 +261,10 @@ def broker_config(fleet: dict[str, Any], zones: list[Zone]) -> dict[str, Any]:
     }
 
 
-def expected_hash(config: dict[str, Any], redis_password: str | None = None) -> str:
-    """The hash a broker reports after applying `config` (with the URL it really uses)."""
-    effective = {
-        **config,
-        "store": {**config["store"], "url": with_password(config["store"]["url"], redis_password)},
-    }
+def expected_hash(config: dict[str, Any]) -> str:
+    """The hash a broker reports after applying `config` (it leaves out the store, so not the password)."""
     try:
-        return BrokerConfig.model_validate(effective).config_hash()
+        return BrokerConfig.model_validate(config).config_hash()
     except ValidationError as e:
         raise RenderError(format_validation_error(e)) from e
 
@@ -291,7 +287,7 @@ def render(
 ) -> Rendered:
     """Everything the operator applies for a fleet (raises RenderError, applying nothing, if invalid)."""
     config = broker_config(fleet, zones)
-    digest = expected_hash(config, redis_password)
+    digest = expected_hash(config)
     generations = {z.name: z.generation for z in zones}
     hist = {h: g for h, g in (history or {}).items() if h != digest}
     hist[digest] = generations

@@ -306,8 +306,11 @@ def test_config_hash_changes_with_a_setting(change):
 
 
 def test_config_hash_is_the_same_on_every_pod():
-    """The operator renders one config for all pods and computes the hash they report from it."""
+    """The operator renders one config for all pods and computes the hash they report from it; the store's
+    URL (with a password from a Secret) is not part of it."""
     assert load(node_id="broker-0").config_hash() == load(node_id="broker-1").config_hash()
+    redis = [load(store={"kind": "redis", "url": f"redis://:{pw}@redis:6379/0"}) for pw in ("a", "b")]
+    assert redis[0].config_hash() == redis[1].config_hash()
 
 
 def test_config_dump_is_json_serialisable():
