@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+# fixtures shared with the chart tests (helm) and the operator tests (CRD-installed control plane,
+# the operator ServiceAccount's kubeconfig)
+from tests.chart.conftest import helm  # noqa: F401
 from tests.monitoring import promproc
-
-# the operator tests' fixtures (a CRD-installed control plane, the operator ServiceAccount's kubeconfig)
 from tests.operator.conftest import crds_installed, operator_kubeconfig  # noqa: F401
 
 
