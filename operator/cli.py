@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 from collections.abc import Sequence
+
+
+def priority(value: str) -> int:
+    if value == "random":
+        return secrets.randbelow(2**31 - 1) + 1
+    return int(value)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -29,7 +36,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--peering", metavar="NAME", help="kopf peering object for HA: one active operator among replicas"
     )
     peering.add_argument("--standalone", action="store_true", help="no peering (a single replica)")
-    p.add_argument("--priority", type=int, default=0, help="peering priority (highest one is active)")
+    p.add_argument(
+        "--priority",
+        type=priority,
+        default=0,
+        help="peering priority (highest one is active; replicas of equal priority all pause); 'random': "
+        "one per process, so the replicas of a Deployment differ",
+    )
     p.add_argument(
         "--liveness", metavar="URL", help="serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz"
     )
