@@ -5,12 +5,16 @@ Definitions (windows are tumbling, by event time):
 - ack round trip: ack.ts - the first deliver.ts of the same (msg_id, client), in the window of the delivery
   (an ack is the PUBACK of QoS 1 or the PUBCOMP of QoS 2: when the inflight slot frees);
 - duplicate ratio: retransmits / deliveries; inflight-full ratio: inflight_full / deliveries;
-- session rate: a session's deliveries in the window / window seconds / sample; its p95 over sessions;
+- session rate: a session's deliveries in the window / window seconds; its p95 over sessions;
 - inflight utilisation: p95 inflight_len of deliveries / max_inflight (null when 0 = no limit, or unknown);
 - queue depth: mqueue_len carried by deliver, inflight_full and drop events;
 - offline backlog: mqueue_len of a connect that resumed a session (reason "resumed": what waited for it)
   and of a queue_full drop (the queue at its limit).
-Sampled event kinds (publish_in, deliver, ack, retransmit) are counted as seen; ratios are unaffected.
+Sampling undone: a node logs the per-message kinds (publish_in, deliver, ack, retransmit) of a fraction of
+the messages, which it lowers under load; its zone_config records carry the fraction in force. Each such
+event weighs 1 / the fraction its node last logged for its zone (the zone's latest, or 1, before any), so
+publishes, deliveries, acks, retransmits and session rates estimate the real traffic; ``sample`` is the
+lowest fraction in force in the window. Other kinds are never sampled and are counted as they are.
 Zone limits: the latest zone_config event of each zone, unless ``limits`` (from --config) names the zone.
 """
 
@@ -18,8 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from fleetmq.broker.events import SAMPLED_EVENTS
 from fleetmq.pipeline.tuning import P_SIZING, PERCENTILE_ACCURACY, PERCENTILES
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 QUEUE_DEPTH_EVENTS = ("deliver", "inflight_full", "drop")
@@ -32,6 +37,32 @@ def pct(col: Column | str, p: float) -> Column:
 
 def _count(event: str) -> Column:
     return F.count(F.when(F.col("event") == event, 1))
+
+
+def _estimate(event: str) -> Column:
+    """How many events of a sampled kind there were: their weights added up."""
+    return F.coalesce(F.round(F.sum(F.when(F.col("event") == event, F.col("w")))), F.lit(0)).cast("long")
+
+
+def weigh(events: DataFrame, settings: DataFrame) -> DataFrame:
+    """Add ``rate`` (the sampling fraction the event's node had in force for its zone) and ``w`` (1 / rate
+    for the sampled kinds, 1 otherwise); zone_config rows are left out."""
+    in_force = (
+        Window.partitionBy("node", "zone")
+        .orderBy("ts_ms")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    logged = F.last(F.when(F.col("event") == "zone_config", F.col("sample")), ignorenulls=True).over(in_force)
+    rate = F.coalesce(F.col("logged"), F.col("zone_sample"), F.lit(1.0))
+    sampled = F.col("event").isin(*sorted(SAMPLED_EVENTS))
+    return (
+        events.withColumn("logged", logged)
+        .where(F.col("event") != "zone_config")
+        .join(F.broadcast(settings.select("zone", F.col("sample").alias("zone_sample"))), "zone", "left")
+        .withColumn("rate", F.when(sampled, rate))
+        .withColumn("w", F.when(sampled & (F.col("rate") > 0), 1.0 / F.col("rate")).otherwise(1.0))
+        .drop("logged", "zone_sample")
+    )
 
 
 def prepare(events: DataFrame, window: str) -> DataFrame:
@@ -78,16 +109,17 @@ def zone_kpis(
     limits: Mapping[str, tuple[int | None, int | None]] | None = None,
 ) -> DataFrame:
     """One row per (zone, window) with events; see the module docstring for each column."""
-    ev = prepare(events, window).where(F.col("event") != "zone_config")
     settings = zone_limits(events, limits)
+    ev = weigh(prepare(events, window), settings)
     window_s = (F.col("window_end").cast("long") - F.col("window_start").cast("long")).cast("double")
 
     counts = ev.groupBy(*KEYS).agg(
         F.first("window_end").alias("window_end"),
-        _count("publish_in").alias("publishes"),
-        _count("deliver").alias("deliveries"),
-        _count("ack").alias("acks"),
-        _count("retransmit").alias("retransmits"),
+        _estimate("publish_in").alias("publishes"),
+        _estimate("deliver").alias("deliveries"),
+        _estimate("ack").alias("acks"),
+        _estimate("retransmit").alias("retransmits"),
+        F.min("rate").alias("window_sample"),
         _count("drop").alias("drops_total"),
         _count("inflight_full").alias("inflight_full"),
         _count("takeover").alias("takeovers"),
@@ -153,13 +185,9 @@ def zone_kpis(
 
     per_session = (
         delivered.groupBy(*KEYS, "client", "window_end")
-        .count()
-        .join(settings.select("zone", "sample"), "zone", "left")
-        .withColumn(
-            "rate", F.col("count") / window_s / F.when(F.col("sample") > 0, F.col("sample")).otherwise(1.0)
-        )
+        .agg((F.sum("w") / window_s).alias("session_rate"))
         .groupBy(*KEYS)
-        .agg(pct("rate", P_SIZING).alias("session_rate_p95"))
+        .agg(pct("session_rate", P_SIZING).alias("session_rate_p95"))
     )
 
     def ratio(num: str, den: str) -> Column:
@@ -199,6 +227,6 @@ def zone_kpis(
             "keepalive_timeouts",
             "connects",
             "disconnects",
-            F.coalesce("sample", F.lit(1.0)).alias("sample"),
+            F.coalesce("window_sample", "sample", F.lit(1.0)).alias("sample"),
         )
     )

@@ -138,8 +138,10 @@ def run(
     limits: Limits | None = None,
     incremental: bool = False,
     checkpoint: str | Path | None = None,
+    report_dir: str | Path | None = None,
 ) -> list[Recommendation]:
-    """The whole job; returns the recommendations it wrote."""
+    """The whole job; returns the recommendations it wrote. report.md, plots and the patch go to
+    ``report_dir`` (default: out_dir when it is a local path, else ./fleetmq-report)."""
     from fleetmq.pipeline.kpis import zone_kpis
 
     spec = window_spec(window)
@@ -152,7 +154,7 @@ def run(
         if checkpoint is None:
             raise ReportError("--incremental needs --checkpoint DIR (where the stream remembers its files)")
         _run_incremental(spark, in_dir, kpis_path, spec, limits, str(checkpoint))
-    return finish(spark, out, window=format_duration(parse_duration(window)))
+    return finish(spark, out, window=format_duration(parse_duration(window)), report_dir=report_dir)
 
 
 def _run_incremental(
@@ -193,7 +195,9 @@ def _shift(date: str, days: int) -> str:
     return (dt.date.fromisoformat(date) + dt.timedelta(days=days)).isoformat()
 
 
-def finish(spark: Any, out: str, *, window: str) -> list[Recommendation]:
+def finish(
+    spark: Any, out: str, *, window: str, report_dir: str | Path | None = None
+) -> list[Recommendation]:
     """Recommendations, report, plots and patch from the whole zone_kpis table."""
     rows = [r.asDict(recursive=True) for r in spark.read.parquet(f"{out}/{KPIS_DIR}").collect()]
     recs = recommendations(rows)
@@ -201,12 +205,13 @@ def finish(spark: Any, out: str, *, window: str) -> list[Recommendation]:
     spark.createDataFrame(
         [(r.zone, r.setting, r.current, r.recommended, r.reason, r.window_start) for r in recs], rec_schema
     ).coalesce(1).write.mode("overwrite").parquet(f"{out}/{RECOMMENDATIONS_DIR}")
-    if "://" not in out:  # the report files go to a local folder; Parquet tables may live anywhere
-        folder = Path(out)
-        shutil.rmtree(folder / PLOTS_DIR, ignore_errors=True)
-        plots = render.plot_zones(rows, folder / PLOTS_DIR) if rows else {}
-        (folder / REPORT_FILE).write_text(render.markdown(rows, recs, window=window, plots=plots))
-        (folder / PATCH_FILE).write_text(render.mqttzone_patch(recs))
+    # the report files go to a local folder; the Parquet tables may live anywhere (s3a://, hdfs://)
+    folder = Path(report_dir or (out if "://" not in out else "fleetmq-report"))
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder / PLOTS_DIR, ignore_errors=True)
+    plots = render.plot_zones(rows, folder / PLOTS_DIR) if rows else {}
+    (folder / REPORT_FILE).write_text(render.markdown(rows, recs, window=window, plots=plots))
+    (folder / PATCH_FILE).write_text(render.mqttzone_patch(recs))
     return recs
 
 
@@ -249,6 +254,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--master", help="Spark master (default: spark-submit's, else local[*])")
     p.add_argument("--incremental", action="store_true", help="only new event files (a file stream)")
     p.add_argument("--checkpoint", help="the stream's progress folder (with --incremental)")
+    p.add_argument(
+        "--report-dir", help="local folder for report.md, plots and the patch (default: --out if local)"
+    )
     return p
 
 
@@ -270,13 +278,15 @@ def main(argv: list[str] | None = None) -> int:
             limits=limits,
             incremental=args.incremental,
             checkpoint=args.checkpoint,
+            report_dir=args.report_dir,
         )
     except ReportError as e:
         print(f"fleetmq-pipeline report: {e}", file=sys.stderr)
         return 2
     for rec in recs:
         print(f"{rec.zone}.{rec.setting}: {rec.current} -> {rec.recommended} ({rec.reason})")
-    print(f"report: {Path(args.out_dir) / REPORT_FILE}")
+    folder = args.report_dir or (args.out_dir if "://" not in args.out_dir else "fleetmq-report")
+    print(f"report: {Path(folder) / REPORT_FILE}")
     return 0
 
 

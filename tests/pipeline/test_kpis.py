@@ -57,6 +57,13 @@ def scenario() -> list[dict]:
         # zone s logs a quarter of its messages: 6 deliveries seen stand for 24
         e(0, "zone_config", zone="s", max_inflight=8, max_mqueue_len=80, sample=0.25),
         *[e(1000 + i, "deliver", zone="s", client="c1", msg_id=100 + i, qos=1) for i in range(6)],
+        # zone v: node n1 logs everything, then (overloaded) half; node n2 a quarter all along
+        e(0, "zone_config", zone="v", max_inflight=8, max_mqueue_len=80, sample=1.0),
+        *[e(1000 + i, "deliver", zone="v", client="c1", msg_id=200 + i, qos=1) for i in range(4)],
+        e(2000, "zone_config", zone="v", max_inflight=8, max_mqueue_len=80, sample=0.5),
+        *[e(3000 + i, "deliver", zone="v", client="c1", msg_id=300 + i, qos=1) for i in range(3)],
+        e(0, "zone_config", zone="v", node="n2", max_inflight=8, max_mqueue_len=80, sample=0.25),
+        e(4000, "deliver", zone="v", node="n2", client="c2", msg_id=400, qos=1),
     ]
     dup = dict(rows[16])  # msg 4's delivery exported twice (same eid): counted once
     dup["stream_id"] = "1-1"
@@ -71,7 +78,7 @@ def kpis(spark):
 
 
 def test_latency_round_trip_duplicates_and_rates(spark, kpis):
-    """Zone s: the session rate undoes sampling (6 seen / 60 s / 0.25)."""
+    """Zones s and v: counts and session rates undo sampling, per node and as its fraction changes."""
     cols = [
         "zone",
         "window_start",
@@ -90,7 +97,8 @@ def test_latency_round_trip_duplicates_and_rates(spark, kpis):
             ("a", W1, 5, 1, 0.2, 30.0, 50.0, 50.0, 30010.0, 2, 3 / 60),
             ("a", W2, 0, 0, None, None, None, None, None, 0, None),
             ("b", W1, 0, 0, None, None, None, None, None, 0, None),
-            ("s", W1, 6, 0, 0.0, None, None, None, None, 1, 6 / 60 / 0.25),
+            ("s", W1, 24, 0, 0.0, None, None, None, None, 1, 24 / 60),
+            ("v", W1, 14, 0, 0.0, None, None, None, None, 2, (4 + 3 * 2) / 60),  # c1: 4 + 3 x 2; c2: 1 x 4
         ],
         "zone string, window_start timestamp, deliveries bigint, retransmits bigint, duplicate_ratio double, "
         "latency_p50_ms double, latency_p95_ms double, latency_p99_ms double, ack_rtt_p95_ms double, "
@@ -139,6 +147,7 @@ def test_window_queue_and_drops(spark, kpis):
             ("a", W2, None, 10, None, 0, None, None, None, None, None, None, 100, 0, {}),
             ("b", W1, None, 5, None, 0, None, None, None, None, None, None, 50, 0, {}),
             ("s", W1, None, 8, None, 0, 0.0, None, None, None, None, None, 80, 0, {}),
+            ("v", W1, None, 8, None, 0, 0.0, None, None, None, None, None, 80, 0, {}),
         ],
         "zone string, window_start timestamp, inflight_p95 bigint, max_inflight bigint, "
         "inflight_utilisation_p95 double, inflight_full bigint, inflight_full_ratio double, queue_depth_p50 bigint, "
@@ -166,6 +175,7 @@ def test_sessions_events(spark, kpis):
             ("a", W2, D1, 0, 0, 1, 0, 0, 1.0),
             ("b", W1, D1, 1, 0, 0, 0, 0, 1.0),
             ("s", W1, D1, 0, 0, 0, 0, 0, 0.25),
+            ("v", W1, D1, 0, 0, 0, 0, 0, 0.25),  # the lowest fraction in force in the window
         ],
         "zone string, window_start timestamp, date date, publishes bigint, takeovers bigint, "
         "keepalive_timeouts bigint, connects bigint, disconnects bigint, sample double",
