@@ -9,7 +9,9 @@ Definitions (windows are tumbling, by event time):
 - inflight utilisation: p95 inflight_len of deliveries / max_inflight (null when 0 = no limit, or unknown);
 - queue depth: mqueue_len carried by deliver, inflight_full and drop events;
 - offline backlog: mqueue_len of a connect that resumed a session (reason "resumed": what waited for it)
-  and of a queue_full drop (the queue at its limit).
+  and of a queue_full drop that carries one (the queue at its limit);
+- takeovers: counted on the node that got the session (reason local or remote); the old node's
+  "handover" record of the same takeover is not counted again.
 Sampling undone: a node logs the per-message kinds (publish_in, deliver, ack, retransmit) of a fraction of
 the messages, which it lowers under load; its zone_config records carry the fraction in force. Each such
 event weighs 1 / the fraction its node last logged for its zone (the zone's latest, or 1, before any), so
@@ -122,7 +124,9 @@ def zone_kpis(
         F.min("rate").alias("window_sample"),
         _count("drop").alias("drops_total"),
         _count("inflight_full").alias("inflight_full"),
-        _count("takeover").alias("takeovers"),
+        F.count(
+            F.when((F.col("event") == "takeover") & (F.coalesce(F.col("reason"), F.lit("")) != "handover"), 1)
+        ).alias("takeovers"),
         _count("keepalive_timeout").alias("keepalive_timeouts"),
         _count("connect").alias("connects"),
         _count("disconnect").alias("disconnects"),

@@ -10,8 +10,8 @@ Sizing rules (per zone, from its worst window, so the setting also fits the busy
   unacknowledged messages as arrive during one ack round trip: p95 per-session delivery rate x p95
   deliver->ack round trip, times INFLIGHT_HEADROOM, rounded up, clamped to 1..65535.
 - max_mqueue_len: the p99 offline backlog (what waits for a session that was away) times
-  MQUEUE_HEADROOM, at least 1. A queue that hit its limit shows a backlog equal to the limit, so the rule
-  then asks for more.
+  MQUEUE_HEADROOM, at least 1. A window with queue_full drops counts a backlog of at least the current
+  limit (the queue was full), so the rule then asks for more.
 """
 
 from __future__ import annotations
@@ -131,13 +131,19 @@ def recommend_max_inflight(zone: str, windows: Sequence[WindowKpi], current: int
 
 
 def recommend_max_mqueue_len(zone: str, windows: Sequence[WindowKpi], current: int | None) -> Recommendation:
-    sized = [w for w in windows if w.offline_backlog_p99 is not None]
+    def backlog_of(w: WindowKpi) -> float | None:
+        # a queue_full drop means a queue held `current` messages, even if no resumed session showed it
+        full = float(current) if w.drops_queue_full and current else None
+        known = [v for v in (w.offline_backlog_p99, full) if v is not None]
+        return max(known) if known else None
+
+    sized = [w for w in windows if backlog_of(w) is not None]
     if not sized:
         return Recommendation(
             zone, "max_mqueue_len", current, None, "no offline backlog observed: nothing to size it on"
         )
-    worst = max(sized, key=lambda w: (w.offline_backlog_p99 or 0.0, w.drops_queue_full))
-    backlog = worst.offline_backlog_p99 or 0.0
+    worst = max(sized, key=lambda w: (backlog_of(w) or 0.0, w.drops_queue_full))
+    backlog = backlog_of(worst) or 0.0
     value = max_mqueue_len_for(backlog)
     reason = (
         f"in the worst window ({_when(worst)}) the p99 offline backlog was {backlog:.6g} messages; "

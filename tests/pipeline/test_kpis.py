@@ -46,7 +46,8 @@ def scenario() -> list[dict]:
         e(5000, "inflight_full", client="c1", msg_id=5, inflight_len=10, mqueue_len=4),
         e(6000, "drop", client="off", msg_id=6, reason="queue_full", mqueue_len=100),
         e(7000, "drop", client="p", msg_id=7, reason="no_subscribers"),
-        e(8000, "takeover", client="c1"),
+        e(7990, "takeover", node="n2", client="c1", reason="handover"),  # the old node's side of it
+        e(8000, "takeover", client="c1", reason="remote"),
         e(9000, "keepalive_timeout", client="c2"),
         e(9001, "keepalive_timeout", client="c3"),
         e(9500, "disconnect", client="c3", reason="keepalive_timeout"),

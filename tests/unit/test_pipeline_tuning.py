@@ -81,6 +81,9 @@ def test_a_full_queue_asks_for_a_larger_one():
     rec = recommend_max_mqueue_len("external", windows, 100)
     assert rec.recommended == 150 and rec.recommended > rec.current
     assert "dropped 25 messages (queue_full)" in rec.reason and "current 100" in rec.reason
+    # sessions that never came back show no backlog, but their queue_full drops show a full queue
+    unseen = recommend_max_mqueue_len("z", [WindowKpi(T0, None, None, None, drops_queue_full=3)], 100)
+    assert unseen.recommended == 150 and "dropped 3 messages" in unseen.reason
     quiet = recommend_max_mqueue_len("z", [WindowKpi(T0, None, None, None)], 100)
     assert quiet.recommended is None and "no offline backlog" in quiet.reason
 
