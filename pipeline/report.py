@@ -199,7 +199,12 @@ def finish(
     spark: Any, out: str, *, window: str, report_dir: str | Path | None = None
 ) -> list[Recommendation]:
     """Recommendations, report, plots and patch from the whole zone_kpis table."""
-    rows = [r.asDict(recursive=True) for r in spark.read.parquet(f"{out}/{KPIS_DIR}").collect()]
+    from pyspark.errors import AnalysisException
+
+    try:
+        rows = [r.asDict(recursive=True) for r in spark.read.parquet(f"{out}/{KPIS_DIR}").collect()]
+    except AnalysisException:  # no (zone, window) had an event besides zone_config: no files to read
+        rows = []
     recs = recommendations(rows)
     rec_schema = "zone string, setting string, current bigint, recommended bigint, reason string, window_start timestamp"
     spark.createDataFrame(

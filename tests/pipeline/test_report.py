@@ -137,3 +137,10 @@ def test_limits_come_from_a_broker_config_or_mqttzone_manifests(tmp_path):
     assert report.load_limits(zones) == {"a": (3, None), "b": (4, 40)}
     assert report.window_spec("5m") == "300 seconds"
     assert dt.timedelta(seconds=int(report.window_spec("1h").split()[0])) == dt.timedelta(hours=1)
+
+
+def test_only_zone_configs_make_an_empty_report_not_a_crash(spark, tmp_path):
+    write_events(tmp_path / "data", [event(0, "zone_config", max_inflight=4, max_mqueue_len=50, sample=1.0)])
+    assert report.run(spark, tmp_path / "data", tmp_path / "out", window="1m") == []
+    assert "No events: nothing to report." in (tmp_path / "out" / "report.md").read_text()
+    assert "No zone needs a change" in (tmp_path / "out" / "mqttzone-patch.yaml").read_text()
