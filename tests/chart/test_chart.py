@@ -68,21 +68,18 @@ def test_defaults_render_operator_rbac_dashboards_and_nothing_optional(helm):
     assert c["args"] == [
         "--all-namespaces",
         "--peering=fleetmq",
+        "--priority=random",
         "--liveness=http://0.0.0.0:8081/healthz",
         "--metrics=0.0.0.0:8080",
         "--resync=30",
     ]
     # the flags are the CLI's, and mean what the Deployment needs
     args = cli.parse_args(c["args"])
-    assert cli.kopf_args(args)[3:] == [
-        "--all-namespaces",
-        "--peering",
-        "fleetmq",
-        "--priority",
-        "0",
-        "--liveness",
-        "http://0.0.0.0:8081/healthz",
-    ]
+    kopf = cli.kopf_args(args)[3:]
+    assert kopf[:4] == ["--all-namespaces", "--peering", "fleetmq", "--priority"]
+    assert kopf[5:] == ["--liveness", "http://0.0.0.0:8081/healthz"]
+    # each replica draws its own priority (kopf pauses all peers of equal priority)
+    assert len({cli.parse_args(c["args"]).priority for _ in range(20)}) > 1
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"metrics": 8080, "healthz": 8081}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
@@ -267,6 +264,7 @@ def test_custom_values_reach_the_deployment(helm):
         "--namespace=team-a",
         "--namespace=team-b",
         "--peering=mq-operators",
+        "--priority=random",
         "--liveness=http://0.0.0.0:9091/healthz",
         "--metrics=0.0.0.0:9090",
         "--resync=10",

@@ -146,16 +146,25 @@ def test_notes_without_dashboards(helm, control_plane, chart_crds, ns, tmp_path)
 
 
 # ------------------------------------------------------------------------------ install and reconcile
-def start_operator(container: dict[str, Any], kubeconfig: Path, log: Path) -> subprocess.Popen:
-    """The Deployment's command line, run here (no kubelet): only the credentials differ (a token of the
-    chart's ServiceAccount instead of the one mounted in the pod)."""
-    assert container["command"] == ["fleetmq-operator"]
+def start_operator(args: list[str], kubeconfig: Path, log: Path) -> subprocess.Popen:
+    """`fleetmq-operator ARGS`, run here (no kubelet) with a token of the chart's ServiceAccount instead of
+    the one mounted in the pod."""
     exe = Path(sys.executable).with_name("fleetmq-operator")
-    argv = [str(exe), *container["args"], f"--kubeconfig={kubeconfig}"]
     env = {**os.environ, "FLEETMQ_WATCH_SERVER_TIMEOUT": "60"}
     env.pop("KUBECONFIG", None)
     with log.open("w") as f:
-        return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        return subprocess.Popen([str(exe), *args, f"--kubeconfig={kubeconfig}"], stdout=f,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+
+
+def stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def http_get(url: str) -> tuple[int, str]:
@@ -174,6 +183,7 @@ def test_helm_install_operator_as_chart_serviceaccount_reconciles_example_then_u
     values = {
         "examples": {"enabled": True, "fleet": {"spec": {"replicas": 2, "redis": {"managed": True}}}},
         "operator": {
+            "replicas": 2,
             "watchNamespaces": [ns],
             "ports": {"metrics": metrics, "liveness": liveness},
             "resyncSeconds": 2,
@@ -202,9 +212,19 @@ def test_helm_install_operator_as_chart_serviceaccount_reconciles_example_then_u
             lambda: cp.kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "name").stdout.strip(),
             msg="operator pod created",
         )
+    # two replicas, as the Deployment runs them: its command line, each with its own (random) priority; the
+    # second one's probe and metrics ports moved, since here both share one network namespace
+    container = pod["containers"][0]
+    assert dep["spec"]["replicas"] == 2 and container["command"] == ["fleetmq-operator"]
+    other = [a.replace(f":{liveness}/", f":{free_port()}/").replace(f":{metrics}", f":{free_port()}")
+             for a in container["args"]]  # fmt: skip
+    assert other != container["args"]
     kubeconfig = cp.serviceaccount_kubeconfig(f"{ns}/{sa}")
-    log = tmp_path / "operator.log"
-    proc = start_operator(pod["containers"][0], kubeconfig, log)
+    logs = [tmp_path / "operator-0.log", tmp_path / "operator-1.log"]
+    procs = [
+        start_operator(args, kubeconfig, log)
+        for args, log in zip([container["args"], other], logs, strict=True)
+    ]
     try:
         # children of the example fleet, owned by it
         fleet = wait_for(lambda: get(cp, "brokerfleet", "edge", ns), msg="example fleet")
@@ -246,13 +266,16 @@ def test_helm_install_operator_as_chart_serviceaccount_reconciles_example_then_u
         assert wait_for(lambda: http_get(f"http://127.0.0.1:{liveness}{probe['path']}")[0] == 200, msg="live")
         text = wait_for(lambda: http_get(f"http://127.0.0.1:{metrics}/metrics")[1], msg="metrics")
         assert 'fleetmq_operator_reconciles_total{result="ok"}' in text
-        # kopf peering through the chart's KopfPeering: this operator announced itself in it
-        wait_for(lambda: (get(cp, "kopfpeering", "fleetmq", ns) or {}).get("status"), msg="peering status")
-        assert proc.poll() is None, log.read_text()[-4000:]
-        before_uninstall = log.read_text()
-        assert "Forbidden" not in before_uninstall and " 403" not in before_uninstall, before_uninstall[
-            -6000:
-        ]
+        # kopf peering through the chart's KopfPeering: both replicas announce themselves, one stands by
+        wait_for(lambda: len((get(cp, "kopfpeering", "fleetmq", ns) or {}).get("status") or {}) == 2,
+                 msg="both replicas in the peering")  # fmt: skip
+        paused = wait_for(lambda: [i for i, log in enumerate(logs) if "Pausing operations in favour of"
+                                   in log.read_text()], msg="one replica standing by")  # fmt: skip
+        assert len(paused) == 1, [log.read_text()[-3000:] for log in logs]
+        for proc, log in zip(procs, logs, strict=True):
+            text = log.read_text()
+            assert proc.poll() is None, text[-4000:]
+            assert "Forbidden" not in text and " 403" not in text, text[-6000:]
 
         # `helm uninstall`. Its pre-delete hook Job cannot run without a kubelet: its ServiceAccount and Role
         # are applied as helm would, and its kubectl command runs here, as that ServiceAccount.
@@ -278,13 +301,8 @@ def test_helm_install_operator_as_chart_serviceaccount_reconciles_example_then_u
         cp.kubectl("delete", "-f", "-", input="\n---\n".join(yaml.safe_dump(h) for h in hook_rbac))
         helm("uninstall", release, "-n", ns, "--no-hooks", "--wait", kubeconfig=cp.kubeconfig)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        for proc in procs:
+            stop(proc)
 
     assert helm("list", "-n", ns, "-q", kubeconfig=cp.kubeconfig).stdout.strip() == ""
     left = cp.kubectl(
