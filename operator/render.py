@@ -418,17 +418,12 @@ def statefulset(
         },
         "resources": spec.resources.model_dump(mode="json", exclude_defaults=False),
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}, *mounts],
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": RESTRICTED_CONTAINER,
     }
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": spec.terminationGracePeriodSeconds,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
+        "securityContext": restricted_pod(BROKER_UID),
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": n["config"]}}, *volumes],
         "topologySpreadConstraints": [
@@ -528,6 +523,27 @@ def servicemonitor(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, An
     }
 
 
+# The "restricted" Pod Security Standard, for every pod the operator creates.
+RESTRICTED_CONTAINER: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+BROKER_UID = 10001  # the image's fleetmq user (Dockerfile)
+REDIS_UID = 999  # the redis user of the official image
+
+
+def restricted_pod(uid: int) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "fsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def redis_manifests(fleet: dict[str, Any], spec: BrokerFleetSpec) -> list[dict[str, Any]]:
     """A single-replica Redis with AOF, for fleets that ask the operator to run one."""
     name = fleet["metadata"]["name"]
@@ -541,6 +557,7 @@ def redis_manifests(fleet: dict[str, Any], spec: BrokerFleetSpec) -> list[dict[s
         "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 10},
         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "securityContext": RESTRICTED_CONTAINER,
     }
     sts_spec: dict[str, Any] = {
         "replicas": 1,
@@ -548,7 +565,12 @@ def redis_manifests(fleet: dict[str, Any], spec: BrokerFleetSpec) -> list[dict[s
         "selector": {"matchLabels": sel},
         "template": {
             "metadata": {"labels": labels(name, "redis")},
-            "spec": {"automountServiceAccountToken": False, "containers": [container]},
+            "spec": {
+                "automountServiceAccountToken": False,
+                # the image's own redis user: its entrypoint runs redis-server directly when not root
+                "securityContext": restricted_pod(REDIS_UID),
+                "containers": [container],
+            },
         },
     }
     if spec.redis.storage:
