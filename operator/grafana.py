@@ -325,18 +325,14 @@ def broker_variables() -> list[dict[str, Any]]:
 def operator_variables() -> list[dict[str, Any]]:
     return [
         datasource_variable(),
-        query_variable(
-            "namespace", "Namespace", "label_values(fleetmq_operator_reconciles_total, namespace)"
-        ),
-        query_variable(
-            "pod", "Pod", 'label_values(fleetmq_operator_reconciles_total{namespace=~"$namespace"}, pod)'
-        ),
+        query_variable("namespace", "Namespace", "label_values(fleetmq_operator_fleets, namespace)"),
+        query_variable("pod", "Pod", 'label_values(fleetmq_operator_fleets{namespace=~"$namespace"}, pod)'),
     ]
 
 
 def rate(metric: str, selector: str = ZONE, by: str = "") -> str:
-    grouping = f" by ({by})" if by else ""
-    return f"sum{grouping} (rate({metric}{{{selector}}}[{RATE}]))"
+    grouping = f" by ({by}) " if by else ""
+    return f"sum{grouping}(rate({metric}{{{selector}}}[{RATE}]))"
 
 
 # ------------------------------------------------------------------------------------------ dashboards
@@ -485,7 +481,8 @@ def fleet_overview() -> Dashboard:
             "did not apply a change (alert FleetmqZoneConfigDiverged).",
             [
                 Target(
-                    f"count by (zone, config_hash) (fleetmq_zone_config_info{{{ZONE}}})",
+                    "count by (zone, config_hash) (group by (namespace, job, pod, zone, config_hash) "
+                    f"(fleetmq_zone_config_info{{{ZONE}}}))",
                     "{{zone}} {{config_hash}}",
                 )
             ],

@@ -262,7 +262,7 @@ def _session_events(load: Load, nodes: list[BrokerProc]) -> None:
     first = load.raw(nodes[0])
     first.connect("discarded", clean=False, keepalive=0)
     first.send(b"\xe0\x00")
-    again = load.raw(nodes[1])
+    again = load.raw(nodes[0])  # the same node: its stored session is certainly committed first
     again.connect("discarded", clean=True, keepalive=0)  # Clean Start discards the stored session
 
     small = load.raw(nodes[0], version=V5)
@@ -313,7 +313,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> I
             cfg = copy.deepcopy(CONFIG)
             cfg["node_id"] = f"edge-{i}"
             cfg["store"] = {"kind": "redis", "url": redis.url}
-            nodes.append(harness.start_fleetmq(tmp / f"edge-{i}", cfg))
+            workers = ("--workers", "2") if i == 1 else ()  # its samples carry a `worker` label
+            nodes.append(harness.start_fleetmq(tmp / f"edge-{i}", cfg, extra_args=workers))
         prom = PrometheusServer(
             tmp / "prometheus",
             {
@@ -425,6 +426,8 @@ def test_load_reached_every_series_the_dashboards_explain(scenario: Scenario):
         "fleetmq_config_reload_errors_total",
     ):
         assert prom.query(f"sum(increase({metric}[5m])) > 0")["result"], metric
+    workers = prom.query('group by (worker) (fleetmq_connections{pod="edge-1"})')["result"]
+    assert {r["metric"].get("worker") for r in workers} == {"0", "1"}  # `--workers 2`: the panels sum them
     for gauge in ("fleetmq_inflight_messages", "fleetmq_mqueue_messages", "fleetmq_awaiting_rel_messages"):
         assert prom.query(f"max_over_time(sum({gauge})[1m:1s]) > 0")["result"], gauge
 
