@@ -67,6 +67,7 @@ def timeseries(
     stack: bool = False,
     minimum: float | None = 0,
     maximum: float | None = None,
+    no_value: str | None = None,
 ) -> dict[str, Any]:
     defaults: dict[str, Any] = {
         "unit": unit,
@@ -84,6 +85,8 @@ def timeseries(
         defaults["min"] = minimum
     if maximum is not None:
         defaults["max"] = maximum
+    if no_value is not None:
+        defaults["noValue"] = no_value  # what the panel says instead of "No data"
     return {
         "type": "timeseries",
         "title": title,
@@ -821,6 +824,45 @@ def store() -> Dashboard:
                 )
             ],
         )
+    )
+    d.row("Event log (the pipeline's input)")
+    off = "event log disabled"
+    d.add(
+        timeseries(
+            "Event log records",
+            "Events appended to the fleet's Redis Stream per second (written), and those dropped rather than "
+            "slowing delivery down when sends fail or fall behind. Exported while event_log is enabled.",
+            [Target(rate("fleetmq_event_log_records_total", FLEET, "outcome"), "{{outcome}}")],
+            "ops",
+            stack=True,
+            no_value=off,
+        )
+    )
+    d.add(
+        timeseries(
+            "Event log dropped share",
+            "Share of event records dropped, per pod: the pipeline's KPIs miss what is dropped.",
+            [
+                Target(
+                    f'sum by (pod) (rate(fleetmq_event_log_records_total{{{FLEET}, outcome="dropped"}}[{RATE}])) '
+                    f"/ sum by (pod) (rate(fleetmq_event_log_records_total{{{FLEET}}}[{RATE}]))",
+                    "{{pod}}",
+                )
+            ],
+            "percentunit",
+            no_value=off,
+        ),
+        w=6,
+    )
+    d.add(
+        timeseries(
+            "Event log send errors",
+            "Failed sends of event batches to Redis per second, per pod (their records are retried or dropped).",
+            [Target(rate("fleetmq_event_log_errors_total", FLEET, "pod"), "{{pod}}")],
+            "ops",
+            no_value=off,
+        ),
+        w=6,
     )
     return d
 

@@ -57,6 +57,7 @@ CONFIG = {
         },
         "slow": SLOW,
     },
+    "event_log": {"enabled": True, "fleet": "edge"},
     "listeners": [
         {"name": "mqtt", "zone": "default", "bind": "127.0.0.1:0", "protocol": "tcp"},
         {"name": "slow", "zone": "slow", "bind": "127.0.0.1:0", "protocol": "tcp"},
