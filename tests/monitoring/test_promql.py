@@ -1,6 +1,7 @@
 """Every dashboard panel and every alert of the chart, evaluated by a real Prometheus scraping real brokers.
 
-Three broker processes share a real redis-server; MQTT clients (paho and raw sockets) drive traffic that
+Three broker pods (one running `--workers 2`, so its samples carry a worker label) share a real
+redis-server, with the event log on; MQTT clients (paho and raw sockets) drive traffic that
 touches every series the dashboards read: QoS 0/1/2 publish and subscribe across nodes, a subscriber that
 never acks (its zone has a window of 2 and a queue of 5, so the window fills, the queue drops and MQTT
 3.1.1 resends after 1s), a session roaming between nodes (takeovers, resume latency), incoming QoS 2 never
