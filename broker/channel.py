@@ -699,10 +699,20 @@ class Channel:
         )
 
     def _drop_events(self, dropped: list[Delivery], reason: str) -> None:
+        """One drop event per message, with the queue's length then (the backlog the pipeline sizes for)."""
         assert self.ev is not None
+        session = self.session
+        depth = len(session.mqueue) if session is not None else -1
         for d in dropped:
             self.ev.emit(
-                DROP, self.zone_name, self.client_id, d.msg.msg_id, d.msg.topic, d.qos, reason=reason
+                DROP,
+                self.zone_name,
+                self.client_id,
+                d.msg.msg_id,
+                d.msg.topic,
+                d.qos,
+                reason=reason,
+                mqueue_len=depth,
             )
 
     # ---------------------------------------------------------------------------------------------

@@ -176,11 +176,12 @@ class Cluster:
             self.node.publish(will)
 
     # -- takeover --------------------------------------------------------------------------------
-    async def take_over(self, client_id: str, clean_start: bool) -> None:
-        """Ask the node the client is connected to (if any, and alive) to hand its session over."""
+    async def take_over(self, client_id: str, clean_start: bool) -> str | None:
+        """Ask the node the client is connected to (if any, and alive) to hand its session over; returns
+        that node if it did (a node that does not answer in time is fenced by the claim instead)."""
         owner = await self.store.owner(client_id)
         if not owner or owner == self.node_id or not await self.is_alive(owner):
-            return
+            return None
         req = f"{self.node_id}:{next(self._req_ids)}"
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._handovers[req] = fut
@@ -198,10 +199,12 @@ class Cluster:
                 ),
             )
             await asyncio.wait_for(fut, HANDOVER_TIMEOUT)
+            return owner
         except TimeoutError:
             log.warning(
                 "node %s did not hand over %r within %.0fs; fencing it", owner, client_id, HANDOVER_TIMEOUT
             )
+            return None
         finally:
             self._handovers.pop(req, None)
 

@@ -97,7 +97,9 @@ class ChannelManager:
         epoch = session.epoch if session is not None else 0
         if session is None:
             if node.cluster is not None:  # connected on another node? it hands the session over first
-                await node.cluster.take_over(cid, ch.clean_start)
+                handed_over = await node.cluster.take_over(cid, ch.clean_start)
+                if handed_over is not None and node.events is not None:  # counted here, not at the old node
+                    node.events.emit(TAKEOVER, ch.zone_name, cid, reason="remote")
             if node.committer.pending:
                 # A Save of this session (and messages queued for it) may still be on the way to the
                 # store; it stays parked meanwhile, so messages published now are queued, not lost.

@@ -235,8 +235,10 @@ class Node:
         for zone, cid, n in result.dropped:
             self.metrics.drop(zone, "queue_full", n)
             if self.events is not None:  # the oldest messages of a full queue in the store (ids unknown)
+                z = self.zones.get(zone)
+                depth = z.max_mqueue_len if z is not None else -1  # the queue was trimmed back to its limit
                 for _ in range(n):
-                    self.events.emit(DROP, zone, cid, reason="queue_full")
+                    self.events.emit(DROP, zone, cid, reason="queue_full", mqueue_len=depth)
         for op in result.missing:  # the session ended (expired) somewhere: its routes go too
             if op.client_id not in self.cm.channels:
                 self.router.remove_client(op.client_id)
