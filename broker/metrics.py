@@ -152,6 +152,16 @@ class _Collector(Collector):
         yield gauge("inflight_messages", "Deliveries in Inflight Windows.", "inflight")
         yield gauge("mqueue_messages", "Deliveries in Message Queues.", "mqueue")
         yield gauge("awaiting_rel_messages", "Incoming QoS2 messages awaiting PUBREL.", "awaiting_rel")
+        yield gauge(
+            "zone_max_inflight",
+            "The zone's Inflight Window length per session (0 = no limit).",
+            "max_inflight",
+        )
+        yield gauge(
+            "zone_max_mqueue_len",
+            "The zone's Message Queue length per session (0 = no limit).",
+            "max_mqueue_len",
+        )
 
         info = GaugeMetricFamily(
             "fleetmq_zone_config_info",

@@ -249,7 +249,7 @@ class Node:
 
     # ---------------------------------------------------------------------------------------------
     def gauges(self) -> dict[str, dict[Any, float]]:
-        """Connection, session and queue gauges by zone, computed at scrape time."""
+        """Connection, session and queue gauges and the zone limits by zone, computed at scrape time."""
         connections: dict[Any, float] = {z: 0 for z in self.zones}
         sessions: dict[Any, float] = {(z, s): 0 for z in self.zones for s in ("online", "offline")}
         inflight: dict[Any, float] = {z: 0 for z in self.zones}
@@ -275,6 +275,9 @@ class Node:
             "inflight": inflight,
             "mqueue": mqueue,
             "awaiting_rel": awaiting,
+            # the zones' current limits (0 = no limit), so dashboards can show utilisation
+            "max_inflight": {z: zs.max_inflight for z, zs in self.zones.items()},
+            "max_mqueue_len": {z: zs.max_mqueue_len for z, zs in self.zones.items()},
         }
 
 
