@@ -23,6 +23,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from .codec import decode_properties, encode_properties
@@ -418,7 +419,13 @@ class RedisStore(SessionStore):
         for attempt in (1, 2):
             pipe: Pipeline = self.redis.pipeline(transaction=False)
             build(pipe)
-            replies = await pipe.execute(raise_on_error=False)
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except RedisConnectionError:
+                # Redis went away (restarted?): the pool's idle connections are dead too, and each would
+                # fail the next operation that picks it up. Drop them; the caller decides about this one.
+                await self.redis.connection_pool.disconnect(inuse_connections=False)
+                raise
             self.round_trips += 1
             if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
                 log.info("Redis lost its scripts (restarted?); loading them again")
@@ -459,7 +466,10 @@ class RedisStore(SessionStore):
             self._call(pipe, "claim", keys(client_id), args)
             pipe.sadd(node_sessions(self.node_id), client_id)  # so that, should this node die, others find it
 
-        res = (await self._execute(build))[0]
+        try:
+            res = (await self._execute(build))[0]
+        except RedisConnectionError:  # a claim may run twice (the epoch grows once more): try a fresh one
+            res = (await self._execute(build))[0]
         if isinstance(res, Exception):
             raise res
         epoch = int(res[0])
