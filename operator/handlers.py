@@ -113,9 +113,12 @@ class Operator:
         fleet = await kube.get("BrokerFleet", namespace, name)
         if fleet is None or fleet["metadata"].get("deletionTimestamp"):
             self.zone_counts.pop((namespace, name), None)
+            metrics.forget_fleet(namespace, name)
             await self._zones_without_fleet(namespace, name)
             return "gone"
-        if render.paused(fleet):
+        replicas = int((fleet.get("spec") or {}).get("replicas", 3))
+        if render.paused(fleet):  # its status stays as it was: so do its gauges
+            metrics.set_fleet(namespace, name, fleet.get("status") or {}, replicas)
             return "paused"
         zones = [
             z
@@ -158,6 +161,7 @@ class Operator:
             )
         status = fleet_status(fleet, rendered, render_error, observed)
         await self._patch_status(fleet, status)
+        metrics.set_fleet(namespace, name, status, replicas)
         await self._zone_statuses(fleet, zones, rejected, rendered, observed, status)
         return "error" if render_error or observed.apply_error else "ok"
 
@@ -364,15 +368,20 @@ async def fleet_resync(
 ) -> None:
     """Every resync interval: correct drift nobody told us about, refresh status from the pods' reports."""
     op = _op(memo)
-    while not stopped:
-        # plain sleeps: kopf's stopped.wait() leaves a timer task behind that can fail the shutdown
-        await asyncio.sleep(min(op.resync, 1.0))
-        last = op.last_reconcile.get((namespace, name), 0.0)
-        if not stopped and time.monotonic() - last >= op.resync:
-            try:
-                await op.request(namespace, name)
-            except Exception:  # logged and counted by reconcile(); the next interval tries again
-                pass
+    try:
+        while not stopped:
+            # plain sleeps: kopf's stopped.wait() leaves a timer task behind that can fail the shutdown
+            await asyncio.sleep(min(op.resync, 1.0))
+            last = op.last_reconcile.get((namespace, name), 0.0)
+            if not stopped and time.monotonic() - last >= op.resync:
+                try:
+                    await op.request(namespace, name)
+                except Exception:  # logged and counted by reconcile(); the next interval tries again
+                    pass
+    finally:
+        # stopped: the fleet is gone, or this operator pauses for a peer (which then reports the fleet) or
+        # exits; a paused operator must not keep exporting what it no longer watches
+        metrics.forget_fleet(namespace, name)
 
 
 @kopf.on.event(*FLEETS, when=lambda type, **_: type == "DELETED")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -43,6 +46,53 @@ ZONES = Gauge(
     registry=REGISTRY,
 )
 FLEETS = Gauge("fleetmq_operator_fleets", "BrokerFleets reconciled by this operator.", registry=REGISTRY)
+# Per fleet. Not `namespace`: Prometheus gives every sample of the operator's target the operator's own
+# namespace, and a scraped `namespace` label would be renamed exported_namespace.
+FLEET_READY = Gauge(
+    "fleetmq_operator_fleet_ready",
+    "1 while the BrokerFleet's Ready condition is True, else 0 (as of its last reconciliation).",
+    ["fleet_namespace", "fleet"],
+    registry=REGISTRY,
+)
+FLEET_REPLICAS = Gauge(
+    "fleetmq_operator_fleet_replicas",
+    "Broker pods of a BrokerFleet, by state: desired (spec.replicas), ready (status.readyReplicas).",
+    ["fleet_namespace", "fleet", "state"],
+    registry=REGISTRY,
+)
+
+# Every label value a counter can take starts at 0, so rates and panels have data before the first event.
+RESULTS = ("ok", "error", "paused", "gone")
+STEPS = ("render", "apply", "prune", "status", "nodeinfo")
+CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget", "ServiceMonitor")
+for _result in RESULTS:
+    RECONCILES.labels(_result)
+for _step in STEPS:
+    RECONCILE_ERRORS.labels(_step)
+for _kind in CHILD_KINDS:
+    CHILD_CHANGES.labels(_kind)
+    CHILD_DELETES.labels(_kind)
+
+
+def set_fleet(namespace: str, name: str, status: dict[str, Any], desired: int) -> None:
+    """The fleet gauges from the BrokerFleet status the operator patched (or found, for a paused fleet)."""
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+    FLEET_READY.labels(namespace, name).set(1 if ready else 0)
+    FLEET_REPLICAS.labels(namespace, name, "desired").set(desired)
+    FLEET_REPLICAS.labels(namespace, name, "ready").set(int(status.get("readyReplicas") or 0))
+
+
+def forget_fleet(namespace: str, name: str) -> None:
+    """Drop a fleet's series (deleted, or no longer handled by this operator process)."""
+    for gauge, labels in (
+        (FLEET_READY, (namespace, name)),
+        (FLEET_REPLICAS, (namespace, name, "desired")),
+        (FLEET_REPLICAS, (namespace, name, "ready")),
+    ):
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
 
 
 def serve(bind: str) -> None:

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 import yaml
-from fleetmq.operator import render
+from fleetmq.operator import metrics, render
 
 from tests.integration.harness import LIVE_BROKERS, BrokerProc, _wait_port, free_port, uid
 from tests.integration.mqttraw import PUBACK, PUBLISH, RawClient
@@ -46,7 +46,7 @@ def start_pod(config_path, node_id: str, mqtt_port: int, metrics_port: int, work
 
 
 def test_zone_change_through_the_apiserver_reaches_running_brokers(
-    k, run_operator, redis_server, tmp_path, control_plane
+    k, run_operator, redis_server, tmp_path, control_plane, kube_namespace
 ):
     mqtt_port, metrics_port = free_port(), free_port()
     run_operator()
@@ -109,6 +109,9 @@ def test_zone_change_through_the_apiserver_reaches_running_brokers(
             wait_for(
                 lambda: k.condition("brokerfleet", "edge", "Ready").get("status") == "True", msg="fleet ready"
             )
+            ready = {"fleet_namespace": kube_namespace, "fleet": "edge"}
+            wait_for(lambda: metrics.REGISTRY.get_sample_value("fleetmq_operator_fleet_ready", ready) == 1,
+                     msg="fleet_ready 1")  # fmt: skip
         assert bp.alive()
         sub.close()
         pub.close()

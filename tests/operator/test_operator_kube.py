@@ -322,6 +322,44 @@ def test_operator_metrics_count_reconciles(k, run_operator):
     assert metrics.REGISTRY.get_sample_value("fleetmq_operator_reconcile_duration_seconds_count") >= 1
 
 
+def test_operator_metrics_report_fleet_readiness(k, run_operator, kube_namespace):
+    """fleetmq_operator_fleet_ready / _replicas follow the fleet's status and go with the fleet; the labelled
+    counters exist at 0 before anything happened."""
+    from fleetmq.operator import metrics
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.REGISTRY.get_sample_value(name, labels)
+
+    for result in ("ok", "error", "paused", "gone"):
+        assert value("fleetmq_operator_reconciles_total", result=result) is not None, result
+    for step in ("render", "apply", "prune", "status", "nodeinfo"):
+        assert value("fleetmq_operator_reconcile_errors_total", step=step) is not None, step
+    for kind in ("ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget"):
+        assert value("fleetmq_operator_child_changes_total", kind=kind) is not None, kind
+        assert value("fleetmq_operator_child_deletes_total", kind=kind) is not None, kind
+
+    edge = {"fleet_namespace": kube_namespace, "fleet": "edge"}
+    run_operator()
+    k.apply(fleet(replicas=2))
+    wait_for(lambda: value("fleetmq_operator_fleet_ready", **edge) is not None, msg="fleet_ready exported")
+    assert k.condition("brokerfleet", "edge", "Ready")["status"] == "False"  # no pod reports its config
+    assert value("fleetmq_operator_fleet_ready", **edge) == 0
+    assert value("fleetmq_operator_fleet_replicas", **edge, state="desired") == 2
+    wait_for(  # 0 without kube-controller-manager; kwok's fake pods get ready
+        lambda: (
+            value("fleetmq_operator_fleet_replicas", **edge, state="ready")
+            == k.get("brokerfleet", "edge")["status"]["readyReplicas"]
+        ),
+        msg="ready replicas as in the status",
+    )
+    k("scale", "brokerfleet", "edge", "--replicas=3")
+    wait_for(lambda: value("fleetmq_operator_fleet_replicas", **edge, state="desired") == 3, msg="scaled")
+    k("delete", "brokerfleet", "edge", "--wait=false")
+    wait_for(lambda: value("fleetmq_operator_fleet_ready", **edge) is None, msg="fleet_ready removed")
+    assert value("fleetmq_operator_fleet_replicas", **edge, state="desired") is None
+    assert value("fleetmq_operator_fleet_replicas", **edge, state="ready") is None
+
+
 def test_peering_keeps_one_operator_active(k, run_operator, caplog):
     """HA: replicas of the operator with kopf peering; the highest priority one acts, the others wait."""
     k.apply({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "fleetmq"}})
