@@ -35,6 +35,12 @@ ZONE = f'{FLEET}, zone=~"$zone"'
 OPERATOR = 'namespace=~"$namespace", pod=~"$pod"'
 
 
+def fleet_ready(selector: str = "") -> str:
+    """1/0 per BrokerFleet, one value even while two operator pods report it (a peering handover);
+    `selector` picks operator pods (the dashboard's variables; none for the alert)."""
+    return f"max by (fleet_namespace, fleet) (fleetmq_operator_fleet_ready{'{' + selector + '}' if selector else ''})"
+
+
 # ------------------------------------------------------------------------------------------ panels
 @dataclass
 class Target:
@@ -660,6 +666,17 @@ def windows_and_queues() -> Dashboard:
     )
     d.add(
         timeseries(
+            "Inflight Window utilisation",
+            "Average Inflight Window fill of a connected session as a share of the zone's max_inflight, per "
+            "fleet and zone (zones without a limit, max_inflight 0, are left out). Near 1: windows are full "
+            "and further deliveries queue. MQTT 5 clients may allow fewer (Receive Maximum).",
+            [_utilisation("fleetmq_inflight_messages", 'state="online"', "fleetmq_zone_max_inflight")],
+            "percentunit",
+            maximum=1,
+        )
+    )
+    d.add(
+        timeseries(
             "Inflight Window full (share of QoS 1/2 deliveries)",
             "Of the QoS 1/2 deliveries, the share that found the client's window full and had to queue: "
             "near 1 means subscribers ack slower than messages arrive (alert FleetmqInflightWindowFull).",
@@ -676,6 +693,23 @@ def windows_and_queues() -> Dashboard:
             "ops",
         )
     )
+    d.add(
+        timeseries(
+            "Zone limits",
+            "Each zone's max_inflight and max_mqueue_len as its pods run it now (0 = no limit); a live zone "
+            "change shows here once the pods applied it.",
+            [
+                Target(
+                    f"max by (namespace, job, zone) (fleetmq_zone_max_inflight{{{ZONE}}})",
+                    "{{job}} {{zone}} max_inflight",
+                ),
+                Target(
+                    f"max by (namespace, job, zone) (fleetmq_zone_max_mqueue_len{{{ZONE}}})",
+                    "{{job}} {{zone}} max_mqueue_len",
+                ),
+            ],
+        )
+    )
     d.row("Message Queue")
     d.add(
         timeseries(
@@ -690,6 +724,17 @@ def windows_and_queues() -> Dashboard:
             "Queued messages by pod",
             "Message Queue depth per pod (offline sessions count on the pod that holds them in memory).",
             [Target(f"sum by (pod) (fleetmq_mqueue_messages{{{ZONE}}})", "{{pod}}")],
+        )
+    )
+    d.add(
+        timeseries(
+            "Message Queue fill",
+            "Average Message Queue depth of a session (online and offline) as a share of the zone's "
+            "max_mqueue_len, per fleet and zone (zones without a limit are left out). Sessions at 1 drop "
+            "their oldest message for each new one (Queue-full drops).",
+            [_utilisation("fleetmq_mqueue_messages", "", "fleetmq_zone_max_mqueue_len")],
+            "percentunit",
+            maximum=1,
         )
     )
     d.add(
@@ -737,6 +782,18 @@ def windows_and_queues() -> Dashboard:
         )
     )
     return d
+
+
+def _utilisation(depth: str, sessions: str, limit: str) -> Target:
+    """Per fleet and zone: `depth` per session (of the `sessions` state) / the zone's `limit`, where both are
+    non-zero. The limit is the largest any pod runs (pods differ only while a zone change rolls out)."""
+    keys = "namespace, job, zone"
+    state = f"{ZONE}, {sessions}" if sessions else ZONE
+    return Target(
+        f"sum by ({keys}) ({depth}{{{ZONE}}}) / (sum by ({keys}) (fleetmq_sessions{{{state}}}) > 0) "
+        f"/ (max by ({keys}) ({limit}{{{ZONE}}}) > 0)",
+        "{{job}} {{zone}}",
+    )
 
 
 def _window_full_share(selector: str, by: str, window: str) -> str:
@@ -881,7 +938,18 @@ def operator() -> Dashboard:
             "BrokerFleets this operator reconciles.",
             Target(f"sum(fleetmq_operator_fleets{{{OPERATOR}}})"),
         ),
-        w=6,
+        w=4,
+        h=4,
+    )
+    d.add(
+        stat(
+            "Fleets not Ready",
+            "BrokerFleets whose Ready condition is False: not every pod is ready or runs the rendered config "
+            "(alert FleetmqFleetNotReady).",
+            Target(f"count({fleet_ready(OPERATOR)} == 0) or on () vector(0)"),
+            thresholds=(("green", None), ("red", 1)),
+        ),
+        w=4,
         h=4,
     )
     d.add(
@@ -890,7 +958,7 @@ def operator() -> Dashboard:
             "MqttZones accepted into their fleet's config at the last reconciliations.",
             Target(f'sum(fleetmq_operator_zones{{{OPERATOR}, state="accepted"}})'),
         ),
-        w=6,
+        w=5,
         h=4,
     )
     d.add(
@@ -900,7 +968,7 @@ def operator() -> Dashboard:
             Target(f'sum(fleetmq_operator_zones{{{OPERATOR}, state="rejected"}})'),
             thresholds=(("green", None), ("orange", 1)),
         ),
-        w=6,
+        w=5,
         h=4,
     )
     d.add(
@@ -915,6 +983,28 @@ def operator() -> Dashboard:
         ),
         w=6,
         h=4,
+    )
+    d.row("Fleets")
+    d.add(
+        timeseries(
+            "Fleet readiness",
+            "1 while a BrokerFleet's Ready condition is True (all pods ready and on the rendered config), "
+            "0 while it is not; see its Progressing and Degraded conditions for why.",
+            [Target(fleet_ready(OPERATOR), "{{fleet_namespace}}/{{fleet}}")],
+            maximum=1,
+        )
+    )
+    d.add(
+        timeseries(
+            "Fleet pods desired and ready",
+            "Broker pods each BrokerFleet asks for (spec.replicas) and those ready (status.readyReplicas).",
+            [
+                Target(
+                    f"max by (fleet_namespace, fleet, state) (fleetmq_operator_fleet_replicas{{{OPERATOR}}})",
+                    "{{fleet_namespace}}/{{fleet}} {{state}}",
+                )
+            ],
+        )
     )
     d.row("Reconciliations")
     d.add(
@@ -937,13 +1027,8 @@ def operator() -> Dashboard:
     d.add(
         timeseries(
             "Reconcile errors by step",
-            "Failed steps per second: render, apply, prune, status, nodeinfo (0 while none ever failed).",
-            [
-                Target(
-                    f"{rate('fleetmq_operator_reconcile_errors_total', OPERATOR, 'step')} or on () vector(0)",
-                    "{{step}}",
-                )
-            ],
+            "Failed steps per second: render, apply, prune, status, nodeinfo.",
+            [Target(rate("fleetmq_operator_reconcile_errors_total", OPERATOR, "step"), "{{step}}")],
             "ops",
         )
     )
@@ -953,14 +1038,8 @@ def operator() -> Dashboard:
             "Server-side applies that changed a child (created, updated, drift corrected) and children "
             "pruned, per second by kind. Steady changes mean something fights the operator.",
             [
-                Target(
-                    f"{rate('fleetmq_operator_child_changes_total', OPERATOR, 'kind')} or on () vector(0)",
-                    "changed {{kind}}",
-                ),
-                Target(
-                    f"{rate('fleetmq_operator_child_deletes_total', OPERATOR, 'kind')} or on () vector(0)",
-                    "deleted {{kind}}",
-                ),
+                Target(rate("fleetmq_operator_child_changes_total", OPERATOR, "kind"), "changed {{kind}}"),
+                Target(rate("fleetmq_operator_child_deletes_total", OPERATOR, "kind"), "deleted {{kind}}"),
             ],
             "ops",
         )
@@ -1070,6 +1149,17 @@ def alert_groups() -> dict[str, Any]:
             "{{ $labels.pod }} ({{ $labels.instance }}) of {{ $labels.namespace }}/{{ $labels.job }} does not "
             "answer /metrics: the fleet is not Ready; its clients reconnect to the other pods and resume their "
             "sessions from Redis.",
+        ),
+        alert(
+            "FleetmqFleetNotReady",
+            # the fleet's namespace as `namespace`, as on the broker alerts (the operator's own is dropped)
+            f'label_replace({fleet_ready()}, "namespace", "$1", "fleet_namespace", "(.*)") == 0',
+            "10m",
+            "warning",
+            "A BrokerFleet is not Ready",
+            "BrokerFleet {{ $labels.fleet }} in {{ $labels.fleet_namespace }} has not been Ready for 10 "
+            "minutes: not all of its pods are ready, or not all run the rendered config. Its Progressing and "
+            "Degraded conditions (kubectl describe brokerfleet) say why.",
         ),
         alert(
             "FleetmqOperatorReconcileErrors",

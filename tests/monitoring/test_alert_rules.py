@@ -22,6 +22,13 @@ def _sel(name: str, **labels: str) -> str:
     return name + "{" + ", ".join(f'{k}="{v}"' for k, v in {**FLEET, **labels}.items()) + "}"
 
 
+def _ready(pod: str, fleet: str) -> str:
+    """fleet_ready as an operator pod in namespace ops exports it for a fleet in namespace mq."""
+    return (
+        f'fleetmq_operator_fleet_ready{{namespace="ops", pod="{pod}", fleet_namespace="mq", fleet="{fleet}"}}'
+    )
+
+
 def test_promtool_accepts_the_chart_rules(promtool: str):
     r = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -113,6 +120,31 @@ CASES = {
         [(_sel("fleetmq_config_reload_errors_total", pod="edge-1"), "0 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1")],
         "2m",
         {"FleetmqConfigReloadFailed": [{"severity": "warning", **FLEET, "pod": "edge-1"}]},
+    ),
+    "a fleet not Ready for 10 minutes fires (with its namespace), a rollout shorter than that does not": (
+        [
+            (_ready(pod="op-0", fleet="edge"), "1x5 0x25"),
+            (_ready(pod="op-0", fleet="core"), "1x20 0x5 1x5"),
+            (_ready(pod="op-0", fleet="calm"), "1x30"),
+        ],
+        "25m",
+        {
+            "FleetmqFleetNotReady": [
+                {"severity": "warning", "namespace": "mq", "fleet_namespace": "mq", "fleet": "edge"}
+            ]
+        },
+    ),
+    "a fleet stays not Ready across an operator handover": (
+        [
+            (_ready(pod="op-0", fleet="edge"), "0x8"),
+            (_ready(pod="op-1", fleet="edge"), "_x8 0x12"),
+        ],
+        "15m",  # not Ready for 15 minutes, though op-1 has said so for 7 only
+        {
+            "FleetmqFleetNotReady": [
+                {"severity": "warning", "namespace": "mq", "fleet_namespace": "mq", "fleet": "edge"}
+            ]
+        },
     ),
     "operator reconcile errors for 15 minutes fire": (
         [('fleetmq_operator_reconciles_total{namespace="ops", pod="op-0", result="error"}', "0+1x40")],

@@ -434,6 +434,25 @@ def test_load_reached_every_series_the_dashboards_explain(scenario: Scenario):
         assert prom.query(f"max_over_time(sum({gauge})[1m:1s]) > 0")["result"], gauge
 
 
+def test_zone_limits_and_utilisation_are_those_of_the_zones(scenario: Scenario):
+    """The limit gauges carry each zone's settings (default: EMQX's), and the never-acking subscriber's
+    full window of 2 shows as utilisation in the slow zone."""
+    prom = scenario.prom
+    for metric, want in (
+        ("fleetmq_zone_max_inflight", {"default": 32, "slow": SLOW["max_inflight"]}),
+        ("fleetmq_zone_max_mqueue_len", {"default": 1000, "slow": SLOW["max_mqueue_len"]}),
+    ):
+        got = {
+            r["metric"]["zone"]: float(r["value"][1])
+            for r in prom.query(f"max by (zone) ({metric})")["result"]
+        }
+        assert want.items() <= got.items(), (metric, got)
+    (panel,) = [e for _, p, e in QUERIES if p == "Inflight Window utilisation"]
+    peak = f"max_over_time(({substitute(panel, ALL)})[1m:1s])"
+    slow = [float(r["value"][1]) for r in prom.query(peak)["result"] if r["metric"]["zone"] == "slow"]
+    assert slow and 0 < max(slow) <= 1, slow
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="broker gap: with the Redis store, QoS 0 for an offline session of a zone with "

@@ -2,7 +2,8 @@
 
 The operator runs as the chart runs it (its CLI with --metrics, as its ServiceAccount, bound by
 operator/rbac.yaml) against the real kube-apiserver of tests/kubeapi.py, reconciling a fleet with one
-accepted and one rejected zone every second (--resync 1). Each panel's PromQL must return numbers.
+accepted and one rejected zone every second (--resync 1). Each panel's PromQL must return numbers, and
+the fleet, whose pods never report their config, is not Ready: FleetmqFleetNotReady's expression names it.
 """
 
 from __future__ import annotations
@@ -127,8 +128,25 @@ def test_every_operator_panel_has_data(
             r["metric"]["state"]: float(r["value"][1]) for r in prom.query("fleetmq_operator_zones")["result"]
         }
         assert zones == {"accepted": 1.0, "rejected": 1.0}
-        rules = [r for g in grafana.alert_groups()["groups"] for r in g["rules"]]
-        (alert,) = [r for r in rules if r["alert"] == "FleetmqOperatorReconcileErrors"]
-        assert prom.query(alert["expr"])["result"] == []  # valid, and quiet: nothing failed
+        # no pod reports to Redis here (at most kwok's fake pods run): the fleet is not Ready
+        fleet_labels = {"fleet_namespace": kube_namespace, "fleet": "edge"}
+        ready = prom.query("fleetmq_operator_fleet_ready")["result"]
+        assert [(r["metric"]["fleet_namespace"], r["metric"]["fleet"], r["value"][1]) for r in ready] == [
+            (kube_namespace, "edge", "0")
+        ]
+        assert k.condition("brokerfleet", "edge", "Ready")["status"] == "False"
+
+        def replicas() -> dict[str, float]:
+            result = prom.query("fleetmq_operator_fleet_replicas")["result"]
+            return {r["metric"]["state"]: float(r["value"][1]) for r in result}
+
+        pods_ready = (k.get("brokerfleet", "edge").get("status") or {}).get("readyReplicas", 0)
+        wait_for(
+            lambda: replicas() == {"desired": 2, "ready": pods_ready}, msg=f"2 desired, {pods_ready} ready"
+        )
+        rules = {r["alert"]: r for g in grafana.alert_groups()["groups"] for r in g["rules"]}
+        assert prom.query(rules["FleetmqOperatorReconcileErrors"]["expr"])["result"] == []  # nothing failed
+        (firing,) = prom.query(rules["FleetmqFleetNotReady"]["expr"])["result"]  # it would after its `for:`
+        assert firing["metric"] == {**fleet_labels, "namespace": kube_namespace}, firing
     finally:
         prom.stop()

@@ -47,6 +47,8 @@ def _broker_metrics() -> Metrics:
         "inflight": {"default": 0},
         "mqueue": {"default": 0},
         "awaiting_rel": {"default": 0},
+        "max_inflight": {"default": 32},
+        "max_mqueue_len": {"default": 1000},
     }
     return m
 
