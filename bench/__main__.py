@@ -207,35 +207,50 @@ def run_fleet_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace
     return rows
 
 
+EVENT_LOG_REPS = 3  # off/on pairs, interleaved: the row reports each side's median run
+
+
 def run_event_log_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace) -> Row:
-    """The same clean-session pt2pt flow on node a (sessions in Redis), its event log off, then on."""
+    """The same clean-session pt2pt flow on node a (sessions in Redis), its event log off, then on, in
+    EVENT_LOG_REPS interleaved pairs: one short run on a shared 2-core machine varies more than the cost
+    measured, so each side keeps its median run."""
     scenario, q = key.rsplit("-q", 1)
     row = Row(scenario, int(q))
     a = fleet.nodes["a"]
-    for name, on in (("event log off", False), ("event log on", True)):
-        if a.event_log != on:
-            a.stop()
-            a.event_log = on
-        err = fleet.ensure(("a",))
-        if err:
-            row.cells[name] = Cell(error=err)
-            continue
-        row.cells[name] = _measured(
-            lambda: driver.run_flow(
-                binary,
-                a.port,
-                "pt2pt",
-                int(q),
-                duration=args.duration,
-                warmup=args.warmup,
-                window=args.window,
-                payload=args.payload,
-            ),
-            fleet.cpu_pids(("a",)),
-            fleet.redis.pid,
-            lambda: fleet.dead(("a",)),
-        )
-        log_flow(key, name, row.cells[name])
+    runs: dict[str, list[Cell]] = {"event log off": [], "event log on": []}
+    for _ in range(EVENT_LOG_REPS):
+        for name, on in (("event log off", False), ("event log on", True)):
+            if a.event_log != on:
+                a.stop()
+                a.event_log = on
+            err = fleet.ensure(("a",))
+            cell = (
+                Cell(error=err)
+                if err
+                else _measured(
+                    lambda: driver.run_flow(
+                        binary,
+                        a.port,
+                        "pt2pt",
+                        int(q),
+                        duration=args.duration,
+                        warmup=args.warmup,
+                        window=args.window,
+                        payload=args.payload,
+                    ),
+                    fleet.cpu_pids(("a",)),
+                    fleet.redis.pid,
+                    lambda: fleet.dead(("a",)),
+                )
+            )
+            runs[name].append(cell)
+            log_flow(key, name, cell)
+    for name, cells in runs.items():
+        failed = [c for c in cells if c.result is None]
+        ok = sorted((c for c in cells if c.result is not None), key=lambda c: c.result["msgs_per_s"])
+        row.cells[name] = ok[len(ok) // 2] if ok else failed[0]
+        if ok:
+            row.cells[name].result["runs_msgs_per_s"] = [c.result["msgs_per_s"] for c in cells if c.result]
     a.stop()
     a.event_log = False
     return row

@@ -91,7 +91,7 @@ class EventLogConfig(_Model):
         "are kept; the same messages on every node, so their events stay together",
     )
     max_rate: float = Field(
-        10_000,
+        2_000,
         ge=0,
         description="Per-message events a second a node logs at most: past it, fewer messages are sampled "
         "(zone_config records carry the rate in force) so the log never slows delivery; 0 = no cap",
