@@ -15,6 +15,26 @@ RUN pip wheel --no-deps --wheel-dir /dist . \
  && python -m venv /opt/fleetmq \
  && /opt/fleetmq/bin/pip install "$(ls /dist/fleetmq-*.whl)[operator]"
 
+# The pipeline image (the chart's CronJob): PySpark in local mode needs a Java runtime.
+#   docker build --target pipeline -t fleetmq/pipeline:0.1.0 .
+FROM build AS build-pipeline
+RUN /opt/fleetmq/bin/pip install "$(ls /dist/fleetmq-*.whl)[pipeline]"
+
+FROM ${PYTHON} AS pipeline
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 10001 fleetmq \
+ && useradd --system --uid 10001 --gid fleetmq --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin fleetmq
+# Spark writes its scratch files under HOME and /tmp: an emptyDir in the CronJob
+ENV PATH=/opt/fleetmq/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
+COPY --from=build-pipeline /opt/fleetmq /opt/fleetmq
+USER 10001:10001
+ENTRYPOINT ["fleetmq-pipeline"]
+
+# The default target, last: the broker and operator image.
 FROM ${PYTHON}
 ENV PATH=/opt/fleetmq/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 RUN groupadd --system --gid 10001 fleetmq \

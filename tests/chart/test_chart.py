@@ -344,3 +344,31 @@ def test_replicas_without_peering_are_refused_with_a_reason(helm):
     )
     assert out.returncode != 0
     assert "operator.replicas > 1 needs operator.peering.name" in out.stderr
+
+
+def test_pipeline_cronjob_runs_export_then_report_on_one_volume(helm):
+    """The CronJob's commands are the real fleetmq-pipeline CLI's (parsed by its own parsers)."""
+    from fleetmq.pipeline import cli, report
+
+    values = {"pipeline": {"enabled": True, "fleet": "edge", "redisPasswordSecretRef": {"name": "redis"}}}
+    manifests = helm.template(values, namespace="mq")
+    cron = find(manifests, "CronJob")
+    pvc = find(manifests, "PersistentVolumeClaim")
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (export,), (rep,) = pod["initContainers"], pod["containers"]
+    assert export["args"][0] == "export" and rep["args"][0] == "report"
+    exp = cli.export_parser().parse_args(export["args"][1:])
+    assert (exp.redis_url, exp.fleet, exp.out, exp.once) == (
+        "redis://:$(REDIS_PASSWORD)@edge-redis.mq.svc:6379/0",
+        "edge",
+        "/data",
+        True,
+    )
+    assert export["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "redis", "key": "password"}
+    r = report.parser().parse_args(rep["args"][1:])
+    assert (r.in_dir, r.out_dir, r.window) == ("/data", "/data/report", "5m")
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    for c in (export, rep):
+        assert c["image"].startswith("fleetmq/pipeline:") and c["securityContext"]["readOnlyRootFilesystem"]
+    assert not [m for m in helm.template(None) if m["kind"] == "CronJob"]  # off by default

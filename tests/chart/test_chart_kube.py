@@ -76,6 +76,7 @@ VALUE_SETS = {
     "examples": (EXAMPLES, ()),
     "monitoring": (None, MONITORING),
     "custom": (CUSTOM, ()),
+    "pipeline": ({"pipeline": {"enabled": True, "redisPasswordSecretRef": {"name": "redis"}}}, ()),
     "standalone-no-dashboards": (
         {"operator": {"peering": {"name": ""}}, "dashboards": {"enabled": False}},
         (),

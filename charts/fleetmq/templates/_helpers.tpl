@@ -67,3 +67,22 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- toJson $found }}
 {{- end }}
+
+{{/* What both pipeline containers share: the password, the volumes, the restricted security context. */}}
+{{- define "fleetmq.pipeline.container" -}}
+{{- with .p.redisPasswordSecretRef.name -}}
+env:
+  - name: REDIS_PASSWORD
+    valueFrom:
+      secretKeyRef:
+        name: {{ . }}
+        key: {{ $.p.redisPasswordSecretRef.key | default "password" }}
+{{ end -}}
+resources:
+  {{- toYaml .p.resources | nindent 2 }}
+securityContext:
+  {{- toYaml .root.Values.operator.securityContext | nindent 2 }}
+volumeMounts:
+  - {name: data, mountPath: /data}
+  - {name: tmp, mountPath: /tmp}
+{{- end }}
