@@ -186,7 +186,7 @@ class _Collector(Collector):
         ka = counter("keepalive_timeouts", "Connections closed for keep-alive timeout.", ["zone"])
         lat = HistogramMetricFamily(
             "fleetmq_delivery_latency_seconds",
-            "Publish to delivery (QoS0) or acknowledgement (QoS1/2).",
+            "Publish to the subscriber's acknowledgement (PUBACK or PUBCOMP) of QoS 1/2 deliveries.",
             labels=["zone"],
         )
         for zone, z in zones:
