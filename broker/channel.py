@@ -51,6 +51,8 @@ from .events import (
     KEEPALIVE_TIMEOUT,
     PUBLISH_IN,
     RETRANSMIT,
+    SAMPLE_MASK,
+    SAMPLE_MIX,
 )
 from .keepalive import KeepAlive, effective_keepalive
 from .limiter import TokenBucket
@@ -575,7 +577,7 @@ class Channel:
             if self._rel_timer is None:
                 self._arm_rel_timer()
         msg = Message.from_publish(topic, p.payload, qos, p.retain, props, self.client_id)
-        if self.ev is not None and self.ev.keeps(msg.msg_id):
+        if self.ev is not None and (msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
             self.ev.emit(
                 PUBLISH_IN,
                 self.zone_name,
@@ -644,7 +646,7 @@ class Channel:
             return  # unknown or duplicate ack: harmless
         self.zm.acked[1] += 1
         self.zm.latency.observe(time.time() - d.msg.ts)
-        if self.ev is not None and self.ev.keeps(d.msg.msg_id):
+        if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
             self._ack_event(d, session)
         if session.mqueue:
             self._send_deliveries(*session.refill(self.io.time()))
@@ -677,7 +679,7 @@ class Channel:
             return
         self.zm.acked[2] += 1
         self.zm.latency.observe(time.time() - d.msg.ts)
-        if self.ev is not None and self.ev.keeps(d.msg.msg_id):
+        if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
             self._ack_event(d, session)
         if session.mqueue:
             self._send_deliveries(*session.refill(self.io.time()))
@@ -746,7 +748,7 @@ class Channel:
             if data is not None:
                 self.io.write(data)
                 self.zm.delivered[0] += 1
-                if ev is not None and ev.keeps(msg.msg_id):
+                if ev is not None and (msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < ev.keep:
                     ev.emit(
                         DELIVER,
                         self.zone_name,
@@ -824,7 +826,7 @@ class Channel:
             session.drop(d.packet_id)
             return False
         self.zm.delivered[d.qos] += 1
-        if self.ev is not None and self.ev.keeps(d.msg.msg_id):
+        if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
             self.ev.emit(
                 RETRANSMIT if dup else DELIVER,
                 self.zone_name,
@@ -859,7 +861,7 @@ class Channel:
                     if data is not None:
                         self.io.write(data)
                         self.zm.delivered[0] += 1
-                        if self.ev is not None and self.ev.keeps(d.msg.msg_id):
+                        if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
                             self.ev.emit(
                                 DELIVER,
                                 self.zone_name,
@@ -888,7 +890,7 @@ class Channel:
             self._send_publish(d, dup=True)  # its event: retransmit
         else:
             self._send_ack(PUBREL, d.packet_id, 0)
-            if self.ev is not None and self.ev.keeps(d.msg.msg_id):
+            if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
                 self.ev.emit(
                     RETRANSMIT,
                     self.zone_name,

@@ -26,7 +26,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import hiredis
@@ -128,8 +128,6 @@ _VALUE_TYPES = (str, int, float)
 
 #: how often the overload cap re-estimates the offered rate (short: a burst is cut within this long)
 ADAPT_INTERVAL = 0.25
-_MASK64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing: consecutive msg ids spread evenly over 64 bits
 _CLIENT_CACHE_MAX = 100_000
 
 
@@ -144,16 +142,25 @@ def client_hash(client_id: str) -> str:
     return hashlib.blake2b(client_id.encode(), digest_size=8).hexdigest()
 
 
+#: A message is kept when ``(msg_id * SAMPLE_MIX) & SAMPLE_MASK`` is below the threshold: a node numbers its
+#: messages in sequence and multiplying by 2^16 / golden ratio spreads any run of ids evenly over the 16 bits
+#: (a Weyl sequence), so every stretch of traffic is sampled at the same rate; a lower threshold keeps a
+#: subset of what a higher one keeps; and the data path's test is a multiply, an AND and a comparison.
+SAMPLE_MIX = 40503
+SAMPLE_MASK = 0xFFFF
+SAMPLE_ALL = SAMPLE_MASK + 1
+
+
 def sample_threshold(sample: float) -> int | None:
-    """The 64-bit bound under which a message's hash is kept; None keeps everything."""
+    """The bound under which a message id's low bits are kept; None keeps everything."""
     if not 0.0 <= sample <= 1.0:
         raise ValueError(f"event log sample must be within 0..1, got {sample!r}")
-    return None if sample >= 1.0 else int(sample * (1 << 64))
+    return None if sample >= 1.0 else int(sample * SAMPLE_ALL)
 
 
 def sampled(msg_id: int, threshold: int | None) -> bool:
     """Whether a message's events are kept: a pure function of msg_id, so every node agrees."""
-    return threshold is None or ((msg_id * _GOLDEN) & _MASK64) < threshold
+    return threshold is None or ((msg_id * SAMPLE_MIX) & SAMPLE_MASK) < threshold
 
 
 class EventLog:
@@ -174,6 +181,7 @@ class EventLog:
         timeout: float = 2.0,
         config_interval: float = 300.0,
         max_rate: float = 0.0,
+        offered: Callable[[], int] | None = None,
     ) -> None:
         if not node:
             raise ValueError("the event log needs a node name")
@@ -195,7 +203,11 @@ class EventLog:
         # Overload: past max_rate per-message events a second, fewer messages are sampled (see keeps()).
         self.max_rate = max_rate
         self.effective_sample = sample
-        self._offered = 0  # keeps() calls since the last adjustment
+        # the node's count of per-message events so far (its delivery counters): the load offered to the cap
+        self._offered = offered or (lambda: 0)
+        self._offered_last = 0
+        #: the data path's test: log a message's events when ``(msg_id * SAMPLE_MIX) & SAMPLE_MASK < keep``
+        self.keep = SAMPLE_ALL if self._threshold is None else self._threshold
         self._adjusted = time.monotonic()
         self.interval = interval
         self.batch = batch
@@ -246,18 +258,16 @@ class EventLog:
 
     # -- the data path ---------------------------------------------------------------------------------
     def keeps(self, msg_id: int) -> bool:
-        """Whether a message's events are logged: asked before building a per-message event, so that a
-        message sampled out costs the data path one call. Counts the offered load for the overload cap."""
-        self._offered += 1
-        t = self._threshold
-        return t is None or ((msg_id * _GOLDEN) & _MASK64) < t
+        """Whether a message's events are logged (the data path inlines this test)."""
+        return ((msg_id * SAMPLE_MIX) & SAMPLE_MASK) < self.keep
 
     def _adapt(self, now: float) -> None:
         """Every ADAPT_INTERVAL: past max_rate, sample fewer messages (at once); below it, more (doubling)."""
         elapsed = now - self._adjusted
         if elapsed < ADAPT_INTERVAL:
             return
-        offered, self._offered, self._adjusted = self._offered / elapsed, 0, now
+        total = self._offered()
+        offered, self._offered_last, self._adjusted = (total - self._offered_last) / elapsed, total, now
         target = self.sample
         if self.max_rate and offered * target > self.max_rate:
             target = self.max_rate / offered
@@ -266,6 +276,7 @@ class EventLog:
         if abs(new - current) > 0.1 * current or (new == self.sample and current != new):
             self.effective_sample = new
             self._threshold = sample_threshold(new)
+            self.keep = SAMPLE_ALL if self._threshold is None else self._threshold
             self._config_due = 0.0  # the stream learns the new rate (zone_config records carry it)
 
     def emit(

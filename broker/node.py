@@ -80,11 +80,20 @@ class Node:
         self.events: EventLog | None = None
         if (url := config.event_log_url()) is not None:
             log_cfg = config.event_log
-            self.events = EventLog.from_config(log_cfg, redis_url=url, fleet=log_cfg.fleet, node=self.node_id)
+            self.events = EventLog.from_config(
+                log_cfg, redis_url=url, fleet=log_cfg.fleet, node=self.node_id, offered=self._message_events
+            )
             assert self.events is not None
             self.events.set_zones(self.zones)
             events = self.events
             self.metrics.event_log = lambda: (events.written, events.dropped, events.errors)
+
+    def _message_events(self) -> int:
+        """Per-message events so far (publishes in, deliveries, acks, resends): the event log's offered load."""
+        return sum(
+            sum(z.received) + sum(z.delivered) + sum(z.acked) + z.retransmitted
+            for z in self.metrics.zones.values()
+        )
 
     @staticmethod
     def _access(
