@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.operator.conftest import wait_for
+
 from .conftest import CHART, find
 from .test_chart import CUSTOM, EXAMPLES, MONITORING
 
@@ -33,18 +35,6 @@ RESTRICTED = {
     "pod-security.kubernetes.io/warn": "restricted",
 }
 MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}  # no Prometheus Operator CRDs here
-
-
-def wait_for(pred, timeout: float = 60.0, interval: float = 0.3, msg: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            last = pred()
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {msg} (last: {last!r})")
 
 
 def free_port() -> int:

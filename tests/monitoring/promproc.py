@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.integration.harness import free_port
 
 HOST = "127.0.0.1"
 PROMETHEUS_BIN = os.environ.get("PROMETHEUS_BIN") or shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -41,12 +42,6 @@ Target = tuple[str, dict[str, str]]  # "host:port", extra target labels
 
 def available(binary: str) -> bool:
     return os.path.isfile(binary) and os.access(binary, os.X_OK)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 class PrometheusError(Exception):
@@ -63,7 +58,7 @@ class PrometheusServer:
     ) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
+        self.port = free_port()
         self.config_path = self.data_dir / "prometheus.yml"
         self.log_path = self.data_dir / "prometheus.log"
         config = {
