@@ -260,9 +260,15 @@ def test_helm_install_operator_as_chart_serviceaccount_reconciles_example_then_u
         # kopf peering through the chart's KopfPeering: both replicas announce themselves, one stands by
         wait_for(lambda: len((get(cp, "kopfpeering", "fleetmq", ns) or {}).get("status") or {}) == 2,
                  msg="both replicas in the peering")  # fmt: skip
-        paused = wait_for(lambda: [i for i, log in enumerate(logs) if "Pausing operations in favour of"
-                                   in log.read_text()], msg="one replica standing by")  # fmt: skip
-        assert len(paused) == 1, [log.read_text()[-3000:] for log in logs]
+
+        # exactly one replica is active: kopf starts paused, logs "Resuming ..." when it takes the lead and
+        # "Pausing ..." when it gives way (only if it had resumed), so a replica's last such line tells
+        def active(text: str) -> bool:
+            return text.rfind("Resuming operations") > text.rfind("Pausing operations")
+
+        wait_for(lambda: sum(active(log.read_text()) for log in logs) == 1, msg="one active replica")
+        time.sleep(2)  # and it stays so
+        assert sum(active(log.read_text()) for log in logs) == 1, [log.read_text()[-3000:] for log in logs]
         for proc, log in zip(procs, logs, strict=True):
             text = log.read_text()
             assert proc.poll() is None, text[-4000:]
