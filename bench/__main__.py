@@ -207,13 +207,13 @@ def run_fleet_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace
     return rows
 
 
-EVENT_LOG_REPS = 3  # off/on pairs, interleaved: the row reports each side's median run
+EVENT_LOG_REPS = 5  # off/on pairs, interleaved: the row reports the median of the pairs' on/off ratios
 
 
 def run_event_log_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace) -> Row:
     """The same clean-session pt2pt flow on node a (sessions in Redis), its event log off, then on, in
     EVENT_LOG_REPS interleaved pairs: one short run on a shared 2-core machine varies more than the cost
-    measured, so each side keeps its median run."""
+    measured, so the row keeps each side's median run and the median of the pairs' ratios."""
     scenario, q = key.rsplit("-q", 1)
     row = Row(scenario, int(q))
     a = fleet.nodes["a"]
@@ -245,12 +245,18 @@ def run_event_log_row(key: str, fleet: Fleet, binary: Path, args: argparse.Names
             )
             runs[name].append(cell)
             log_flow(key, name, cell)
+    pairs = [
+        on.result["msgs_per_s"] / off.result["msgs_per_s"]
+        for off, on in zip(runs["event log off"], runs["event log on"], strict=True)
+        if off.result and on.result and off.result["msgs_per_s"] > 0
+    ]
     for name, cells in runs.items():
         failed = [c for c in cells if c.result is None]
         ok = sorted((c for c in cells if c.result is not None), key=lambda c: c.result["msgs_per_s"])
         row.cells[name] = ok[len(ok) // 2] if ok else failed[0]
         if ok:
             row.cells[name].result["runs_msgs_per_s"] = [c.result["msgs_per_s"] for c in cells if c.result]
+            row.cells[name].result["pair_ratios"] = pairs
     a.stop()
     a.event_log = False
     return row
