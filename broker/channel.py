@@ -578,16 +578,7 @@ class Channel:
                 self._arm_rel_timer()
         msg = Message.from_publish(topic, p.payload, qos, p.retain, props, self.client_id)
         if self.ev is not None and (msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-            self.ev.emit(
-                PUBLISH_IN,
-                self.zone_name,
-                self.client_id,
-                msg.msg_id,
-                topic,
-                qos,
-                p.packet_id or -1,
-                len(p.payload),
-            )
+            self._event(PUBLISH_IN, msg, qos, p.packet_id or -1)
         matched, needs_commit = self.node.publish(msg, self.zone_name)
         if qos:
             rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
@@ -647,7 +638,7 @@ class Channel:
         self.zm.acked[1] += 1
         self.zm.latency.observe(time.time() - d.msg.ts)
         if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-            self._ack_event(d, session)
+            self._event(ACK, d.msg, d.qos, d.packet_id)
         if session.mqueue:
             self._send_deliveries(*session.refill(self.io.time()))
 
@@ -680,42 +671,33 @@ class Channel:
         self.zm.acked[2] += 1
         self.zm.latency.observe(time.time() - d.msg.ts)
         if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-            self._ack_event(d, session)
+            self._event(ACK, d.msg, d.qos, d.packet_id)
         if session.mqueue:
             self._send_deliveries(*session.refill(self.io.time()))
 
-    def _ack_event(self, d: Delivery, session: Session) -> None:
-        assert self.ev is not None
-        self.ev.emit(
-            ACK,
+    def _event(self, kind: str, msg: Message, qos: int, packet_id: int = -1, reason: str = "") -> None:
+        """An event about one message of this client's, with its window and queue at that moment (the
+        caller checked that the log is on and, for the per-message kinds, that it keeps this message)."""
+        ev, s = self.ev, self.session
+        assert ev is not None
+        ev.emit(
+            kind,
             self.zone_name,
             self.client_id,
-            d.msg.msg_id,
-            d.msg.topic,
-            d.qos,
-            d.packet_id,
-            -1,
-            "",
-            len(session.inflight),
-            len(session.mqueue),
+            msg.msg_id,
+            msg.topic,
+            qos,
+            packet_id,
+            len(msg.payload),
+            reason,
+            len(s.inflight) if s is not None else -1,
+            len(s.mqueue) if s is not None else -1,
         )
 
     def _drop_events(self, dropped: list[Delivery], reason: str) -> None:
         """One drop event per message, with the queue's length then (the backlog the pipeline sizes for)."""
-        assert self.ev is not None
-        session = self.session
-        depth = len(session.mqueue) if session is not None else -1
         for d in dropped:
-            self.ev.emit(
-                DROP,
-                self.zone_name,
-                self.client_id,
-                d.msg.msg_id,
-                d.msg.topic,
-                d.qos,
-                reason=reason,
-                mqueue_len=depth,
-            )
+            self._event(DROP, d.msg, d.qos, reason=reason)
 
     # ---------------------------------------------------------------------------------------------
     # deliveries to the client
@@ -740,25 +722,14 @@ class Channel:
             if self.congested:
                 self.zm.dropped["queue_full"] += 1
                 if ev is not None:
-                    ev.emit(
-                        DROP, self.zone_name, self.client_id, msg.msg_id, msg.topic, 0, reason="queue_full"
-                    )
+                    self._event(DROP, msg, 0, reason="queue_full")
                 return
             data = self._encode(msg, 0, retain, 0, False, sub_ids)
             if data is not None:
                 self.io.write(data)
                 self.zm.delivered[0] += 1
                 if ev is not None and (msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < ev.keep:
-                    ev.emit(
-                        DELIVER,
-                        self.zone_name,
-                        self.client_id,
-                        msg.msg_id,
-                        msg.topic,
-                        0,
-                        -1,
-                        len(msg.payload),
-                    )
+                    self._event(DELIVER, msg, 0)
             return
         self._deliver(Delivery(msg, qos, retain, sub_ids))
 
@@ -776,16 +747,7 @@ class Channel:
             if dropped:
                 self.zm.dropped["queue_full"] += len(dropped)
             if self.ev is not None:
-                self.ev.emit(
-                    INFLIGHT_FULL,
-                    self.zone_name,
-                    self.client_id,
-                    d.msg.msg_id,
-                    d.msg.topic,
-                    d.qos,
-                    inflight_len=len(session.inflight),
-                    mqueue_len=len(session.mqueue),
-                )
+                self._event(INFLIGHT_FULL, d.msg, d.qos)
                 if dropped:
                     self._drop_events(dropped, "queue_full")
 
@@ -811,9 +773,7 @@ class Channel:
             # [MQTT-3.1.2-25]: never send a client a packet bigger than it accepts; drop it instead.
             self.zm.dropped["too_large"] += 1
             if self.ev is not None:
-                self.ev.emit(
-                    DROP, self.zone_name, self.client_id, msg.msg_id, msg.topic, qos, reason="too_large"
-                )
+                self._event(DROP, msg, qos, reason="too_large")
             return None
         return data
 
@@ -827,19 +787,7 @@ class Channel:
             return False
         self.zm.delivered[d.qos] += 1
         if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-            self.ev.emit(
-                RETRANSMIT if dup else DELIVER,
-                self.zone_name,
-                self.client_id,
-                d.msg.msg_id,
-                d.msg.topic,
-                d.qos,
-                d.packet_id,
-                len(d.msg.payload),
-                "",
-                len(session.inflight),
-                len(session.mqueue),
-            )
+            self._event(RETRANSMIT if dup else DELIVER, d.msg, d.qos, d.packet_id)
         if d.qos == 2 and not dup and session.dirty is not None:
             # Exactly once across a crash: the packet id must be stored before the client sees it, or a
             # node taking over could give that id to another message, which the client would take for a
@@ -862,16 +810,7 @@ class Channel:
                         self.io.write(data)
                         self.zm.delivered[0] += 1
                         if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-                            self.ev.emit(
-                                DELIVER,
-                                self.zone_name,
-                                self.client_id,
-                                d.msg.msg_id,
-                                d.msg.topic,
-                                0,
-                                -1,
-                                len(d.msg.payload),
-                            )
+                            self._event(DELIVER, d.msg, 0)
                 elif not self._send_publish(d):
                     freed = True
             if expired:
@@ -891,16 +830,7 @@ class Channel:
         else:
             self._send_ack(PUBREL, d.packet_id, 0)
             if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-                self.ev.emit(
-                    RETRANSMIT,
-                    self.zone_name,
-                    self.client_id,
-                    d.msg.msg_id,
-                    d.msg.topic,
-                    d.qos,
-                    d.packet_id,
-                    reason="pubrel",
-                )
+                self._event(RETRANSMIT, d.msg, d.qos, d.packet_id, reason="pubrel")
 
     # ---------------------------------------------------------------------------------------------
     # SUBSCRIBE / UNSUBSCRIBE / PING / DISCONNECT
