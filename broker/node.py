@@ -248,6 +248,11 @@ class Node:
                 depth = z.max_mqueue_len if z is not None else -1  # the queue was trimmed back to its limit
                 for _ in range(n):
                     self.events.emit(DROP, zone, cid, reason="queue_full", mqueue_len=depth)
+        for zone, cid, n in result.skipped_qos0:
+            self.metrics.drop(zone, "qos0_offline", n)
+            if self.events is not None:
+                for _ in range(n):
+                    self.events.emit(DROP, zone, cid, reason="qos0_offline")
         for op in result.missing:  # the session ended (expired) somewhere: its routes go too
             if op.client_id not in self.cm.channels:
                 self.router.remove_client(op.client_id)

@@ -241,8 +241,8 @@ return 1
 """
 
 # KEYS: m q. ARGV: client id, then (delivery, qos) pairs: every delivery of one batch for one session.
-# Returns {dropped, zone} or -1 (no such session). QoS0 is skipped for an offline session that does not
-# keep it. A session connected somewhere is woken there by the same script: no stale owner cache.
+# Returns {dropped, zone, skipped} or -1 (no such session): dropped from the full queue, and QoS0 skipped
+# for an offline session that does not keep it. A session connected somewhere is woken there by the same script: no stale owner cache.
 ENQUEUE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local meta = redis.call('HMGET', KEYS[1], 'qos0', 'maxq', 'zone', 'online', 'node')
@@ -250,8 +250,11 @@ local online = meta[4] == '1'
 local skip_qos0 = meta[1] == '0' and not online
 local before = redis.call('LLEN', KEYS[2])
 local t = {}
+local skipped = 0
 for j = 2, #ARGV, 2 do
-  if not (skip_qos0 and ARGV[j + 1] == '0') then
+  if skip_qos0 and ARGV[j + 1] == '0' then
+    skipped = skipped + 1
+  else
     t[#t + 1] = ARGV[j]
     if #t >= CHUNK_N then redis.call('RPUSH', KEYS[2], unpack(t)); t = {} end
   end
@@ -270,7 +273,7 @@ local max = tonumber(meta[2] or '0')
 if max > 0 and not online then
   if len > max then dropped = len - max; redis.call('LTRIM', KEYS[2], dropped, -1) end
 end
-return {dropped, meta[3] or 'default'}
+return {dropped, meta[3] or 'default', skipped}
 """
 
 # ARGV: epoch ('' = unfenced), node, client id
@@ -554,8 +557,12 @@ class RedisStore(SessionStore):
             if isinstance(op, list):
                 if reply == -1:
                     result.missing.extend(op)
-                elif isinstance(reply, list) and int(reply[0]):
-                    result.dropped.append((reply[1].decode(), op[0].client_id, int(reply[0])))
+                elif isinstance(reply, list):
+                    zone, cid = reply[1].decode(), op[0].client_id
+                    if int(reply[0]):
+                        result.dropped.append((zone, cid, int(reply[0])))
+                    if int(reply[2]):
+                        result.skipped_qos0.append((zone, cid, int(reply[2])))
             elif isinstance(op, Journal | Route) and reply == -1:
                 result.fenced.append(op.client_id)
         if self.wait_replicas:

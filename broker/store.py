@@ -89,6 +89,8 @@ class CommitResult:
     """What a commit did that the broker must account for (metrics, events)."""
 
     dropped: list[tuple[str, str, int]] = field(default_factory=list)  # (zone, client, n) from full queues
+    # (zone, client, n) QoS0 messages not queued for an offline session (mqueue_store_qos0: false)
+    skipped_qos0: list[tuple[str, str, int]] = field(default_factory=list)
     missing: list[Enqueue] = field(default_factory=list)  # enqueues for sessions that no longer exist
     fenced: list[str] = field(default_factory=list)  # sessions another node owns now (stale epoch)
     duration: float = 0.0

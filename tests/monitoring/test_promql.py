@@ -453,12 +453,6 @@ def test_zone_limits_and_utilisation_are_those_of_the_zones(scenario: Scenario):
     assert slow and 0 < max(slow) <= 1, slow
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="broker gap: with the Redis store, QoS 0 for an offline session of a zone with "
-    "mqueue_store_qos0: false is skipped inside the ENQUEUE script (broker/redisstore.py) without "
-    "counting fleetmq_messages_dropped_total{reason=qos0_offline}; only the memory store counts it",
-)
 def test_qos0_for_offline_sessions_is_counted_as_dropped(scenario: Scenario):
     """The scenario sends QoS 0 to an offline session of the slow zone (mqueue_store_qos0: false)."""
     expr = 'sum(increase(fleetmq_messages_dropped_total{reason="qos0_offline"}[5m])) > 0'
