@@ -12,9 +12,10 @@ import hashlib
 import hmac
 import os
 from collections.abc import Iterable
+from enum import IntEnum
 from pathlib import Path
 
-from .router import topic_matches
+from .topic import covers, overlaps, topic_matches
 from .zones import AclRule
 
 SCHEME = "pbkdf2_sha256"
@@ -96,42 +97,122 @@ class Authenticator:
         return verify_password(password, encoded)
 
 
+class Access(IntEnum):
+    """A zone's decision on a SUBSCRIBE filter."""
+
+    ALLOWED = 0  # granted, and every topic it can match may be read: its deliveries need no check
+    FILTERED = 1  # granted, but a deny rule reaches some of its topics: each delivery is checked
+    DENIED = 2  # refused
+
+
+#: cached decisions per client and action; a client cycling through more topics than this starts over
+CACHE_LIMIT = 4096
+
+Rules = tuple[tuple[bool, str], ...]  # (allow, filter) in order, first match wins
+
+
 class Acl:
-    """Ordered allow/deny rules for publish and subscribe; the first match wins."""
+    """A zone's ordered allow/deny rules (first match wins); `bind` gives one client's view of them."""
 
     def __init__(self, rules: Iterable[AclRule], default: str = "allow") -> None:
         self.rules = list(rules)
         self.default_allow = default == "allow"
 
-    def allowed(self, action: str, topic: str, username: str | None, client_id: str) -> bool:
-        """`topic` is the topic name of a PUBLISH or the filter of a SUBSCRIBE."""
+    def bind(self, username: str | None, client_id: str) -> ClientAcl:
+        """The rules as they apply to one client: %u and %c substituted once.
+
+        A rule about the user does not apply to anonymous clients. A name holding '/', '+' or '#' would
+        turn into other levels or wildcards, so an allow rule it would widen is left out (the client gets
+        nothing from it), while a deny rule is kept as substituted (it can only deny more).
+        """
+        publish: list[tuple[bool, str]] = []
+        read: list[tuple[bool, str]] = []
         for rule in self.rules:
-            if rule.action != "all" and rule.action != action:
-                continue
-            pattern = rule.filter.replace("%c", client_id)
+            allow = rule.permission == "allow"
+            pattern = rule.filter
             if "%u" in pattern:
-                if username is None:
-                    continue  # a rule about the user does not apply to anonymous clients
+                if username is None or (allow and _UNSAFE.intersection(username)):
+                    continue
                 pattern = pattern.replace("%u", username)
-            hit = topic_matches(pattern, topic) if action == "publish" else covers(pattern, topic)
-            if hit:
-                return rule.permission == "allow"
-        return self.default_allow
+            if "%c" in pattern:
+                if allow and _UNSAFE.intersection(client_id):
+                    continue
+                pattern = pattern.replace("%c", client_id)
+            if rule.action != "subscribe":
+                publish.append((allow, pattern))
+            if rule.action != "publish":
+                read.append((allow, pattern))
+        return ClientAcl(tuple(publish), tuple(read), self.default_allow)
+
+    def allowed(self, action: str, topic: str, username: str | None, client_id: str) -> bool:
+        """One decision without a bound view: `topic` is a PUBLISH topic or a SUBSCRIBE filter."""
+        acl = self.bind(username, client_id)
+        if action == "publish":
+            return acl.can_publish(topic)
+        return acl.subscribe_access(topic) is not Access.DENIED
 
 
-def covers(pattern: str, topic_filter: str) -> bool:
-    """Whether every topic `topic_filter` can match is matched by `pattern` (for SUBSCRIBE rules):
-    a '#' in the filter needs a '#' in the pattern, a '+' needs '+' or '#'."""
-    p, f = pattern.split("/"), topic_filter.split("/")
-    for i, level in enumerate(p):
-        if level == "#":
-            return not (i == 0 and topic_filter.startswith("$"))
-        if i >= len(f) or f[i] == "#":
-            return False
-        if level == "+":
-            if i == 0 and topic_filter.startswith("$"):
-                return False
-            continue
-        if level != f[i]:
-            return False
-    return len(p) == len(f)
+_UNSAFE = frozenset("/+#")
+
+
+class ClientAcl:
+    """One client's rules, with its per-topic decisions cached (a live ACL change binds a new one)."""
+
+    __slots__ = ("_pub_cache", "_publish", "_read", "_read_cache", "default_allow", "guards_read")
+
+    def __init__(self, publish: Rules, read: Rules, default_allow: bool) -> None:
+        self._publish = publish
+        self._read = read
+        self.default_allow = default_allow
+        #: whether any topic can be denied to this client's reading; if not, nothing is ever checked
+        self.guards_read = not default_allow or any(not allow for allow, _ in read)
+        self._pub_cache: dict[str, bool] = {}
+        self._read_cache: dict[str, bool] = {}
+
+    def can_publish(self, topic: str) -> bool:
+        ok = self._pub_cache.get(topic)
+        if ok is None:
+            ok = self._decide(self._publish, topic, self._pub_cache)
+        return ok
+
+    def can_read(self, topic: str) -> bool:
+        """Whether a message on `topic` may be delivered to this client (mosquitto's read access)."""
+        ok = self._read_cache.get(topic)
+        if ok is None:
+            ok = self._decide(self._read, topic, self._read_cache)
+        return ok
+
+    def _decide(self, rules: Rules, topic: str, cache: dict[str, bool]) -> bool:
+        ok = self.default_allow
+        for allow, pattern in rules:
+            if topic_matches(pattern, topic):
+                ok = allow
+                break
+        if len(cache) >= CACHE_LIMIT:
+            cache.clear()
+        cache[topic] = ok
+        return ok
+
+    def subscribe_access(self, topic_filter: str) -> Access:
+        """The decision on a filter (without its $share/group/ prefix).
+
+        As in EMQX and mosquitto, the first rule that covers the whole filter decides whether it is
+        granted (the default when none does), so a filter is refused when that rule denies it, even if
+        an earlier allow rule reaches part of it. A granted filter that an earlier deny rule (or, under
+        the default, any deny rule) reaches in part is FILTERED: those topics are denied per delivery.
+        """
+        if not self.guards_read:
+            return Access.ALLOWED
+        partial_deny = False
+        granted = self.default_allow
+        for allow, pattern in self._read:
+            if not overlaps(pattern, topic_filter):
+                continue
+            if covers(pattern, topic_filter):
+                granted = allow
+                break
+            if not allow:
+                partial_deny = True
+        if not granted:
+            return Access.DENIED
+        return Access.FILTERED if partial_deny else Access.ALLOWED

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .auth import Access, ClientAcl
 from .codec import (
     MQTT5,
     MQTT31,
@@ -57,9 +58,10 @@ from .events import (
 from .keepalive import KeepAlive, effective_keepalive
 from .limiter import TokenBucket
 from .message import Delivery, Message
-from .router import Subscription, parse_share, valid_filter, valid_topic
+from .router import Subscription
 from .session import AwaitingRelFull, Session
 from .store import Route
+from .topic import parse_share, valid_filter, valid_topic
 
 if TYPE_CHECKING:
     from .node import Node
@@ -136,6 +138,7 @@ class Channel:
         "parser",
         "peer",
         "publish_rate",
+        "read_guard",
         "retry",
         "session",
         "state",
@@ -154,7 +157,11 @@ class Channel:
         self.zone = node.zones[zone_name]
         self.zm = node.metrics.zone(zone_name)
         self.ev = node.events  # the event log, or None (events are off)
-        self.acl = node.acl.get(zone_name)
+        self.acl: ClientAcl | None = None  # the zone's rules bound to this client at CONNECT
+        # Whether deliveries on the local path are checked for read access: set once a subscription
+        # whose filter can reach a denied topic is made, and kept until the rules are bound again (so
+        # messages already on their way through such a filter are still checked after an UNSUBSCRIBE).
+        self.read_guard = False
         self.counted = False  # in its zone's connection count
         self._backlog: list[Any] | None = None  # packets held back by the publish rate
         self.publish_rate: TokenBucket | None = None
@@ -310,9 +317,10 @@ class Channel:
     # ---------------------------------------------------------------------------------------------
     # CONNECT
     # ---------------------------------------------------------------------------------------------
-    def _refuse(self, reason: int, why: str) -> None:
+    def _refuse(self, reason: int, why: str, reason_string: str | None = None) -> None:
         if self.version >= MQTT5:
-            self.io.write(encode(Connack(reason_code=reason), MQTT5))
+            props = {Prop.REASON_STRING: reason_string} if reason_string else {}
+            self.io.write(encode(Connack(reason_code=reason, properties=props), MQTT5))
         else:
             self.io.write(encode(Connack(reason_code=V3_CONNACK.get(reason, 3)), self.version))
         self._close(why)
@@ -358,6 +366,8 @@ class Channel:
             self.will_delay = float(will.properties.get(Prop.WILL_DELAY_INTERVAL, 0))
         self.client_id = client_id
         self.username = p.username
+        zone_acl = self.node.acl.get(self.zone_name)
+        self.acl = zone_acl.bind(p.username, client_id) if zone_acl is not None else None
         if self.version >= MQTT5:
             requested = props.get(Prop.SESSION_EXPIRY_INTERVAL, 0)
             self.client_max_packet = props.get(Prop.MAXIMUM_PACKET_SIZE, 0)
@@ -405,6 +415,15 @@ class Channel:
                 log.info("bad credentials from %s", self.peer)
                 self._refuse(RC.BAD_USER_NAME_OR_PASSWORD, "bad_username_or_password")
                 return
+        will, acl = self.will, self.acl
+        if will is not None and acl is not None and self.version >= MQTT5 and not acl.can_publish(will.topic):
+            # Told now, with the reason, rather than finding out when the will was due that it never went
+            # out. A v3 refusal (code 5) would read as bad credentials, so v3 clients are accepted and
+            # their will is dropped (counted, logged) when it would be published; so is a v5 client's if
+            # the rules change while it is connected.
+            log.info("refusing %r: not authorized to publish its will on %r", self.client_id, will.topic)
+            self._refuse(RC.NOT_AUTHORIZED, "will_not_authorized", "will topic not authorized")
+            return
         try:
             session, present = await self.node.cm.open_session(self, expiry, receive_max)
         except Exception as e:
@@ -419,6 +438,7 @@ class Channel:
         self.session = session
         self.state = State.CONNECTED
         self.connected_at = self.io.time()
+        unreadable = self._guard_session()
         self.io.write(encode(Connack(present, 0, connack_props), self.version))
         self._arm_keepalive()
         if self.ev is not None:  # the backlog a resumed session brings: what queued while it was away
@@ -435,6 +455,8 @@ class Channel:
             self.node.metrics.takeover.observe(time.perf_counter() - t0)
             for d in session.pending_resend(now):
                 self._resend(d)
+        if unreadable:
+            self._unauthorized(unreadable)
         self._send_deliveries(*session.refill(now))
         self._arm_retry()
         if session.awaiting_rel:
@@ -547,7 +569,7 @@ class Channel:
             self.zm.dropped["rate_limited"] += 1
             return self._publish_refused(p, RC.QUOTA_EXCEEDED, "publish rate exceeded")
         acl = self.acl
-        if acl is not None and not acl.allowed("publish", topic, self.username, self.client_id):
+        if acl is not None and not acl.can_publish(topic):
             self.zm.dropped["not_authorized"] += 1
             return self._publish_refused(p, RC.NOT_AUTHORIZED, "not authorized")
         session = self.session
@@ -700,14 +722,54 @@ class Channel:
             self._event(DROP, d.msg, d.qos, reason=reason)
 
     # ---------------------------------------------------------------------------------------------
+    # read access (the subscriber's zone rules decide, whatever filter matched and wherever it came from)
+    # ---------------------------------------------------------------------------------------------
+    def _may_read(self, msg: Message, qos: int) -> bool:
+        acl = self.acl
+        if acl is None or acl.can_read(msg.topic):
+            return True
+        self.zm.dropped["not_authorized"] += 1
+        if self.ev is not None:
+            self._event(DROP, msg, qos, reason="not_authorized")
+        return False
+
+    def _unauthorized(self, dropped: list[Delivery]) -> None:
+        self.zm.dropped["not_authorized"] += len(dropped)
+        if self.ev is not None:
+            self._drop_events(dropped, "not_authorized")
+
+    def _guard_session(self) -> list[Delivery]:
+        """Apply this client's rules to its session: which subscriptions need deliveries checked, and
+        out of the queue what it may no longer read (returned, taken out; queued while it was away or
+        before the rules changed)."""
+        session, acl = self.session, self.acl
+        self.read_guard = False
+        if session is None or acl is None or not acl.guards_read:
+            return []
+        for topic_filter in session.subscriptions:
+            if acl.subscribe_access(parse_share(topic_filter)[1]) is not Access.ALLOWED:
+                self.read_guard = True
+                break
+        return session.take_queued(lambda d: not acl.can_read(d.msg.topic))
+
+    # ---------------------------------------------------------------------------------------------
     # deliveries to the client
     # ---------------------------------------------------------------------------------------------
     def deliver_delivery(self, d: Delivery) -> None:
-        """A delivery pulled from the store (already counted in the session's order if journaled)."""
+        """A delivery pulled from the store (already counted in the session's order if journaled).
+
+        Another node queued it without knowing this client's rules: read access is checked here.
+        """
+        acl = self.acl
+        if acl is not None and acl.guards_read and not acl.can_read(d.msg.topic):
+            if self.session is not None and d.order >= 0:
+                self.session.forget(d)  # the pull journaled it
+            self._unauthorized([d])
+            return
         if d.qos == 0:
             self.deliver(d.msg, 0, d.retain, d.sub_ids)
-            if self.session is not None and self.session.dirty is not None and d.order >= 0:
-                self.session._mark(d.msg.msg_id, None)  # it was journaled by the pull; now it is sent
+            if self.session is not None and d.order >= 0:
+                self.session.forget(d)  # it was journaled by the pull; now it is sent
             return
         self._deliver(d)
 
@@ -717,6 +779,8 @@ class Channel:
         While the socket cannot keep up (`congested`), QoS1/2 wait in the Message Queue, bounded by
         max_mqueue_len, and QoS0 is dropped: a slow subscriber never grows the node's memory unbounded.
         """
+        if self.read_guard and not self._may_read(msg, qos):
+            return
         if qos == 0:
             ev = self.ev
             if self.congested:
@@ -840,16 +904,19 @@ class Channel:
         assert session is not None
         sub_id = p.properties.get(Prop.SUBSCRIPTION_IDENTIFIER) if p.properties else None
         codes: list[int] = []
-        retained: list[tuple[str, Subscription, bool]] = []
+        retained: list[tuple[str, Subscription, bool]] = []  # filter, options, read-checked
         for topic_filter, opts in p.subscriptions:
             if not valid_filter(topic_filter):
                 codes.append(RC.TOPIC_FILTER_INVALID if self.version >= MQTT5 else 0x80)
                 continue
-            acl = self.acl
-            if acl is not None and not acl.allowed("subscribe", topic_filter, self.username, self.client_id):
+            group, real = parse_share(topic_filter)
+            access = self.acl.subscribe_access(real) if self.acl is not None else Access.ALLOWED
+            if access is Access.DENIED:
                 codes.append(RC.NOT_AUTHORIZED if self.version >= MQTT5 else 0x80)
                 continue
-            group, _real = parse_share(topic_filter)
+            guarded = access is Access.FILTERED
+            if guarded:
+                self.read_guard = True
             if group is not None and opts.no_local and self.version >= MQTT5:
                 return self.protocol_error(RC.PROTOCOL_ERROR, "no local on a shared subscription")
             sub = Subscription(
@@ -861,15 +928,18 @@ class Channel:
             self._store_route(topic_filter, sub)
             codes.append(opts.qos)
             if group is None and (opts.retain_handling == 0 or (opts.retain_handling == 1 and not existed)):
-                retained.append((topic_filter, sub))
+                retained.append((topic_filter, sub, guarded))
         suback = encode(Suback(p.packet_id, codes), self.version)
 
         def finish() -> None:
             self.io.write(suback)
             now = time.time()
-            for topic_filter, sub in retained:
+            acl = self.acl
+            for topic_filter, sub, guarded in retained:
                 sub_ids = (sub.sub_id,) if sub.sub_id else None
                 for msg in self.node.retained.match(topic_filter, now):
+                    if guarded and acl is not None and not acl.can_read(msg.topic):
+                        continue  # never sent, so not a drop: the retained message stays for others
                     # [MQTT-3.3.1-9]: a retained message sent for a new subscription has RETAIN=1.
                     self.deliver(msg, min(msg.qos, sub.qos), True, sub_ids)
 
@@ -958,7 +1028,9 @@ class Channel:
         if zone is None:
             return  # its zone left the config (with its listener, which closes this connection)
         self.zone = zone
-        self.acl = self.node.acl.get(self.zone_name)
+        if self.state in (State.CONNECTING, State.CONNECTED):
+            zone_acl = self.node.acl.get(self.zone_name)
+            self.acl = zone_acl.bind(self.username, self.client_id) if zone_acl is not None else None
         self.parser.max_packet_size = zone.max_packet_size
         if not zone.max_publish_rate:
             self.publish_rate = None
@@ -970,6 +1042,9 @@ class Channel:
                 self.zm.dropped["queue_full"] += len(dropped)
                 if self.ev is not None:
                     self._drop_events(dropped, "queue_full")
+            unreadable = self._guard_session()  # a revoked read stops deliveries without a reconnect
+            if unreadable:
+                self._unauthorized(unreadable)
             if self.state == State.CONNECTED:
                 self._send_deliveries(*self.session.refill(self.io.time()))
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from redis.asyncio.client import PubSub
 
-from .message import Message
+from .message import Will
 from .redisstore import EVENTS, PREFIX, RedisStore, node_sessions, unpack_delivery, unpack_message, unpack_sub
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ class Cluster:
                 continue
             delay = min(delay, expiry)
             if delay <= 0:
-                self.node.publish(will)
+                self.node.publish_will(will)
             else:
                 loop.call_later(delay, lambda c=cid, w=will: self.node.spawn(self._delayed_will(c, w)))
         return len(released)
@@ -168,12 +168,12 @@ class Cluster:
     async def _due_will(self, client_id: str, will_at: float) -> None:
         will = await self.store.take_will(client_id, will_at)
         if will is not None:
-            self.node.publish(will)
+            self.node.publish_will(will)
 
-    async def _delayed_will(self, client_id: str, will: Message) -> None:
+    async def _delayed_will(self, client_id: str, will: Will) -> None:
         """A will delay passed: publish unless the client came back meanwhile [MQTT-3.1.3-9]."""
         if await self.store.owner(client_id) is None:
-            self.node.publish(will)
+            self.node.publish_will(will)
 
     # -- takeover --------------------------------------------------------------------------------
     async def take_over(self, client_id: str, clean_start: bool) -> str | None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .codec import RC
 from .events import TAKEOVER
-from .message import Message
+from .message import Will
 from .session import Session
 from .store import Discard, Save
 
@@ -34,7 +34,7 @@ class Offline:
     zone: str
     filters: list[str]
     expiry: asyncio.TimerHandle | None = None
-    will: Message | None = None
+    will: Will | None = None
     will_timer: asyncio.TimerHandle | None = field(default=None)
     will_at: float = 0.0  # wall-clock time the will is due
 
@@ -86,7 +86,7 @@ class ChannelManager:
             # The old connection ended without DISCONNECT, so its will applies; a delayed will is
             # cancelled by this very reconnect unless Clean Start ends the session [MQTT-3.1.3-9].
             if old.will is not None and (ch.clean_start or old.will_delay <= 0):
-                node.publish(old.will, old.zone_name)
+                node.publish_will(Will(old.will, old.zone_name, old.username))
             if session is not None and ch.clean_start:
                 self._discard(session)
                 zm.session_events["discarded"] += 1
@@ -105,7 +105,7 @@ class ChannelManager:
                 # store; it stays parked meanwhile, so messages published now are queued, not lost.
                 await node.committer.barrier()
             claimed = await node.store.claim(
-                cid, ch.zone, ch.zone_name, ch.clean_start, ch.will, ch.will_delay, expiry
+                cid, ch.zone, ch.zone_name, ch.clean_start, ch.will, ch.will_delay, expiry, ch.username
             )
             epoch, session = claimed.epoch, claimed.session
             if claimed.previous and claimed.previous != node.node_id and node.cluster is not None:
@@ -120,9 +120,9 @@ class ChannelManager:
                 if parked.will_timer is not None:
                     parked.will_timer.cancel()
                     if ch.clean_start and parked.will is not None:
-                        node.publish(parked.will, parked.zone)  # the old session ends: its will goes now
+                        node.publish_will(parked.will)  # the old session ends: its will goes now
             if claimed.ended_will is not None:
-                node.publish(claimed.ended_will, ch.zone_name)
+                node.publish_will(claimed.ended_will)
             if claimed.discarded is not None:
                 for topic_filter in claimed.discarded:
                     node.router.remove(cid, topic_filter)
@@ -156,7 +156,7 @@ class ChannelManager:
         ch.session = None
         expiry = session.expiry_interval
         if ch.will is not None:
-            self._will(cid, ch.will, ch.will_delay, expiry, ch.zone_name)
+            self._will(cid, Will(ch.will, ch.zone_name, ch.username), ch.will_delay, expiry)
         if expiry <= 0:
             self._discard(session)
             self.node.committer.add(Discard(cid, session.epoch))
@@ -165,7 +165,7 @@ class ChannelManager:
         parked.zone = ch.zone_name
         parked.filters = list(session.subscriptions)
         self.offline[cid] = parked
-        pending_will = parked.will if parked.will_timer is not None else None
+        pending_will = parked.will.msg if parked.will is not None and parked.will_timer is not None else None
         self.node.committer.add(Save(session, expiry, pending_will, parked.will_at))
         if expiry < NEVER_EXPIRE:
             parked.expiry = asyncio.get_running_loop().call_later(expiry, self._expire, cid)
@@ -185,7 +185,7 @@ class ChannelManager:
         # A will without delay goes now; a delayed one is cancelled by the reconnect unless the new
         # connection's Clean Start ends the session [MQTT-3.1.3-9].
         if ch.will is not None and (clean_start or ch.will_delay <= 0):
-            self.node.publish(ch.will, ch.zone_name)
+            self.node.publish_will(Will(ch.will, ch.zone_name, ch.username))
         # Its routes stay: the session lives on (on the new node), and what is published here for it
         # is queued in Redis for it from now on.
         if session.expiry_interval > 0:
@@ -213,15 +213,15 @@ class ChannelManager:
         ch.session = None
         ch.kick(reason, why)
 
-    def _will(self, cid: str, will: Message, delay: float, expiry: float, zone: str) -> None:
+    def _will(self, cid: str, will: Will, delay: float, expiry: float) -> None:
         """Publish a will now, or after its delay unless the session ends first (then at its end)."""
         delay = min(delay, expiry)
         if delay <= 0:
-            self.node.publish(will, zone)
+            self.node.publish_will(will)
             return
         parked = self.offline.get(cid)
         if parked is None:
-            parked = self.offline[cid] = Offline(zone, [])
+            parked = self.offline[cid] = Offline(will.zone, [])
         parked.will = will
         parked.will_at = time.time() + delay
         parked.will_timer = asyncio.get_running_loop().call_later(delay, self._delayed_will, cid)
@@ -232,15 +232,15 @@ class ChannelManager:
             return
         will, parked.will, parked.will_timer = parked.will, None, None
         if not self.node.store.durable:
-            self.node.publish(will, parked.zone)
+            self.node.publish_will(will)
             return
 
-        async def take_and_publish(zone: str, will_at: float) -> None:
+        async def take_and_publish(will_at: float) -> None:
             # the will is also in Redis (so it survives this node): exactly one node publishes it
             if await self.node.store.take_will(cid, will_at) is not None:
-                self.node.publish(will, zone)
+                self.node.publish_will(will)
 
-        self.node.spawn(take_and_publish(parked.zone, parked.will_at))
+        self.node.spawn(take_and_publish(parked.will_at))
 
     def _expire(self, cid: str) -> None:
         parked = self.offline.pop(cid, None)
@@ -249,7 +249,7 @@ class ChannelManager:
         if parked.will_timer is not None:
             parked.will_timer.cancel()
             if parked.will is not None:
-                self.node.publish(parked.will, parked.zone)  # session end: the will goes now [MQTT-3.1.3-9]
+                self.node.publish_will(parked.will)  # session end: the will goes now [MQTT-3.1.3-9]
         for topic_filter in parked.filters:
             self.node.router.remove(cid, topic_filter)
         if not self.node.store.durable:  # a durable store expires sessions itself (fleet-wide TTL)

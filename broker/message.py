@@ -172,3 +172,18 @@ class Delivery:
 
     def __repr__(self) -> str:
         return f"Delivery({self.msg!r}, qos={self.qos}, pid={self.packet_id}, stage={self.stage})"
+
+
+class Will:
+    """A will on its way to being published, with what decides whether it still may be when it is due:
+    its client's zone and username (the client id is the message's sender)."""
+
+    __slots__ = ("msg", "username", "zone")
+
+    def __init__(self, msg: Message, zone: str, username: str | None) -> None:
+        self.msg = msg
+        self.zone = zone
+        self.username = username
+
+    def __repr__(self) -> str:
+        return f"Will({self.msg!r}, zone={self.zone!r}, username={self.username!r})"

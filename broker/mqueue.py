@@ -6,7 +6,7 @@ EMQX semantics: FIFO; when full, the new message is queued and the oldest is dro
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .message import Delivery
 
@@ -35,6 +35,16 @@ class MQueue:
         if self.max_len and len(q) > self.max_len:
             return [q.popleft() for _ in range(len(q) - self.max_len)]
         return []
+
+    def take(self, pred: Callable[[Delivery], bool]) -> list[Delivery]:
+        """Take out every delivery `pred` picks, keeping the others in order."""
+        taken: list[Delivery] = []
+        kept: deque[Delivery] = deque()
+        for d in self._q:
+            (taken if pred(d) else kept).append(d)
+        if taken:
+            self._q = kept
+        return taken
 
     def __len__(self) -> int:
         return len(self._q)

@@ -19,7 +19,7 @@ from .cm import ChannelManager
 from .config import BrokerConfig
 from .events import DROP, EventLog
 from .limiter import TokenBucket
-from .message import Delivery, Message
+from .message import Delivery, Message, Will
 from .metrics import Metrics
 from .redisstore import RedisStore
 from .retained import Retained
@@ -218,6 +218,21 @@ class Node:
             self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids)))
             needs_commit = True
         return len(matches), needs_commit
+
+    def publish_will(self, will: Will) -> None:
+        """Publish a will that fell due, if its client may still publish on its topic: the rules may have
+        changed since its CONNECT, and a v3 client was not told at CONNECT (Channel._open_session)."""
+        acl = self.acl.get(will.zone)
+        msg = will.msg
+        if acl is not None and not acl.bind(will.username, msg.sender).can_publish(msg.topic):
+            log.warning("dropped the will of %r: not authorized to publish on %r", msg.sender, msg.topic)
+            self.metrics.drop(will.zone, "not_authorized")
+            if self.events is not None:
+                self.events.emit(
+                    DROP, will.zone, msg.sender, msg.msg_id, msg.topic, msg.qos, reason="not_authorized"
+                )
+            return
+        self.publish(msg, will.zone)
 
     def journal_dirty(self, session: Session) -> None:
         """A journaled session changed: its changes go into the next group commit."""

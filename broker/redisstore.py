@@ -27,7 +27,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from .codec import decode_properties, encode_properties
-from .message import Delivery, Message
+from .message import Delivery, Message, Will
 from .router import Subscription
 from .session import Session
 from .store import Claimed, CommitResult, Discard, Enqueue, Journal, Op, Retain, Route, Save, SessionStore
@@ -175,10 +175,11 @@ def _script(body: str) -> str:
     )
 
 
-# KEYS: m s q i r. ARGV: node, clean start, client id, packed will ('' = none), will delay, expiry.
-# The will is kept with the session so that, if this node dies, another node publishes it.
-# Returns {epoch, 0|1 (new | Clean Start discarded it), discarded filters, previous owner} or
-# {epoch, 2, previous owner, meta, subscriptions, journal, awaiting rel}.
+# KEYS: m s q i r. ARGV: node, clean start, client id, packed will ('' = none), will delay, expiry, zone,
+# username, 1|0 (whether there is a username). The will is kept with the session so that, if this node
+# dies, another node publishes it, as the zone's rules allow for that client (zone and username).
+# Returns {epoch, 0|1 (new | Clean Start discarded it), discarded filters, previous owner, ended will,
+# its zone, its username} or {epoch, 2, previous owner, meta, subscriptions, journal, awaiting rel}.
 CLAIM = """
 local existed = redis.call('EXISTS', KEYS[1]) == 1
 local prev = redis.call('HMGET', KEYS[1], 'node', 'online')
@@ -186,16 +187,17 @@ local previous = ''
 if prev[2] == '1' and prev[1] then previous = prev[1] end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 local filters = {}
-local ended_will = ''
+local ended = {'', false, false}
 if existed and ARGV[2] == '1' then
   filters = redis.call('HKEYS', KEYS[2])
   -- Clean Start ends the stored session: a will it still had waiting goes out now [MQTT-3.1.3-9]
-  if redis.call('HEXISTS', KEYS[1], 'will_at') == 1 then ended_will = redis.call('HGET', KEYS[1], 'will') end
+  if redis.call('HEXISTS', KEYS[1], 'will_at') == 1 then ended = redis.call('HMGET', KEYS[1], 'will', 'zone', 'user') end
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
   redis.call('HSET', KEYS[1], 'epoch', epoch)
   redis.call('PUBLISH', 'EVENTS_CH', 'd' .. Z .. ARGV[1] .. Z .. ARGV[3])
 end
-redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1', 'expiry', ARGV[6])
+redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1', 'expiry', ARGV[6], 'zone', ARGV[7])
+if ARGV[9] == '1' then redis.call('HSET', KEYS[1], 'user', ARGV[8]) else redis.call('HDEL', KEYS[1], 'user') end
 -- the reconnect cancels a will still waiting for its delay [MQTT-3.1.3-9]; the new connection brings its own
 redis.call('HDEL', KEYS[1], 'will_at')
 if ARGV[4] ~= '' then
@@ -205,7 +207,7 @@ else
 end
 for k = 1, 5 do redis.call('PERSIST', KEYS[k]) end
 if not existed or ARGV[2] == '1' then
-  return {epoch, existed and 1 or 0, filters, previous, ended_will}
+  return {epoch, existed and 1 or 0, filters, previous, ended[1], ended[2], ended[3]}
 end
 move_queue(KEYS[1], KEYS[3], KEYS[4], 0)
 return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
@@ -327,19 +329,21 @@ return 1
 
 # KEYS: m. ARGV: will_at. Hands a will whose delay ran out to exactly one publisher (its node's timer,
 # or the node releasing a dead node's sessions); nothing if the client came back meanwhile.
+# Returns {will, zone, username} or nil.
 TAKEWILL = """
 if redis.call('HGET', KEYS[1], 'will_at') ~= ARGV[1] then return false end
-local will = redis.call('HGET', KEYS[1], 'will')
+local will = redis.call('HMGET', KEYS[1], 'will', 'zone', 'user')
 redis.call('HDEL', KEYS[1], 'will', 'will_delay', 'will_at')
 return will
 """
 
 # KEYS: m s q i r. ARGV: dead node, node, client id. A session whose node died: it waits for its client
-# like any other (TTL = its expiry), or ends now if it had none. Returns {will, will delay, expiry, kind}:
-# kind 0 = released, 1 = ended, 2 = parked earlier with a will still waiting (will delay = its will_at).
+# like any other (TTL = its expiry), or ends now if it had none. Returns {will, will delay, expiry, kind,
+# zone, username}: kind 0 = released, 1 = ended, 2 = parked earlier with a will still waiting (will delay
+# = its will_at).
 REAP = """
-local m = redis.call('HMGET', KEYS[1], 'node', 'online', 'expiry', 'will', 'will_delay', 'will_at')
-if m[2] ~= '1' and m[6] then return {m[4], m[6], m[3] or '0', 2} end
+local m = redis.call('HMGET', KEYS[1], 'node', 'online', 'expiry', 'will', 'will_delay', 'will_at', 'zone', 'user')
+if m[2] ~= '1' and m[6] then return {m[4], m[6], m[3] or '0', 2, m[7], m[8]} end
 if m[1] ~= ARGV[1] or m[2] ~= '1' then return false end
 local expiry = tonumber(m[3] or '0')
 local will = m[4] or ''
@@ -347,12 +351,12 @@ local delay = m[5] or '0'
 if expiry <= 0 then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
   redis.call('PUBLISH', 'EVENTS_CH', 'd' .. Z .. ARGV[2] .. Z .. ARGV[3])
-  return {will, delay, '0', 1}
+  return {will, delay, '0', 1, m[7], m[8]}
 end
 redis.call('HSET', KEYS[1], 'online', '0', 'node', '')
 redis.call('HDEL', KEYS[1], 'will', 'will_delay')
 for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], math.floor(expiry * 1000)) end
-return {will, delay, m[3], 0}
+return {will, delay, m[3], 0, m[7], m[8]}
 """
 
 # KEYS: m. The node a session's client is connected to, if any.
@@ -376,6 +380,18 @@ SCRIPTS = {
     "reap": REAP,
     "takewill": TAKEWILL,
 }
+
+
+def _stored_will(packed: bytes | None, zone: bytes | None, username: bytes | None) -> Will | None:
+    """A will read back from a session's meta. A session stored before zones and usernames were kept
+    with it is judged by the "default" zone's rules."""
+    if not packed:
+        return None
+    return Will(
+        unpack_message(packed),
+        zone.decode() if zone else "default",
+        username.decode() if username is not None else None,
+    )
 
 
 def _pairs(flat: list[bytes]) -> Iterable[tuple[bytes, bytes]]:
@@ -453,6 +469,7 @@ class RedisStore(SessionStore):
         will: Message | None = None,
         will_delay: float = 0.0,
         expiry: float = 0.0,
+        username: str | None = None,
     ) -> Claimed:
         """Take ownership of a session for this node (epoch + 1); returns its stored state."""
         packed_will = pack_message(will) if will is not None else b""
@@ -463,6 +480,9 @@ class RedisStore(SessionStore):
             packed_will,
             repr(will_delay),
             repr(expiry),
+            zone_name,
+            username or "",
+            "0" if username is None else "1",
         ]
 
         def build(pipe: Pipeline) -> None:
@@ -478,7 +498,7 @@ class RedisStore(SessionStore):
         epoch = int(res[0])
         if int(res[1]) != 2:
             discarded = [f.decode() for f in res[2]] if int(res[1]) == 1 else None
-            ended_will = unpack_message(res[4]) if res[4] else None
+            ended_will = _stored_will(res[4], res[5], res[6])
             return Claimed(epoch, None, discarded, res[3].decode() or None, ended_will)
         previous = res[2].decode() or None
         meta = {k.decode(): v for k, v in _pairs(res[3])}
@@ -619,7 +639,7 @@ class RedisStore(SessionStore):
 
     async def reap(
         self, dead: str, client_ids: list[str]
-    ) -> list[tuple[str, Message | None, float, float, int]]:
+    ) -> list[tuple[str, Will | None, float, float, int]]:
         """Let go of the sessions of a dead node: (client id, will, will delay or will_at, expiry, kind)."""
 
         def build(pipe: Pipeline) -> None:
@@ -631,11 +651,10 @@ class RedisStore(SessionStore):
             if isinstance(r, Exception):
                 raise r
             if r:
-                will = unpack_message(r[0]) if r[0] else None
-                out.append((cid, will, float(r[1]), float(r[2]), int(r[3])))
+                out.append((cid, _stored_will(r[0], r[4], r[5]), float(r[1]), float(r[2]), int(r[3])))
         return out
 
-    async def take_will(self, client_id: str, will_at: float) -> Message | None:
+    async def take_will(self, client_id: str, will_at: float) -> Will | None:
         """The will due at `will_at`, if it is still due (exactly one caller gets it)."""
         at = f"{will_at:.3f}"
 
@@ -646,7 +665,7 @@ class RedisStore(SessionStore):
         (raw, _) = await self._execute(build)
         if isinstance(raw, Exception):
             raise raw
-        return unpack_message(raw) if raw else None
+        return _stored_will(*raw) if raw else None
 
     async def owner(self, client_id: str) -> str | None:
         """The node the client is connected to, if any (from the session's meta)."""

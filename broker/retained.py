@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .message import Message
-from .router import _is_wild, topic_matches
+from .topic import is_wild, topic_matches
 
 
 class Retained:
@@ -20,7 +20,7 @@ class Retained:
             self._msgs.pop(msg.topic, None)
 
     def match(self, topic_filter: str, now: float) -> list[Message]:
-        if not _is_wild(topic_filter):
+        if not is_wild(topic_filter):
             found = self._msgs.get(topic_filter)
             candidates = [found] if found is not None else []
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-SHARE_PREFIX = "$share/"
+from .topic import is_wild, parse_share, topic_matches
 
 
 @dataclass(slots=True)
@@ -23,38 +23,6 @@ class Subscription:
     retain_handling: int = 0
     sub_id: int | None = None
     group: str | None = None  # shared-subscription group
-
-
-def parse_share(topic_filter: str) -> tuple[str | None, str]:
-    """Split ``$share/group/filter`` into (group, filter); (None, filter) for a normal filter."""
-    if topic_filter.startswith(SHARE_PREFIX):
-        rest = topic_filter[len(SHARE_PREFIX) :]
-        group, sep, real = rest.partition("/")
-        if not sep:
-            return group, ""
-        return group, real
-    return None, topic_filter
-
-
-def valid_filter(topic_filter: str) -> bool:
-    """Topic filter syntax [MQTT-4.7.1]: '#' last and alone in its level, '+' alone in its level."""
-    group, real = parse_share(topic_filter)
-    if group is not None and (not group or "+" in group or "#" in group):
-        return False
-    if not real or len(real) > 65535:
-        return False
-    levels = real.split("/")
-    last = len(levels) - 1
-    for i, level in enumerate(levels):
-        if "#" in level and (level != "#" or i != last):
-            return False
-        if "+" in level and level != "+":
-            return False
-    return True
-
-
-def valid_topic(topic: str) -> bool:
-    return bool(topic) and "+" not in topic and "#" not in topic
 
 
 class _Node:
@@ -113,7 +81,7 @@ class Router:
     def add(self, client_id: str, topic_filter: str, sub: Subscription) -> bool:
         """Add or replace a subscription; True when it did not exist before."""
         group, real = parse_share(topic_filter)
-        if group is not None or _is_wild(real):
+        if group is not None or is_wild(real):
             self._cache.clear()
         self._by_client.setdefault(client_id, set()).add(topic_filter)
         if group is not None:
@@ -126,7 +94,7 @@ class Router:
         assert subs is not None
         new = client_id not in subs
         subs[client_id] = sub
-        if new and _is_wild(real):
+        if new and is_wild(real):
             self._wild_count += 1
         return new
 
@@ -139,7 +107,7 @@ class Router:
 
     def remove(self, client_id: str, topic_filter: str) -> bool:
         group, real = parse_share(topic_filter)
-        if group is not None or _is_wild(real):
+        if group is not None or is_wild(real):
             self._cache.clear()
         mine = self._by_client.get(client_id)
         if mine is not None:
@@ -156,7 +124,7 @@ class Router:
                 if not groups:
                     del self._groups[real]
             return True
-        if not _is_wild(real):
+        if not is_wild(real):
             subs = self._exact.get(real)
             if subs is None or subs.pop(client_id, None) is None:
                 return False
@@ -239,7 +207,7 @@ class Router:
                 stack.append((child, i + 1))
 
     def _subs_for(self, real: str, create: bool) -> dict[str, Subscription] | None:
-        if not _is_wild(real):
+        if not is_wild(real):
             if create:
                 return self._exact.setdefault(real, {})
             return self._exact.get(real)
@@ -255,23 +223,3 @@ class Router:
 
     def filters(self) -> int:
         return len(self._exact) + self._wild_count + sum(len(g) for g in self._groups.values())
-
-
-def _is_wild(topic_filter: str) -> bool:
-    return "+" in topic_filter or "#" in topic_filter
-
-
-def topic_matches(topic_filter: str, topic: str) -> bool:
-    """Whether one filter matches one topic (used for shared groups and retained messages)."""
-    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
-        return False
-    f = topic_filter.split("/")
-    t = topic.split("/")
-    for i, level in enumerate(f):
-        if level == "#":
-            return True
-        if i >= len(t):
-            return False
-        if level != "+" and level != t[i]:
-            return False
-    return len(f) == len(t)

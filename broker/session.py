@@ -115,6 +115,15 @@ class Session:
                 self._mark(d.msg.msg_id, None)
         return gone
 
+    def forget(self, d: Delivery) -> None:
+        """A delivery the store journaled for this session left it without entering the window (sent as
+        QoS 0, or dropped): the journal drops it too."""
+        self._mark(d.msg.msg_id, None)
+
+    def take_queued(self, pred: Callable[[Delivery], bool]) -> list[Delivery]:
+        """Take out of the Message Queue every delivery `pred` picks (the journal forgets them)."""
+        return self._forget(self.mqueue.take(pred))
+
     def apply_zone(self, zone: ZoneSettings) -> list[Delivery]:
         """Adopt new zone settings; return deliveries dropped because the queue limit shrank."""
         self.zone = zone

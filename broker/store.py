@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .message import Delivery, Message
+from .message import Delivery, Message, Will
 from .metrics import Metrics
 from .router import Subscription
 from .session import Session
@@ -104,7 +104,7 @@ class Claimed:
     session: Session | None  # the stored session, or None if there was none (or Clean Start ended it)
     discarded: list[str] | None = None  # Clean Start ended a stored session: its subscriptions
     previous: str | None = None  # the node the client was connected to before (it is told to let go)
-    ended_will: Message | None = None  # Clean Start ended a session whose will was waiting: publish it
+    ended_will: Will | None = None  # Clean Start ended a session whose will was waiting: publish it
 
 
 class SessionStore(ABC):
@@ -129,10 +129,12 @@ class SessionStore(ABC):
         will: Message | None = None,
         will_delay: float = 0.0,
         expiry: float = 0.0,
+        username: str | None = None,
     ) -> Claimed:
-        """Take a stored session over for a connecting client on this node (with its will and expiry)."""
+        """Take a stored session over for a connecting client on this node (with its will and expiry, and
+        the username its will is authorized by)."""
 
-    async def take_will(self, client_id: str, will_at: float) -> Message | None:
+    async def take_will(self, client_id: str, will_at: float) -> Will | None:
         """Claim a will whose delay ran out; None if another node published it or the client came back."""
         raise NotImplementedError
 
@@ -178,6 +180,7 @@ class MemoryStore(SessionStore):
         will: Message | None = None,
         will_delay: float = 0.0,
         expiry: float = 0.0,
+        username: str | None = None,
     ) -> Claimed:
         epoch = self._epochs[client_id] = self._epochs.get(client_id, 0) + 1
         session = self._sessions.pop(client_id, None)

@@ -7,7 +7,8 @@ import time
 import pytest
 from fleetmq.broker.message import Message
 from fleetmq.broker.retained import Retained
-from fleetmq.broker.router import Router, Subscription, parse_share, topic_matches, valid_filter
+from fleetmq.broker.router import Router, Subscription
+from fleetmq.broker.topic import parse_share, topic_matches, valid_filter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
