@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import driver, procs, report
-from bench.brokers import BROKERS, Broker, BrokerError, Mosquitto
+from bench.brokers import BROKERS, Broker, BrokerError, Fleetmq, FleetmqAllowList, FleetmqDenyRule, Mosquitto
 from bench.fleet import TAKEOVER_INFLIGHT, Fleet, FleetNode, RedisError, store_delta, store_snapshot
 from bench.report import FLEET_SCENARIOS, Cell, Row
 
@@ -36,7 +36,9 @@ FLEET_ROWS = [
 ]
 # the same point-to-point flow, every client over TLS 1.2+ (both brokers on one certificate)
 TLS_ROWS = ["tls-pt2pt-q0", "tls-pt2pt-q1"]
-ALL_ROWS = [f"{m}-q{q}" for m in MODES for q in (0, 1, 2)] + TLS_ROWS + FLEET_ROWS + ["idle"]
+# fleetmq alone, with and without access rules (bench/brokers.py: FleetmqAllowList, FleetmqDenyRule)
+ACL_ROWS = ["acl-fanin-q1"]
+ALL_ROWS = [f"{m}-q{q}" for m in MODES for q in (0, 1, 2)] + TLS_ROWS + ACL_ROWS + FLEET_ROWS + ["idle"]
 IDLE_SETTLE_S = 2.0
 TAKEOVER_QUEUED = 1000
 
@@ -207,59 +209,106 @@ def run_fleet_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace
     return rows
 
 
-EVENT_LOG_REPS = 5  # off/on pairs, interleaved: the row reports the median of the pairs' on/off ratios
-
-
-def run_event_log_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace) -> Row:
-    """The same clean-session pt2pt flow on node a (sessions in Redis), its event log off, then on, in
-    EVENT_LOG_REPS interleaved pairs: one short run on a shared 2-core machine varies more than the cost
-    measured, so the row keeps each side's median run and the median of the pairs' ratios."""
-    scenario, q = key.rsplit("-q", 1)
-    row = Row(scenario, int(q))
-    a = fleet.nodes["a"]
-    runs: dict[str, list[Cell]] = {"event log off": [], "event log on": []}
-    for _ in range(EVENT_LOG_REPS):
-        for name, on in (("event log off", False), ("event log on", True)):
-            if a.event_log != on:
-                a.stop()
-                a.event_log = on
-            err = fleet.ensure(("a",))
-            cell = (
-                Cell(error=err)
-                if err
-                else _measured(
-                    lambda: driver.run_flow(
-                        binary,
-                        a.port,
-                        "pt2pt",
-                        int(q),
-                        duration=args.duration,
-                        warmup=args.warmup,
-                        window=args.window,
-                        payload=args.payload,
-                    ),
-                    fleet.cpu_pids(("a",)),
-                    fleet.redis.pid,
-                    lambda: fleet.dead(("a",)),
-                )
-            )
+def run_interleaved(key: str, row: Row, variants: dict[str, Callable[[], Cell]], reps: int) -> Row:
+    """Run every variant once per round, `reps` rounds, and keep each one's median run, with its ratios to
+    the first variant round by round ("pair_ratios"): one short run on a shared 2-core machine varies more
+    than the costs these rows measure, and interleaving spreads the machine's moods over all of them."""
+    runs: dict[str, list[Cell]] = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, run in variants.items():
+            cell = run()
             runs[name].append(cell)
             log_flow(key, name, cell)
-    pairs = [
-        on.result["msgs_per_s"] / off.result["msgs_per_s"]
-        for off, on in zip(runs["event log off"], runs["event log on"], strict=True)
-        if off.result and on.result and off.result["msgs_per_s"] > 0
-    ]
+    base = runs[next(iter(variants))]
     for name, cells in runs.items():
         failed = [c for c in cells if c.result is None]
         ok = sorted((c for c in cells if c.result is not None), key=lambda c: c.result["msgs_per_s"])
         row.cells[name] = ok[len(ok) // 2] if ok else failed[0]
         if ok:
             row.cells[name].result["runs_msgs_per_s"] = [c.result["msgs_per_s"] for c in cells if c.result]
-            row.cells[name].result["pair_ratios"] = pairs
-    a.stop()
-    a.event_log = False
+            row.cells[name].result["pair_ratios"] = [
+                c.result["msgs_per_s"] / b.result["msgs_per_s"]
+                for b, c in zip(base, cells, strict=True)
+                if b.result and c.result and b.result["msgs_per_s"] > 0
+            ]
     return row
+
+
+EVENT_LOG_REPS = 5  # off/on pairs, interleaved: the row reports the median of the pairs' on/off ratios
+
+
+def run_event_log_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace) -> Row:
+    """The same clean-session pt2pt flow on node a (sessions in Redis), its event log off, then on."""
+    scenario, q = key.rsplit("-q", 1)
+    a = fleet.nodes["a"]
+
+    def variant(on: bool) -> Callable[[], Cell]:
+        def run() -> Cell:
+            if a.event_log != on:
+                a.stop()
+                a.event_log = on
+            err = fleet.ensure(("a",))
+            if err:
+                return Cell(error=err)
+            return _measured(
+                lambda: driver.run_flow(
+                    binary,
+                    a.port,
+                    "pt2pt",
+                    int(q),
+                    duration=args.duration,
+                    warmup=args.warmup,
+                    window=args.window,
+                    payload=args.payload,
+                ),
+                fleet.cpu_pids(("a",)),
+                fleet.redis.pid,
+                lambda: fleet.dead(("a",)),
+            )
+
+        return run
+
+    row = Row(scenario, int(q))
+    try:
+        return run_interleaved(
+            key, row, {"event log off": variant(False), "event log on": variant(True)}, EVENT_LOG_REPS
+        )
+    finally:
+        a.stop()
+        a.event_log = False
+
+
+ACL_REPS = 5  # rounds of the three ACL variants, interleaved
+ACL_VARIANTS: dict[str, type[Broker]] = {
+    "no rules": Fleetmq,
+    "allow-list": FleetmqAllowList,
+    "deny rule": FleetmqDenyRule,
+}
+
+
+def run_acl_row(key: str, workdir: Path, binary: Path, args: argparse.Namespace) -> Row:
+    """The fan-in flow (ten publishers, one subscriber on `bench/<run>/+`) on fleetmq with no rules, with an
+    allow-list (default deny, no deny rule), and with a deny rule the filter overlaps (every delivery
+    checked): the first two must not differ, the third shows what a per-delivery check costs."""
+    mode, q = key.removeprefix("acl-").rsplit("-q", 1)
+    brokers = {name: cls(workdir) for name, cls in ACL_VARIANTS.items()}
+
+    def variant(broker: Broker) -> Callable[[], Cell]:
+        def run() -> Cell:
+            for other in brokers.values():
+                if other is not broker:
+                    other.stop()  # one broker at a time on the CPU
+            err = ensure_running(broker, {})
+            return Cell(error=err) if err else run_flow_cell(broker, binary, mode, int(q), args)
+
+        return run
+
+    row = Row(f"acl-{mode}", int(q))
+    try:
+        return run_interleaved(key, row, {name: variant(b) for name, b in brokers.items()}, ACL_REPS)
+    finally:
+        for b in brokers.values():
+            b.stop()
 
 
 def _snapshot(node: FleetNode, fleet: Fleet, qos: int) -> dict[str, float] | None:
@@ -435,6 +484,14 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 if key in FLEET_ROWS:
                     rows += fleet_rows(key, brokers, fleet, start_error, binary, args)
+                    continue
+                if key in ACL_ROWS:
+                    if "fleetmq" in brokers:
+                        for broker in brokers.values():
+                            broker.stop()
+                        if fleet is not None:
+                            fleet.stop()
+                        rows.append(run_acl_row(key, Path(tmp) / "acl", binary, args))
                     continue
                 if fleet is not None:
                     fleet.stop()  # idle, but out of the way of the in-memory rows

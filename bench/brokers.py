@@ -154,6 +154,8 @@ class Fleetmq(Broker):
     """fleetmq from this checkout, in-memory store, one zone with unlimited inflight/queue/awaiting-rel."""
 
     name = "fleetmq"
+    #: more settings of the zone (flow style YAML, each with a leading ", ")
+    zone_extra = ""
 
     def command(self) -> list[str]:
         cfg = self.workdir / "fleetmq.yaml"
@@ -163,7 +165,7 @@ class Fleetmq(Broker):
             "zones:\n"
             # max_awaiting_rel 0: mosquitto has no cap on incoming QoS 2 awaiting PUBREL either,
             # and the default (100) is below the loadgen's window of 200.
-            "  bench: {max_inflight: 0, max_mqueue_len: 0, max_awaiting_rel: 0}\n"
+            f"  bench: {{max_inflight: 0, max_mqueue_len: 0, max_awaiting_rel: 0{self.zone_extra}}}\n"
             "listeners:\n"
             f'  - {{name: mqtt, zone: bench, bind: "{HOST}:{self.port}", protocol: tcp}}\n'
             f'  - {{name: mqtts, zone: bench, bind: "{HOST}:{self.tls_port}", protocol: tls,\n'
@@ -176,6 +178,25 @@ class Fleetmq(Broker):
         """The repo's venv Python if there is one (fleetmq is installed there), else this one."""
         venv_python = REPO / ".venv" / "bin" / "python"
         return str(venv_python) if venv_python.exists() else sys.executable
+
+
+class FleetmqAllowList(Fleetmq):
+    """fleetmq whose zone denies by default and allows the bench's topics: its rules hold no deny rule
+    that a bench filter overlaps, so SUBSCRIBE decides that no delivery needs a check."""
+
+    name = "fleetmq-allowlist"
+    zone_extra = ', acl_default: deny, acl: [{permission: allow, action: all, filter: "bench/#"}]'
+
+
+class FleetmqDenyRule(Fleetmq):
+    """fleetmq whose zone denies reading `bench/+/secret`, which the fan-in subscriber's `bench/<run>/+`
+    overlaps: every delivery to it is checked (a cached decision per topic)."""
+
+    name = "fleetmq-denyrule"
+    zone_extra = (
+        ', acl: [{permission: deny, action: subscribe, filter: "bench/+/secret"},'
+        ' {permission: allow, action: all, filter: "#"}]'
+    )
 
 
 BROKERS: dict[str, type[Broker]] = {"mosquitto": Mosquitto, "fleetmq": Fleetmq}

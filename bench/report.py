@@ -22,6 +22,8 @@ ROUND_TRIPS_TARGET = 0.5
 FLEET_SCENARIOS = ("redis-pt2pt", "cross-node-pt2pt", "takeover", "eventlog-pt2pt")
 # Issue 7: the event log may cost at most 10% of the throughput (on / off on the same node and load).
 EVENT_LOG_RATIO_TARGET = 0.9
+# Issue 11: rules without a deny rule that a subscription overlaps cost nothing per delivery.
+ACL_NO_DENY_RATIO_TARGET = 0.95
 
 
 @dataclass
@@ -104,14 +106,35 @@ def _reps(cell: Cell | None) -> int:
     return len((cell.result or {}).get("runs_msgs_per_s", [])) if cell else 0
 
 
+def _median_ratio(cell: Cell | None) -> tuple[float | None, str]:
+    """The median of a variant's round-by-round ratios to the row's first variant, and how it is shown."""
+    pairs = sorted((cell.result or {}).get("pair_ratios") or []) if cell else []
+    if not pairs:
+        return None, "—"
+    r = statistics.median(pairs)
+    return r, f"{r:.2f} (rounds {', '.join(f'{p:.2f}' for p in pairs)})"
+
+
+def _acl_line(row: Row) -> str:
+    base, allow, deny = (row.cells.get(n) for n in ("no rules", "allow-list", "deny rule"))
+    r_allow, allow_s = _median_ratio(allow)
+    _, deny_s = _median_ratio(deny)
+    ok = "—" if r_allow is None else ("yes" if r_allow >= ACL_NO_DENY_RATIO_TARGET else "no")
+    if any(c is not None and c.error for c in (base, allow, deny)):
+        ok = "error"
+    return (
+        f"| {row.scenario} (fleetmq alone: no rules → allow-list → deny rule on the filter, {_reps(base)} rounds) "
+        f"| {row.qos} | no rules: {_rate(base)} | allow-list: {_rate(allow)}; deny rule: {_rate(deny)} "
+        f"| allow-list {allow_s}; deny rule {deny_s} | no rules: {_lat(base)} "
+        f"| allow-list: {_lat(allow)}; deny rule: {_lat(deny)} "
+        f"| allow-list / no rules ≥ {ACL_NO_DENY_RATIO_TARGET:.2f}; deny rule: report | {ok} |"
+    )
+
+
 def _event_log_line(row: Row) -> str:
     off, on = row.cells.get("event log off"), row.cells.get("event log on")
-    ratio, ok = "—", "—"
-    pairs = sorted((on.result or {}).get("pair_ratios") or []) if on else []
-    if pairs:
-        r = statistics.median(pairs)
-        ratio = f"{r:.2f} (pairs {', '.join(f'{p:.2f}' for p in pairs)})"
-        ok = "yes" if r >= EVENT_LOG_RATIO_TARGET else "no"
+    r, ratio = _median_ratio(on)
+    ok = "—" if r is None else ("yes" if r >= EVENT_LOG_RATIO_TARGET else "no")
     if (off and off.error) or (on and on.error):
         ok = "error"
     return (
@@ -124,6 +147,8 @@ def _event_log_line(row: Row) -> str:
 def _flow_line(row: Row) -> str:
     if row.scenario == "eventlog-pt2pt":
         return _event_log_line(row)
+    if row.scenario.startswith("acl-"):
+        return _acl_line(row)
     m, f = row.cells.get("mosquitto"), row.cells.get("fleetmq")
     if row.scenario == "cross-node-pt2pt":  # mosquitto has no cluster: nothing to compare with
         ok = "error" if f and f.error else "—"
