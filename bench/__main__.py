@@ -92,7 +92,7 @@ def run_flow_cell(
 ) -> Cell:
     tls = mode.startswith("tls-")
     return _measured(
-        lambda: driver.run_flow(
+        lambda pids: driver.run_flow(
             binary,
             broker.tls_port if tls else broker.port,
             mode.removeprefix("tls-"),
@@ -103,6 +103,7 @@ def run_flow_cell(
             payload=args.payload,
             clean=clean,
             tls_ca=broker.pki["ca"] if tls else None,
+            cpu_pids=pids,
         ),
         {broker.name: broker.pid},
         None,
@@ -115,16 +116,21 @@ def _cpu(pids: dict[str, int]) -> dict[str, float]:
 
 
 def _measured(
-    run: Callable[[], dict[str, Any]],
+    run: Callable[[dict[str, int]], dict[str, Any]],
     broker_pids: dict[str, int],
     redis_pid: int | None,
     dead: Callable[[], str | None],
 ) -> Cell:
-    """Run the loadgen, charging CPU to the broker process(es), Redis, the loadgen, softirq and the rest."""
+    """Run the loadgen, charging CPU to the broker process(es), Redis, the loadgen, softirq and the rest.
+
+    `run` gets the pids whose CPU the loadgen samples at the edges of its measured window (the broker
+    processes, and "redis"): that window's CPU per delivered message is the row's cost figure.
+    """
     cpu0, (busy0, irq0) = _cpu(broker_pids), procs.system_cpu_seconds()
     redis0 = procs.cpu_seconds(redis_pid) if redis_pid else 0.0
+    window_pids = {**broker_pids, **({"redis": redis_pid} if redis_pid else {})}
     try:
-        res = run()
+        res = run(window_pids)
     except driver.LoadgenError as e:
         err = str(e)
         reason = dead()
@@ -138,6 +144,12 @@ def _measured(
     redis_cpu = procs.cpu_seconds(redis_pid) - redis0 if redis_pid else None
     busy1, irq1 = procs.system_cpu_seconds()
     other = busy1 - busy0 - broker_cpu - (redis_cpu or 0.0) - float(res.get("loadgen_cpu_s", 0.0))
+    window = res.get("window_cpu_s") or {}
+    delivered = res.get("delivered") or 0
+    if delivered and all(name in window for name in broker_pids):
+        res["broker_us_per_msg"] = sum(window[name] for name in broker_pids) / delivered * 1e6
+        if "redis" in window:
+            res["redis_us_per_msg"] = window["redis"] / delivered * 1e6
     return Cell(
         result=res,
         broker_cpu_s=broker_cpu,
@@ -169,7 +181,7 @@ def run_fleet_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace
         qos = int(row.qos or 0)
         if row.scenario == "takeover":
             cell = _measured(
-                lambda qos=qos: driver.run_takeover(
+                lambda _pids, qos=qos: driver.run_takeover(
                     binary,
                     a.tk_port,
                     b.tk_port,
@@ -186,7 +198,7 @@ def run_fleet_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace
         else:
             before = _snapshot(a, fleet, qos)
             cell = _measured(
-                lambda qos=qos, scenario=row.scenario: driver.run_flow(
+                lambda pids, qos=qos, scenario=row.scenario: driver.run_flow(
                     binary,
                     a.port,
                     "pt2pt",
@@ -197,6 +209,7 @@ def run_fleet_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace
                     payload=args.payload,
                     sub_port=b.port if scenario == "cross-node-pt2pt" else None,
                     clean=scenario != "redis-pt2pt",
+                    cpu_pids=pids,
                 ),
                 pids,
                 redis_pid,
@@ -231,6 +244,15 @@ def run_interleaved(key: str, row: Row, variants: dict[str, Callable[[], Cell]],
                 for b, c in zip(base, cells, strict=True)
                 if b.result and c.result and b.result["msgs_per_s"] > 0
             ]
+            # the same for the broker's CPU per delivered message (less sensitive to a busy machine)
+            row.cells[name].result["cost_ratios"] = [
+                c.result["broker_us_per_msg"] / b.result["broker_us_per_msg"]
+                for b, c in zip(base, cells, strict=True)
+                if b.result
+                and c.result
+                and b.result.get("broker_us_per_msg")
+                and "broker_us_per_msg" in c.result
+            ]
     return row
 
 
@@ -251,7 +273,7 @@ def run_event_log_row(key: str, fleet: Fleet, binary: Path, args: argparse.Names
             if err:
                 return Cell(error=err)
             return _measured(
-                lambda: driver.run_flow(
+                lambda pids: driver.run_flow(
                     binary,
                     a.port,
                     "pt2pt",
@@ -260,6 +282,7 @@ def run_event_log_row(key: str, fleet: Fleet, binary: Path, args: argparse.Names
                     warmup=args.warmup,
                     window=args.window,
                     payload=args.payload,
+                    cpu_pids=pids,
                 ),
                 fleet.cpu_pids(("a",)),
                 fleet.redis.pid,
@@ -327,8 +350,9 @@ def log_flow(key: str, name: str, cell: Cell) -> None:
     redis = f" redis {cell.redis_cpu_s:.1f}s" if cell.redis_cpu_s is not None else ""
     if r.get("node_cpu_s"):
         redis = " (" + ", ".join(f"{k} {v:.1f}s" for k, v in r["node_cpu_s"].items()) + ")" + redis
+    cost = f"  {r['broker_us_per_msg']:.1f} µs/msg" if "broker_us_per_msg" in r else ""
     log(
-        f"{key:20} {name:10} {r['msgs_per_s']:>10,.0f} msg/s  p50 {r['p50_us']:>9,.0f} µs  "
+        f"{key:20} {name:10} {r['msgs_per_s']:>10,.0f} msg/s{cost}  p50 {r['p50_us']:>9,.0f} µs  "
         f"p99 {r['p99_us']:>9,.0f} µs  lost {r['lost']} dup {r['dup']}  "
         f"cpu broker {cell.broker_cpu_s:.1f}s{redis} loadgen {r['loadgen_cpu_s']:.1f}s "
         f"softirq {cell.softirq_cpu_s:.1f}s other {cell.other_cpu_s:.1f}s"

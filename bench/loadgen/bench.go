@@ -51,6 +51,7 @@ type config struct {
 	drain, ackDelay  time.Duration
 	runID            string
 	pubs, subs       int
+	cpuPids          map[string]int // processes whose CPU the measured window is charged (-cpu-pids)
 }
 
 type runState struct {
@@ -491,7 +492,9 @@ type result struct {
 	Window      int     `json:"window"`
 	Batch       int     `json:"batch"`
 	CPUs        float64 `json:"loadgen_cpu_s"`
-	Error       string  `json:"error,omitempty"`
+	// user + system CPU seconds of each -cpu-pids process during the measured window
+	WindowCPU map[string]float64 `json:"window_cpu_s,omitempty"`
+	Error     string             `json:"error,omitempty"`
 }
 
 func runFlow(cfg *config) result {
@@ -563,6 +566,7 @@ func runFlow(cfg *config) result {
 	start := nowNs()
 	s.measureStart = start + int64(cfg.warmup)
 	s.measureEnd = s.measureStart + int64(cfg.duration)
+	windowDone := windowCPU(cfg.cpuPids, s.measureStart, s.measureEnd)
 	for _, sub := range subs {
 		go s.subLoop(sub)
 	}
@@ -603,6 +607,9 @@ wait:
 		time.Sleep(10 * time.Millisecond)
 	}
 	res.CPUs = cpuSeconds() - cpu0
+	if s.errMsg() == "" {
+		res.WindowCPU = <-windowDone // the window has ended: the sample is ready
+	}
 	s.closing.Store(true)
 	for _, c := range conns {
 		_ = c.SetWriteDeadline(time.Now().Add(time.Second))

@@ -61,6 +61,7 @@ func main() {
 	queued := flag.Int("queued", 1000, "takeover: messages queued behind the full inflight window")
 	inflight := flag.Int("inflight", 32, "takeover: the broker's max_inflight (the window the old connection fills)")
 	tlsCA := flag.String("tls-ca", "", "connect with TLS, verifying the broker against this PEM CA file")
+	cpuPids := flag.String("cpu-pids", "", "name=pid,...: report each process's CPU seconds in the measured window")
 	asJSON := flag.Bool("json", false, "print one JSON object")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile here (development aid)")
 	flag.Parse()
@@ -73,6 +74,11 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 
+	pids, err := parsePids(*cpuPids)
+	if err != nil {
+		fatal(err.Error())
+	}
+	cfg.cpuPids = pids
 	runtime.GOMAXPROCS(*procs)
 	raiseNofile()
 	if *tlsCA != "" {
