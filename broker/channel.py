@@ -41,7 +41,7 @@ from .codec import (
     encode,
     encode_ack,
 )
-from .events import (
+from .eventschema import (
     ACK,
     AWAITING_REL_TIMEOUT,
     CONNECT,

@@ -1,10 +1,11 @@
 """The fleet: nodes sharing one Redis (node registry, routes, cross-node delivery, takeover).
 
-- Registry: each node refreshes ``fmq:alive:<node>`` with a TTL; a node whose key lapsed is dead.
+- Registry: each node refreshes its ``keys.alive`` key with a TTL; a node whose key lapsed is dead.
 - Routes: every node keeps the whole fleet's subscriptions in its router; changes are broadcast on
-  ``fmq:events`` by the same Lua script that stores them, so a route is never announced unstored.
+  ``keys.EVENTS`` by the same Lua script that stores them, so a route is never announced unstored.
 - Delivery: a message for a session that is not connected here is appended to that session's queue in
-  Redis; the enqueue script wakes the session's owner (``fmq:node:<id>``), which pulls its queue.
+  Redis; the enqueue script wakes the session's owner (``keys.node_channel``), which pulls its queue.
+The messages are wire's.
 - Takeover: a node that gets a CONNECT for a client connected elsewhere asks the owner to hand the
   session over (the owner closes the connection with 0x8E and stores the session), then claims it with
   a higher epoch. An owner that does not answer (dead, paused) is fenced: its writes carry a stale epoch.
@@ -21,8 +22,9 @@ from typing import TYPE_CHECKING
 
 from redis.asyncio.client import PubSub
 
+from . import keys, wire
 from .message import Will
-from .redisstore import EVENTS, PREFIX, RedisStore, node_sessions, unpack_delivery, unpack_message, unpack_sub
+from .redisstore import RedisStore
 
 if TYPE_CHECKING:
     from .node import Node
@@ -31,22 +33,8 @@ log = logging.getLogger("fleetmq.cluster")
 
 HEARTBEAT_TTL = 5.0
 REAP_INTERVAL = 1.0
-NODES = f"{PREFIX}:nodes"
 HANDOVER_TIMEOUT = 3.0
 PULL_BATCH = 1000
-
-
-def node_channel(node_id: str) -> str:
-    return f"{PREFIX}:node:{node_id}"
-
-
-def alive_key(node_id: str) -> str:
-    return f"{PREFIX}:alive:{node_id}"
-
-
-def nodeinfo_key(node_id: str) -> str:
-    """What a node reports to the operator: applied config hash, connections, sessions."""
-    return f"{PREFIX}:nodeinfo:{node_id}"
 
 
 class Cluster:
@@ -54,7 +42,8 @@ class Cluster:
         self.node = node
         self.store = store
         self.node_id = node.node_id
-        self.channel = node_channel(self.node_id)
+        self.channel = keys.node_channel(self.node_id)
+        self._channel_b = self.channel.encode()
         self._pubsub: PubSub | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._handovers: dict[str, asyncio.Future[None]] = {}
@@ -65,11 +54,11 @@ class Cluster:
 
     async def start(self) -> None:
         self._pubsub = self.store.redis.pubsub(ignore_subscribe_messages=True)
-        await self._pubsub.subscribe(EVENTS, self.channel)
+        await self._pubsub.subscribe(keys.EVENTS, self.channel)
         # Sessions still listed for this node id belong to an earlier run of it (a restarted pod).
         await self._release(self.node_id)
         await self._beat()
-        await self.store.redis.sadd(NODES, self.node_id)
+        await self.store.redis.sadd(keys.NODES, self.node_id)
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._listen(), name="fleetmq-cluster-listen"),
@@ -84,8 +73,8 @@ class Cluster:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         with contextlib.suppress(Exception):
-            await self.store.redis.delete(alive_key(self.node_id), nodeinfo_key(self.node_id))
-            await self.store.redis.srem(NODES, self.node_id)
+            await self.store.redis.delete(keys.alive(self.node_id), keys.nodeinfo(self.node_id))
+            await self.store.redis.srem(keys.NODES, self.node_id)
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
                 await self._pubsub.aclose()
@@ -102,9 +91,9 @@ class Cluster:
         }
         ttl = int(HEARTBEAT_TTL * 1000)
         async with self.store.redis.pipeline(transaction=False) as pipe:
-            pipe.set(alive_key(self.node_id), b"1", px=ttl)
-            pipe.hset(nodeinfo_key(self.node_id), mapping=info)
-            pipe.pexpire(nodeinfo_key(self.node_id), 3 * ttl)
+            pipe.set(keys.alive(self.node_id), b"1", px=ttl)
+            pipe.hset(keys.nodeinfo(self.node_id), mapping=info)
+            pipe.pexpire(keys.nodeinfo(self.node_id), 3 * ttl)
             await pipe.execute()
 
     async def _heartbeat(self) -> None:
@@ -116,7 +105,7 @@ class Cluster:
                 log.warning("heartbeat failed: %s", e)
 
     async def is_alive(self, node_id: str) -> bool:
-        return bool(await self.store.redis.exists(alive_key(node_id)))
+        return bool(await self.store.redis.exists(keys.alive(node_id)))
 
     # -- dead nodes ------------------------------------------------------------------------------
     async def _reaper(self) -> None:
@@ -129,25 +118,25 @@ class Cluster:
 
     async def _reap_dead(self) -> None:
         redis = self.store.redis
-        for raw in await redis.smembers(NODES):
+        for raw in await redis.smembers(keys.NODES):
             dead = raw.decode()
             if dead == self.node_id or await self.is_alive(dead):
                 continue
             # One node of the fleet cleans up after the dead one.
-            if not await redis.set(f"{PREFIX}:reap:{dead}", self.node_id, nx=True, px=30_000):
+            if not await redis.set(keys.reap_lock(dead), self.node_id, nx=True, px=30_000):
                 continue
             n = await self._release(dead)
-            await redis.srem(NODES, dead)
+            await redis.srem(keys.NODES, dead)
             log.warning("node %s stopped heartbeating; released its %d sessions", dead, n)
 
     async def _release(self, dead: str) -> int:
         """Its sessions wait for their clients (or end, if clean); their wills go out after their delay."""
         redis = self.store.redis
-        cids = [c.decode() for c in await redis.smembers(node_sessions(dead))]
+        cids = [c.decode() for c in await redis.smembers(keys.node_sessions(dead))]
         if not cids:
             return 0
         released = await self.store.reap(dead, cids)
-        await redis.delete(node_sessions(dead))
+        await redis.delete(keys.node_sessions(dead))
         loop = asyncio.get_running_loop()
         for cid, will, delay, expiry, kind in released:
             if kind == 2:  # parked by the dead node with a will still waiting: due at `delay` (will_at)
@@ -187,16 +176,7 @@ class Cluster:
         self._handovers[req] = fut
         try:
             await self.store.redis.publish(
-                node_channel(owner),
-                b"\0".join(
-                    [
-                        b"h",
-                        client_id.encode(),
-                        b"1" if clean_start else b"0",
-                        self.node_id.encode(),
-                        req.encode(),
-                    ]
-                ),
+                keys.node_channel(owner), wire.handover(client_id, clean_start, self.node_id, req)
             )
             await asyncio.wait_for(fut, HANDOVER_TIMEOUT)
             return owner
@@ -210,14 +190,12 @@ class Cluster:
 
     async def kick_stale(self, client_id: str, owner: str, epoch: int) -> None:
         """Tell a former owner its connection of this client is over (it may have missed the handover)."""
-        await self.store.redis.publish(
-            node_channel(owner), b"\0".join([b"k", client_id.encode(), str(epoch).encode()])
-        )
+        await self.store.redis.publish(keys.node_channel(owner), wire.kick(client_id, epoch))
 
     def _on_handover(self, client_id: str, clean_start: bool, requester: str, req: str) -> None:
         async def run() -> None:
             await self.node.cm.hand_over(client_id, clean_start)
-            await self.store.redis.publish(node_channel(requester), b"\0".join([b"H", req.encode()]))
+            await self.store.redis.publish(keys.node_channel(requester), wire.handed_over(req))
 
         self.node.spawn(run())
 
@@ -264,7 +242,7 @@ class Cluster:
             if ch is None or ch.session is None or ch.session.epoch != epoch:
                 continue  # they stay journaled (or queued) in Redis for the next owner
             for k, raw in enumerate(items):
-                d = unpack_delivery(raw)
+                d = wire.unpack_delivery(raw)
                 if start >= 0:
                     d.order = start + k  # the position the pull gave it in the session's journal
                 ch.deliver_delivery(d)
@@ -279,7 +257,7 @@ class Cluster:
         while True:
             try:
                 if gap:  # until this succeeds, Redis is still away: keep backing off
-                    await self._pubsub.subscribe(EVENTS, self.channel)
+                    await self._pubsub.subscribe(keys.EVENTS, self.channel)
                     await self._resync()
                     gap = False
                     self.node.metrics.store_reconnects += 1
@@ -315,37 +293,35 @@ class Cluster:
             self.wake(cid)
 
     def _on_message(self, channel: bytes, data: bytes) -> None:
-        kind = data[:1]
-        if channel == self.channel.encode():
-            if kind == b"w":
-                self.wake(data[2:].decode())
-            elif kind == b"h":
-                _, cid, clean, requester, req = data.split(b"\0", 4)
-                self._on_handover(cid.decode(), clean == b"1", requester.decode(), req.decode())
-            elif kind == b"H":
-                fut = self._handovers.get(data[2:].decode())
+        if channel == self._channel_b:
+            self._on_node_message(wire.parse_node_message(data))
+            return
+        event = wire.parse_fleet_event(data)
+        if event.origin == self.node_id:
+            return  # our own changes are already applied here
+        router = self.node.router
+        match event:
+            case wire.RouteAdded(_, cid, topic_filter, sub):
+                router.add(cid, topic_filter, sub)
+            case wire.RouteRemoved(_, cid, topic_filter):
+                router.remove(cid, topic_filter)
+            case wire.SessionEnded(_, cid):
+                if cid not in self.node.cm.channels:
+                    router.remove_client(cid)
+            case wire.RetainedChanged(_, msg):
+                self.node.retained.put(msg)
+
+    def _on_node_message(self, m: wire.NodeMessage) -> None:
+        match m:
+            case wire.Wake(cid):
+                self.wake(cid)
+            case wire.Handover(cid, clean_start, requester, request):
+                self._on_handover(cid, clean_start, requester, request)
+            case wire.HandedOver(request):
+                fut = self._handovers.get(request)
                 if fut is not None and not fut.done():
                     fut.set_result(None)
-            elif kind == b"k":
-                _, cid, epoch = data.split(b"\0", 2)
-                ch = self.node.cm.channels.get(cid.decode())
-                if ch is not None and ch.session is not None and ch.session.epoch < int(epoch):
+            case wire.Kick(cid, epoch):
+                ch = self.node.cm.channels.get(cid)
+                if ch is not None and ch.session is not None and ch.session.epoch < epoch:
                     self.node.cm.fenced(ch)
-            return
-        # fleet events: b"<kind>\0<node>\0..." ; our own changes are already applied locally
-        _, origin, rest = data.split(b"\0", 2)
-        if origin.decode() == self.node_id:
-            return
-        router = self.node.router
-        if kind == b"r":
-            cid, topic_filter, packed = rest.split(b"\0", 2)
-            router.add(cid.decode(), topic_filter.decode(), unpack_sub(packed))
-        elif kind == b"u":
-            cid, topic_filter = rest.split(b"\0", 1)
-            router.remove(cid.decode(), topic_filter.decode())
-        elif kind == b"d":
-            cid_s = rest.decode()
-            if cid_s not in self.node.cm.channels:
-                router.remove_client(cid_s)
-        elif kind == b"t":
-            self.node.retained.put(unpack_message(rest))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .codec import RC
-from .events import TAKEOVER
+from .eventschema import TAKEOVER
 from .message import Will
 from .session import Session
 from .store import Discard, Save

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import itertools
 import logging
 import os
@@ -34,67 +33,26 @@ from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError, ResponseError
 
+from . import keys
+from .eventschema import (
+    FIELDS,
+    SAMPLE_ALL,
+    SAMPLE_MASK,
+    SAMPLE_MIX,
+    SAMPLED_EVENTS,
+    ZONE_CONFIG,
+    client_hash,
+    sample_threshold,
+    sampled,
+)
+
 if TYPE_CHECKING:
     from .config import EventLogConfig
     from .zones import ZoneSettings
 
 log = logging.getLogger("fleetmq.events")
 
-#: Redis key of a fleet's stream (``fmq:events`` is the cluster's pub/sub channel, hence another name).
-STREAM_PREFIX = "fmq:eventlog:"
 
-CONNECT = "connect"
-DISCONNECT = "disconnect"
-TAKEOVER = "takeover"
-PUBLISH_IN = "publish_in"
-DELIVER = "deliver"
-ACK = "ack"
-RETRANSMIT = "retransmit"
-DROP = "drop"
-INFLIGHT_FULL = "inflight_full"
-KEEPALIVE_TIMEOUT = "keepalive_timeout"
-AWAITING_REL_TIMEOUT = "awaiting_rel_timeout"
-#: written by the log itself at start, every ``config_interval`` and on ``set_zones``: a zone's limits
-ZONE_CONFIG = "zone_config"
-EVENTS = (
-    CONNECT,
-    DISCONNECT,
-    TAKEOVER,
-    PUBLISH_IN,
-    DELIVER,
-    ACK,
-    RETRANSMIT,
-    DROP,
-    INFLIGHT_FULL,
-    KEEPALIVE_TIMEOUT,
-    AWAITING_REL_TIMEOUT,
-    ZONE_CONFIG,
-)
-#: per-message events, sampled together by msg_id
-SAMPLED_EVENTS = frozenset({PUBLISH_IN, DELIVER, ACK, RETRANSMIT})
-
-#: Fields of a stream entry, in order. Absent fields are left out of the entry (None when read).
-#: eid: unique event id ("<run>-<seq>", run random per EventLog); ts_ms: epoch milliseconds with a
-#: fractional part (sub-ms latencies matter); client: CLIENT_HASH of the client id.
-FIELDS = (
-    "eid",
-    "ts_ms",
-    "node",
-    "zone",
-    "event",
-    "client",
-    "msg_id",
-    "topic",
-    "qos",
-    "packet_id",
-    "bytes",
-    "reason",
-    "inflight_len",
-    "mqueue_len",
-    "max_inflight",
-    "max_mqueue_len",
-    "sample",
-)
 # A buffered record is a tuple of the values of _RECORD (or _CONFIG_RECORD); eid is run + seq, node is the
 # same for every record of a log. Formatting is left to Redis: the data path only builds the tuple.
 _RECORD = ("seq", "ts_ms", "zone", "event", "client", *FIELDS[6:14])
@@ -131,38 +89,6 @@ ADAPT_INTERVAL = 0.25
 _CLIENT_CACHE_MAX = 100_000
 
 
-def stream_key(fleet: str) -> str:
-    if not fleet:
-        raise ValueError("the event log needs a fleet name (the stream is fmq:eventlog:<fleet>)")
-    return STREAM_PREFIX + fleet
-
-
-def client_hash(client_id: str) -> str:
-    """Stable across nodes and restarts, so one client's events join; the id itself never leaves the node."""
-    return hashlib.blake2b(client_id.encode(), digest_size=8).hexdigest()
-
-
-#: A message is kept when ``(msg_id * SAMPLE_MIX) & SAMPLE_MASK`` is below the threshold: a node numbers its
-#: messages in sequence and multiplying by 2^16 / golden ratio spreads any run of ids evenly over the 16 bits
-#: (a Weyl sequence), so every stretch of traffic is sampled at the same rate; a lower threshold keeps a
-#: subset of what a higher one keeps; and the data path's test is a multiply, an AND and a comparison.
-SAMPLE_MIX = 40503
-SAMPLE_MASK = 0xFFFF
-SAMPLE_ALL = SAMPLE_MASK + 1
-
-
-def sample_threshold(sample: float) -> int | None:
-    """The bound under which a message id's low bits are kept; None keeps everything."""
-    if not 0.0 <= sample <= 1.0:
-        raise ValueError(f"event log sample must be within 0..1, got {sample!r}")
-    return None if sample >= 1.0 else int(sample * SAMPLE_ALL)
-
-
-def sampled(msg_id: int, threshold: int | None) -> bool:
-    """Whether a message's events are kept: a pure function of msg_id, so every node agrees."""
-    return threshold is None or ((msg_id * SAMPLE_MIX) & SAMPLE_MASK) < threshold
-
-
 class EventLog:
     """One node's writer to its fleet's event stream. ``await start()``, ``emit(...)`` from the data path,
     ``await stop()`` to send what is buffered (within ``timeout``) and close."""
@@ -193,7 +119,7 @@ class EventLog:
             )
         if interval <= 0 or timeout <= 0 or config_interval <= 0:
             raise ValueError("event log interval, timeout and config_interval must be > 0")
-        self.key = stream_key(fleet)
+        self.key = keys.event_stream(fleet)
         self.node = node
         self.max_len = max_len
         self.sample = sample

@@ -17,7 +17,8 @@ from .auth import Acl, Authenticator, read_users
 from .cluster import Cluster
 from .cm import ChannelManager
 from .config import BrokerConfig
-from .events import DROP, EventLog
+from .events import EventLog
+from .eventschema import DROP
 from .limiter import TokenBucket
 from .message import Delivery, Message, Will
 from .metrics import Metrics

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import struct
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -26,110 +25,30 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
-from .codec import decode_properties, encode_properties
-from .message import Delivery, Message, Will
+from . import keys, wire
+from .message import Message, Will
 from .router import Subscription
 from .session import Session
 from .store import Claimed, CommitResult, Discard, Enqueue, Journal, Op, Retain, Route, Save, SessionStore
+from .wire import (
+    journal_field,
+    journal_value,
+    pack_delivery,
+    pack_message,
+    pack_sub,
+    unpack_journal,
+    unpack_message,
+    unpack_sub,
+)
 from .zones import ZoneSettings
 
 log = logging.getLogger("fleetmq.redis")
 
-PREFIX = "fmq"
-RETAINED = f"{PREFIX}:retained"
-EVENTS = f"{PREFIX}:events"
-Z = b"\0"  # field separator of cluster messages (MQTT strings never contain U+0000)
 CHUNK = 512  # values per HSET/RPUSH call inside scripts (Lua's unpack() has a limit)
-
-# -- packing ---------------------------------------------------------------------------------------
-_MSG = struct.Struct(">BBdQHHI")  # format, flags, ts, msg id, topic len, sender len, props len
-_EXP = struct.Struct(">d")
-_DLV = struct.Struct(">QBBHBB")  # msg id (first: the journal's field), qos, retain, packet id, stage, #ids
-_SUB = struct.Struct(">BBBBI")
-_FORMAT = 1
-
-
-def pack_message(m: Message) -> bytes:
-    topic = m.topic_b
-    sender = m.sender.encode()
-    props = encode_properties(m.props) if m.props else b""
-    flags = m.qos | (m.retain << 2) | ((m.expires_at is not None) << 3)
-    head = _MSG.pack(_FORMAT, flags, m.ts, m.msg_id, len(topic), len(sender), len(props))
-    exp = _EXP.pack(m.expires_at) if m.expires_at is not None else b""
-    return b"".join((head, exp, topic, sender, props, m.payload))
-
-
-def unpack_message(b: bytes, pos: int = 0) -> Message:
-    fmt, flags, ts, msg_id, tl, sl, pl = _MSG.unpack_from(b, pos)
-    if fmt != _FORMAT:
-        raise ValueError(f"unknown stored message format {fmt}")
-    pos += _MSG.size
-    expires_at = None
-    if flags & 8:
-        (expires_at,) = _EXP.unpack_from(b, pos)
-        pos += _EXP.size
-    topic_b = bytes(b[pos : pos + tl])
-    pos += tl
-    sender = bytes(b[pos : pos + sl]).decode()
-    pos += sl
-    props = decode_properties(bytes(b[pos : pos + pl])) if pl else None
-    pos += pl
-    m = Message(
-        topic_b.decode(), bytes(b[pos:]), flags & 3, bool(flags & 4), props, sender, None, ts, msg_id, topic_b
-    )
-    m.expires_at = expires_at
-    return m
-
-
-def pack_delivery(d: Delivery) -> bytes:
-    ids = d.sub_ids or ()
-    head = _DLV.pack(d.msg.msg_id, d.qos, d.retain, d.packet_id, d.stage, len(ids))
-    return head + b"".join(struct.pack(">I", i) for i in ids) + pack_message(d.msg)
-
-
-def unpack_delivery(b: bytes) -> Delivery:
-    _msg_id, qos, retain, pid, stage, n = _DLV.unpack_from(b, 0)
-    pos = _DLV.size
-    ids = struct.unpack_from(f">{n}I", b, pos) if n else None
-    pos += 4 * n
-    d = Delivery(unpack_message(b, pos), qos, bool(retain), ids)
-    d.packet_id, d.stage = pid, stage
-    return d
-
-
-def journal_value(d: Delivery) -> bytes:
-    return b"%d:" % d.order + pack_delivery(d)
-
-
-def unpack_journal(value: bytes) -> Delivery:
-    order, _, packed = value.partition(b":")
-    d = unpack_delivery(packed)
-    d.order = int(order)
-    return d
-
-
-def pack_sub(s: Subscription) -> bytes:
-    return _SUB.pack(s.qos, s.no_local, s.retain_as_published, s.retain_handling, s.sub_id or 0)
-
-
-def unpack_sub(b: bytes) -> Subscription:
-    qos, nl, rap, rh, sid = _SUB.unpack(b)
-    return Subscription(qos, bool(nl), bool(rap), rh, sid or None)
-
-
-def node_sessions(node_id: str) -> str:
-    """The clients connected to one node (for cleaning up after it if it dies)."""
-    return f"{PREFIX}:nodesess:{node_id}"
-
-
-def keys(cid: str) -> list[str]:
-    tag = f"{PREFIX}:{{{cid}}}"
-    return [f"{tag}:m", f"{tag}:s", f"{tag}:q", f"{tag}:i", f"{tag}:r"]
 
 
 # -- scripts ---------------------------------------------------------------------------------------
 _PRELUDE = """
-local Z = string.char(0)
 local function hset_pairs(key, list, first, n)
   local t = {}
   for j = 0, n - 1 do
@@ -155,7 +74,7 @@ local function move_queue(m, q, i, n, first)
   redis.call('LTRIM', q, #items, -1)
   local t = {}
   for k = 1, #items do
-    t[#t + 1] = string.sub(items[k], 1, 8)
+    t[#t + 1] = string.sub(items[k], 1, @ID_LEN@)
     t[#t + 1] = string.format('%d', start + k - 1) .. ':' .. items[k]
     if #t >= CHUNK_N then redis.call('HSET', i, unpack(t)); t = {} end
   end
@@ -166,13 +85,21 @@ end
 """
 
 
+# What the scripts' @NAME@ placeholders stand for: key names and pub/sub messages from their modules.
+_SUBSTITUTIONS = {
+    "@EVENTS@": f"'{keys.EVENTS}'",
+    "@NODE_CHANNEL_PREFIX@": f"'{keys.NODE_CHANNEL_PREFIX}'",
+    "@ID_LEN@": str(wire.DELIVERY_ID_LEN),
+    "CHUNK_N": str(CHUNK),
+}
+
+
 def _script(body: str) -> str:
-    return (
-        (_PRELUDE + body)
-        .replace("EVENTS_CH", EVENTS)
-        .replace("NODE_CH", f"{PREFIX}:node:")
-        .replace("CHUNK_N", str(CHUNK))
-    )
+    text = wire.LUA_PRELUDE + _PRELUDE + body
+    for name, value in _SUBSTITUTIONS.items():
+        text = text.replace(name, value)
+    assert "@" not in text, "a script placeholder without a value"
+    return text
 
 
 # KEYS: m s q i r. ARGV: node, clean start, client id, packed will ('' = none), will delay, expiry, zone,
@@ -194,7 +121,7 @@ if existed and ARGV[2] == '1' then
   if redis.call('HEXISTS', KEYS[1], 'will_at') == 1 then ended = redis.call('HMGET', KEYS[1], 'will', 'zone', 'user') end
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
   redis.call('HSET', KEYS[1], 'epoch', epoch)
-  redis.call('PUBLISH', 'EVENTS_CH', 'd' .. Z .. ARGV[1] .. Z .. ARGV[3])
+  redis.call('PUBLISH', @EVENTS@, session_ended(ARGV[1], ARGV[3]))
 end
 redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1', 'expiry', ARGV[6], 'zone', ARGV[7])
 if ARGV[9] == '1' then redis.call('HSET', KEYS[1], 'user', ARGV[8]) else redis.call('HDEL', KEYS[1], 'user') end
@@ -266,7 +193,7 @@ local len = redis.call('LLEN', KEYS[2])
 -- The owner drains the whole queue when woken (and wakes itself after a partial pull), so only pushes
 -- into an empty queue need to wake it.
 if before == 0 and len > 0 and online and meta[5] then
-  redis.call('PUBLISH', 'NODE_CH' .. meta[5], 'w' .. Z .. ARGV[1])
+  redis.call('PUBLISH', @NODE_CHANNEL_PREFIX@ .. meta[5], wake(ARGV[1]))
 end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
@@ -283,7 +210,7 @@ DISCARD = """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if epoch and ARGV[1] ~= '' and epoch ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-redis.call('PUBLISH', 'EVENTS_CH', 'd' .. Z .. ARGV[2] .. Z .. ARGV[3])
+redis.call('PUBLISH', @EVENTS@, session_ended(ARGV[2], ARGV[3]))
 return 1
 """
 
@@ -292,10 +219,10 @@ return 1
 ROUTE = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
 if ARGV[3] == '' then
-  redis.call('PUBLISH', 'EVENTS_CH', 'u' .. Z .. ARGV[4] .. Z .. ARGV[5] .. Z .. ARGV[2])
+  redis.call('PUBLISH', @EVENTS@, route_removed(ARGV[4], ARGV[5], ARGV[2]))
   return redis.call('HDEL', KEYS[2], ARGV[2])
 end
-redis.call('PUBLISH', 'EVENTS_CH', 'r' .. Z .. ARGV[4] .. Z .. ARGV[5] .. Z .. ARGV[2] .. Z .. ARGV[3])
+redis.call('PUBLISH', @EVENTS@, route_added(ARGV[4], ARGV[5], ARGV[2], ARGV[3]))
 return redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 """
 
@@ -350,7 +277,7 @@ local will = m[4] or ''
 local delay = m[5] or '0'
 if expiry <= 0 then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-  redis.call('PUBLISH', 'EVENTS_CH', 'd' .. Z .. ARGV[2] .. Z .. ARGV[3])
+  redis.call('PUBLISH', @EVENTS@, session_ended(ARGV[2], ARGV[3]))
   return {will, delay, '0', 1, m[7], m[8]}
 end
 redis.call('HSET', KEYS[1], 'online', '0', 'node', '')
@@ -486,8 +413,10 @@ class RedisStore(SessionStore):
         ]
 
         def build(pipe: Pipeline) -> None:
-            self._call(pipe, "claim", keys(client_id), args)
-            pipe.sadd(node_sessions(self.node_id), client_id)  # so that, should this node die, others find it
+            self._call(pipe, "claim", keys.session_keys(client_id), args)
+            pipe.sadd(
+                keys.node_sessions(self.node_id), client_id
+            )  # so that, should this node die, others find it
 
         try:
             res = (await self._execute(build))[0]
@@ -538,33 +467,33 @@ class RedisStore(SessionStore):
                     args: list[Any] = [op.client_id]
                     for e in group:
                         args += [pack_delivery(e.delivery), str(e.delivery.qos)]
-                    self._call(pipe, "enqueue", keys(op.client_id)[0:3:2], args)
+                    self._call(pipe, "enqueue", keys.session_keys(op.client_id)[0:3:2], args)
                     continue
                 kinds.append(op)
                 if isinstance(op, Journal):
-                    k = keys(op.client_id)
+                    k = keys.session_keys(op.client_id)
                     self._call(pipe, "journal", [k[0], k[3], k[4]], self._journal_args(op))
                 elif isinstance(op, Save):
-                    self._call(pipe, "park", keys(op.session.client_id), self._park_args(op))
+                    self._call(pipe, "park", keys.session_keys(op.session.client_id), self._park_args(op))
                     if op.will is None:  # else this node stays responsible until the will is out
-                        pipe.srem(node_sessions(self.node_id), op.session.client_id)
+                        pipe.srem(keys.node_sessions(self.node_id), op.session.client_id)
                         kinds.append(None)
                 elif isinstance(op, Discard):
                     args = [str(op.epoch) if op.epoch else "", self.node_id, op.client_id]
-                    self._call(pipe, "discard", keys(op.client_id), args)
-                    pipe.srem(node_sessions(self.node_id), op.client_id)
+                    self._call(pipe, "discard", keys.session_keys(op.client_id), args)
+                    pipe.srem(keys.node_sessions(self.node_id), op.client_id)
                     kinds.append(None)
                 elif isinstance(op, Route):
                     packed = pack_sub(op.sub) if op.sub is not None else b""
                     args = [str(op.epoch), op.topic_filter, packed, self.node_id, op.client_id]
-                    self._call(pipe, "route", keys(op.client_id)[:2], args)
+                    self._call(pipe, "route", keys.session_keys(op.client_id)[:2], args)
                 elif isinstance(op, Retain):
                     packed = pack_message(op.msg)
                     if op.msg.payload:
-                        pipe.hset(RETAINED, op.msg.topic, packed)
+                        pipe.hset(keys.RETAINED, op.msg.topic, packed)
                     else:
-                        pipe.hdel(RETAINED, op.msg.topic)
-                    pipe.publish(EVENTS, Z.join([b"t", self.node_id.encode(), packed]))
+                        pipe.hdel(keys.RETAINED, op.msg.topic)
+                    pipe.publish(keys.EVENTS, wire.retained_changed(self.node_id, packed))
                     kinds.append(None)
             if self.wait_replicas:
                 pipe.wait(self.wait_replicas, self.wait_timeout_ms)
@@ -599,9 +528,9 @@ class RedisStore(SessionStore):
         rdels = [pid for pid, ts in op.rel.items() if ts is None]
         args: list[Any] = [str(op.epoch), op.next_pid, op.order, len(puts)]
         for mid, d in puts:
-            args += [struct.pack(">Q", mid), journal_value(d)]
+            args += [journal_field(mid), journal_value(d)]
         args.append(len(dels))
-        args += [struct.pack(">Q", mid) for mid in dels]
+        args += [journal_field(mid) for mid in dels]
         args.append(len(rputs))
         for pid, ts in rputs:
             args += [pid, repr(ts)]
@@ -633,7 +562,9 @@ class RedisStore(SessionStore):
     async def set_will(self, s: Session, will: Message | None, will_delay: float) -> None:
         packed = pack_message(will) if will is not None else b""
         args = [str(s.epoch), packed, repr(will_delay), repr(s.expiry_interval)]
-        (reply,) = await self._execute(lambda pipe: self._call(pipe, "will", keys(s.client_id)[:1], args))
+        (reply,) = await self._execute(
+            lambda pipe: self._call(pipe, "will", keys.session_keys(s.client_id)[:1], args)
+        )
         if isinstance(reply, Exception):
             raise reply
 
@@ -644,7 +575,7 @@ class RedisStore(SessionStore):
 
         def build(pipe: Pipeline) -> None:
             for cid in client_ids:
-                self._call(pipe, "reap", keys(cid), [dead, self.node_id, cid])
+                self._call(pipe, "reap", keys.session_keys(cid), [dead, self.node_id, cid])
 
         out = []
         for cid, r in zip(client_ids, await self._execute(build), strict=True):
@@ -659,8 +590,8 @@ class RedisStore(SessionStore):
         at = f"{will_at:.3f}"
 
         def build(pipe: Pipeline) -> None:
-            self._call(pipe, "takewill", keys(client_id)[:1], [at])
-            pipe.srem(node_sessions(self.node_id), client_id)
+            self._call(pipe, "takewill", keys.session_keys(client_id)[:1], [at])
+            pipe.srem(keys.node_sessions(self.node_id), client_id)
 
         (raw, _) = await self._execute(build)
         if isinstance(raw, Exception):
@@ -669,7 +600,9 @@ class RedisStore(SessionStore):
 
     async def owner(self, client_id: str) -> str | None:
         """The node the client is connected to, if any (from the session's meta)."""
-        (node,) = await self._execute(lambda pipe: self._call(pipe, "owner", keys(client_id)[:1], []))
+        (node,) = await self._execute(
+            lambda pipe: self._call(pipe, "owner", keys.session_keys(client_id)[:1], [])
+        )
         if isinstance(node, Exception):
             raise node
         return node.decode() if node else None
@@ -680,7 +613,7 @@ class RedisStore(SessionStore):
 
         def build(pipe: Pipeline) -> None:
             for cid, epoch, first in targets:
-                k = keys(cid)
+                k = keys.session_keys(cid)
                 self._call(pipe, "pull", [k[0], k[2], k[3]], [str(epoch), n, int(first >= 0), max(first, 0)])
 
         replies = await self._execute(build)
@@ -693,15 +626,14 @@ class RedisStore(SessionStore):
     async def load_routes(self) -> list[tuple[str, str, Subscription]]:
         """Every subscription of every session in Redis: the fleet's route table."""
         out = []
-        async for key in self.redis.scan_iter(match=f"{PREFIX}:{{*}}:s", count=1000):
-            k = key.decode()
-            cid = k[len(PREFIX) + 2 : k.rindex("}:s")]
+        async for key in self.redis.scan_iter(match=keys.SUBSCRIPTIONS_PATTERN, count=1000):
+            cid = keys.client_of_subscriptions_key(key.decode())
             for f, o in (await self.redis.hgetall(key)).items():
                 out.append((cid, f.decode(), unpack_sub(o)))
         return out
 
     async def load_retained(self) -> list[Message]:
-        return [unpack_message(v) for v in (await self.redis.hgetall(RETAINED)).values()]
+        return [unpack_message(v) for v in (await self.redis.hgetall(keys.RETAINED)).values()]
 
     def offline_sessions(self) -> list[Session]:
         return []

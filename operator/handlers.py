@@ -20,7 +20,7 @@ from typing import Any
 
 import kopf
 import redis.asyncio as aioredis
-from fleetmq.broker.cluster import nodeinfo_key
+from fleetmq.broker import keys
 
 from . import metrics, render
 from .crds import GROUP, VERSION, BrokerFleetSpec
@@ -250,7 +250,7 @@ class Operator:
         try:
             async with client.pipeline(transaction=False) as pipe:
                 for pod in pods:
-                    pipe.hgetall(nodeinfo_key(pod))
+                    pipe.hgetall(keys.nodeinfo(pod))
                 replies = await pipe.execute()
         except Exception as e:  # redis errors, DNS, timeouts: reported, never fatal
             metrics.RECONCILE_ERRORS.labels("nodeinfo").inc()

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from fleetmq.broker.events import stream_key
+from fleetmq.broker.keys import event_stream
 
 from .schema import EVENTS_DIR, FILE_COLUMNS, arrow_schema, escape_partition, parse_entry, utc_date
 
@@ -71,7 +71,7 @@ class Exporter:
     ) -> None:
         if batch < 1:
             raise ValueError(f"--batch must be >= 1, got {batch}")
-        self.key = stream_key(fleet)
+        self.key = event_stream(fleet)
         self.out = Path(out)
         self.group = group
         self.consumer = consumer

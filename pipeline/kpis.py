@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fleetmq.broker.events import SAMPLED_EVENTS
+from fleetmq.broker.eventschema import SAMPLED_EVENTS
 from fleetmq.pipeline.tuning import P_SIZING, PERCENTILE_ACCURACY, PERCENTILES
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F

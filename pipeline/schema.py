@@ -1,6 +1,6 @@
 """The event table: the stream's flat records as typed columns, and where their Parquet files live.
 
-The column list is broker.events.FIELDS (the writer's contract) plus the stream entry id; the exporter
+The column list is broker.eventschema.FIELDS (the writer's contract) plus the stream entry id; the exporter
 writes these columns and the Spark job reads them with this schema, so neither guesses types. Files are
 Hive-partitioned by ``date`` (UTC day of ts_ms) and ``zone``, which are not stored inside the files.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from fleetmq.broker.events import FIELDS
+from fleetmq.broker.eventschema import FIELDS
 
 #: column -> kind ("str", "int", "float"); every column is nullable (absent fields are null)
 COLUMNS: dict[str, str] = {
@@ -33,7 +33,7 @@ COLUMNS: dict[str, str] = {
     "max_mqueue_len": "int",
     "sample": "float",
 }
-assert set(COLUMNS) == {"stream_id", *FIELDS}, "schema.COLUMNS must follow broker.events.FIELDS"
+assert set(COLUMNS) == {"stream_id", *FIELDS}, "schema.COLUMNS must follow broker.eventschema.FIELDS"
 
 PARTITIONS = ("date", "zone")
 #: columns stored in a Parquet file (the partition columns live in its path)

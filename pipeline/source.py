@@ -41,12 +41,12 @@ class EventStreamSource(DataSource):
         return ", ".join(f"{c} {_DDL[kind]}" for c, kind in COLUMNS.items())
 
     def _options(self) -> tuple[str, str]:
-        from fleetmq.broker.events import stream_key
+        from fleetmq.broker.keys import event_stream
 
         url, fleet = self.options.get("redis_url"), self.options.get("fleet")
         if not url or not fleet:
             raise ValueError(f"the {NAME} source needs .option('redis_url', URL) and .option('fleet', NAME)")
-        return url, stream_key(fleet)
+        return url, event_stream(fleet)
 
     def reader(self, schema: Any) -> DataSourceReader:
         return _BatchReader(*self._options())

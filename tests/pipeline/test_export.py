@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from fleetmq.broker.events import DELIVER, PUBLISH_IN, EventLog, stream_key
+from fleetmq.broker.events import EventLog
+from fleetmq.broker.eventschema import DELIVER, PUBLISH_IN
+from fleetmq.broker.keys import event_stream as stream_key
 from fleetmq.pipeline.export import DEFAULT_GROUP, PAUSE_AT_ENV, PAUSE_FILE_ENV, Exporter
 
 pytestmark = pytest.mark.redis

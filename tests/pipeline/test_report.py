@@ -8,7 +8,8 @@ import datetime as dt
 
 import pytest
 import yaml
-from fleetmq.broker.events import (
+from fleetmq.broker.events import EventLog
+from fleetmq.broker.eventschema import (
     ACK,
     CONNECT,
     DELIVER,
@@ -16,7 +17,6 @@ from fleetmq.broker.events import (
     PUBLISH_IN,
     RETRANSMIT,
     TAKEOVER,
-    EventLog,
 )
 from fleetmq.broker.zones import ZoneSettings
 from fleetmq.pipeline import report

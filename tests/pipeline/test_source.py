@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fleetmq.broker.events import DELIVER, DROP
+from fleetmq.broker.eventschema import DELIVER, DROP
 from fleetmq.pipeline.source import NAME, EventStreamSource
 
 from .test_export import FLEET, emit_events

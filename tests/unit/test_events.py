@@ -6,19 +6,19 @@ import asyncio
 import time
 
 import pytest
-from fleetmq.broker.events import (
+from fleetmq.broker.events import EventLog
+from fleetmq.broker.eventschema import (
     ACK,
     DELIVER,
     DROP,
     FIELDS,
     PUBLISH_IN,
     ZONE_CONFIG,
-    EventLog,
     client_hash,
     sample_threshold,
     sampled,
-    stream_key,
 )
+from fleetmq.broker.keys import event_stream as stream_key
 from fleetmq.broker.zones import ZoneSettings
 
 pytestmark = pytest.mark.redis
