@@ -70,10 +70,12 @@ def covers(outer: str, inner: str) -> bool:
     for i, level in enumerate(o):
         if level == "#":
             return not (i == 0 and dollar)
-        if i >= len(n) or n[i] == "#":
-            # '+/#' and '#' both match every topic not starting with '$'; deeper down, 'x/#' also
-            # matches 'x' itself, which 'x/+/#' does not
-            return i == 0 and n == ["#"] and level == "+" and o[1:] == ["#"]
+        if i >= len(n):
+            return False
+        if n[i] == "#":
+            # 'x/#' also matches 'x' itself, which 'x/+/#' does not, unless 'x' is no topic at all:
+            # nothing before the '#' ('+/#' and '#' match the same) or one empty level ("/#", "/+/#")
+            return level == "+" and o[i + 1 :] == ["#"] and (i == 0 or (i == 1 and n[0] == ""))
         if level == "+":
             if i == 0 and dollar:
                 return False

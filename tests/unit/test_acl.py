@@ -71,13 +71,28 @@ def filters(draw) -> str:
 topics = st.sampled_from(UNIVERSE)
 
 
-@settings(max_examples=400, deadline=None)
-@given(a=filters(), b=filters())
-def test_covers_and_overlaps_agree_with_topic_sets(a, b):
-    ta, tb = topics_of(a), topics_of(b)
-    assert covers(a, b) == (tb <= ta), (a, b)
-    assert overlaps(a, b) == bool(ta & tb), (a, b)
-    assert overlaps(a, b) == overlaps(b, a)
+ALL_FILTERS = sorted(
+    {
+        "/".join([*levels, *tail])
+        for n in range(MAX_FILTER_LEVELS + 1)
+        for levels in itertools.product(FILTER_LEVELS, repeat=n)
+        for tail in ((), ("#",))
+    }
+    - {""}  # no levels at all: not a filter
+)
+
+
+def test_covers_and_overlaps_agree_with_topic_sets_for_every_pair():
+    """Exhaustive over every filter of up to three levels (and a '#') of the universe's levels."""
+    sets = {f: frozenset(topics_of(f)) for f in ALL_FILTERS}
+    wrong = []
+    for a in ALL_FILTERS:
+        ta = sets[a]
+        for b in ALL_FILTERS:
+            tb = sets[b]
+            if covers(a, b) != (tb <= ta) or overlaps(a, b) != (not ta.isdisjoint(tb)):
+                wrong.append((a, b))
+    assert not wrong, wrong[:20]
 
 
 @settings(max_examples=200, deadline=None)
