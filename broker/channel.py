@@ -1,23 +1,26 @@
 """The channel (EMQX's emqx_channel): one client's MQTT protocol state machine.
 
-Sans-I/O: the channel is fed bytes and writes bytes through a small `ChannelIO` interface (write, close,
-timers, clock) that the asyncio connection implements and tests fake. It owns the client's session while
-connected and applies the EMQX delivery rules: QoS0 goes out at once, QoS1/2 through the Inflight Window,
-the Message Queue behind it, retransmission in original order.
+Sans-I/O: it is fed bytes (`data_received`) and told what happened around it (its session opened or was
+refused, the socket closed or congested, a message routed to it, its zone changed); it writes packets
+through the `ChannelIO` it is given, and asks its `ChannelHost` for what lies beyond one client: opening
+its session (credentials, connection limits, takeover and the store are awaited there), routing a
+publish, keeping a subscription, and waiting until what a packet changed is stored before answering it.
+It never awaits, runs no executor and reads no clock but the one its IO gives it.
+
+It applies the EMQX delivery rules with its session: QoS 0 goes out at once, QoS 1/2 through the Inflight
+Window with the Message Queue behind it, retransmission in original order. Every observable fact goes to
+its zone's telemetry, once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .auth import Access, ClientAcl
 from .codec import (
     MQTT5,
-    MQTT31,
     PINGRESP_BYTES,
     RC,
     Auth,
@@ -41,46 +44,20 @@ from .codec import (
     encode,
     encode_ack,
 )
-from .eventschema import (
-    ACK,
-    AWAITING_REL_TIMEOUT,
-    CONNECT,
-    DELIVER,
-    DISCONNECT,
-    DROP,
-    INFLIGHT_FULL,
-    KEEPALIVE_TIMEOUT,
-    PUBLISH_IN,
-    RETRANSMIT,
-    SAMPLE_MASK,
-    SAMPLE_MIX,
-)
-from .keepalive import KeepAlive, effective_keepalive
+from .eventschema import DropReason
+from .keepalive import KeepAlive
 from .limiter import TokenBucket
 from .message import Delivery, Message
+from .negotiation import NEVER_EXPIRE, V3_CONNACK, Negotiated, Refusal, negotiate
 from .router import Subscription
 from .session import AwaitingRelFull, Session
-from .store import Route
-from .topic import parse_share, valid_filter, valid_topic
-
-if TYPE_CHECKING:
-    from .node import Node
+from .topic import parse_share, valid_filter
+from .zone import Zone
+from .zones import ZoneSettings
 
 log = logging.getLogger("fleetmq.channel")
 
 PUBACK, PUBREC, PUBREL, PUBCOMP = PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP
-NEVER_EXPIRE = 0xFFFFFFFF
-
-# v3 CONNACK return codes for the v5 reasons a CONNECT can be refused with.
-V3_CONNACK = {
-    RC.UNSUPPORTED_PROTOCOL_VERSION: 1,
-    RC.CLIENT_IDENTIFIER_NOT_VALID: 2,
-    RC.SERVER_UNAVAILABLE: 3,
-    RC.SERVER_BUSY: 3,
-    RC.QUOTA_EXCEEDED: 3,
-    RC.BAD_USER_NAME_OR_PASSWORD: 4,
-    RC.NOT_AUTHORIZED: 5,
-}
 
 
 def reason_name(code: int) -> str:
@@ -90,14 +67,18 @@ def reason_name(code: int) -> str:
         return f"0x{code:02x}"
 
 
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
 class ChannelIO(Protocol):
-    """What a channel needs from its transport (implemented by connection.Connection)."""
+    """What a channel needs from its transport (connection.Connection; a fake in unit tests)."""
 
     def write(self, data: bytes) -> None: ...
 
     def close(self) -> None: ...
 
-    def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle: ...
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer: ...
 
     def time(self) -> float: ...
 
@@ -106,8 +87,82 @@ class ChannelIO(Protocol):
     def resume_reading(self) -> None: ...
 
 
+class ChannelHost(Protocol):
+    """What a channel asks of the broker around it (cm.ChannelManager)."""
+
+    @property
+    def durable(self) -> bool:
+        """Whether writes outlive the process: then replies that depend on them wait for `after_commit`."""
+
+    def open_session(self, ch: Channel, request: Negotiated) -> None:
+        """Open (or take over, or resume) the session of an accepted CONNECT; answers later with
+        `ch.session_opened(...)` or `ch.refuse(...)`."""
+
+    def closed(self, ch: Channel) -> None:
+        """The connection is gone: its session is parked, ended or already someone else's."""
+
+    def publish(self, msg: Message, zone: str) -> tuple[int, bool]:
+        """Route a message: (sessions matched, whether the publisher's ack must await a commit)."""
+
+    def subscribe(self, ch: Channel, topic_filter: str, sub: Subscription) -> None: ...
+
+    def unsubscribe(self, ch: Channel, topic_filter: str) -> None: ...
+
+    def retained(self, topic_filter: str) -> list[Message]:
+        """The live retained messages a new subscription gets."""
+
+    def after_commit(self, callback: Callable[[bool], None]) -> None:
+        """Call back once every write made so far is stored (True) or failed (False)."""
+
+    def new_client_id(self) -> str:
+        """An id for a client that sent none (unique in the fleet)."""
+
+
 class State:
     NEW, CONNECTING, CONNECTED, CLOSED = range(4)
+
+
+# -- publish admission: each check returns why a PUBLISH is refused, or None ------------------------------
+Refused = tuple[int, DropReason, str]  # v5 reason code, drop reason, log text
+
+
+def _check_payload_format(ch: Channel, p: Publish, topic: str) -> Refused | None:
+    if p.properties.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
+        try:
+            p.payload.decode()
+        except UnicodeDecodeError:
+            return RC.PAYLOAD_FORMAT_INVALID, DropReason.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8"
+    return None
+
+
+def _check_publish_rate(ch: Channel, p: Publish, topic: str) -> Refused | None:
+    """v5 is refused and told (v3 cannot be told, so it is slowed down instead: Channel._dispatch)."""
+    bucket = ch.publish_rate
+    if bucket is not None and bucket.take(ch.io.time()):
+        return RC.QUOTA_EXCEEDED, DropReason.RATE_LIMITED, "publish rate exceeded"
+    return None
+
+
+def _check_acl(ch: Channel, p: Publish, topic: str) -> Refused | None:
+    acl = ch.acl
+    if acl is not None and not acl.can_publish(topic):
+        return RC.NOT_AUTHORIZED, DropReason.NOT_AUTHORIZED, "not authorized"
+    return None
+
+
+PublishCheck = Callable[["Channel", Publish, str], Refused | None]
+
+
+def publish_checks(settings: ZoneSettings, acl: ClientAcl | None, version: int) -> tuple[PublishCheck, ...]:
+    """The checks a client's PUBLISH goes through: only those its zone and protocol call for."""
+    checks: list[PublishCheck] = []
+    if version >= MQTT5:
+        checks.append(_check_payload_format)
+        if settings.max_publish_rate:
+            checks.append(_check_publish_rate)
+    if acl is not None:
+        checks.append(_check_acl)
+    return tuple(checks)
 
 
 class Channel:
@@ -116,6 +171,7 @@ class Channel:
         "_aliases_in",
         "_aliases_out",
         "_backlog",
+        "_checks",
         "_ka_timer",
         "_rel_timer",
         "_retry_timer",
@@ -129,46 +185,40 @@ class Channel:
         "congested",
         "connected_at",
         "counted",
-        "ev",
+        "host",
         "io",
         "keepalive",
         "last_recv",
         "listener",
-        "node",
         "parser",
         "peer",
         "publish_rate",
         "read_guard",
         "retry",
         "session",
+        "settings",
         "state",
+        "telemetry",
         "username",
         "version",
         "will",
         "will_delay",
-        "zm",
         "zone",
         "zone_name",
     )
 
-    def __init__(self, node: Node, zone_name: str, io: ChannelIO, peer: str = "", listener: str = "") -> None:
-        self.node = node
-        self.zone_name = zone_name
-        self.zone = node.zones[zone_name]
-        self.zm = node.metrics.zone(zone_name)
-        self.ev = node.events  # the event log, or None (events are off)
-        self.acl: ClientAcl | None = None  # the zone's rules bound to this client at CONNECT
-        # Whether deliveries on the local path are checked for read access: set once a subscription
-        # whose filter can reach a denied topic is made, and kept until the rules are bound again (so
-        # messages already on their way through such a filter are still checked after an UNSUBSCRIBE).
-        self.read_guard = False
-        self.counted = False  # in its zone's connection count
-        self._backlog: list[Any] | None = None  # packets held back by the publish rate
-        self.publish_rate: TokenBucket | None = None
+    def __init__(
+        self, host: ChannelHost, zone: Zone, io: ChannelIO, peer: str = "", listener: str = ""
+    ) -> None:
+        self.host = host
+        self.zone = zone
+        self.zone_name = zone.name
+        self.settings = zone.settings  # as this channel applied them (apply_zone takes a change)
+        self.telemetry = zone.telemetry
         self.io = io
         self.peer = peer
         self.listener = listener
-        self.parser = Parser(max_packet_size=self.zone.max_packet_size)
+        self.parser = Parser(max_packet_size=self.settings.max_packet_size)
         self.state = State.NEW
         self.version = 0
         self.client_id = ""
@@ -182,18 +232,25 @@ class Channel:
         self.client_alias_max = 0
         self.retry = False
         self.congested = False
+        self.counted = False  # in its zone's connection count (the host counts and uncounts)
         self.close_reason: str | None = None
         self.last_recv = io.time()
         self.connected_at = 0.0
+        self.acl: ClientAcl | None = None  # the zone's rules bound to this client at CONNECT
+        # Whether deliveries on the local path are checked for read access: set once a subscription
+        # whose filter a deny rule reaches is made, and kept until the rules are bound again (so messages
+        # already on their way through such a filter are still checked after an UNSUBSCRIBE).
+        self.read_guard = False
+        self.publish_rate: TokenBucket | None = None
+        self._checks: tuple[PublishCheck, ...] = ()
+        self._backlog: list[Any] | None = None  # packets held back by the publish rate
         self._aliases_in: dict[int, str] | None = None
         self._aliases_out: dict[str, int] | None = None
         self._acks_pending = 0
         self._stash: list[Any] | None = None
-        self._ka_timer: asyncio.TimerHandle | None = io.call_later(
-            self.zone.idle_timeout, self._connect_timeout
-        )
-        self._retry_timer: asyncio.TimerHandle | None = None
-        self._rel_timer: asyncio.TimerHandle | None = None
+        self._ka_timer: Timer | None = io.call_later(self.settings.idle_timeout, self._connect_timeout)
+        self._retry_timer: Timer | None = None
+        self._rel_timer: Timer | None = None
 
     # ---------------------------------------------------------------------------------------------
     # input
@@ -278,48 +335,41 @@ class Channel:
         if self.state == State.CLOSED:
             return
         if self.version >= MQTT5 and self.state == State.CONNECTED:
-            props = {Prop.REASON_STRING: reason_string} if reason_string else {}
+            props: dict[int, Any] = {Prop.REASON_STRING: reason_string} if reason_string else {}
             self.io.write(encode(Disconnect(reason, props), MQTT5))
         self._close(why)
 
     def _close(self, why: str) -> None:
         self.close_reason = why
-        self.zm.disconnects[why] += 1
-        if self.ev is not None and self.state == State.CONNECTED:
-            self.ev.emit(DISCONNECT, self.zone_name, self.client_id, reason=why)
+        self.telemetry.disconnected(self.client_id, why, self.state == State.CONNECTED)
         self.state = State.CLOSED
         self._cancel_timers()
         self.io.close()
 
     def connection_lost(self) -> None:
-        """The socket is gone (for whatever reason): hand the session to the channel manager."""
+        """The socket is gone (for whatever reason): the host takes care of the session."""
         if self.close_reason is None:
             self.close_reason = "sock_closed"
-            self.zm.disconnects["sock_closed"] += 1
-            if self.ev is not None and self.state == State.CONNECTED:
-                self.ev.emit(DISCONNECT, self.zone_name, self.client_id, reason="sock_closed")
-        prior = self.state
+            self.telemetry.disconnected(self.client_id, "sock_closed", self.state == State.CONNECTED)
         self.state = State.CLOSED
         self._cancel_timers()
-        if self.counted:
-            self.counted = False
-            self.node.limits(self.zone_name).connections -= 1
-        if prior in (State.CONNECTED, State.CLOSED) and self.session is not None:
-            self.node.cm.channel_closed(self)
+        self.host.closed(self)
 
     def _cancel_timers(self) -> None:
-        for name in ("_ka_timer", "_retry_timer", "_rel_timer"):
-            t = getattr(self, name)
+        for t in (self._ka_timer, self._retry_timer, self._rel_timer):
             if t is not None:
                 t.cancel()
-                setattr(self, name, None)
+        self._ka_timer = self._retry_timer = self._rel_timer = None
 
     # ---------------------------------------------------------------------------------------------
     # CONNECT
     # ---------------------------------------------------------------------------------------------
-    def _refuse(self, reason: int, why: str, reason_string: str | None = None) -> None:
+    def refuse(self, reason: int, why: str, reason_string: str | None = None) -> None:
+        """Turn the CONNECT down (CONNACK with the reason) and close."""
+        if self.state == State.CLOSED:
+            return
         if self.version >= MQTT5:
-            props = {Prop.REASON_STRING: reason_string} if reason_string else {}
+            props: dict[int, Any] = {Prop.REASON_STRING: reason_string} if reason_string else {}
             self.io.write(encode(Connack(reason_code=reason, properties=props), MQTT5))
         else:
             self.io.write(encode(Connack(reason_code=V3_CONNACK.get(reason, 3)), self.version))
@@ -327,113 +377,38 @@ class Channel:
 
     def _on_connect(self, p: Connect) -> None:
         self.version = p.proto_level
-        zone = self.zone
-        props = p.properties
-        self.clean_start = p.clean_start
-        client_id = p.client_id
-        assigned = False
-        if not client_id:
-            if self.version >= MQTT5:
-                client_id = self.node.assign_client_id()
-                assigned = True
-            elif p.clean_start and self.version > MQTT31:
-                client_id = self.node.assign_client_id()
-            else:
-                return self._refuse(RC.CLIENT_IDENTIFIER_NOT_VALID, "client_id_invalid")
-        if len(client_id) > zone.max_clientid_len:
-            return self._refuse(RC.CLIENT_IDENTIFIER_NOT_VALID, "client_id_invalid")
-        if props.get(Prop.AUTHENTICATION_METHOD) is not None:
-            return self._refuse(RC.BAD_AUTHENTICATION_METHOD, "bad_authentication_method")
-        if p.username is None and not zone.allow_anonymous:
-            return self._refuse(RC.NOT_AUTHORIZED, "not_authorized")
-        limits = self.node.limits(self.zone_name)
-        if zone.max_connections and limits.connections >= zone.max_connections:
-            return self._refuse(RC.QUOTA_EXCEEDED, "max_connections")
-        if not limits.connect_allowed(self.io.time()):
-            return self._refuse(RC.CONNECTION_RATE_EXCEEDED, "connection_rate_exceeded")
-        limits.connections += 1
-        self.counted = True
-        if zone.max_publish_rate:
-            self.publish_rate = TokenBucket(zone.max_publish_rate, self.io.time())
-        password = p.password
-        will = p.will
-        if will is not None:
-            if not valid_topic(will.topic):
-                return self._refuse(RC.TOPIC_NAME_INVALID, "will_topic_invalid")
-            self.will = Message.from_publish(
-                will.topic, will.payload, will.qos, will.retain, will.properties, client_id
-            )
-            self.will_delay = float(will.properties.get(Prop.WILL_DELAY_INTERVAL, 0))
-        self.client_id = client_id
-        self.username = p.username
-        zone_acl = self.node.acl.get(self.zone_name)
-        self.acl = zone_acl.bind(p.username, client_id) if zone_acl is not None else None
-        if self.version >= MQTT5:
-            requested = props.get(Prop.SESSION_EXPIRY_INTERVAL, 0)
-            self.client_max_packet = props.get(Prop.MAXIMUM_PACKET_SIZE, 0)
-            self.client_alias_max = props.get(Prop.TOPIC_ALIAS_MAXIMUM, 0)
-            receive_max = props.get(Prop.RECEIVE_MAXIMUM, 65535)
-            self.retry = zone.retry_v5
-        else:
-            requested = 0 if p.clean_start else NEVER_EXPIRE
-            receive_max = 0
-            self.retry = True
-        expiry = requested
-        if requested and zone.session_expiry_interval < requested:
-            expiry = int(zone.session_expiry_interval)
-        ka, overridden = effective_keepalive(p.keepalive, zone.server_keepalive)
-        self.keepalive = KeepAlive(ka, zone.keepalive_backoff)
+        result = negotiate(p, self.settings, self.host.new_client_id)
+        if isinstance(result, Refusal):
+            return self.refuse(result.reason, result.why, result.reason_string)
+        self.client_id = result.client_id
+        self.username = result.username
+        self.clean_start = result.clean_start
+        self.will, self.will_delay = result.will, result.will_delay
+        self.keepalive = result.keepalive
+        self.client_max_packet = result.client_max_packet
+        self.client_alias_max = result.client_alias_max
+        self.retry = result.retry
+        self._bind_rules()
         self.state = State.CONNECTING
         self._stash = []
-        connack_props: dict[int, Any] = {}
-        if self.version >= MQTT5:
-            if assigned:
-                connack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
-            if overridden:
-                connack_props[Prop.SERVER_KEEP_ALIVE] = ka
-            if expiry != requested:
-                connack_props[Prop.SESSION_EXPIRY_INTERVAL] = expiry
-            if zone.receive_maximum != 65535:
-                connack_props[Prop.RECEIVE_MAXIMUM] = zone.receive_maximum
-            connack_props[Prop.MAXIMUM_PACKET_SIZE] = zone.max_packet_size
-            if zone.max_topic_alias:
-                connack_props[Prop.TOPIC_ALIAS_MAXIMUM] = zone.max_topic_alias
-        self.node.spawn(self._open_session(float(expiry), receive_max, connack_props, password))
+        self.host.open_session(self, result)
 
-    async def _open_session(
-        self, expiry: float, receive_max: int, connack_props: dict[int, Any], password: bytes | None = None
-    ) -> None:
-        t0 = time.perf_counter()
-        auth = self.node.auth.get(self.zone_name)
-        if auth is not None and self.username is not None:
-            # a slow hash by design: computed off the event loop (hashlib releases the GIL)
-            loop = asyncio.get_running_loop()
-            ok = await loop.run_in_executor(None, auth.check, self.username, password)
-            if self.state == State.CLOSED:
-                return
-            if not ok:
-                log.info("bad credentials from %s", self.peer)
-                self._refuse(RC.BAD_USER_NAME_OR_PASSWORD, "bad_username_or_password")
-                return
-        will, acl = self.will, self.acl
-        if will is not None and acl is not None and self.version >= MQTT5 and not acl.can_publish(will.topic):
-            # Told now, with the reason, rather than finding out when the will was due that it never went
-            # out. A v3 refusal (code 5) would read as bad credentials, so v3 clients are accepted and
-            # their will is dropped (counted, logged) when it would be published; so is a v5 client's if
-            # the rules change while it is connected.
-            log.info("refusing %r: not authorized to publish its will on %r", self.client_id, will.topic)
-            self._refuse(RC.NOT_AUTHORIZED, "will_not_authorized", "will topic not authorized")
-            return
-        try:
-            session, present = await self.node.cm.open_session(self, expiry, receive_max)
-        except Exception as e:
-            log.warning("cannot open session for %r: %s", self.client_id, e)
-            if self.state != State.CLOSED:
-                self._refuse(RC.SERVER_UNAVAILABLE, "server_unavailable")
-            return
-        if self.state == State.CLOSED:  # the socket went away while we waited
+    def _bind_rules(self) -> None:
+        """This client's view of its zone's rules and limits (at CONNECT and after a live change)."""
+        zone = self.zone
+        self.acl = zone.acl.bind(self.username, self.client_id) if zone.acl is not None else None
+        rate = self.settings.max_publish_rate
+        if not rate:
+            self.publish_rate = None
+        elif self.publish_rate is None or self.publish_rate.rate != rate:
+            self.publish_rate = TokenBucket(rate, self.io.time())
+        self._checks = publish_checks(self.settings, self.acl, self.version)
+
+    def session_opened(self, session: Session, present: bool, connack_props: dict[int, Any]) -> None:
+        """The host opened the session: CONNACK, resend what was unacknowledged, then what queued."""
+        if self.state == State.CLOSED:  # the socket went away while the host worked
             self.session = session
-            self.node.cm.channel_closed(self)
+            self.host.closed(self)
             return
         self.session = session
         self.state = State.CONNECTED
@@ -441,22 +416,13 @@ class Channel:
         unreadable = self._guard_session()
         self.io.write(encode(Connack(present, 0, connack_props), self.version))
         self._arm_keepalive()
-        if self.ev is not None:  # the backlog a resumed session brings: what queued while it was away
-            self.ev.emit(
-                CONNECT,
-                self.zone_name,
-                self.client_id,
-                inflight_len=len(session.inflight),
-                mqueue_len=len(session.mqueue),
-                reason="resumed" if present else "new",
-            )
+        self.telemetry.connected(self.client_id, present, session)
         now = self.io.time()
         if present:
-            self.node.metrics.takeover.observe(time.perf_counter() - t0)
             for d in session.pending_resend(now):
                 self._resend(d)
         if unreadable:
-            self._unauthorized(unreadable)
+            self.telemetry.dropped_all(DropReason.NOT_AUTHORIZED, self.client_id, unreadable, session)
         self._send_deliveries(*session.refill(now))
         self._arm_retry()
         if session.awaiting_rel:
@@ -474,7 +440,7 @@ class Channel:
     def _connect_timeout(self) -> None:
         self._ka_timer = None
         if self.state == State.NEW:
-            log.info("closing %s: no CONNECT within %ss", self.peer, self.zone.idle_timeout)
+            log.info("closing %s: no CONNECT within %ss", self.peer, self.settings.idle_timeout)
             self._close("connect_timeout")
 
     # ---------------------------------------------------------------------------------------------
@@ -496,16 +462,14 @@ class Channel:
         if left > 0:
             self._ka_timer = self.io.call_later(left, self._check_keepalive)
             return
-        self.zm.keepalive_timeouts += 1
-        if self.ev is not None:
-            self.ev.emit(KEEPALIVE_TIMEOUT, self.zone_name, self.client_id)
+        self.telemetry.keepalive_timeout(self.client_id)
         log.info("keep alive timeout for %r after %.1fs of silence", self.client_id, self.keepalive.timeout)
         self.disconnect(RC.KEEP_ALIVE_TIMEOUT, "keepalive_timeout")
 
     def _arm_retry(self) -> None:
         if not self.retry or self._retry_timer is not None or self.session is None:
             return
-        due = self.session.next_retry(self.zone.retry_interval)
+        due = self.session.next_retry(self.settings.retry_interval)
         if due is not None:
             self._retry_timer = self.io.call_later(max(0.0, due - self.io.time()), self._on_retry)
 
@@ -513,7 +477,7 @@ class Channel:
         self._retry_timer = None
         if self.state != State.CONNECTED or self.session is None:
             return
-        for d in self.session.retry_due(self.io.time(), self.zone.retry_interval):
+        for d in self.session.retry_due(self.io.time(), self.settings.retry_interval):
             self._resend(d)
         self._arm_retry()
 
@@ -530,9 +494,7 @@ class Channel:
             return
         n = self.session.expire_awaiting_rel(self.io.time())
         if n:
-            self.zm.dropped["awaiting_rel_timeout"] += n
-            if self.ev is not None:
-                self.ev.emit(AWAITING_REL_TIMEOUT, self.zone_name, self.client_id, reason=str(n))
+            self.telemetry.awaiting_rel_timeout(self.client_id, n)
         self._arm_rel_timer()
 
     # ---------------------------------------------------------------------------------------------
@@ -544,7 +506,7 @@ class Channel:
         if props and self.version >= MQTT5:
             alias = props.get(Prop.TOPIC_ALIAS)
             if alias is not None:
-                if alias > self.zone.max_topic_alias:
+                if alias > self.settings.max_topic_alias:
                     return self.protocol_error(RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} above maximum")
                 aliases = self._aliases_in
                 if aliases is None:
@@ -555,29 +517,19 @@ class Channel:
                     topic = aliases.get(alias, "")
                     if not topic:
                         return self.protocol_error(RC.PROTOCOL_ERROR, f"unknown topic alias {alias}")
-            if props.get(Prop.PAYLOAD_FORMAT_INDICATOR) == 1:
-                try:
-                    p.payload.decode()
-                except UnicodeDecodeError:
-                    self.zm.dropped["payload_format_invalid"] += 1
-                    return self._publish_refused(p, RC.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
+        for check in self._checks:
+            refused = check(self, p, topic)
+            if refused is not None:
+                rc, reason, _why = refused
+                self.telemetry.dropped(reason, self.client_id, None, p.qos)
+                return self._publish_refused(p, rc)
         qos = p.qos
-        self.zm.received[qos] += 1
-        bucket = self.publish_rate
-        # over the zone's publish rate: v5 is refused and told so (v3 is throttled in _dispatch instead)
-        if bucket is not None and self.version >= MQTT5 and bucket.take(self.io.time()):
-            self.zm.dropped["rate_limited"] += 1
-            return self._publish_refused(p, RC.QUOTA_EXCEEDED, "publish rate exceeded")
-        acl = self.acl
-        if acl is not None and not acl.can_publish(topic):
-            self.zm.dropped["not_authorized"] += 1
-            return self._publish_refused(p, RC.NOT_AUTHORIZED, "not authorized")
         session = self.session
         assert session is not None
         if (
             qos
             and self.version >= MQTT5
-            and len(session.awaiting_rel) + self._acks_pending >= self.zone.receive_maximum
+            and len(session.awaiting_rel) + self._acks_pending >= self.settings.receive_maximum
             and p.packet_id not in session.awaiting_rel
         ):
             return self.protocol_error(
@@ -587,7 +539,7 @@ class Channel:
             try:
                 fresh = session.await_rel(p.packet_id, self.io.time())
             except AwaitingRelFull:
-                self.zm.dropped["awaiting_rel_full"] += 1
+                self.telemetry.dropped(DropReason.AWAITING_REL_FULL, self.client_id, None, 2)
                 if self.version >= MQTT5:  # refused, and the client can see it was
                     self._send_ack(PUBREC, p.packet_id, RC.RECEIVE_MAXIMUM_EXCEEDED)
                 else:  # a v3 PUBREC cannot say "refused": close unacked so the client resends later
@@ -599,19 +551,18 @@ class Channel:
             if self._rel_timer is None:
                 self._arm_rel_timer()
         msg = Message.from_publish(topic, p.payload, qos, p.retain, props, self.client_id)
-        if self.ev is not None and (msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-            self._event(PUBLISH_IN, msg, qos, p.packet_id or -1)
-        matched, needs_commit = self.node.publish(msg, self.zone_name)
+        self.telemetry.received(self.client_id, msg, p.packet_id, session)
+        matched, needs_commit = self.host.publish(msg, self.zone_name)
         if qos:
             rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
             ptype = PUBACK if qos == 1 else PUBREC
             # A journaled QoS2 receipt (awaiting PUBREL) must be stored before PUBREC says "got it".
-            if needs_commit or self._acks_pending or (qos == 2 and session.dirty is not None):
+            if needs_commit or self._acks_pending or (qos == 2 and session.journal is not None):
                 self._ack_after_commit(ptype, p.packet_id, rc)
             else:
                 self._send_ack(ptype, p.packet_id, rc)
 
-    def _publish_refused(self, p: Publish, rc: int, why: str) -> None:
+    def _publish_refused(self, p: Publish, rc: int) -> None:
         """Not accepted: v5 clients learn why from the ack's reason code; v3 acks cannot say it (EMQX's
         default, acl_deny_action = ignore)."""
         if p.qos == 1:
@@ -637,13 +588,13 @@ class Channel:
                     self.session.release(packet_id)
                 self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
 
-        self.node.committer.after(release)
+        self.host.after_commit(release)
 
     def _on_pubrel(self, p: Pubrel) -> None:
         assert self.session is not None
         found = self.session.release(p.packet_id)
         rc = 0 if found else RC.PACKET_IDENTIFIER_NOT_FOUND
-        if self._acks_pending or self.session.dirty is not None:
+        if self._acks_pending or self.session.journal is not None:
             self._ack_after_commit(PUBCOMP, p.packet_id, rc)
         else:
             self._send_ack(PUBCOMP, p.packet_id, rc)
@@ -657,10 +608,7 @@ class Channel:
         d = session.puback(p.packet_id)
         if d is None:
             return  # unknown or duplicate ack: harmless
-        self.zm.acked[1] += 1
-        self.zm.latency.observe(time.time() - d.msg.ts)
-        if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-            self._event(ACK, d.msg, d.qos, d.packet_id)
+        self.telemetry.acked(self.client_id, d, session)
         if session.mqueue:
             self._send_deliveries(*session.refill(self.io.time()))
 
@@ -676,7 +624,7 @@ class Channel:
             if session.mqueue:
                 self._send_deliveries(*session.refill(self.io.time()))
             return
-        if session.dirty is not None:
+        if session.journal is not None:
             # The PUBREL stage must be stored before PUBREL goes out: a node taking over after a crash
             # would otherwise resend the PUBLISH, which the client (having released the id) takes as new.
             pid = p.packet_id
@@ -690,36 +638,9 @@ class Channel:
         d = session.pubcomp(p.packet_id)
         if d is None:
             return
-        self.zm.acked[2] += 1
-        self.zm.latency.observe(time.time() - d.msg.ts)
-        if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-            self._event(ACK, d.msg, d.qos, d.packet_id)
+        self.telemetry.acked(self.client_id, d, session)
         if session.mqueue:
             self._send_deliveries(*session.refill(self.io.time()))
-
-    def _event(self, kind: str, msg: Message, qos: int, packet_id: int = -1, reason: str = "") -> None:
-        """An event about one message of this client's, with its window and queue at that moment (the
-        caller checked that the log is on and, for the per-message kinds, that it keeps this message)."""
-        ev, s = self.ev, self.session
-        assert ev is not None
-        ev.emit(
-            kind,
-            self.zone_name,
-            self.client_id,
-            msg.msg_id,
-            msg.topic,
-            qos,
-            packet_id,
-            len(msg.payload),
-            reason,
-            len(s.inflight) if s is not None else -1,
-            len(s.mqueue) if s is not None else -1,
-        )
-
-    def _drop_events(self, dropped: list[Delivery], reason: str) -> None:
-        """One drop event per message, with the queue's length then (the backlog the pipeline sizes for)."""
-        for d in dropped:
-            self._event(DROP, d.msg, d.qos, reason=reason)
 
     # ---------------------------------------------------------------------------------------------
     # read access (the subscriber's zone rules decide, whatever filter matched and wherever it came from)
@@ -728,15 +649,8 @@ class Channel:
         acl = self.acl
         if acl is None or acl.can_read(msg.topic):
             return True
-        self.zm.dropped["not_authorized"] += 1
-        if self.ev is not None:
-            self._event(DROP, msg, qos, reason="not_authorized")
+        self.telemetry.dropped(DropReason.NOT_AUTHORIZED, self.client_id, msg, qos, self.session)
         return False
-
-    def _unauthorized(self, dropped: list[Delivery]) -> None:
-        self.zm.dropped["not_authorized"] += len(dropped)
-        if self.ev is not None:
-            self._drop_events(dropped, "not_authorized")
 
     def _guard_session(self) -> list[Delivery]:
         """Apply this client's rules to its session: which subscriptions need deliveries checked, and
@@ -755,21 +669,22 @@ class Channel:
     # ---------------------------------------------------------------------------------------------
     # deliveries to the client
     # ---------------------------------------------------------------------------------------------
-    def deliver_delivery(self, d: Delivery) -> None:
-        """A delivery pulled from the store (already counted in the session's order if journaled).
+    def deliver_stored(self, d: Delivery) -> None:
+        """A delivery pulled from the store (already placed in the session's order if journaled).
 
         Another node queued it without knowing this client's rules: read access is checked here.
         """
         acl = self.acl
+        session = self.session
         if acl is not None and acl.guards_read and not acl.can_read(d.msg.topic):
-            if self.session is not None and d.order >= 0:
-                self.session.forget(d)  # the pull journaled it
-            self._unauthorized([d])
+            if session is not None and d.order >= 0:
+                session.forget(d)  # the pull journaled it
+            self.telemetry.dropped_all(DropReason.NOT_AUTHORIZED, self.client_id, [d], session)
             return
         if d.qos == 0:
             self.deliver(d.msg, 0, d.retain, d.sub_ids)
-            if self.session is not None and d.order >= 0:
-                self.session.forget(d)  # it was journaled by the pull; now it is sent
+            if session is not None and d.order >= 0:
+                session.forget(d)  # it was journaled by the pull; now it is sent
             return
         self._deliver(d)
 
@@ -782,18 +697,13 @@ class Channel:
         if self.read_guard and not self._may_read(msg, qos):
             return
         if qos == 0:
-            ev = self.ev
             if self.congested:
-                self.zm.dropped["queue_full"] += 1
-                if ev is not None:
-                    self._event(DROP, msg, 0, reason="queue_full")
+                self.telemetry.dropped(DropReason.QUEUE_FULL, self.client_id, msg, 0, self.session)
                 return
             data = self._encode(msg, 0, retain, 0, False, sub_ids)
             if data is not None:
                 self.io.write(data)
-                self.zm.delivered[0] += 1
-                if ev is not None and (msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < ev.keep:
-                    self._event(DELIVER, msg, 0)
+                self.telemetry.delivered(self.client_id, msg, 0, 0, self.session)
             return
         self._deliver(Delivery(msg, qos, retain, sub_ids))
 
@@ -807,13 +717,9 @@ class Channel:
             elif self._retry_timer is None and self.retry:
                 self._arm_retry()
         else:
-            self.zm.inflight_full += 1
+            self.telemetry.inflight_full(self.client_id, d.msg, d.qos, session)
             if dropped:
-                self.zm.dropped["queue_full"] += len(dropped)
-            if self.ev is not None:
-                self._event(INFLIGHT_FULL, d.msg, d.qos)
-                if dropped:
-                    self._drop_events(dropped, "queue_full")
+                self.telemetry.dropped_all(DropReason.QUEUE_FULL, self.client_id, dropped, session)
 
     def _encode(
         self, msg: Message, qos: int, retain: bool, packet_id: int, dup: bool, sub_ids: tuple[int, ...] | None
@@ -835,9 +741,7 @@ class Channel:
         data = msg.encode(version, qos, retain, packet_id, dup, sub_ids, 0.0, alias, alias_new)
         if self.client_max_packet and len(data) > self.client_max_packet:
             # [MQTT-3.1.2-25]: never send a client a packet bigger than it accepts; drop it instead.
-            self.zm.dropped["too_large"] += 1
-            if self.ev is not None:
-                self._event(DROP, msg, qos, reason="too_large")
+            self.telemetry.dropped(DropReason.TOO_LARGE, self.client_id, msg, qos, self.session)
             return None
         return data
 
@@ -849,10 +753,8 @@ class Channel:
         if data is None:
             session.drop(d.packet_id)
             return False
-        self.zm.delivered[d.qos] += 1
-        if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-            self._event(RETRANSMIT if dup else DELIVER, d.msg, d.qos, d.packet_id)
-        if d.qos == 2 and not dup and session.dirty is not None:
+        self.telemetry.delivered(self.client_id, d.msg, d.qos, d.packet_id, session, dup)
+        if d.qos == 2 and not dup and session.journal is not None:
             # Exactly once across a crash: the packet id must be stored before the client sees it, or a
             # node taking over could give that id to another message, which the client would take for a
             # resend of this one.
@@ -872,15 +774,11 @@ class Channel:
                     data = self._encode(d.msg, 0, d.retain, 0, False, d.sub_ids)
                     if data is not None:
                         self.io.write(data)
-                        self.zm.delivered[0] += 1
-                        if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-                            self._event(DELIVER, d.msg, 0)
+                        self.telemetry.delivered(self.client_id, d.msg, 0, 0, session)
                 elif not self._send_publish(d):
                     freed = True
             if expired:
-                self.zm.dropped["expired"] += len(expired)
-                if self.ev is not None:
-                    self._drop_events(expired, "expired")
+                self.telemetry.dropped_all(DropReason.EXPIRED, self.client_id, expired, session)
             if not (freed and session.mqueue):
                 break
             sent, expired = session.refill(self.io.time())
@@ -888,13 +786,11 @@ class Channel:
             self._arm_retry()
 
     def _resend(self, d: Delivery) -> None:
-        self.zm.retransmitted += 1
         if d.stage == 0:
-            self._send_publish(d, dup=True)  # its event: retransmit
+            self._send_publish(d, dup=True)
         else:
             self._send_ack(PUBREL, d.packet_id, 0)
-            if self.ev is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < self.ev.keep:
-                self._event(RETRANSMIT, d.msg, d.qos, d.packet_id, reason="pubrel")
+            self.telemetry.pubrel_resent(self.client_id, d, self.session)
 
     # ---------------------------------------------------------------------------------------------
     # SUBSCRIBE / UNSUBSCRIBE / PING / DISCONNECT
@@ -924,8 +820,7 @@ class Channel:
             )
             existed = topic_filter in session.subscriptions
             session.subscriptions[topic_filter] = sub
-            self.node.router.add(self.client_id, topic_filter, sub)
-            self._store_route(topic_filter, sub)
+            self.host.subscribe(self, topic_filter, sub)
             codes.append(opts.qos)
             if group is None and (opts.retain_handling == 0 or (opts.retain_handling == 1 and not existed)):
                 retained.append((topic_filter, sub, guarded))
@@ -933,11 +828,10 @@ class Channel:
 
         def finish() -> None:
             self.io.write(suback)
-            now = time.time()
             acl = self.acl
             for topic_filter, sub, guarded in retained:
                 sub_ids = (sub.sub_id,) if sub.sub_id else None
-                for msg in self.node.retained.match(topic_filter, now):
+                for msg in self.host.retained(topic_filter):
                     if guarded and acl is not None and not acl.can_read(msg.topic):
                         continue  # never sent, so not a drop: the retained message stays for others
                     # [MQTT-3.3.1-9]: a retained message sent for a new subscription has RETAIN=1.
@@ -945,14 +839,9 @@ class Channel:
 
         self._after_store(finish)
 
-    def _store_route(self, topic_filter: str, sub: Subscription | None) -> None:
-        """Subscriptions are the fleet's route table: a durable store keeps them with the session."""
-        if self.node.store.durable and self.session is not None:
-            self.node.committer.add(Route(self.client_id, self.session.epoch, topic_filter, sub))
-
     def _after_store(self, reply: Callable[[], None]) -> None:
         """Answer once what this packet changed is stored (at once with nothing to wait for)."""
-        if not self.node.store.durable:
+        if not self.host.durable:
             reply()
             return
 
@@ -964,16 +853,15 @@ class Channel:
             else:
                 self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
 
-        self.node.committer.after(done)
+        self.host.after_commit(done)
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session
         assert session is not None
-        codes = []
+        codes: list[int] = []
         for topic_filter in p.topics:
             if session.subscriptions.pop(topic_filter, None) is not None:
-                self.node.router.remove(self.client_id, topic_filter)
-                self._store_route(topic_filter, None)
+                self.host.unsubscribe(self, topic_filter)
                 codes.append(RC.SUCCESS)
             else:
                 codes.append(RC.NO_SUBSCRIPTION_EXISTED)
@@ -989,13 +877,16 @@ class Channel:
             if expiry is not None and self.session is not None:
                 if self.session.expiry_interval == 0 and expiry != 0:
                     return self.protocol_error(RC.PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0")
-                cap = self.zone.session_expiry_interval
+                cap = self.settings.session_expiry_interval
                 self.session.expiry_interval = min(float(expiry), cap) if expiry != NEVER_EXPIRE else cap
             if p.reason_code != RC.DISCONNECT_WITH_WILL:
                 self.will = None
         else:
             self.will = None
-        self.zm.disconnects["normal" if p.reason_code == 0 else reason_name(p.reason_code)] += 1
+        # the client said goodbye: counted by its reason, not logged as a disconnect event
+        self.telemetry.disconnected(
+            self.client_id, "normal" if p.reason_code == 0 else reason_name(p.reason_code), False
+        )
         self.close_reason = "client_disconnect"
         self.state = State.CLOSED
         self._cancel_timers()
@@ -1005,7 +896,7 @@ class Channel:
         self.protocol_error(RC.PROTOCOL_ERROR, "AUTH without an authentication method")
 
     # ---------------------------------------------------------------------------------------------
-    # called by the channel manager
+    # told by the channel manager and the connection
     # ---------------------------------------------------------------------------------------------
     def kick(self, reason: int, why: str) -> None:
         """Close this connection on the server's initiative (takeover, shutdown)."""
@@ -1023,30 +914,22 @@ class Channel:
             self._send_deliveries(*self.session.refill(self.io.time()))
 
     def apply_zone(self) -> None:
-        """Pick up changed zone settings (window, queue limit, retry) at the next delivery."""
-        zone = self.node.zones.get(self.zone_name)
-        if zone is None:
-            return  # its zone left the config (with its listener, which closes this connection)
-        self.zone = zone
+        """Pick up changed zone settings and rules (window, queue limit, retry, ACL) at once."""
+        settings = self.settings = self.zone.settings
+        self.parser.max_packet_size = settings.max_packet_size
         if self.state in (State.CONNECTING, State.CONNECTED):
-            zone_acl = self.node.acl.get(self.zone_name)
-            self.acl = zone_acl.bind(self.username, self.client_id) if zone_acl is not None else None
-        self.parser.max_packet_size = zone.max_packet_size
-        if not zone.max_publish_rate:
-            self.publish_rate = None
-        elif self.publish_rate is None or self.publish_rate.rate != zone.max_publish_rate:
-            self.publish_rate = TokenBucket(zone.max_publish_rate, self.io.time())
-        if self.session is not None:
-            dropped = self.session.apply_zone(self.zone)
-            if dropped:
-                self.zm.dropped["queue_full"] += len(dropped)
-                if self.ev is not None:
-                    self._drop_events(dropped, "queue_full")
-            unreadable = self._guard_session()  # a revoked read stops deliveries without a reconnect
-            if unreadable:
-                self._unauthorized(unreadable)
-            if self.state == State.CONNECTED:
-                self._send_deliveries(*self.session.refill(self.io.time()))
+            self._bind_rules()
+        session = self.session
+        if session is None:
+            return
+        dropped = session.apply_zone(settings)
+        if dropped:
+            self.telemetry.dropped_all(DropReason.QUEUE_FULL, self.client_id, dropped, session)
+        unreadable = self._guard_session()  # a revoked read stops deliveries without a reconnect
+        if unreadable:
+            self.telemetry.dropped_all(DropReason.NOT_AUTHORIZED, self.client_id, unreadable, session)
+        if self.state == State.CONNECTED:
+            self._send_deliveries(*session.refill(self.io.time()))
 
 
 _HANDLERS: dict[type, Callable[[Channel, Any], None]] = {

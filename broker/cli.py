@@ -8,7 +8,8 @@ import logging
 import resource
 import ssl
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from .config import BrokerConfig, ConfigError, load_config, parse_bind
 
@@ -153,15 +154,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .auth import UsersFileError
     from .server import run
 
+    runner: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
     try:
         import uvloop
+
+        runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        uvloop = None
+        pass
     try:
-        if uvloop is not None:
-            uvloop.run(run(config, load, args.config, args.worker_socket))
-        else:
-            asyncio.run(run(config, load, args.config, args.worker_socket))
+        runner(run(config, load, args.config, args.worker_socket))
     except OSError as e:
         logging.getLogger("fleetmq").error("cannot start: %s", e)
         return 1

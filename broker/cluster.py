@@ -18,16 +18,19 @@ import contextlib
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Protocol
 
 from redis.asyncio.client import PubSub
+from redis.typing import EncodableT, FieldT
 
 from . import keys, wire
-from .message import Will
-from .redisstore import RedisStore
-
-if TYPE_CHECKING:
-    from .node import Node
+from .message import Delivery, Will
+from .metrics import Metrics
+from .redisstore import RedisStore, text
+from .retained import Retained
+from .router import Router
+from .session import Session
 
 log = logging.getLogger("fleetmq.cluster")
 
@@ -37,11 +40,47 @@ HANDOVER_TIMEOUT = 3.0
 PULL_BATCH = 1000
 
 
+class Sessions(Protocol):
+    """What the fleet needs of the sessions connected to this node (cm.ChannelManager)."""
+
+    def session_of(self, client_id: str) -> Session | None: ...
+
+    def connected(self) -> Iterable[str]: ...
+
+    def deliver_stored(self, client_id: str, epoch: int, deliveries: Iterable[Delivery]) -> None: ...
+
+    async def hand_over(self, client_id: str, clean_start: bool) -> None: ...
+
+    def resync(self, client_id: str, epoch: int) -> None: ...
+
+    def fenced(self, client_id: str, epoch: int | None = None) -> None: ...
+
+    def publish_will(self, will: Will) -> None: ...
+
+
+Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
+
+
 class Cluster:
-    def __init__(self, node: Node, store: RedisStore) -> None:
-        self.node = node
+    def __init__(
+        self,
+        node_id: str,
+        store: RedisStore,
+        sessions: Sessions,
+        router: Router,
+        retained: Retained,
+        metrics: Metrics,
+        spawn: Spawn,
+        report: Callable[[], dict[FieldT, EncodableT]],
+    ) -> None:
+        self.node_id = node_id
         self.store = store
-        self.node_id = node.node_id
+        self.sessions = sessions
+        self.router = router
+        self.retained = retained
+        self.metrics = metrics
+        self.spawn = spawn
+        self.report = report  # what this node tells the operator with every heartbeat (keys.nodeinfo)
         self.channel = keys.node_channel(self.node_id)
         self._channel_b = self.channel.encode()
         self._pubsub: PubSub | None = None
@@ -77,18 +116,11 @@ class Cluster:
             await self.store.redis.srem(keys.NODES, self.node_id)
         if self._pubsub is not None:
             with contextlib.suppress(Exception):
-                await self._pubsub.aclose()
+                await self._pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
 
     # -- registry --------------------------------------------------------------------------------
     async def _beat(self) -> None:
-        node = self.node
-        channels = node.cm.channels.values()
-        info = {
-            "config_hash": node.config_hash,
-            "connections": len(channels),
-            "sessions": sum(1 for ch in channels if ch.session is not None),
-            "ts_ms": int(time.time() * 1000),
-        }
+        info: dict[FieldT, EncodableT] = {**self.report(), "ts_ms": int(time.time() * 1000)}
         ttl = int(HEARTBEAT_TTL * 1000)
         async with self.store.redis.pipeline(transaction=False) as pipe:
             pipe.set(keys.alive(self.node_id), b"1", px=ttl)
@@ -119,7 +151,7 @@ class Cluster:
     async def _reap_dead(self) -> None:
         redis = self.store.redis
         for raw in await redis.smembers(keys.NODES):
-            dead = raw.decode()
+            dead = text(raw)
             if dead == self.node_id or await self.is_alive(dead):
                 continue
             # One node of the fleet cleans up after the dead one.
@@ -132,7 +164,7 @@ class Cluster:
     async def _release(self, dead: str) -> int:
         """Its sessions wait for their clients (or end, if clean); their wills go out after their delay."""
         redis = self.store.redis
-        cids = [c.decode() for c in await redis.smembers(keys.node_sessions(dead))]
+        cids = [text(c) for c in await redis.smembers(keys.node_sessions(dead))]
         if not cids:
             return 0
         released = await self.store.reap(dead, cids)
@@ -141,28 +173,31 @@ class Cluster:
         for cid, will, delay, expiry, kind in released:
             if kind == 2:  # parked by the dead node with a will still waiting: due at `delay` (will_at)
                 wait = max(0.0, delay - time.time())
-                loop.call_later(wait, lambda c=cid, at=delay: self.node.spawn(self._due_will(c, at)))
+                loop.call_later(wait, self._later, self._due_will, cid, delay)
                 continue
             if expiry <= 0:
-                self.node.router.remove_client(cid)
+                self.router.remove_client(cid)
             if will is None:
                 continue
             delay = min(delay, expiry)
             if delay <= 0:
-                self.node.publish_will(will)
+                self.sessions.publish_will(will)
             else:
-                loop.call_later(delay, lambda c=cid, w=will: self.node.spawn(self._delayed_will(c, w)))
+                loop.call_later(delay, self._later, self._delayed_will, cid, will)
         return len(released)
+
+    def _later(self, task: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+        self.spawn(task(*args))
 
     async def _due_will(self, client_id: str, will_at: float) -> None:
         will = await self.store.take_will(client_id, will_at)
         if will is not None:
-            self.node.publish_will(will)
+            self.sessions.publish_will(will)
 
     async def _delayed_will(self, client_id: str, will: Will) -> None:
         """A will delay passed: publish unless the client came back meanwhile [MQTT-3.1.3-9]."""
         if await self.store.owner(client_id) is None:
-            self.node.publish_will(will)
+            self.sessions.publish_will(will)
 
     # -- takeover --------------------------------------------------------------------------------
     async def take_over(self, client_id: str, clean_start: bool) -> str | None:
@@ -194,29 +229,27 @@ class Cluster:
 
     def _on_handover(self, client_id: str, clean_start: bool, requester: str, req: str) -> None:
         async def run() -> None:
-            await self.node.cm.hand_over(client_id, clean_start)
+            await self.sessions.hand_over(client_id, clean_start)
             await self.store.redis.publish(keys.node_channel(requester), wire.handed_over(req))
 
-        self.node.spawn(run())
+        self.spawn(run())
 
     # -- pulling queued messages for sessions connected here --------------------------------------
     def wake(self, client_id: str) -> None:
         self._pulls.add(client_id)
         if not self._pull_scheduled:
             self._pull_scheduled = True
-            asyncio.get_running_loop().call_soon(lambda: self.node.spawn(self._pull()))
+            asyncio.get_running_loop().call_soon(lambda: self.spawn(self._pull()))
 
     async def _pull(self) -> None:
         self._pull_scheduled = False
         cids, self._pulls = self._pulls, set()
         targets = []
         for cid in cids:
-            ch = self.node.cm.channels.get(cid)
-            s = ch.session if ch is not None else None
+            s = self.sessions.session_of(cid)
             if s is not None:
-                first = -1
-                if s.dirty is not None:  # reserve positions for what the pull brings, ahead of later ones
-                    first, s.order = s.order, s.order + PULL_BATCH
+                # a journaled session reserves positions for what the pull brings, ahead of later ones
+                first = s.journal.reserve(PULL_BATCH) if s.journal is not None else -1
                 targets.append((cid, s.epoch, first))
         if not targets:
             return
@@ -225,27 +258,23 @@ class Cluster:
         except Exception as e:
             # Redis may have run the pull (moving deliveries into the journal) without us seeing the
             # reply: those clients resume from Redis, which holds everything.
-            self.node.metrics.store_errors += 1
+            self.metrics.store_errors += 1
             log.warning("pulling queued messages failed (%s): %d sessions resynchronise", e, len(targets))
             for cid, epoch, _first in targets:
-                ch = self.node.cm.channels.get(cid)
-                if ch is not None and ch.session is not None and ch.session.epoch == epoch:
-                    self.node.cm.resync(ch)
+                self.sessions.resync(cid, epoch)
             return
         for (cid, epoch, _first), reply in zip(targets, replies, strict=True):
-            ch = self.node.cm.channels.get(cid)
             if reply == -1:
-                if ch is not None and ch.session is not None and ch.session.epoch == epoch:
-                    self.node.cm.fenced(ch)  # the session lives elsewhere now
+                s = self.sessions.session_of(cid)
+                if s is not None and s.epoch == epoch:
+                    self.sessions.fenced(cid)  # the session lives elsewhere now
                 continue
             start, items = int(reply[0]), reply[1]
-            if ch is None or ch.session is None or ch.session.epoch != epoch:
-                continue  # they stay journaled (or queued) in Redis for the next owner
-            for k, raw in enumerate(items):
-                d = wire.unpack_delivery(raw)
-                if start >= 0:
+            deliveries = [wire.unpack_delivery(raw) for raw in items]
+            if start >= 0:
+                for k, d in enumerate(deliveries):
                     d.order = start + k  # the position the pull gave it in the session's journal
-                ch.deliver_delivery(d)
+            self.sessions.deliver_stored(cid, epoch, deliveries)
             if len(items) >= PULL_BATCH:
                 self.wake(cid)
 
@@ -260,7 +289,7 @@ class Cluster:
                     await self._pubsub.subscribe(keys.EVENTS, self.channel)
                     await self._resync()
                     gap = False
-                    self.node.metrics.store_reconnects += 1
+                    self.metrics.store_reconnects += 1
                 msg = await self._pubsub.get_message(timeout=1.0)
                 backoff = 0.1
             except asyncio.CancelledError:
@@ -283,13 +312,13 @@ class Cluster:
         every session connected here (wakes sent during the gap were lost)."""
         log.info("event stream back: resynchronising routes, retained messages and queues from Redis")
         routes = await self.store.load_routes()
-        router = self.node.router
+        connected = set(self.sessions.connected())
         for cid, topic_filter, sub in routes:
-            if cid not in self.node.cm.channels:
-                router.add(cid, topic_filter, sub)
+            if cid not in connected:
+                self.router.add(cid, topic_filter, sub)
         for msg in await self.store.load_retained():
-            self.node.retained.put(msg)
-        for cid in list(self.node.cm.channels):
+            self.retained.put(msg)
+        for cid in connected:
             self.wake(cid)
 
     def _on_message(self, channel: bytes, data: bytes) -> None:
@@ -299,17 +328,17 @@ class Cluster:
         event = wire.parse_fleet_event(data)
         if event.origin == self.node_id:
             return  # our own changes are already applied here
-        router = self.node.router
+        router = self.router
         match event:
             case wire.RouteAdded(_, cid, topic_filter, sub):
                 router.add(cid, topic_filter, sub)
             case wire.RouteRemoved(_, cid, topic_filter):
                 router.remove(cid, topic_filter)
             case wire.SessionEnded(_, cid):
-                if cid not in self.node.cm.channels:
+                if self.sessions.session_of(cid) is None:
                     router.remove_client(cid)
             case wire.RetainedChanged(_, msg):
-                self.node.retained.put(msg)
+                self.retained.put(msg)
 
     def _on_node_message(self, m: wire.NodeMessage) -> None:
         match m:
@@ -322,6 +351,4 @@ class Cluster:
                 if fut is not None and not fut.done():
                     fut.set_result(None)
             case wire.Kick(cid, epoch):
-                ch = self.node.cm.channels.get(cid)
-                if ch is not None and ch.session is not None and ch.session.epoch < epoch:
-                    self.node.cm.fenced(ch)
+                self.sessions.fenced(cid, epoch)

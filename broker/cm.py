@@ -1,30 +1,52 @@
-"""The channel manager (EMQX's emqx_cm): which client is connected where, and what happens to sessions.
+"""The channel manager (EMQX's emqx_cm, with emqx_broker's routing): which client is connected where,
+what happens to sessions, and where each published message goes.
 
-It opens sessions (new, resumed, taken over from another connection), parks them in the store when their
-client leaves, expires them, and publishes wills after their delay.
+It is every channel's host (channel.ChannelHost): it opens sessions (credentials, connection limits, the
+will's authorization, a takeover here or from another node, the store's claim), parks them in the store
+when their client leaves, expires them, publishes wills after their delay, routes messages to local
+channels and to sessions elsewhere (through the store), and keeps subscriptions in the router and the
+store. The fleet (cluster.Cluster) is reached through the small `Fleet` protocol; it calls back the
+methods under "for the fleet".
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
 import time
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from .codec import RC
-from .eventschema import TAKEOVER
-from .message import Will
+from .channel import Channel, State
+from .codec import MQTT5, RC
+from .eventschema import DropReason
+from .journal import JournalChanges
+from .message import Delivery, Message, Will
+from .metrics import Metrics
+from .negotiation import NEVER_EXPIRE, Negotiated
+from .retained import Retained
+from .router import Router, Subscription
 from .session import Session
-from .store import Discard, Save
-
-if TYPE_CHECKING:
-    from .channel import Channel
-    from .node import Node
+from .store import CommitResult, Discard, Enqueue, GroupCommitter, Op, Retain, Route, Save, SessionStore
+from .zone import Zone
 
 log = logging.getLogger("fleetmq.cm")
 
-NEVER_EXPIRE = 0xFFFFFFFF
+
+class Fleet(Protocol):
+    """What the channel manager asks of the other nodes (cluster.Cluster)."""
+
+    async def take_over(self, client_id: str, clean_start: bool) -> str | None:
+        """Have the node the client is connected to hand its session over; that node, if it did."""
+
+    async def kick_stale(self, client_id: str, owner: str, epoch: int) -> None:
+        """Tell a former owner its connection of this client is over."""
+
+    def wake(self, client_id: str) -> None:
+        """Pull what the store queued for a session connected here."""
 
 
 @dataclass(slots=True)
@@ -47,14 +69,115 @@ class _ClientLock:
         self.users = 0
 
 
+Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
+Target = tuple[str, int, bool, tuple[int, ...] | None]  # client id, subscription QoS, RAP, subscription ids
+
+
 class ChannelManager:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(
+        self,
+        node_id: str,
+        zones: Mapping[str, Zone],
+        router: Router,
+        retained: Retained,
+        store: SessionStore,
+        committer: GroupCommitter,
+        metrics: Metrics,
+        spawn: Spawn,
+    ) -> None:
+        self.node_id = node_id
+        self.zones = zones
+        self.router = router
+        self.retained_msgs = retained
+        self.store = store
+        self.committer = committer
+        self.metrics = metrics
+        self.spawn = spawn
+        self.fleet: Fleet | None = None
         self.channels: dict[str, Channel] = {}  # online, CONNACK sent or about to be
         self.offline: dict[str, Offline] = {}
         self._locks: dict[str, _ClientLock] = {}
+        self._client_ids = itertools.count(1)
+        self._id_prefix = f"fleetmq-{node_id}-{os.getpid():x}-"
+        committer.on_result = self._committed
+        committer.on_failure = self._commit_failed
 
-    async def open_session(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
+    @property
+    def durable(self) -> bool:
+        return self.store.durable
+
+    # =============================================================================================
+    # the channels' host
+    # =============================================================================================
+    def new_client_id(self) -> str:
+        return f"{self._id_prefix}{next(self._client_ids)}"
+
+    def after_commit(self, callback: Callable[[bool], None]) -> None:
+        self.committer.after(callback)
+
+    def retained(self, topic_filter: str) -> list[Message]:
+        return self.retained_msgs.match(topic_filter, time.time())
+
+    def subscribe(self, ch: Channel, topic_filter: str, sub: Subscription) -> None:
+        self.router.add(ch.client_id, topic_filter, sub)
+        self._store_route(ch, topic_filter, sub)
+
+    def unsubscribe(self, ch: Channel, topic_filter: str) -> None:
+        self.router.remove(ch.client_id, topic_filter)
+        self._store_route(ch, topic_filter, None)
+
+    def _store_route(self, ch: Channel, topic_filter: str, sub: Subscription | None) -> None:
+        """Subscriptions are the fleet's route table: a durable store keeps them with the session."""
+        if self.store.durable and ch.session is not None:
+            self.committer.add(Route(ch.client_id, ch.session.epoch, topic_filter, sub))
+
+    # -- opening a session ---------------------------------------------------------------------------
+    def open_session(self, ch: Channel, request: Negotiated) -> None:
+        self.spawn(self._connect(ch, request))
+
+    async def _connect(self, ch: Channel, req: Negotiated) -> None:
+        """Admit an accepted CONNECT (limits, credentials, the will's authorization), then open its
+        session; the channel is told which."""
+        t0 = time.perf_counter()
+        zone = ch.zone
+        settings = ch.settings
+        limits = zone.limits
+        if settings.max_connections and limits.connections >= settings.max_connections:
+            return ch.refuse(RC.QUOTA_EXCEEDED, "max_connections")
+        if not limits.connect_allowed(ch.io.time()):
+            return ch.refuse(RC.CONNECTION_RATE_EXCEEDED, "connection_rate_exceeded")
+        limits.connections += 1
+        ch.counted = True
+        auth = zone.auth
+        if auth is not None and req.username is not None:
+            # a slow hash by design: computed off the event loop (hashlib releases the GIL)
+            loop = asyncio.get_running_loop()
+            ok = await loop.run_in_executor(None, auth.check, req.username, req.password)
+            if ch.state == State.CLOSED:
+                return
+            if not ok:
+                log.info("bad credentials from %s", ch.peer)
+                return ch.refuse(RC.BAD_USER_NAME_OR_PASSWORD, "bad_username_or_password")
+        will, acl = req.will, ch.acl
+        if will is not None and acl is not None and req.version >= MQTT5 and not acl.can_publish(will.topic):
+            # Told now, with the reason, rather than finding out when the will was due that it never went
+            # out. A v3 refusal (code 5) would read as bad credentials, so v3 clients are accepted and
+            # their will is dropped (counted, logged) when it would be published; so is a v5 client's if
+            # the rules change while it is connected.
+            log.info("refusing %r: not authorized to publish its will on %r", ch.client_id, will.topic)
+            return ch.refuse(RC.NOT_AUTHORIZED, "will_not_authorized", "will topic not authorized")
+        try:
+            session, present = await self._open_locked(ch, req.expiry, req.receive_maximum)
+        except Exception as e:
+            log.warning("cannot open session for %r: %s", ch.client_id, e)
+            if ch.state != State.CLOSED:
+                ch.refuse(RC.SERVER_UNAVAILABLE, "server_unavailable")
+            return
+        if present:
+            self.metrics.takeover.observe(time.perf_counter() - t0)
+        ch.session_opened(session, present, req.connack_props)
+
+    async def _open_locked(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
         """Find or create the session of a connecting client; returns (session, session present)."""
         cid = ch.client_id
         entry = self._locks.get(cid)
@@ -70,9 +193,8 @@ class ChannelManager:
                 del self._locks[cid]
 
     async def _open(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
-        node = self.node
         cid = ch.client_id
-        zm = node.metrics.zone(ch.zone_name)
+        telemetry = ch.telemetry
         session: Session | None = None
         old = self.channels.pop(cid, None)
         if old is not None:
@@ -80,39 +202,47 @@ class ChannelManager:
             session = old.session
             old.session = None
             old.kick(RC.SESSION_TAKEN_OVER, "takenover")
-            zm.session_events["takenover"] += 1
-            if node.events is not None:
-                node.events.emit(TAKEOVER, ch.zone_name, cid, reason="local")
+            telemetry.taken_over(cid, "local")
             # The old connection ended without DISCONNECT, so its will applies; a delayed will is
             # cancelled by this very reconnect unless Clean Start ends the session [MQTT-3.1.3-9].
             if old.will is not None and (ch.clean_start or old.will_delay <= 0):
-                node.publish_will(Will(old.will, old.zone_name, old.username))
+                self.publish_will(Will(old.will, old.zone_name, old.username))
             if session is not None and ch.clean_start:
                 self._discard(session)
-                zm.session_events["discarded"] += 1
+                telemetry.session("discarded", cid)
                 session = None
             elif session is not None:
                 session.expiry_interval = expiry
-                await node.store.set_will(session, ch.will, ch.will_delay)  # the new connection's
+                await self.store.set_will(session, ch.will, ch.will_delay)  # the new connection's
         epoch = session.epoch if session is not None else 0
         if session is None:
-            if node.cluster is not None:  # connected on another node? it hands the session over first
-                handed_over = await node.cluster.take_over(cid, ch.clean_start)
-                if handed_over is not None and node.events is not None:  # counted here, not at the old node
-                    node.events.emit(TAKEOVER, ch.zone_name, cid, reason="remote")
-            if node.committer.pending:
+            # connected on another node? it hands the session over first (and counts the takeover)
+            if self.fleet is not None and await self.fleet.take_over(cid, ch.clean_start) is not None:
+                telemetry.taken_over(cid, "remote", counted=False)
+            if self.committer.pending:
                 # A Save of this session (and messages queued for it) may still be on the way to the
                 # store; it stays parked meanwhile, so messages published now are queued, not lost.
-                await node.committer.barrier()
-            claimed = await node.store.claim(
-                cid, ch.zone, ch.zone_name, ch.clean_start, ch.will, ch.will_delay, expiry, ch.username
+                await self.committer.barrier()
+            claimed = await self.store.claim(
+                cid, ch.settings, ch.zone_name, ch.clean_start, ch.will, ch.will_delay, expiry, ch.username
             )
             epoch, session = claimed.epoch, claimed.session
-            if claimed.previous and claimed.previous != node.node_id and node.cluster is not None:
-                zm.session_events["takenover"] += 1
-                if node.events is not None:
-                    node.events.emit(TAKEOVER, ch.zone_name, cid, reason="remote")
-                node.spawn(node.cluster.kick_stale(cid, claimed.previous, epoch))
+            if claimed.stored is not None:
+                session = Session(cid, ch.settings, ch.zone_name)
+                stored = claimed.stored
+                session.restore(
+                    epoch=epoch,
+                    expiry_interval=stored.expiry_interval,
+                    next_pid=stored.next_pid,
+                    order=stored.order,
+                    subscriptions=stored.subscriptions,
+                    deliveries=stored.deliveries,
+                    awaiting_rel=stored.awaiting_rel,
+                    sink=self.committer,
+                )
+            if claimed.previous and claimed.previous != self.node_id and self.fleet is not None:
+                telemetry.taken_over(cid, "remote")
+                self.spawn(self.fleet.kick_stale(cid, claimed.previous, epoch))
             parked = self.offline.pop(cid, None)
             if parked is not None:
                 if parked.expiry is not None:
@@ -120,38 +250,44 @@ class ChannelManager:
                 if parked.will_timer is not None:
                     parked.will_timer.cancel()
                     if ch.clean_start and parked.will is not None:
-                        node.publish_will(parked.will)  # the old session ends: its will goes now
+                        self.publish_will(parked.will)  # the old session ends: its will goes now
             if claimed.ended_will is not None:
-                node.publish_will(claimed.ended_will)
+                self.publish_will(claimed.ended_will)
             if claimed.discarded is not None:
                 for topic_filter in claimed.discarded:
-                    node.router.remove(cid, topic_filter)
-                zm.session_events["discarded"] += 1
+                    self.router.remove(cid, topic_filter)
+                telemetry.session("discarded", cid)
         present = session is not None
         if session is None:
-            session = Session(cid, ch.zone, ch.zone_name, expiry_interval=expiry, receive_maximum=receive_max)
+            session = Session(
+                cid, ch.settings, ch.zone_name, expiry_interval=expiry, receive_maximum=receive_max
+            )
             session.epoch = epoch
-            zm.session_events["created"] += 1
+            telemetry.session("created", cid)
         else:
             session.expiry_interval = expiry
             session.zone_name = ch.zone_name
-            session.apply_zone(ch.zone)
+            session.apply_zone(ch.settings)
             session.set_receive_maximum(receive_max)
-            zm.session_events["resumed"] += 1
-        if node.store.durable and session.expiry_interval > 0:
-            session.enable_journal()  # every change reaches the store before what depends on it is acked
-            session.on_dirty = node.journal_dirty
+            telemetry.session("resumed", cid)
+        if self.store.durable and session.expiry_interval > 0:
+            # every change reaches the store before what depends on it is acknowledged
+            session.enable_journal(self.committer)
         self.channels[cid] = ch
-        if node.cluster is not None:
-            node.cluster.wake(cid)  # deliveries queued in Redis while we claimed (their wake found no one)
+        if self.fleet is not None:
+            self.fleet.wake(cid)  # deliveries queued in Redis while we claimed (their wake found no one)
         return session, present
 
-    def channel_closed(self, ch: Channel) -> None:
-        """A connection ended: publish its will (maybe later), park or discard its session."""
+    # -- a connection ends ---------------------------------------------------------------------------
+    def closed(self, ch: Channel) -> None:
+        """A connection ended: uncount it, publish its will (maybe later), park or discard its session."""
+        if ch.counted:
+            ch.counted = False
+            ch.zone.limits.connections -= 1
         cid = ch.client_id
         session = ch.session
-        if self.channels.get(cid) is not ch or session is None:
-            return  # taken over: the new connection owns the session now
+        if session is None or self.channels.get(cid) is not ch:
+            return  # not connected yet, or taken over: the new connection owns the session now
         del self.channels[cid]
         ch.session = None
         expiry = session.expiry_interval
@@ -159,52 +295,16 @@ class ChannelManager:
             self._will(cid, Will(ch.will, ch.zone_name, ch.username), ch.will_delay, expiry)
         if expiry <= 0:
             self._discard(session)
-            self.node.committer.add(Discard(cid, session.epoch))
+            self.committer.add(Discard(cid, session.epoch))
             return
         parked = self.offline.get(cid) or Offline(ch.zone_name, list(session.subscriptions))
         parked.zone = ch.zone_name
         parked.filters = list(session.subscriptions)
         self.offline[cid] = parked
         pending_will = parked.will.msg if parked.will is not None and parked.will_timer is not None else None
-        self.node.committer.add(Save(session, expiry, pending_will, parked.will_at))
+        self.committer.add(Save(session, expiry, pending_will, parked.will_at))
         if expiry < NEVER_EXPIRE:
             parked.expiry = asyncio.get_running_loop().call_later(expiry, self._expire, cid)
-
-    async def hand_over(self, cid: str, clean_start: bool) -> None:
-        """Another node got a CONNECT for a client connected here: close ours (0x8E), store the session."""
-        ch = self.channels.get(cid)
-        if ch is None or ch.session is None:
-            return
-        session = ch.session
-        del self.channels[cid]
-        ch.session = None
-        ch.kick(RC.SESSION_TAKEN_OVER, "takenover")
-        self.node.metrics.zone(ch.zone_name).session_events["takenover"] += 1
-        if self.node.events is not None:
-            self.node.events.emit(TAKEOVER, ch.zone_name, cid, reason="handover")
-        # A will without delay goes now; a delayed one is cancelled by the reconnect unless the new
-        # connection's Clean Start ends the session [MQTT-3.1.3-9].
-        if ch.will is not None and (clean_start or ch.will_delay <= 0):
-            self.node.publish_will(Will(ch.will, ch.zone_name, ch.username))
-        # Its routes stay: the session lives on (on the new node), and what is published here for it
-        # is queued in Redis for it from now on.
-        if session.expiry_interval > 0:
-            self.node.committer.add(Save(session, session.expiry_interval))
-        else:
-            self._discard(session)
-            self.node.committer.add(Discard(cid, session.epoch))
-        await self.node.committer.barrier()
-
-    def resync(self, ch: Channel) -> None:
-        """This node's copy of a session may differ from the store's (a write's outcome is unknown): close
-        the connection (v5: 0x88); the reconnect resumes from the store."""
-        self._let_go(ch, RC.SERVER_UNAVAILABLE, "store_error")
-        log.warning("session %r is resynchronising from the store; closed its connection", ch.client_id)
-
-    def fenced(self, ch: Channel) -> None:
-        """This node's copy of a session is stale (another node owns it): close the connection (0x8E)."""
-        self._let_go(ch, RC.SESSION_TAKEN_OVER, "takenover")
-        log.info("session %r is owned by another node now; closed the connection here", ch.client_id)
 
     def _let_go(self, ch: Channel, reason: int, why: str) -> None:
         """Drop this node's copy of a session without storing anything, and close its connection."""
@@ -213,11 +313,28 @@ class ChannelManager:
         ch.session = None
         ch.kick(reason, why)
 
+    # -- wills ---------------------------------------------------------------------------------------
+    def publish_will(self, will: Will) -> None:
+        """Publish a will that fell due, if its client may still publish on its topic: the rules may have
+        changed since its CONNECT, and a v3 client was not told at CONNECT (`_connect`)."""
+        zone = self.zones.get(will.zone)
+        msg = will.msg
+        acl = zone.acl if zone is not None else None
+        if (
+            zone is not None
+            and acl is not None
+            and not acl.bind(will.username, msg.sender).can_publish(msg.topic)
+        ):
+            log.warning("dropped the will of %r: not authorized to publish on %r", msg.sender, msg.topic)
+            zone.telemetry.dropped(DropReason.NOT_AUTHORIZED, msg.sender, msg)
+            return
+        self.publish(msg, will.zone)
+
     def _will(self, cid: str, will: Will, delay: float, expiry: float) -> None:
         """Publish a will now, or after its delay unless the session ends first (then at its end)."""
         delay = min(delay, expiry)
         if delay <= 0:
-            self.node.publish_will(will)
+            self.publish_will(will)
             return
         parked = self.offline.get(cid)
         if parked is None:
@@ -231,16 +348,16 @@ class ChannelManager:
         if parked is None or parked.will is None:
             return
         will, parked.will, parked.will_timer = parked.will, None, None
-        if not self.node.store.durable:
-            self.node.publish_will(will)
+        if not self.store.durable:
+            self.publish_will(will)
             return
 
         async def take_and_publish(will_at: float) -> None:
             # the will is also in Redis (so it survives this node): exactly one node publishes it
-            if await self.node.store.take_will(cid, will_at) is not None:
-                self.node.publish_will(will)
+            if await self.store.take_will(cid, will_at) is not None:
+                self.publish_will(will)
 
-        self.node.spawn(take_and_publish(parked.will_at))
+        self.spawn(take_and_publish(parked.will_at))
 
     def _expire(self, cid: str) -> None:
         parked = self.offline.pop(cid, None)
@@ -249,17 +366,19 @@ class ChannelManager:
         if parked.will_timer is not None:
             parked.will_timer.cancel()
             if parked.will is not None:
-                self.node.publish_will(parked.will)  # session end: the will goes now [MQTT-3.1.3-9]
+                self.publish_will(parked.will)  # session end: the will goes now [MQTT-3.1.3-9]
         for topic_filter in parked.filters:
-            self.node.router.remove(cid, topic_filter)
-        if not self.node.store.durable:  # a durable store expires sessions itself (fleet-wide TTL)
-            self.node.committer.add(Discard(cid))
-        self.node.metrics.zone(parked.zone).session_events["expired"] += 1
+            self.router.remove(cid, topic_filter)
+        if not self.store.durable:  # a durable store expires sessions itself (fleet-wide TTL)
+            self.committer.add(Discard(cid))
+        zone = self.zones.get(parked.zone)
+        if zone is not None:
+            zone.telemetry.session("expired", cid)
         log.debug("session %r expired", cid)
 
     def _discard(self, session: Session) -> None:
         for topic_filter in session.subscriptions:
-            self.node.router.remove(session.client_id, topic_filter)
+            self.router.remove(session.client_id, topic_filter)
         session.subscriptions.clear()
 
     def shutdown(self) -> None:
@@ -267,3 +386,182 @@ class ChannelManager:
             for t in (parked.expiry, parked.will_timer):
                 if t is not None:
                     t.cancel()
+
+    # =============================================================================================
+    # routing (EMQX's emqx_broker)
+    # =============================================================================================
+    def publish(self, msg: Message, zone: str = "default") -> tuple[int, bool]:
+        """Route a message; returns (sessions matched, whether the publisher's ack must await a commit).
+
+        `zone` is the publisher's, for the no-subscribers drop counter.
+        """
+        durable = self.store.durable
+        if msg.retain:
+            self.retained_msgs.put(msg)
+            if durable:
+                self.committer.add(Retain(msg))
+        channels = self.channels
+        matches = self.router.match(msg.topic, channels.__contains__)
+        if not matches:
+            z = self.zones.get(zone)
+            if z is not None:
+                z.telemetry.dropped(DropReason.NO_SUBSCRIBERS, msg.sender, msg)
+            return 0, durable and msg.retain
+        sender = msg.sender
+        if len(matches) > 1 and len({cid for cid, _ in matches}) != len(matches):
+            targets = _merge_overlapping(matches, sender)
+        else:
+            targets = [
+                (cid, sub.qos, sub.retain_as_published, _sub_ids(sub.sub_id))
+                for cid, sub in matches
+                if not (sub.no_local and cid == sender)
+            ]
+        needs_commit = durable and msg.retain
+        mqos = msg.qos
+        mretain = msg.retain
+        for cid, sub_qos, rap, sub_ids in targets:
+            qos = mqos if mqos < sub_qos else sub_qos
+            retain = mretain and rap
+            ch = channels.get(cid)
+            if ch is not None and ch.session is not None:
+                ch.deliver(msg, qos, retain, sub_ids)
+                if qos and ch.session.journal is not None:  # journaled: the publisher's ack awaits the commit
+                    needs_commit = True
+                continue
+            if durable:  # the store knows whether the session exists and keeps QoS0 for it
+                self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids)))
+                needs_commit = True
+                continue
+            parked = self.offline.get(cid)
+            if parked is None:
+                continue  # connecting right now: it resubscribes or resumes from the store
+            pz = self.zones.get(parked.zone)
+            if qos == 0 and pz is not None and not pz.settings.mqueue_store_qos0:
+                pz.telemetry.dropped(DropReason.QOS0_OFFLINE, cid, msg, 0)
+                continue
+            self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids)))
+            needs_commit = True
+        return len(matches), needs_commit
+
+    # -- what the store did --------------------------------------------------------------------------
+    def _committed(self, result: CommitResult) -> None:
+        for zone, cid, n in result.dropped:
+            z = self.zones.get(zone)
+            if z is not None:  # the oldest messages of a full queue in the store (ids unknown)
+                # the queue was trimmed back to its limit
+                z.telemetry.dropped_unseen(DropReason.QUEUE_FULL, cid, n, z.settings.max_mqueue_len)
+        for zone, cid, n in result.skipped_qos0:
+            z = self.zones.get(zone)
+            if z is not None:
+                z.telemetry.dropped_unseen(DropReason.QOS0_OFFLINE, cid, n)
+        for op in result.missing:  # the session ended (expired) somewhere: its routes go too
+            if op.client_id not in self.channels:
+                self.router.remove_client(op.client_id)
+        for cid in result.fenced:
+            ch = self.channels.get(cid)
+            if ch is not None:
+                self._fence(ch)
+
+    def _commit_failed(self, ops: list[Op]) -> None:
+        """A journal write may be lost: those sessions resynchronise from the store (their clients
+        reconnect and resume from what it holds, which never lost anything acknowledged)."""
+        for op in ops:
+            if isinstance(op, JournalChanges):
+                self.resync(op.client_id, op.epoch)
+
+    # =============================================================================================
+    # for the fleet (cluster.Sessions)
+    # =============================================================================================
+    def session_of(self, client_id: str) -> Session | None:
+        """The session of a client connected here."""
+        ch = self.channels.get(client_id)
+        return ch.session if ch is not None else None
+
+    def connected(self) -> Iterable[str]:
+        return list(self.channels)
+
+    def counts(self) -> tuple[int, int]:
+        """Connections and sessions on this node (what it reports to the operator)."""
+        channels = self.channels.values()
+        return len(channels), sum(1 for ch in channels if ch.session is not None)
+
+    def deliver_stored(self, client_id: str, epoch: int, deliveries: Iterable[Delivery]) -> None:
+        """Deliveries the store queued for a session connected here (pulled at `epoch`)."""
+        ch = self.channels.get(client_id)
+        if ch is None or ch.session is None or ch.session.epoch != epoch:
+            return  # they stay journaled (or queued) in Redis for the next owner
+        for d in deliveries:
+            ch.deliver_stored(d)
+
+    async def hand_over(self, cid: str, clean_start: bool) -> None:
+        """Another node got a CONNECT for a client connected here: close ours (0x8E), store the session."""
+        ch = self.channels.get(cid)
+        if ch is None or ch.session is None:
+            return
+        session = ch.session
+        del self.channels[cid]
+        ch.session = None
+        ch.kick(RC.SESSION_TAKEN_OVER, "takenover")
+        ch.telemetry.taken_over(cid, "handover")
+        # A will without delay goes now; a delayed one is cancelled by the reconnect unless the new
+        # connection's Clean Start ends the session [MQTT-3.1.3-9].
+        if ch.will is not None and (clean_start or ch.will_delay <= 0):
+            self.publish_will(Will(ch.will, ch.zone_name, ch.username))
+        # Its routes stay: the session lives on (on the new node), and what is published here for it
+        # is queued in Redis for it from now on.
+        if session.expiry_interval > 0:
+            self.committer.add(Save(session, session.expiry_interval))
+        else:
+            self._discard(session)
+            self.committer.add(Discard(cid, session.epoch))
+        await self.committer.barrier()
+
+    def resync(self, client_id: str, epoch: int) -> None:
+        """This node's copy of a session (at `epoch`) may differ from the store's (a write's outcome is
+        unknown): close the connection (v5: 0x88); the reconnect resumes from the store."""
+        ch = self.channels.get(client_id)
+        if ch is None or ch.session is None or ch.session.epoch != epoch:
+            return
+        self._let_go(ch, RC.SERVER_UNAVAILABLE, "store_error")
+        log.warning("session %r is resynchronising from the store; closed its connection", client_id)
+
+    def fenced(self, client_id: str, epoch: int | None = None) -> None:
+        """Another node owns the session now (at `epoch`, or whatever it is): let go of a stale copy."""
+        ch = self.channels.get(client_id)
+        if ch is None or ch.session is None or (epoch is not None and ch.session.epoch >= epoch):
+            return
+        self._fence(ch)
+
+    def _fence(self, ch: Channel) -> None:
+        self._let_go(ch, RC.SESSION_TAKEN_OVER, "takenover")
+        log.info("session %r is owned by another node now; closed the connection here", ch.client_id)
+
+
+_SUB_IDS: dict[int, tuple[int, ...]] = {}
+
+
+def _sub_ids(sid: int | None) -> tuple[int, ...] | None:
+    if sid is None:
+        return None
+    t = _SUB_IDS.get(sid)
+    if t is None:
+        t = _SUB_IDS[sid] = (sid,)
+    return t
+
+
+def _merge_overlapping(matches: list[tuple[str, Subscription]], sender: str) -> list[Target]:
+    """One delivery per client for overlapping subscriptions: the highest QoS and every subscription id
+    [MQTT-3.3.4-2, -3]; a No Local subscription does not count for the publisher itself."""
+    merged: dict[str, list[Any]] = {}
+    for cid, sub in matches:
+        if sub.no_local and cid == sender:
+            continue
+        m = merged.get(cid)
+        if m is None:
+            merged[cid] = [sub.qos, sub.retain_as_published, [sub.sub_id] if sub.sub_id else []]
+            continue
+        m[0] = max(m[0], sub.qos)
+        m[1] = m[1] or sub.retain_as_published
+        if sub.sub_id:
+            m[2].append(sub.sub_id)
+    return [(cid, q, rap, tuple(ids) or None) for cid, (q, rap, ids) in merged.items()]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -492,7 +493,9 @@ def _valid_first_byte(b0: int) -> bool:
 #: Indexed by the first byte: 1 if the fixed-header flags are legal for that packet type.
 _B0_OK = bytes(int(_valid_first_byte(b)) for b in range(256))
 _VARINT1 = [bytes((i,)) for i in range(128)]
-_ACK_CLASSES: dict[int, type] = {}  # filled after the class definitions below
+_ACK_CLASSES: dict[
+    int, type[Puback | Pubrec | Pubrel | Pubcomp]
+] = {}  # filled after the class definitions below
 
 #: Validated PUBLISH topic bytes -> str, shared by all parsers: brokers see the same topics over
 #: and over, and a dict hit is cheaper than UTF-8 decoding plus the wildcard/NUL scans.
@@ -993,9 +996,10 @@ class Parser:
                     raise _malformed("packet identifier must not be 0")
                 append(_ACK_CLASSES[ptype](pid))
             else:
-                append(decoders[ptype](b, b0, start, stop, version))
-                if ptype == 1 and version == 0:
-                    version = self.version = out[-1].proto_level  # type: ignore[union-attr]
+                packet = decoders[ptype](b, b0, start, stop, version)
+                append(packet)
+                if ptype == 1 and version == 0 and isinstance(packet, Connect):
+                    version = self.version = packet.proto_level
             pos = stop
         return pos
 
@@ -1243,7 +1247,7 @@ def _e_auth(p: Auth, version: int) -> bytes:
 
 
 _ACK_TYPES: dict[type, int] = {Puback: 4, Pubrec: 5, Pubrel: 6, Pubcomp: 7}
-_ENCODERS: dict[type, Any] = {
+_ENCODERS: dict[type, Callable[[Any, int], bytes]] = {
     Connect: _e_connect,
     Connack: _e_connack,
     Publish: _e_publish,

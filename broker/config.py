@@ -190,6 +190,10 @@ def format_validation_error(err: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def load_config(path: str | Path | None = None, *, overrides: dict[str, Any] | None = None) -> BrokerConfig:
     """Read and validate a config file; raise ConfigError naming each bad field."""
     data: dict[str, Any] = {}
@@ -210,10 +214,9 @@ def load_config(path: str | Path | None = None, *, overrides: dict[str, Any] | N
     event_log = overrides.pop("event_log", None)
     data.update(overrides)
     if event_log is not None:  # --event-log turns the file's event log on, keeping its settings
-        base = data.get("event_log") if isinstance(data.get("event_log"), dict) else {}
-        data["event_log"] = {**base, **event_log}
+        data["event_log"] = {**_mapping(data.get("event_log")), **event_log}
     if store is not None:  # --redis-url / --redis-wait-replicas refine the file's store, not replace it
-        base = data.get("store") if isinstance(data.get("store"), dict) else {}
+        base = _mapping(data.get("store"))
         data["store"] = {**base, **store} if base.get("kind", "redis") == "redis" else store
     try:
         return BrokerConfig.model_validate(data)

@@ -10,19 +10,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import cast
 
-from .channel import Channel
+from .channel import Channel, ChannelIO
 from .codec import RC
 from .websocket import WebSocket
-
-if TYPE_CHECKING:
-    from .node import Node
 
 log = logging.getLogger("fleetmq.connection")
 
 #: Bytes buffered for a client beyond which it counts as congested (see Channel.deliver).
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+
+#: makes the channel of a new connection: (its IO, peer address, listener name) -> channel
+NewChannel = Callable[[ChannelIO, str, str], Channel]
 
 
 class Connection(asyncio.Protocol):
@@ -30,18 +30,16 @@ class Connection(asyncio.Protocol):
         "_buf",
         "_closing",
         "_loop",
+        "_new_channel",
         "_registry",
         "_scheduled",
         "channel",
         "listener",
-        "node",
         "transport",
-        "zone",
     )
 
-    def __init__(self, node: Node, zone: str, listener: str, connections: set[Connection]) -> None:
-        self.node = node
-        self.zone = zone
+    def __init__(self, new_channel: NewChannel, listener: str, connections: set[Connection]) -> None:
+        self._new_channel = new_channel
         self.listener = listener
         self._loop = asyncio.get_running_loop()
         self._buf: list[bytes] = []
@@ -53,13 +51,11 @@ class Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        t = self.transport = cast(asyncio.Transport, transport)  # a stream (uvloop's are not subclasses)
+        t.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self._registry.add(self)
         peer = transport.get_extra_info("peername")
-        self.channel = Channel(
-            self.node, self.zone, self, f"{peer[0]}:{peer[1]}" if peer else "?", self.listener
-        )
+        self.channel = self._new_channel(self, f"{peer[0]}:{peer[1]}" if peer else "?", self.listener)
 
     def data_received(self, data: bytes) -> None:
         channel = self.channel
@@ -69,7 +65,7 @@ class Connection(asyncio.Protocol):
             channel.data_received(data)
         except Exception:  # a bug in one channel must not take the node down with it
             log.exception("internal error handling data from %s", channel.client_id or channel.peer)
-            channel.zm.disconnects["internal_error"] += 1
+            channel.telemetry.counters.disconnects["internal_error"] += 1
             self.close()
 
     def pause_writing(self) -> None:
@@ -140,8 +136,10 @@ class WsConnection(Connection):
 
     __slots__ = ("ws",)
 
-    def __init__(self, node: Node, zone: str, listener: str, connections: set[Connection], path: str) -> None:
-        super().__init__(node, zone, listener, connections)
+    def __init__(
+        self, new_channel: NewChannel, listener: str, connections: set[Connection], path: str
+    ) -> None:
+        super().__init__(new_channel, listener, connections)
         self.ws = WebSocket(path)
 
     def data_received(self, data: bytes) -> None:

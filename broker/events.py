@@ -393,7 +393,8 @@ class EventLog:
             packed = hiredis.pack_command(tuple(args))
         conn = self._conn
         if conn is None:
-            conn = self._conn = self._pool.make_connection()
+            # redis-py leaves make_connection unannotated; it returns the pool's connection class
+            conn = self._conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
         try:
             await conn.send_packed_command(packed, check_health=False)
             return int(await conn.read_response())

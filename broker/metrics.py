@@ -19,16 +19,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-DROP_REASONS = (
-    "queue_full",
-    "expired",
-    "no_subscribers",
-    "too_large",
-    "awaiting_rel_timeout",
-    "qos0_offline",
-    "not_authorized",
-    "awaiting_rel_full",
-)
+from .eventschema import DropReason
+
+#: every drop reason starts at 0, so a rate over it exists before the first drop
+DROP_REASONS = tuple(DropReason)
 SESSION_EVENTS = ("created", "resumed", "takenover", "discarded", "expired")
 
 LATENCY_BUCKETS = (
@@ -69,7 +63,8 @@ class Histogram:
         self.sum += value
 
     def buckets(self) -> list[tuple[str, float]]:
-        out, acc = [], 0
+        out: list[tuple[str, float]] = []
+        acc = 0
         for bound, n in zip(self.bounds, self.counts, strict=False):
             acc += n
             out.append((repr(bound), acc))

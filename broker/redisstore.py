@@ -26,10 +26,22 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from . import keys, wire
+from .journal import JournalChanges
 from .message import Message, Will
 from .router import Subscription
 from .session import Session
-from .store import Claimed, CommitResult, Discard, Enqueue, Journal, Op, Retain, Route, Save, SessionStore
+from .store import (
+    Claimed,
+    CommitResult,
+    Discard,
+    Enqueue,
+    Op,
+    Retain,
+    Route,
+    Save,
+    SessionStore,
+    StoredSession,
+)
 from .wire import (
     journal_field,
     journal_value,
@@ -321,6 +333,15 @@ def _stored_will(packed: bytes | None, zone: bytes | None, username: bytes | Non
     )
 
 
+def raw(value: bytes | str) -> bytes:
+    """A reply value as bytes (the client never decodes replies; redis-py's types allow both)."""
+    return value if isinstance(value, bytes) else value.encode()
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _pairs(flat: list[bytes]) -> Iterable[tuple[bytes, bytes]]:
     it = iter(flat)
     return zip(it, it, strict=True)
@@ -428,25 +449,19 @@ class RedisStore(SessionStore):
         if int(res[1]) != 2:
             discarded = [f.decode() for f in res[2]] if int(res[1]) == 1 else None
             ended_will = _stored_will(res[4], res[5], res[6])
-            return Claimed(epoch, None, discarded, res[3].decode() or None, ended_will)
-        previous = res[2].decode() or None
+            return Claimed(
+                epoch, discarded=discarded, previous=res[3].decode() or None, ended_will=ended_will
+            )
         meta = {k.decode(): v for k, v in _pairs(res[3])}
-        s = Session(client_id, zone, zone_name)
-        s.epoch = epoch
-        s.expiry_interval = float(meta.get("expiry", b"0"))
-        s._next_pid = int(meta.get("next_pid", b"1"))
-        s.order = int(meta.get("order", b"0"))
-        for f, o in _pairs(res[4]):
-            s.subscriptions[f.decode()] = unpack_sub(o)
-        s.enable_journal()
-        for d in sorted((unpack_journal(v) for _k, v in _pairs(res[5])), key=lambda d: d.order):
-            if d.packet_id:
-                s.inflight.insert(d)  # sent and unacknowledged: resent first, with its packet id
-            else:
-                s._forget(s.mqueue.push(d))
-        for pid, ts in _pairs(res[6]):
-            s.awaiting_rel[int(pid)] = float(ts)
-        return Claimed(epoch, s, None, previous)
+        stored = StoredSession(
+            expiry_interval=float(meta.get("expiry", b"0")),
+            next_pid=int(meta.get("next_pid", b"1")),
+            order=int(meta.get("order", b"0")),
+            subscriptions=[(f.decode(), unpack_sub(o)) for f, o in _pairs(res[4])],
+            deliveries=[unpack_journal(v) for _k, v in _pairs(res[5])],
+            awaiting_rel=[(int(pid), float(ts)) for pid, ts in _pairs(res[6])],
+        )
+        return Claimed(epoch, stored=stored, previous=res[2].decode() or None)
 
     async def commit(self, ops: list[Op]) -> CommitResult:
         # Deliveries for one session in this batch travel in one script call, at its first one's place.
@@ -470,7 +485,7 @@ class RedisStore(SessionStore):
                     self._call(pipe, "enqueue", keys.session_keys(op.client_id)[0:3:2], args)
                     continue
                 kinds.append(op)
-                if isinstance(op, Journal):
+                if isinstance(op, JournalChanges):
                     k = keys.session_keys(op.client_id)
                     self._call(pipe, "journal", [k[0], k[3], k[4]], self._journal_args(op))
                 elif isinstance(op, Save):
@@ -500,20 +515,20 @@ class RedisStore(SessionStore):
 
         replies = await self._execute(build)
         result = CommitResult()
-        for op, reply in zip(kinds, replies, strict=False):
+        for kind, reply in zip(kinds, replies, strict=False):
             if isinstance(reply, Exception):
                 raise reply
-            if isinstance(op, list):
+            if isinstance(kind, list):
                 if reply == -1:
-                    result.missing.extend(op)
+                    result.missing.extend(kind)
                 elif isinstance(reply, list):
-                    zone, cid = reply[1].decode(), op[0].client_id
+                    zone, cid = reply[1].decode(), kind[0].client_id
                     if int(reply[0]):
                         result.dropped.append((zone, cid, int(reply[0])))
                     if int(reply[2]):
                         result.skipped_qos0.append((zone, cid, int(reply[2])))
-            elif isinstance(op, Journal | Route) and reply == -1:
-                result.fenced.append(op.client_id)
+            elif isinstance(kind, JournalChanges | Route) and reply == -1:
+                result.fenced.append(kind.client_id)
         if self.wait_replicas:
             acked = int(replies[-1])
             if acked < self.wait_replicas:
@@ -521,7 +536,7 @@ class RedisStore(SessionStore):
         return result
 
     @staticmethod
-    def _journal_args(op: Journal) -> list[Any]:
+    def _journal_args(op: JournalChanges) -> list[Any]:
         puts = [(mid, d) for mid, d in op.deliveries.items() if d is not None]
         dels = [mid for mid, d in op.deliveries.items() if d is None]
         rputs = [(pid, ts) for pid, ts in op.rel.items() if ts is not None]
@@ -544,7 +559,7 @@ class RedisStore(SessionStore):
         meta = {
             "zone": s.zone_name,
             "expiry": repr(s.expiry_interval),
-            "next_pid": s._next_pid,
+            "next_pid": s.next_pid,
             "order": s.order,
             "maxq": z.max_mqueue_len,
             "qos0": int(z.mqueue_store_qos0),
@@ -627,13 +642,13 @@ class RedisStore(SessionStore):
         """Every subscription of every session in Redis: the fleet's route table."""
         out = []
         async for key in self.redis.scan_iter(match=keys.SUBSCRIPTIONS_PATTERN, count=1000):
-            cid = keys.client_of_subscriptions_key(key.decode())
+            cid = keys.client_of_subscriptions_key(text(key))
             for f, o in (await self.redis.hgetall(key)).items():
-                out.append((cid, f.decode(), unpack_sub(o)))
+                out.append((cid, text(f), unpack_sub(raw(o))))
         return out
 
     async def load_retained(self) -> list[Message]:
-        return [unpack_message(v) for v in (await self.redis.hgetall(keys.RETAINED)).values()]
+        return [unpack_message(raw(v)) for v in (await self.redis.hgetall(keys.RETAINED)).values()]
 
     def offline_sessions(self) -> list[Session]:
         return []

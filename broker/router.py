@@ -116,11 +116,11 @@ class Router:
                 del self._by_client[client_id]
         if group is not None:
             groups = self._groups.get(real)
-            g = groups.get(group) if groups else None
-            if g is None or g.members.pop(client_id, None) is None:
+            g = groups.get(group) if groups is not None else None
+            if groups is None or g is None or g.members.pop(client_id, None) is None:
                 return False
             if not g.members:
-                del groups[group]  # type: ignore[union-attr]
+                del groups[group]
                 if not groups:
                     del self._groups[real]
             return True

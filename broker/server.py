@@ -101,7 +101,7 @@ class Server:
     async def _open_listener(self, listener: ListenerConfig) -> None:
         host, port = listener.address
         loop = asyncio.get_running_loop()
-        args = (self.node, listener.zone, listener.name, self.connections)
+        args = (partial(self.node.channel, listener.zone), listener.name, self.connections)
         if listener.protocol in ("ws", "wss"):
             factory: Callable[[], Connection] = partial(WsConnection, *args, listener.path)
         else:

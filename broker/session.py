@@ -3,14 +3,16 @@
 A pure state machine: methods take the current time and return the deliveries to put on the wire, so the
 EMQX semantics (window, drop-oldest, FIFO refill, retransmission order, QoS2 exactly once) are tested
 without sockets. A session outlives its connections; the channel that owns it encodes what it returns.
+A persistent session in a durable store records every change in its journal (journal.py) as it makes it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .inflight import Inflight
+from .journal import Journal, JournalSink
 from .message import Delivery
 from .mqueue import MQueue
 from .router import Subscription
@@ -23,18 +25,15 @@ class AwaitingRelFull(Exception):
 
 class Session:
     __slots__ = (
+        "_epoch",
         "_next_pid",
         "awaiting_rel",
         "client_id",
         "created_at",
-        "dirty",
-        "dirty_rel",
-        "epoch",
         "expiry_interval",
         "inflight",
+        "journal",
         "mqueue",
-        "on_dirty",
-        "order",
         "receive_maximum",
         "subscriptions",
         "zone",
@@ -61,14 +60,30 @@ class Session:
         self.mqueue = MQueue(zone.max_mqueue_len)
         self.awaiting_rel: dict[int, float] = {}  # incoming QoS2 packet id -> time received
         self.created_at = now
-        self.epoch = 0  # ownership generation in the store (fencing)
-        # Journal of a persistent session in a durable store: deliveries (by message id) and incoming
-        # QoS2 packet ids changed since the last commit; None = delete. None when not journaled.
-        self.dirty: dict[int, Delivery | None] | None = None
-        self.dirty_rel: dict[int, float | None] | None = None
-        self.order = 0  # next delivery's position, so a store can restore queue and window order
-        self.on_dirty: Callable[[Session], None] | None = None
+        self.journal: Journal | None = None  # a persistent session's, in a durable store
+        self._epoch = 0
         self._next_pid = 1
+
+    @property
+    def epoch(self) -> int:
+        """Ownership generation in the store (fencing); the journal's writes carry it."""
+        return self._epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch = value
+        if self.journal is not None:
+            self.journal.epoch = value
+
+    @property
+    def next_pid(self) -> int:
+        """The packet id the next delivery gets, unless it is taken (what a store keeps)."""
+        return self._next_pid
+
+    @property
+    def order(self) -> int:
+        """The next delivery's position in session order (kept by the journal; 0 when there is none)."""
+        return self.journal.order if self.journal is not None else 0
 
     # -- zone (live changes apply at the next delivery) -------------------------------------------
     def _window(self) -> int:
@@ -78,47 +93,54 @@ class Session:
             return rm
         return limit
 
-    def enable_journal(self) -> None:
+    def enable_journal(self, sink: JournalSink) -> Journal:
         """Record every change for a durable store from now on (persistent sessions)."""
-        if self.dirty is None:
-            self.dirty = {}
-            self.dirty_rel = {}
+        if self.journal is None:
+            self.journal = Journal(self.client_id, self.epoch, sink, next_pid=self._next_pid)
+        return self.journal
 
-    def take_journal(self) -> tuple[dict[int, Delivery | None], dict[int, float | None]] | None:
-        """The changes since the last call (and forget them), or None when there are none."""
-        dirty, rel = self.dirty, self.dirty_rel
-        if not dirty and not rel:
-            return None
-        assert dirty is not None and rel is not None
-        self.dirty, self.dirty_rel = {}, {}
-        return dirty, rel
-
-    def _mark(self, msg_id: int, d: Delivery | None) -> None:
-        dirty = self.dirty
-        if dirty is None:
-            return
-        if not dirty and not self.dirty_rel and self.on_dirty is not None:
-            self.on_dirty(self)  # first change since the last commit: ask for one
-        dirty[msg_id] = d
-
-    def _mark_rel(self, packet_id: int, ts: float | None) -> None:
-        rel = self.dirty_rel
-        if rel is None:
-            return
-        if not rel and not self.dirty and self.on_dirty is not None:
-            self.on_dirty(self)
-        rel[packet_id] = ts
-
-    def _forget(self, gone: list[Delivery]) -> list[Delivery]:
-        if self.dirty is not None:
-            for d in gone:
-                self._mark(d.msg.msg_id, None)
-        return gone
+    def restore(
+        self,
+        *,
+        epoch: int,
+        expiry_interval: float,
+        next_pid: int,
+        order: int,
+        subscriptions: Iterable[tuple[str, Subscription]],
+        deliveries: Iterable[Delivery],
+        awaiting_rel: Iterable[tuple[int, float]],
+        sink: JournalSink,
+    ) -> list[Delivery]:
+        """Take back what a store kept of this session: deliveries with a packet id were sent and go back
+        into the window (to be resent first), the others into the queue, in session order. Returns the
+        ones the queue had no room for (a lowered limit), already forgotten by the journal."""
+        self.epoch = epoch
+        self.expiry_interval = expiry_interval
+        self._next_pid = next_pid
+        self.subscriptions.update(subscriptions)
+        journal = self.enable_journal(sink)
+        journal.order = order
+        dropped: list[Delivery] = []
+        for d in sorted(deliveries, key=lambda d: d.order):
+            if d.packet_id:
+                self.inflight.insert(d)
+            else:
+                dropped += self.mqueue.push(d)
+        self.awaiting_rel.update(awaiting_rel)
+        return self._forget(dropped)
 
     def forget(self, d: Delivery) -> None:
         """A delivery the store journaled for this session left it without entering the window (sent as
         QoS 0, or dropped): the journal drops it too."""
-        self._mark(d.msg.msg_id, None)
+        if self.journal is not None:
+            self.journal.gone(d)
+
+    def _forget(self, gone: list[Delivery]) -> list[Delivery]:
+        j = self.journal
+        if j is not None:
+            for d in gone:
+                j.gone(d)
+        return gone
 
     def take_queued(self, pred: Callable[[Delivery], bool]) -> list[Delivery]:
         """Take out of the Message Queue every delivery `pred` picks (the journal forgets them)."""
@@ -142,16 +164,14 @@ class Session:
         Returns (delivery to send or None, deliveries dropped from the queue). `hold` queues it anyway
         (the client's socket is congested).
         """
-        if d.order < 0:
-            d.order = self.order
-            self.order += 1
-        elif d.order >= self.order:
-            self.order = d.order + 1
+        j = self.journal
+        if j is not None:
+            j.place(d)
         if hold or self.mqueue or self.inflight.full():
             # FIFO: while anything waits in the queue, a newcomer goes behind it.
             dropped = self.mqueue.push(d)
-            if self.dirty is not None:
-                self._mark(d.msg.msg_id, d)
+            if j is not None:
+                j.put(d)
                 self._forget(dropped)
             return None, dropped
         self._assign(d, now)
@@ -159,8 +179,8 @@ class Session:
 
     def enqueue(self, d: Delivery) -> list[Delivery]:
         """Queue a delivery for an offline session (or a QoS0 kept for one); return the dropped oldest."""
-        d.order = self.order
-        self.order += 1
+        if self.journal is not None:
+            self.journal.place(d)
         return self.mqueue.push(d)
 
     def _assign(self, d: Delivery, now: float) -> None:
@@ -168,14 +188,16 @@ class Session:
         d.stage = 0
         d.sent_at = now
         self.inflight.insert(d)
-        if self.dirty is not None:
-            self._mark(d.msg.msg_id, d)
+        if self.journal is not None:
+            self.journal.put(d)
 
     def _alloc_pid(self) -> int:
         inflight = self.inflight
         pid = self._next_pid
         if pid not in inflight:  # the common case: ids are handed out in order and acked in order
             self._next_pid = pid + 1 if pid < 65535 else 1
+            if self.journal is not None:
+                self.journal.next_pid = self._next_pid
             return pid
         for _ in range(65535):
             if pid not in inflight:
@@ -184,14 +206,20 @@ class Session:
         else:  # pragma: no cover - the window never exceeds 65535
             raise RuntimeError("no free packet identifier")
         self._next_pid = pid + 1 if pid < 65535 else 1
+        if self.journal is not None:
+            self.journal.next_pid = self._next_pid
         return pid
 
-    def refill(self, now: float) -> tuple[list[Delivery], list[Delivery]]:
-        """Move queued deliveries into the window, FIFO. Returns (to send, expired and dropped)."""
+    def refill(self, now: float, wall: float | None = None) -> tuple[list[Delivery], list[Delivery]]:
+        """Move queued deliveries into the window, FIFO. Returns (to send, expired and dropped).
+
+        Message expiry is wall-clock time (it travels between nodes): `wall`, or the clock's now.
+        """
         sent: list[Delivery] = []
         expired: list[Delivery] = []
         mqueue, inflight = self.mqueue, self.inflight
-        wall = time.time()  # message expiry is wall-clock time (it travels between nodes)
+        if wall is None:
+            wall = time.time()
         while mqueue and not inflight.full():
             d = mqueue.pop()
             assert d is not None
@@ -200,7 +228,7 @@ class Session:
                 continue
             if d.qos == 0:
                 sent.append(d)  # a QoS0 kept while offline: sent, never enters the window
-                self._mark(d.msg.msg_id, None)
+                self.forget(d)
                 continue
             self._assign(d, now)
             sent.append(d)
@@ -216,8 +244,8 @@ class Session:
     def drop(self, packet_id: int) -> Delivery | None:
         """Take a delivery out of the window (acknowledged, refused, or undeliverable)."""
         d = self.inflight.pop(packet_id)
-        if d is not None and self.dirty is not None:
-            self._mark(d.msg.msg_id, None)
+        if d is not None and self.journal is not None:
+            self.journal.gone(d)
         return d
 
     def pubrec(self, packet_id: int, now: float, failed: bool = False) -> Delivery | None:
@@ -229,7 +257,8 @@ class Session:
             return self.drop(packet_id)
         d.stage = 1
         d.sent_at = now
-        self._mark(d.msg.msg_id, d)
+        if self.journal is not None:
+            self.journal.put(d)
         return d
 
     def pubcomp(self, packet_id: int) -> Delivery | None:
@@ -271,14 +300,16 @@ class Session:
             if len(self.awaiting_rel) >= limit:
                 raise AwaitingRelFull(packet_id)
         self.awaiting_rel[packet_id] = now
-        self._mark_rel(packet_id, now)
+        if self.journal is not None:
+            self.journal.awaiting(packet_id, now)
         return True
 
     def release(self, packet_id: int) -> bool:
         """A PUBREL: forget the packet id. False if it was unknown (v5: PUBCOMP 0x92)."""
         if self.awaiting_rel.pop(packet_id, None) is None:
             return False
-        self._mark_rel(packet_id, None)
+        if self.journal is not None:
+            self.journal.released(packet_id)
         return True
 
     def expire_awaiting_rel(self, now: float) -> int:
@@ -287,7 +318,8 @@ class Session:
         stale = [pid for pid, t in self.awaiting_rel.items() if now - t >= timeout]
         for pid in stale:
             del self.awaiting_rel[pid]
-            self._mark_rel(pid, None)
+            if self.journal is not None:
+                self.journal.released(pid)
         return len(stale)
 
     def next_awaiting_rel_expiry(self) -> float | None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .journal import Journal, JournalChanges
 from .message import Delivery, Message, Will
 from .metrics import Metrics
 from .router import Subscription
@@ -33,19 +34,6 @@ class Save:
     ttl: float = 0.0
     will: Message | None = None  # a will waiting for its delay (due at will_at, wall-clock seconds)
     will_at: float = 0.0
-
-
-@dataclass(slots=True)
-class Journal:
-    """What changed in an owned persistent session since the last commit (fenced by its epoch):
-    deliveries by message id (None = gone) and incoming QoS2 packet ids (None = released)."""
-
-    client_id: str
-    epoch: int
-    next_pid: int
-    order: int
-    deliveries: dict[int, Delivery | None]
-    rel: dict[int, float | None]
 
 
 @dataclass(slots=True)
@@ -81,7 +69,7 @@ class Retain:
     msg: Message
 
 
-Op = Save | Journal | Enqueue | Discard | Route | Retain
+Op = Save | JournalChanges | Enqueue | Discard | Route | Retain
 
 
 @dataclass(slots=True)
@@ -97,11 +85,26 @@ class CommitResult:
 
 
 @dataclass(slots=True)
+class StoredSession:
+    """What a store that outlives the process keeps of a session, for the node that claims it to restore
+    (Session.restore)."""
+
+    expiry_interval: float
+    next_pid: int
+    order: int
+    subscriptions: list[tuple[str, Subscription]]
+    deliveries: list[Delivery]  # window (with a packet id) and queue, in any order (each knows its place)
+    awaiting_rel: list[tuple[int, float]]
+
+
+@dataclass(slots=True)
 class Claimed:
-    """A session claimed for a connecting client."""
+    """A session claimed for a connecting client: the session itself (a store in this process's memory
+    keeps the object), what a store keeps of it, or neither when there was none (or Clean Start ended it)."""
 
     epoch: int  # grows on every claim: writes from an older owner are refused (fencing)
-    session: Session | None  # the stored session, or None if there was none (or Clean Start ended it)
+    session: Session | None = None
+    stored: StoredSession | None = None
     discarded: list[str] | None = None  # Clean Start ended a stored session: its subscriptions
     previous: str | None = None  # the node the client was connected to before (it is told to let go)
     ended_will: Will | None = None  # Clean Start ended a session whose will was waiting: publish it
@@ -185,7 +188,7 @@ class MemoryStore(SessionStore):
         epoch = self._epochs[client_id] = self._epochs.get(client_id, 0) + 1
         session = self._sessions.pop(client_id, None)
         if session is not None and clean_start:
-            return Claimed(epoch, None, list(session.subscriptions))
+            return Claimed(epoch, discarded=list(session.subscriptions))
         if session is not None:
             session.epoch = epoch
         return Claimed(epoch, session)
@@ -216,9 +219,11 @@ class MemoryStore(SessionStore):
 class GroupCommitter:
     """Collects store writes during one event-loop turn and commits them in one call.
 
-    Callers register callbacks with `after()`; they run in registration order once the batch holding
-    every write made before them is durable (ok=True) or failed (ok=False). With nothing pending, a
-    callback runs at once, so clean sessions never wait.
+    Writes come as ops (`add`) and as the changes of session journals, which ask for a commit at their
+    first change (`journal_changed`) and are taken when the batch is built. Callers register callbacks
+    with `after()`; they run in registration order once the batch holding every write made before them
+    is durable (ok=True) or failed (ok=False). With nothing pending, a callback runs at once, so clean
+    sessions never wait.
     """
 
     def __init__(
@@ -226,14 +231,13 @@ class GroupCommitter:
         store: SessionStore,
         metrics: Metrics,
         on_result: Callable[[CommitResult], None] | None = None,
-        collect: Callable[[list[Op]], None] | None = None,
         on_failure: Callable[[list[Op]], None] | None = None,
     ) -> None:
         self.store = store
         self.on_failure = on_failure  # told which writes may not have been stored
         self.metrics = metrics
         self.on_result = on_result
-        self.collect = collect  # adds the writes gathered elsewhere (session journals) to a batch
+        self._journals: list[Journal] = []  # journals with changes for the next batch
         self._touched = False
         self._ops: list[Op] = []
         self._waiters: list[Callable[[bool], Any]] = []
@@ -246,8 +250,9 @@ class GroupCommitter:
         """Whether any write made so far may not be committed yet."""
         return bool(self._ops or self._waiters or self._touched or self._inflight is not None)
 
-    def touch(self) -> None:
-        """Something for `collect` to gather changed: commit at the end of this turn."""
+    def journal_changed(self, journal: Journal) -> None:
+        """A journal changed for the first time since it was last taken: commit at the end of this turn."""
+        self._journals.append(journal)
         self._touched = True
         self._schedule()
 
@@ -271,8 +276,12 @@ class GroupCommitter:
         self._scheduled = False
         if self._inflight is not None:
             return  # the running batch reschedules us when it finishes: one commit at a time keeps order
-        if self._touched and self.collect is not None:
-            self.collect(self._ops)
+        if self._touched:
+            journals, self._journals = self._journals, []
+            for journal in journals:
+                changes = journal.take()
+                if changes is not None:
+                    self._ops.append(changes)
         self._touched = False
         ops, waiters = self._ops, self._waiters
         self._ops, self._waiters = [], []
@@ -307,7 +316,12 @@ class GroupCommitter:
     async def barrier(self) -> bool:
         """Wait until every write made before this call is committed; False if that commit failed."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self.after(lambda ok: fut.done() or fut.set_result(ok))
+
+        def done(ok: bool) -> None:
+            if not fut.done():
+                fut.set_result(ok)
+
+        self.after(done)
         return await fut
 
     async def drain(self) -> None:

@@ -8,7 +8,8 @@ family (what EMQX, mosquitto and every browser client speak).
 
 from __future__ import annotations
 
-from wsproto import ConnectionState, ConnectionType, WSConnection
+from wsproto import WSConnection
+from wsproto.connection import ConnectionState, ConnectionType
 from wsproto.events import (
     AcceptConnection,
     BytesMessage,

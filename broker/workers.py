@@ -123,6 +123,10 @@ class Supervisor:
             os.rmdir(self._dir)
         return 0
 
+    def stopping(self) -> bool:
+        """(A call: mypy would take the attribute as still False after an await.)"""
+        return self._stopping
+
     def _signal_all(self, sig: int) -> None:
         for w in self.workers:
             w.signal(sig)
@@ -133,13 +137,13 @@ class Supervisor:
             assert w.proc is not None
             proc = w.proc
             code = await asyncio.to_thread(self._wait, proc)
-            if self._stopping:
+            if self.stopping():
                 return
             log.error(
                 "worker %d (pid %d) exited with %s; restarting in %.1fs", w.index, proc.pid, code, delay
             )
             await asyncio.sleep(delay)
-            if self._stopping:
+            if self.stopping():
                 return
             delay = min(delay * 2, RESTART_BACKOFF[1])
             w.restarts += 1
@@ -213,5 +217,5 @@ def merge_metrics(texts: Sequence[str]) -> bytes:
             return list(families.values())
 
     registry = CollectorRegistry()
-    registry.register(Merged())  # type: ignore[arg-type]
+    registry.register(Merged())
     return generate_latest(registry)

@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from fleetmq.broker.eventschema import DropReason
+
+#: the drop reasons that lose a message the broker had accepted (the loss panels and alerts)
+LOST = [r.value for r in DropReason if r.lost]
 
 CHART_DIR = Path(__file__).resolve().parent.parent / "charts" / "fleetmq"
 DASHBOARD_DIR = "dashboards"
@@ -588,9 +592,7 @@ def message_flow() -> Dashboard:
     d.add(
         timeseries(
             "Drops by reason",
-            "Messages dropped per second: queue_full (Message Queue full, oldest dropped), expired, "
-            "no_subscribers, too_large, awaiting_rel_timeout / awaiting_rel_full (QoS 2 in), qos0_offline, "
-            "not_authorized (ACL).",
+            "Messages dropped per second: " + "; ".join(f"{r} ({r.description})" for r in DropReason) + ".",
             [Target(rate("fleetmq_messages_dropped_total", by="reason"), "{{reason}}")],
             "ops",
             stack=True,
@@ -599,11 +601,12 @@ def message_flow() -> Dashboard:
     d.add(
         timeseries(
             "Drops by zone",
-            "Drops that lose an accepted message (everything but no_subscribers and not_authorized), per zone.",
+            f"Drops that lose a message the broker had accepted ({', '.join(LOST)}), per zone; refused "
+            "publishes and messages nobody (allowed to read them) subscribed to are not counted here.",
             [
                 Target(
                     f"sum by (zone) (rate(fleetmq_messages_dropped_total{{{ZONE}, "
-                    f'reason!~"no_subscribers|not_authorized"}}[{RATE}]))',
+                    f'reason=~"{"|".join(LOST)}"}}[{RATE}]))',
                     "{{zone}}",
                 )
             ],
@@ -743,7 +746,7 @@ def windows_and_queues() -> Dashboard:
             "Messages dropped because a Message Queue was full (the oldest goes; alert FleetmqQueueDrops).",
             [
                 Target(
-                    f'sum by (zone) (rate(fleetmq_messages_dropped_total{{{ZONE}, reason="queue_full"}}[{RATE}]))',
+                    f'sum by (zone) (rate(fleetmq_messages_dropped_total{{{ZONE}, reason="{DropReason.QUEUE_FULL}"}}[{RATE}]))',
                     "{{zone}}",
                 )
             ],
@@ -774,7 +777,7 @@ def windows_and_queues() -> Dashboard:
             [
                 Target(
                     f"sum by (zone, reason) (rate(fleetmq_messages_dropped_total{{{ZONE}, "
-                    f'reason=~"awaiting_rel_timeout|awaiting_rel_full"}}[{RATE}]))',
+                    f'reason=~"{DropReason.AWAITING_REL_TIMEOUT}|{DropReason.AWAITING_REL_FULL}"}}[{RATE}]))',
                     "{{zone}} {{reason}}",
                 )
             ],
@@ -1071,7 +1074,7 @@ def alert_groups() -> dict[str, Any]:
     broker = [
         alert(
             "FleetmqQueueDrops",
-            f'sum by ({ZONE_KEYS}) (rate(fleetmq_messages_dropped_total{{reason="queue_full"}}[5m])) > 0',
+            f'sum by ({ZONE_KEYS}) (rate(fleetmq_messages_dropped_total{{reason="{DropReason.QUEUE_FULL}"}}[5m])) > 0',
             "5m",
             "warning",
             "Message Queues are full and drop messages",

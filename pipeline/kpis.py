@@ -10,6 +10,8 @@ Definitions (windows are tumbling, by event time):
 - queue depth: mqueue_len carried by deliver, inflight_full and drop events;
 - offline backlog: mqueue_len of a connect that resumed a session (reason "resumed": what waited for it)
   and of a queue_full drop that carries one (the queue at its limit);
+- drops: all of them by reason (eventschema.DropReason); drops_lost only those that lose a message the
+  broker had accepted (DropReason.lost), not refused publishes or messages nobody could receive;
 - takeovers: counted on the node that got the session (reason local or remote); the old node's
   "handover" record of the same takeover is not counted again.
 Sampling undone: a node logs the per-message kinds (publish_in, deliver, ack, retransmit) of a fraction of
@@ -24,12 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fleetmq.broker.eventschema import SAMPLED_EVENTS
+from fleetmq.broker.eventschema import SAMPLED_EVENTS, DropReason
 from fleetmq.pipeline.tuning import P_SIZING, PERCENTILE_ACCURACY, PERCENTILES
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 QUEUE_DEPTH_EVENTS = ("deliver", "inflight_full", "drop")
+#: drops that lose a message the broker had accepted, counted apart from refusals and unrouted messages
+LOST_REASONS = tuple(r.value for r in DropReason if r.lost)
 KEYS = ("zone", "window_start")
 
 
@@ -123,6 +127,9 @@ def zone_kpis(
         _estimate("retransmit").alias("retransmits"),
         F.min("rate").alias("window_sample"),
         _count("drop").alias("drops_total"),
+        F.count(F.when((F.col("event") == "drop") & F.col("reason").isin(*LOST_REASONS), 1)).alias(
+            "drops_lost"
+        ),
         _count("inflight_full").alias("inflight_full"),
         F.count(
             F.when((F.col("event") == "takeover") & (F.coalesce(F.col("reason"), F.lit("")) != "handover"), 1)
@@ -226,6 +233,7 @@ def zone_kpis(
             *[f"offline_backlog_{n}" for n in PERCENTILES],
             "max_mqueue_len",
             "drops_total",
+            "drops_lost",
             F.coalesce("drops", F.create_map().cast("map<string,bigint>")).alias("drops"),
             "takeovers",
             "keepalive_timeouts",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fleetmq.broker.channel import Channel, State
+from fleetmq.broker.channel import State
 from fleetmq.broker.codec import (
     MQTT5,
     MQTT311,
@@ -132,7 +132,7 @@ class Client:
         self.clock = clock
         self.version = version
         self.io = FakeIO(clock)
-        self.ch = Channel(node, zone, self.io, peer="127.0.0.1:1", listener="test")
+        self.ch = node.channel(zone, self.io, peer="127.0.0.1:1", listener="test")
         self._parser = Parser(version=version)
         self._pos = 0
         self._backlog: list[Any] = []
@@ -402,7 +402,7 @@ async def test_keepalive_timeout(clock, version):
 
 
 def node_metric_keepalive_timeouts(c: Client) -> int:
-    return c.ch.zm.keepalive_timeouts
+    return c.ch.telemetry.counters.keepalive_timeouts
 
 
 async def test_keepalive_zero_arms_no_timer(clock):
@@ -766,7 +766,7 @@ async def test_retry_resends_both_entries_together_in_order(clock):
     sub.io.fire_due()
     again = sub.publishes()
     assert [(p.payload, p.packet_id, p.dup) for p in again] == [(p.payload, p.packet_id, True) for p in first]
-    assert sub.ch.zm.retransmitted == 2
+    assert sub.ch.telemetry.counters.retransmitted == 2
 
 
 async def test_v311_qos2_retry_resends_pubrel(clock):
@@ -870,7 +870,8 @@ async def test_zone_change_applies_to_connected_channel(clock):
         pub.send(Publish("t", str(i).encode(), qos=1, packet_id=i + 1))
     await settle()
     assert [p.payload for p in sub.publishes()] == [b"0"]
-    node.zones["default"] = node.zones["default"].model_copy(update={"max_inflight": 3})
+    zone = node.zones["default"]
+    zone.update(zone.settings.model_copy(update={"max_inflight": 3}))
     sub.ch.apply_zone()
     assert [p.payload for p in sub.publishes()] == [b"1", b"2"]
 
@@ -886,7 +887,7 @@ async def test_queue_full_drops_oldest_through_channel(clock):
         pub.send(Publish("t", str(i).encode(), qos=1, packet_id=i + 1))
     await settle()
     [p0] = sub.publishes()
-    assert sub.ch.zm.dropped["queue_full"] == 2  # 1 and 2 dropped, 3 and 4 kept
+    assert sub.ch.telemetry.counters.dropped["queue_full"] == 2  # 1 and 2 dropped, 3 and 4 kept
     sub.send(Puback(p0.packet_id))
     [p] = sub.publishes()
     assert p.payload == b"3"

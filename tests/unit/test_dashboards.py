@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from fleetmq.broker.metrics import Metrics
@@ -147,3 +148,43 @@ def test_alerts_are_labelled_and_annotated():
         assert r["labels"]["severity"] in ("warning", "critical")
         assert r["annotations"]["summary"] and r["annotations"]["description"]
         assert re.fullmatch(r"\d+[smh]", r["for"])
+
+
+def test_drop_reasons_are_one_list_for_metrics_events_pipeline_and_dashboards():
+    """Every place that names drop reasons takes them from eventschema.DropReason: the metrics export all
+    of them, the dashboards' drop panels list and query exactly them, the pipeline counts the lost ones,
+    and no broker module spells one out by hand."""
+    import ast
+
+    from fleetmq.broker.eventschema import DropReason
+    from fleetmq.broker.metrics import DROP_REASONS
+    from fleetmq.pipeline.kpis import LOST_REASONS
+
+    every = {r.value for r in DropReason}
+    lost = {r.value for r in DropReason if r.lost}
+    assert set(DROP_REASONS) == every
+    assert set(LOST_REASONS) == lost
+    panels = {p["title"]: p for p in DASHBOARDS["fleetmq-messages"]["panels"] if "title" in p}
+    described = panels["Drops by reason"]["description"]
+    assert all(f"{r} (" in described for r in every), described
+    [loss] = panels["Drops by zone"]["targets"]
+    queried = set(loss["expr"].split('reason=~"')[1].split('"')[0].split("|"))
+    assert queried == lost
+    root = Path(__file__).resolve().parents[2] / "broker"
+
+    def by_hand(node: ast.AST) -> bool:
+        """counters.dropped["..."] or telemetry.dropped*("...", ...)"""
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute):
+            return node.value.attr == "dropped" and isinstance(node.slice, ast.Constant)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            first = node.args[0]
+            return node.func.attr.startswith("dropped") and isinstance(first, ast.Constant)
+        return False
+
+    spelled = [
+        f"{path.name}:{node.lineno}"
+        for path in sorted(root.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if by_hand(node)
+    ]
+    assert not spelled, f"drop reasons spelled out instead of DropReason: {spelled}"

@@ -21,6 +21,7 @@ def lua(redis_server, expression: str, *args: bytes | str) -> bytes:
     return redis_server.command("EVAL", wire.LUA_PRELUDE + f"return {expression}", 0, *args)
 
 
+@pytest.mark.redis
 def test_messages_built_in_lua_parse_in_python(redis_server):
     sub = Subscription(2, True, True, 1, 7)
     packed = wire.pack_sub(sub)

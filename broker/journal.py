@@ -1,0 +1,105 @@
+"""The journal of a persistent session: what of it the store does not have yet.
+
+A persistent session in a durable store writes ahead: a delivery's place in the window or queue (with its
+packet id and QoS 2 stage) and each incoming QoS 2 packet id awaiting PUBREL are recorded here, and the
+committer stores them before anything that depends on them is acknowledged or sent. The journal also
+numbers deliveries in session order (so a store can restore queue and window in order) and reserves
+numbers for deliveries a pull brings from the store, ahead of later ones.
+
+The first change since the last commit asks the committer for one (``JournalSink.journal_changed``);
+the committer then takes the changes (``take``) in the batch it builds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .message import Delivery
+
+
+class JournalSink(Protocol):
+    """Where a journal's changes go (the group committer)."""
+
+    def journal_changed(self, journal: Journal) -> None: ...
+
+
+@dataclass(slots=True)
+class JournalChanges:
+    """What changed in an owned persistent session since the last commit (fenced by its epoch):
+    deliveries by message id (None = gone) and incoming QoS 2 packet ids (None = released)."""
+
+    client_id: str
+    epoch: int
+    next_pid: int
+    order: int
+    deliveries: dict[int, Delivery | None]
+    rel: dict[int, float | None]
+
+
+class Journal:
+    __slots__ = ("_deliveries", "_rel", "_sink", "client_id", "epoch", "next_pid", "order")
+
+    def __init__(
+        self, client_id: str, epoch: int, sink: JournalSink, order: int = 0, next_pid: int = 1
+    ) -> None:
+        self.client_id = client_id
+        self.epoch = epoch
+        self._sink = sink
+        self._deliveries: dict[int, Delivery | None] = {}
+        self._rel: dict[int, float | None] = {}
+        #: the next delivery's position in session order; only grows
+        self.order = order
+        #: the session's next packet id (kept current by the session), stored with every commit
+        self.next_pid = next_pid
+
+    def _changed(self) -> None:
+        if not self._deliveries and not self._rel:
+            self._sink.journal_changed(self)  # the first change since the last commit: ask for one
+
+    def place(self, d: Delivery) -> None:
+        """Give a delivery its position in session order (one the store gave it is kept)."""
+        if d.order < 0:
+            d.order = self.order
+            self.order += 1
+        elif d.order >= self.order:
+            self.order = d.order + 1
+
+    def reserve(self, n: int) -> int:
+        """Reserve `n` positions, ahead of later deliveries, for what a pull brings; returns the first."""
+        first = self.order
+        self.order += n
+        return first
+
+    def put(self, d: Delivery) -> None:
+        """A delivery entered the window or the queue, or changed (packet id, stage)."""
+        self._changed()
+        self._deliveries[d.msg.msg_id] = d
+
+    def gone(self, d: Delivery) -> None:
+        """A delivery left the session (acknowledged, sent as QoS 0, dropped)."""
+        self._changed()
+        self._deliveries[d.msg.msg_id] = None
+
+    def awaiting(self, packet_id: int, ts: float) -> None:
+        """An incoming QoS 2 packet id awaits PUBREL."""
+        self._changed()
+        self._rel[packet_id] = ts
+
+    def released(self, packet_id: int) -> None:
+        self._changed()
+        self._rel[packet_id] = None
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._deliveries or self._rel)
+
+    def take(self) -> JournalChanges | None:
+        """The changes since the last call (and forget them), or None when there are none."""
+        if not self._deliveries and not self._rel:
+            return None
+        changes = JournalChanges(
+            self.client_id, self.epoch, self.next_pid, self.order, self._deliveries, self._rel
+        )
+        self._deliveries, self._rel = {}, {}
+        return changes

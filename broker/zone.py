@@ -1,0 +1,62 @@
+"""A zone at run time: its settings, who may connect and what they may do, its limits on this node, and
+its telemetry. Channels hold their zone and pick up a live change at their next delivery
+(Channel.apply_zone); the node updates zones in place when the config changes (`Zone.update`).
+"""
+
+from __future__ import annotations
+
+from .auth import Acl, Authenticator, read_users
+from .limiter import TokenBucket
+from .telemetry import Telemetry
+from .zones import ZoneSettings
+
+
+class ConnectLimits:
+    """This node's connections in a zone, and its connect-rate bucket."""
+
+    __slots__ = ("_bucket", "connections", "rate")
+
+    def __init__(self, rate: float) -> None:
+        self.connections = 0
+        self.rate = rate
+        self._bucket: TokenBucket | None = None
+
+    def connect_allowed(self, now: float) -> bool:
+        if not self.rate:
+            return True
+        if self._bucket is None:
+            self._bucket = TokenBucket(self.rate, now)  # on the channels' clock
+        return not self._bucket.take(now)
+
+    def set_rate(self, rate: float) -> None:
+        self.rate = rate
+        self._bucket = None
+
+
+class Zone:
+    __slots__ = ("acl", "auth", "limits", "name", "settings", "telemetry")
+
+    def __init__(self, name: str, settings: ZoneSettings, telemetry: Telemetry) -> None:
+        self.name = name
+        self.telemetry = telemetry
+        self.limits = ConnectLimits(settings.max_conn_rate)
+        self.settings = settings
+        self.acl, self.auth = self.access(settings)
+
+    @staticmethod
+    def access(settings: ZoneSettings) -> tuple[Acl | None, Authenticator | None]:
+        """Who may connect and what they may do (None: no checks configured). Raises UsersFileError."""
+        acl = (
+            Acl(settings.acl, settings.acl_default)
+            if settings.acl or settings.acl_default == "deny"
+            else None
+        )
+        auth = Authenticator(read_users(settings.users_file)) if settings.users_file else None
+        return acl, auth
+
+    def update(self, settings: ZoneSettings) -> None:
+        """Adopt changed settings (new sessions at once, live ones at their next delivery). Raises
+        UsersFileError, changing nothing, if its users file cannot be read."""
+        acl, auth = self.access(settings)
+        self.settings, self.acl, self.auth = settings, acl, auth
+        self.limits.set_rate(settings.max_conn_rate)
