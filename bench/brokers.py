@@ -199,4 +199,81 @@ class FleetmqDenyRule(Fleetmq):
     )
 
 
-BROKERS: dict[str, type[Broker]] = {"mosquitto": Mosquitto, "fleetmq": Fleetmq}
+class Rumqttd(Broker):
+    """rumqttd (bytebeamio/rumqtt, Rust), a second anchor: MQTT 3.1.1 listeners, limits as large as its
+    config allows. Built by the bench into the cache from the published crate (see `build_rumqttd`)."""
+
+    name = "rumqttd"
+    VERSION = "0.20.0"
+
+    def command(self) -> list[str]:
+        conf = self.workdir / "rumqttd.toml"
+        crt, key = self.pki["server"]
+        conf.write_text(
+            "id = 0\n"
+            "[router]\n"
+            "id = 0\n"
+            "max_connections = 100000\n"
+            "max_outgoing_packet_count = 100000\n"  # per connection and router turn
+            "max_segment_size = 104857600\n"
+            "max_segment_count = 10\n"
+            "[v4.1]\n"
+            'name = "v4-1"\n'
+            f'listen = "{HOST}:{self.port}"\n'
+            "next_connection_delay_ms = 0\n"
+            "[v4.1.connections]\n"
+            "connection_timeout_ms = 60000\n"
+            "max_payload_size = 268435455\n"
+            "max_inflight_count = 65535\n"  # the most packet ids a session can have outstanding
+            "dynamic_filters = true\n"
+            "[v4.2]\n"
+            'name = "v4-2"\n'
+            f'listen = "{HOST}:{self.tls_port}"\n'
+            "next_connection_delay_ms = 0\n"
+            "[v4.2.tls]\n"
+            f'certpath = "{crt}"\n'
+            f'keypath = "{key}"\n'
+            "[v4.2.connections]\n"
+            "connection_timeout_ms = 60000\n"
+            "max_payload_size = 268435455\n"
+            "max_inflight_count = 65535\n"
+            "dynamic_filters = true\n"
+        )
+        return [str(build_rumqttd()), "-c", str(conf)]
+
+    def version(self) -> str:
+        return self.VERSION
+
+
+def build_rumqttd(cache: Path | None = None) -> Path:
+    """rumqttd's binary, built once into the cache: the published crate with its own lock file, but
+    `metrics` at 0.22.4, since the release it pins no longer compiles with current rustc (E0521)."""
+    cache = cache or Path.home() / ".cache" / "fleetmq" / "bench" / f"rumqttd-{Rumqttd.VERSION}"
+    binary = cache / "bin" / "rumqttd"
+    if binary.exists():
+        return binary
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    src = cache / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    crate = f"https://crates.io/api/v1/crates/rumqttd/{Rumqttd.VERSION}/download"
+    try:
+        import tarfile
+        import urllib.request
+
+        with urllib.request.urlopen(crate, timeout=60) as r, tarfile.open(fileobj=r, mode="r|gz") as tar:
+            tar.extractall(src, filter="data")
+        root = src / f"rumqttd-{Rumqttd.VERSION}"
+        run = dict(cwd=root, check=True, capture_output=True, text=True, timeout=3600)
+        subprocess.run([cargo, "update", "--package", "metrics", "--precise", "0.22.4"], **run)
+        subprocess.run([cargo, "build", "--release", "--locked", "--bin", "rumqttd"], **run)
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", "") or ""
+        raise BrokerError(f"cannot build rumqttd {Rumqttd.VERSION}: {e} {detail[-600:]}") from e
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(root / "target" / "release" / "rumqttd", binary)
+    shutil.rmtree(src, ignore_errors=True)
+    return binary
+
+
+BROKERS: dict[str, type[Broker]] = {"mosquitto": Mosquitto, "rumqttd": Rumqttd, "fleetmq": Fleetmq}
