@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,7 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from bench import driver, procs, report
-from bench.brokers import BROKERS, Broker, BrokerError, Fleetmq, FleetmqAllowList, FleetmqDenyRule, Mosquitto
+from bench.brokers import (
+    BROKERS,
+    REPO,
+    Broker,
+    BrokerError,
+    Fleetmq,
+    FleetmqAllowList,
+    FleetmqAt,
+    FleetmqDenyRule,
+    Mosquitto,
+    Rumqttd,
+)
 from bench.fleet import TAKEOVER_INFLIGHT, Fleet, FleetNode, RedisError, store_delta, store_snapshot
 from bench.report import FLEET_SCENARIOS, Cell, Row
 
@@ -38,7 +52,18 @@ FLEET_ROWS = [
 TLS_ROWS = ["tls-pt2pt-q0", "tls-pt2pt-q1"]
 # fleetmq alone, with and without access rules (bench/brokers.py: FleetmqAllowList, FleetmqDenyRule)
 ACL_ROWS = ["acl-fanin-q1"]
-ALL_ROWS = [f"{m}-q{q}" for m in MODES for q in (0, 1, 2)] + TLS_ROWS + ACL_ROWS + FLEET_ROWS + ["idle"]
+# fleetmq's per-message path in one process under callgrind: instructions per message, this checkout beside
+# each --baseline (repeatable whatever the machine does; bench/hotpath.py)
+HOTPATH_ROWS = ["hotpath-q0", "hotpath-q1", "hotpath-q2"]
+ALL_ROWS = (
+    [f"{m}-q{q}" for m in MODES for q in (0, 1, 2)]
+    + TLS_ROWS
+    + ACL_ROWS
+    + HOTPATH_ROWS
+    + FLEET_ROWS
+    + ["idle"]
+)
+HOTPATH_MESSAGES = 5000  # callgrind runs N and 2N messages: (I(2N) - I(N)) / N leaves setup out
 IDLE_SETTLE_S = 2.0
 TAKEOVER_QUEUED = 1000
 
@@ -48,7 +73,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per scenario")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each measurement")
     p.add_argument("--only", default="", help=f"comma-separated rows from: {','.join(ALL_ROWS)}")
-    p.add_argument("--brokers", default="mosquitto,fleetmq", help="comma-separated: mosquitto,fleetmq")
+    p.add_argument(
+        "--brokers", default="mosquitto,rumqttd,fleetmq", help="comma-separated: mosquitto,rumqttd,fleetmq"
+    )
+    p.add_argument(
+        "--baseline",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="CHECKOUT",
+        help="also run fleetmq from this checkout (a worktree at an earlier commit) in the in-memory rows",
+    )
     p.add_argument("--conns", type=int, default=10000, help="connections for the idle-memory row")
     p.add_argument("--window", type=int, default=200, help="max outstanding messages per publisher")
     p.add_argument("--payload", type=int, default=64, help="payload bytes")
@@ -309,6 +344,60 @@ ACL_VARIANTS: dict[str, type[Broker]] = {
 }
 
 
+def run_hotpath_row(key: str, baselines: list[Path]) -> Row:
+    """Instructions per message of bench/hotpath.py under callgrind, for this checkout and each baseline."""
+    qos = int(key.rsplit("-q", 1)[1])
+    row = Row("hotpath", qos)
+    variants: dict[str, dict[str, str] | None] = {}
+    for checkout in baselines:
+        with tempfile.TemporaryDirectory(prefix="fleetmq-hotpath-") as tmp:
+            at = FleetmqAt(Path(tmp), checkout)
+            variants[at.name] = {"PYTHONPATH": f"{at.links}{os.pathsep}{REPO}"}
+            row.cells[at.name] = _instructions(qos, variants[at.name])
+    row.cells["fleetmq"] = _instructions(qos, {"PYTHONPATH": str(REPO)})
+    for name, cell in row.cells.items():
+        if cell.result:
+            log(f"{key:20} {name:16} {cell.result['instructions_per_msg']:,.0f} instructions/msg")
+        else:
+            log(f"{key:20} {name:16} error: {cell.error}")
+    return row
+
+
+def _instructions(qos: int, env: dict[str, str] | None) -> Cell:
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return Cell(error="valgrind not found (Debian package valgrind)")
+    counts = []
+    for n in (HOTPATH_MESSAGES, 2 * HOTPATH_MESSAGES):
+        with tempfile.TemporaryDirectory(prefix="fleetmq-callgrind-") as tmp:
+            cmd = [
+                valgrind,
+                "--tool=callgrind",
+                f"--callgrind-out-file={tmp}/out",
+                Fleetmq.python(),
+                "-m",
+                "bench.hotpath",
+                "--qos",
+                str(qos),
+                "--messages",
+                str(n),
+            ]
+            done = subprocess.run(
+                cmd,
+                cwd=REPO,
+                # a fixed hash seed: the same dict layouts, hence the same instruction count, every run
+                env={**os.environ, "PYTHONHASHSEED": "0", **(env or {})},
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
+            refs = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+            if done.returncode != 0 or refs is None:
+                return Cell(error=f"callgrind run failed: {(done.stderr or done.stdout)[-300:]}")
+            counts.append(int(refs.group(1).replace(",", "")))
+    return Cell(result={"instructions_per_msg": (counts[1] - counts[0]) / HOTPATH_MESSAGES, "counts": counts})
+
+
 def run_acl_row(key: str, workdir: Path, binary: Path, args: argparse.Namespace) -> Row:
     """The fan-in flow (ten publishers, one subscriber on `bench/<run>/+`) on fleetmq with no rules, with an
     allow-list (default deny, no deny rule), and with a deny rule the filter overlaps (every delivery
@@ -491,7 +580,6 @@ def main(argv: list[str] | None = None) -> int:
         "window": args.window,
         "payload": args.payload,
         "conns": args.conns,
-        "brokers": args.broker_names,
         "takeover_reps": args.takeover_reps,
         "takeover_queued": TAKEOVER_QUEUED,
         "takeover_inflight": TAKEOVER_INFLIGHT,
@@ -499,8 +587,16 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="fleetmq-bench-") as tmp:
         brokers = {name: BROKERS[name](Path(tmp)) for name in args.broker_names}
+        for checkout in args.baseline:  # before and after, side by side (ahead of this checkout's fleetmq)
+            base = FleetmqAt(Path(tmp), checkout)
+            mine = brokers.pop("fleetmq", None)
+            brokers[base.name] = base
+            if mine is not None:
+                brokers["fleetmq"] = mine
+        settings["brokers"] = list(brokers)
         fleet = Fleet(Path(tmp)) if "fleetmq" in args.broker_names else None
         machine = report.machine_info(Mosquitto(Path(tmp)).version())
+        machine["rumqttd"] = Rumqttd.VERSION
         start_error: dict[str, str] = {}
         try:
             for key in args.rows:
@@ -508,6 +604,10 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 if key in FLEET_ROWS:
                     rows += fleet_rows(key, brokers, fleet, start_error, binary, args)
+                    continue
+                if key in HOTPATH_ROWS:
+                    if "fleetmq" in brokers:
+                        rows.append(run_hotpath_row(key, args.baseline))
                     continue
                 if key in ACL_ROWS:
                     if "fleetmq" in brokers:
@@ -535,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
                     fleet.stop()
                 row = Row("idle", None)
                 for name, broker in brokers.items():
+                    if name not in ("mosquitto", "fleetmq"):
+                        continue  # the idle row compares fleetmq's memory with mosquitto's
                     broker.stop()
                     cell = run_idle_cell(broker, binary, args.conns)
                     row.cells[name] = cell

@@ -8,6 +8,8 @@ listener with the same certificate (tls-* rows).
 from __future__ import annotations
 
 import getpass
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -51,6 +53,10 @@ class Broker:
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    def env(self) -> dict[str, str] | None:
+        """The environment to run it in (None: this process's)."""
+        return None
+
     def version(self) -> str:
         return ""
 
@@ -78,7 +84,12 @@ class Broker:
             log.flush()
             try:
                 self.proc = subprocess.Popen(
-                    cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                    cmd,
+                    cwd=REPO,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env(),
                 )
             except OSError as e:
                 raise BrokerError(f"cannot run {cmd[0]}: {e}") from e
@@ -180,6 +191,30 @@ class Fleetmq(Broker):
         return str(venv_python) if venv_python.exists() else sys.executable
 
 
+class FleetmqAt(Fleetmq):
+    """fleetmq from another checkout (an earlier commit, in a git worktree), run by this venv's Python:
+    a link tree in the bench's workdir puts that checkout's broker/ first on PYTHONPATH as fleetmq.broker,
+    ahead of this checkout's editable install. Same config and load, side by side: before and after."""
+
+    def __init__(self, workdir: Path, checkout: Path) -> None:
+        label = (
+            subprocess.run(
+                ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+            ).stdout.strip()
+            or checkout.name
+        )
+        self.name = f"fleetmq@{label}"
+        super().__init__(workdir)
+        self.links = self.workdir / "pythonpath"
+        (self.links / "fleetmq").mkdir(parents=True, exist_ok=True)
+        target = self.links / "fleetmq" / "broker"
+        if not target.exists():
+            target.symlink_to(checkout.resolve() / "broker")
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": str(self.links)}
+
+
 class FleetmqAllowList(Fleetmq):
     """fleetmq whose zone denies by default and allows the bench's topics: its rules hold no deny rule
     that a bench filter overlaps, so SUBSCRIBE decides that no delivery needs a check."""
@@ -246,33 +281,43 @@ class Rumqttd(Broker):
 
 
 def build_rumqttd(cache: Path | None = None) -> Path:
-    """rumqttd's binary, built once into the cache: the published crate with its own lock file, but
-    `metrics` at 0.22.4, since the release it pins no longer compiles with current rustc (E0521)."""
+    """rumqttd's binary, built once into the cache: the published crate (fetched by cargo from crates.io)
+    with its own lock file, but `metrics` at 0.22.4, since the release that lock file pins no longer
+    compiles with current rustc (E0521)."""
     cache = cache or Path.home() / ".cache" / "fleetmq" / "bench" / f"rumqttd-{Rumqttd.VERSION}"
     binary = cache / "bin" / "rumqttd"
     if binary.exists():
         return binary
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
-    src = cache / "src"
-    shutil.rmtree(src, ignore_errors=True)
-    src.mkdir(parents=True)
-    crate = f"https://crates.io/api/v1/crates/rumqttd/{Rumqttd.VERSION}/download"
-    try:
-        import tarfile
-        import urllib.request
+    work = cache / "build"
+    shutil.rmtree(work, ignore_errors=True)
+    fetcher = work / "fetch"
+    (fetcher / "src").mkdir(parents=True)
+    (fetcher / "src" / "main.rs").write_text("fn main() {}\n")
+    (fetcher / "Cargo.toml").write_text(
+        '[package]\nname = "fetch-rumqttd"\nversion = "0.0.0"\nedition = "2021"\n'
+        f'[dependencies]\nrumqttd = "={Rumqttd.VERSION}"\n'
+    )
 
-        with urllib.request.urlopen(crate, timeout=60) as r, tarfile.open(fileobj=r, mode="r|gz") as tar:
-            tar.extractall(src, filter="data")
-        root = src / f"rumqttd-{Rumqttd.VERSION}"
-        run = dict(cwd=root, check=True, capture_output=True, text=True, timeout=3600)
-        subprocess.run([cargo, "update", "--package", "metrics", "--precise", "0.22.4"], **run)
-        subprocess.run([cargo, "build", "--release", "--locked", "--bin", "rumqttd"], **run)
-    except (OSError, subprocess.SubprocessError) as e:
+    def cargo_run(*args: str, cwd: Path) -> str:
+        done = subprocess.run(
+            [cargo, *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=3600
+        )
+        return done.stdout
+
+    try:
+        meta = json.loads(cargo_run("metadata", "--format-version", "1", cwd=fetcher))
+        manifest = next(p["manifest_path"] for p in meta["packages"] if p["name"] == "rumqttd")
+        crate = work / "rumqttd"
+        shutil.copytree(Path(manifest).parent, crate)
+        cargo_run("update", "--package", "metrics", "--precise", "0.22.4", cwd=crate)
+        cargo_run("build", "--release", "--locked", "--bin", "rumqttd", cwd=crate)
+    except (OSError, StopIteration, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", "") or ""
         raise BrokerError(f"cannot build rumqttd {Rumqttd.VERSION}: {e} {detail[-600:]}") from e
     binary.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(root / "target" / "release" / "rumqttd", binary)
-    shutil.rmtree(src, ignore_errors=True)
+    shutil.copy2(crate / "target" / "release" / "rumqttd", binary)
+    shutil.rmtree(work, ignore_errors=True)
     return binary
 
 

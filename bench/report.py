@@ -151,11 +151,73 @@ def _event_log_line(row: Row) -> str:
     )
 
 
+#: rows where every broker runs the same in-memory flow, side by side (the first table)
+ANCHORED = ("pt2pt", "fanout", "fanin", "tls-pt2pt")
+#: Issue 12: fleetmq's broker CPU per delivered message at most mosquitto's at QoS 1 and 2
+CPU_RATIO_TARGET = 1.0
+
+
+def _anchored_cell(cell: Cell | None) -> str:
+    if cell is None:
+        return "—"
+    if cell.error or cell.result is None:
+        return _err(cell.error or "no result")
+    r = cell.result
+    return f"{_num(r['msgs_per_s'])} · {_cost(cell)} · {_num(r['p99_us'])}"
+
+
+def _anchored_line(row: Row, brokers: list[str]) -> str:
+    """One flow row, every broker side by side; the targets compare fleetmq with mosquitto."""
+    m, f = row.cells.get("mosquitto"), row.cells.get("fleetmq")
+    qos = row.qos or 0
+    tput, cpu, ok = "—", "—", "—"
+    checks: list[bool] = []
+    if m and f and m.result and f.result and m.result["msgs_per_s"] > 0:
+        r = f.result["msgs_per_s"] / m.result["msgs_per_s"]
+        tput = f"{r:.2f}"
+        checks.append(r >= RATIO_TARGET[qos])
+        mc, fc = m.result.get("broker_us_per_msg"), f.result.get("broker_us_per_msg")
+        if mc and fc:
+            c = fc / mc
+            cpu = f"{c:.2f}"
+            if qos:
+                checks.append(c <= CPU_RATIO_TARGET)
+    if checks:
+        ok = "yes" if all(checks) else "no"
+    if f and f.error:
+        ok = "error"
+    target = f"msg/s ≥ {RATIO_TARGET[qos]:.2f}" + (f", µs/msg ≤ {CPU_RATIO_TARGET:.2f}" if qos else "")
+    cells = " | ".join(_anchored_cell(row.cells.get(b)) for b in brokers)
+    return f"| {row.scenario} | {row.qos} | {cells} | {tput} | {cpu} | {target} | {ok} |"
+
+
+def _hotpath_line(row: Row) -> str:
+    """Instructions per message in one process: this checkout against each baseline before it."""
+    mine = row.cells.get("fleetmq")
+    here = (mine.result or {}).get("instructions_per_msg") if mine else None
+    parts, ok = [], "—"
+    for name, cell in row.cells.items():
+        if cell.result:
+            parts.append(f"{name}: {cell.result['instructions_per_msg']:,.0f}")
+        else:
+            parts.append(f"{name}: {_err(cell.error or '')}")
+    bases = [c.result["instructions_per_msg"] for n, c in row.cells.items() if n != "fleetmq" and c.result]
+    if here is not None and bases:
+        ok = "yes" if here <= min(bases) * 1.01 else "no"
+    ratio = f"{here / bases[0]:.3f}" if here is not None and bases else "—"
+    return (
+        f"| hotpath (one process, callgrind instructions per message) | {row.qos} | {'; '.join(parts)} "
+        f"| | {ratio} (this / baseline) | | | this ≤ baseline (±1%) | {ok} |"
+    )
+
+
 def _flow_line(row: Row) -> str:
     if row.scenario == "eventlog-pt2pt":
         return _event_log_line(row)
     if row.scenario.startswith("acl-"):
         return _acl_line(row)
+    if row.scenario == "hotpath":
+        return _hotpath_line(row)
     m, f = row.cells.get("mosquitto"), row.cells.get("fleetmq")
     if row.scenario == "cross-node-pt2pt":  # mosquitto has no cluster: nothing to compare with
         ok = "error" if f and f.error else "—"
@@ -260,23 +322,44 @@ def _fleet_notes(rows: list[Row]) -> list[str]:
 
 
 def markdown(rows: list[Row], machine: dict[str, str], settings: dict[str, Any], started: datetime) -> str:
+    brokers = list(settings["brokers"])
     lines = [
-        f"# fleetmq vs mosquitto benchmark — {started.strftime('%Y-%m-%d %H:%M')} UTC",
+        f"# fleetmq benchmark, beside {', '.join(b for b in brokers if b != 'fleetmq')} "
+        f"— {started.strftime('%Y-%m-%d %H:%M')} UTC",
         "",
         f"- machine: {machine['nproc']} CPUs, {machine['cpu']}, Linux {machine['kernel']}, "
-        f"Python {machine['python']}, mosquitto {machine['mosquitto']}, {machine['go']}",
+        f"Python {machine['python']}, mosquitto {machine['mosquitto']}, rumqttd {machine.get('rumqttd', '?')}, "
+        f"{machine['go']}",
         f"- load: Go loadgen on loopback, closed loop, window {settings['window']} msgs/publisher, "
         f"payload {settings['payload']} B, warmup {settings['warmup']:g} s, measured {settings['duration']:g} s; "
         "msg/s counts every delivery to a subscriber (fanout: 1 pub → 10 subs; fanin: 10 pubs → 1 sub)",
+        "- µs/msg: the broker process's user + system CPU (from /proc, read by the loadgen at the edges of the "
+        "measured window) per delivered message; on 2 cores msg/s mostly measures the load generator, this "
+        "measures the broker",
         "- Redis rows: fleetmq nodes with sessions in a redis-server started by the bench (no persistence); "
         "redis-pt2pt: persistent sessions (clean_session=0) on one node vs mosquitto's in-memory sessions; "
         "cross-node: publisher on node a, subscriber on node b (clean sessions)",
         "",
+    ]
+    anchored = [r for r in rows if r.scenario in ANCHORED]
+    if anchored:
+        lines += [
+            "Each cell: msg/s · broker µs per delivered message · p99 latency µs.",
+            "",
+            "| scenario | qos | " + " | ".join(brokers) + " | fleetmq/mosquitto msg/s "
+            "| fleetmq/mosquitto µs/msg | target | ok |",
+            "|---|---|" + "---:|" * len(brokers) + "---:|---:|---|---|",
+            *(_anchored_line(r, brokers) for r in anchored),
+            "",
+        ]
+    lines += [
         "| scenario | qos | mosquitto msg/s | fleetmq msg/s | ratio | mosquitto p50/p99 µs "
         "| fleetmq p50/p99 µs | target | ok |",
         "|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in rows:
+        if row.scenario in ANCHORED:
+            continue
         if row.scenario == "idle":
             lines.append(_idle_line(row, settings["conns"]))
         elif row.scenario == "takeover":

@@ -517,12 +517,13 @@ class Channel:
                     topic = aliases.get(alias, "")
                     if not topic:
                         return self.protocol_error(RC.PROTOCOL_ERROR, f"unknown topic alias {alias}")
-        for check in self._checks:
-            refused = check(self, p, topic)
-            if refused is not None:
-                rc, reason, _why = refused
-                self.telemetry.dropped(reason, self.client_id, None, p.qos)
-                return self._publish_refused(p, rc)
+        if self._checks:  # (most clients have none: no loop to start)
+            for check in self._checks:
+                refused = check(self, p, topic)
+                if refused is not None:
+                    rc, reason, _why = refused
+                    self.telemetry.dropped(reason, self.client_id, None, p.qos)
+                    return self._publish_refused(p, rc)
         qos = p.qos
         session = self.session
         assert session is not None
@@ -700,7 +701,13 @@ class Channel:
             if self.congested:
                 self.telemetry.dropped(DropReason.QUEUE_FULL, self.client_id, msg, 0, self.session)
                 return
-            data = self._encode(msg, 0, retain, 0, False, sub_ids)
+            # (MQTT 3 has no aliases or size limit to apply: the message's own encoding, one call less)
+            version = self.version
+            data = (
+                msg.encode(version, 0, retain)
+                if version < MQTT5
+                else self._encode(msg, 0, retain, 0, False, sub_ids)
+            )
             if data is not None:
                 self.io.write(data)
                 self.telemetry.delivered(self.client_id, msg, 0, 0, self.session)

@@ -95,6 +95,7 @@ class ChannelManager:
         self.spawn = spawn
         self.fleet: Fleet | None = None
         self.channels: dict[str, Channel] = {}  # online, CONNACK sent or about to be
+        self._online = self.channels.__contains__  # shared groups prefer online members
         self.offline: dict[str, Offline] = {}
         self._locks: dict[str, _ClientLock] = {}
         self._client_ids = itertools.count(1)
@@ -401,7 +402,7 @@ class ChannelManager:
             if durable:
                 self.committer.add(Retain(msg))
         channels = self.channels
-        matches = self.router.match(msg.topic, channels.__contains__)
+        matches = self.router.match(msg.topic, self._online)
         if not matches:
             z = self.zones.get(zone)
             if z is not None:
@@ -412,7 +413,7 @@ class ChannelManager:
             targets = _merge_overlapping(matches, sender)
         else:
             targets = [
-                (cid, sub.qos, sub.retain_as_published, _sub_ids(sub.sub_id))
+                (cid, sub.qos, sub.retain_as_published, None if sub.sub_id is None else _sub_ids(sub.sub_id))
                 for cid, sub in matches
                 if not (sub.no_local and cid == sender)
             ]
@@ -540,9 +541,8 @@ class ChannelManager:
 _SUB_IDS: dict[int, tuple[int, ...]] = {}
 
 
-def _sub_ids(sid: int | None) -> tuple[int, ...] | None:
-    if sid is None:
-        return None
+def _sub_ids(sid: int) -> tuple[int, ...]:
+    """One shared tuple per subscription identifier."""
     t = _SUB_IDS.get(sid)
     if t is None:
         t = _SUB_IDS[sid] = (sid,)

@@ -1,7 +1,8 @@
 """The Inflight Window: QoS1/2 deliveries sent to a client and not yet acknowledged (EMQX's emqx_inflight).
 
-Insertion order is send order, which is the order retransmissions must keep; a QoS2 entry keeps its place
-when it moves from PUBLISH to PUBREL.
+A dict of packet id -> delivery whose insertion order is send order, the order retransmissions must keep
+(a QoS2 entry keeps its place when it moves from PUBLISH to PUBREL). It is a dict itself, so the lookups a
+delivery and its ack make (get, pop, `in`, len) are the dict's own; iterating it gives its deliveries.
 """
 
 from __future__ import annotations
@@ -11,30 +12,19 @@ from collections.abc import Iterator
 from .message import Delivery
 
 
-class Inflight:
-    __slots__ = ("_entries", "max_size")
+class Inflight(dict[int, Delivery]):
+    __slots__ = ("max_size",)
 
     def __init__(self, max_size: int = 0) -> None:
+        super().__init__()
         self.max_size = max_size  # 0 = no limit
-        self._entries: dict[int, Delivery] = {}
 
     def full(self) -> bool:
-        return 0 < self.max_size <= len(self._entries)
+        return 0 < self.max_size <= len(self)
 
     def insert(self, delivery: Delivery) -> None:
-        self._entries[delivery.packet_id] = delivery
+        self[delivery.packet_id] = delivery
 
-    def get(self, packet_id: int) -> Delivery | None:
-        return self._entries.get(packet_id)
-
-    def pop(self, packet_id: int) -> Delivery | None:
-        return self._entries.pop(packet_id, None)
-
-    def __contains__(self, packet_id: int) -> bool:
-        return packet_id in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __iter__(self) -> Iterator[Delivery]:
-        return iter(list(self._entries.values()))
+    def __iter__(self) -> Iterator[Delivery]:  # type: ignore[override]  # the deliveries, not the ids
+        """The deliveries in send order (a copy: callers may change the window while they go)."""
+        return iter(list(self.values()))

@@ -87,7 +87,7 @@ class Message:
         if props:
             forwarded = {k: v for k, v in props.items() if k in FORWARDED_PROPS} or None
             expiry = props.get(Prop.MESSAGE_EXPIRY_INTERVAL)
-        return cls(topic, payload, qos, retain, forwarded, sender, expiry, topic_b=topic_b)
+        return cls(topic, payload, qos, retain, forwarded, sender, expiry, None, 0, topic_b)
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at
@@ -107,6 +107,11 @@ class Message:
         """The PUBLISH bytes for one subscriber; identical QoS0 packets are encoded once per message."""
         if version < MQTT5:
             if qos == 0:
+                cache = self._plain  # (the cache hit, inline: every subscriber after the first takes it)
+                if cache is not None:
+                    data = cache.get((version, retain, False))
+                    if data is not None:
+                        return data
                 return self._cached(version, retain)
             return encode_publish(self.topic_b, self.payload, qos, retain, dup, packet_id, None, version)
         if sub_ids is None and self.expires_at is None and not alias:

@@ -167,7 +167,8 @@ class Session:
         j = self.journal
         if j is not None:
             j.place(d)
-        if hold or self.mqueue or self.inflight.full():
+        inflight = self.inflight
+        if hold or self.mqueue or 0 < inflight.max_size <= len(inflight):  # (Inflight.full, inline: hot)
             # FIFO: while anything waits in the queue, a newcomer goes behind it.
             dropped = self.mqueue.push(d)
             if j is not None:
@@ -187,7 +188,7 @@ class Session:
         d.packet_id = self._alloc_pid()
         d.stage = 0
         d.sent_at = now
-        self.inflight.insert(d)
+        self.inflight[d.packet_id] = d
         if self.journal is not None:
             self.journal.put(d)
 
@@ -221,8 +222,7 @@ class Session:
         if wall is None:
             wall = time.time()
         while mqueue and not inflight.full():
-            d = mqueue.pop()
-            assert d is not None
+            d = mqueue.popleft()
             if d.msg.expires_at is not None and d.msg.expired(wall):
                 expired.append(d)
                 continue
@@ -239,7 +239,10 @@ class Session:
         d = self.inflight.get(packet_id)
         if d is None or d.qos != 1:
             return None
-        return self.drop(packet_id)
+        del self.inflight[packet_id]
+        if self.journal is not None:
+            self.journal.gone(d)
+        return d
 
     def drop(self, packet_id: int) -> Delivery | None:
         """Take a delivery out of the window (acknowledged, refused, or undeliverable)."""

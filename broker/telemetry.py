@@ -72,12 +72,6 @@ class Telemetry:
         self.counters = counters
         self.log = log
 
-    def _keeps(self, msg: Message) -> EventSink | None:
-        log = self.log
-        if log is not None and (msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < log.keep:
-            return log
-        return None
-
     def _emit(
         self,
         log: EventSink,
@@ -106,8 +100,9 @@ class Telemetry:
     # -- messages ------------------------------------------------------------------------------------
     def received(self, client_id: str, msg: Message, packet_id: int, s: Backlog | None) -> None:
         self.counters.received[msg.qos] += 1
-        log = self._keeps(msg)
-        if log is not None:
+        log = self.log
+        # (the event log keeps a message's events when its id falls in the sample: inline, it is hot)
+        if log is not None and (msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < log.keep:
             self._emit(log, PUBLISH_IN, client_id, msg, msg.qos, packet_id or -1, "", s)
 
     def delivered(
@@ -118,14 +113,14 @@ class Telemetry:
         counters.delivered[qos] += 1
         if dup:
             counters.retransmitted += 1
-        log = self._keeps(msg)
-        if log is not None:
+        log = self.log
+        if log is not None and (msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < log.keep:
             self._emit(log, RETRANSMIT if dup else DELIVER, client_id, msg, qos, packet_id or -1, "", s)
 
     def pubrel_resent(self, client_id: str, d: Delivery, s: Backlog | None) -> None:
         self.counters.retransmitted += 1
-        log = self._keeps(d.msg)
-        if log is not None:
+        log = self.log
+        if log is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < log.keep:
             self._emit(log, RETRANSMIT, client_id, d.msg, d.qos, d.packet_id, "pubrel", s)
 
     def acked(self, client_id: str, d: Delivery, s: Backlog | None) -> None:
@@ -133,8 +128,8 @@ class Telemetry:
         counters = self.counters
         counters.acked[d.qos] += 1
         counters.latency.observe(time.time() - d.msg.ts)
-        log = self._keeps(d.msg)
-        if log is not None:
+        log = self.log
+        if log is not None and (d.msg.msg_id * SAMPLE_MIX & SAMPLE_MASK) < log.keep:
             self._emit(log, ACK, client_id, d.msg, d.qos, d.packet_id, "", s)
 
     def dropped(
