@@ -172,6 +172,7 @@ class Channel:
         "_aliases_out",
         "_backlog",
         "_checks",
+        "_holding",
         "_ka_timer",
         "_rel_timer",
         "_retry_timer",
@@ -243,6 +244,7 @@ class Channel:
         self.read_guard = False
         self.publish_rate: TokenBucket | None = None
         self._checks: tuple[PublishCheck, ...] = ()
+        self._holding = False  # catching up after opening here (Session.hold_back): nothing new goes out
         self._backlog: list[Any] | None = None  # packets held back by the publish rate
         self._aliases_in: dict[int, str] | None = None
         self._aliases_out: dict[str, int] | None = None
@@ -413,6 +415,7 @@ class Channel:
         self.session = session
         self.state = State.CONNECTED
         self.connected_at = self.io.time()
+        self._holding = session.held_from is not None
         unreadable = self._guard_session()
         self.io.write(encode(Connack(present, 0, connack_props), self.version))
         self._arm_keepalive()
@@ -682,6 +685,17 @@ class Channel:
                 session.forget(d)  # the pull journaled it
             self.telemetry.dropped_all(DropReason.NOT_AUTHORIZED, self.client_id, [d], session)
             return
+        if (
+            self._holding
+            and session is not None
+            and session.held_from is not None
+            and 0 <= d.order < session.held_from
+        ):
+            # routed here through the store before the session opened here: ahead of what was held back
+            dropped = session.insert(d)
+            if dropped:
+                self.telemetry.dropped_all(DropReason.QUEUE_FULL, self.client_id, dropped, session)
+            return
         if d.qos == 0:
             self.deliver(d.msg, 0, d.retain, d.sub_ids)
             if session is not None and d.order >= 0:
@@ -697,7 +711,7 @@ class Channel:
         """
         if self.read_guard and not self._may_read(msg, qos):
             return
-        if qos == 0:
+        if qos == 0 and not self._holding:
             if self.congested:
                 self.telemetry.dropped(DropReason.QUEUE_FULL, self.client_id, msg, 0, self.session)
                 return
@@ -724,7 +738,8 @@ class Channel:
             elif self._retry_timer is None and self.retry:
                 self._arm_retry()
         else:
-            self.telemetry.inflight_full(self.client_id, d.msg, d.qos, session)
+            if not self._holding:
+                self.telemetry.inflight_full(self.client_id, d.msg, d.qos, session)
             if dropped:
                 self.telemetry.dropped_all(DropReason.QUEUE_FULL, self.client_id, dropped, session)
 
@@ -905,6 +920,16 @@ class Channel:
     # ---------------------------------------------------------------------------------------------
     # told by the channel manager and the connection
     # ---------------------------------------------------------------------------------------------
+    def caught_up(self) -> None:
+        """What the store held for this session when it opened here is in: what waited goes out, in order."""
+        session = self.session
+        self._holding = False
+        if session is None:
+            return
+        session.caught_up()
+        if self.state == State.CONNECTED:
+            self._send_deliveries(*session.refill(self.io.time()))
+
     def kick(self, reason: int, why: str) -> None:
         """Close this connection on the server's initiative (takeover, shutdown)."""
         self.disconnect(reason, why)

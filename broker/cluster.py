@@ -25,7 +25,7 @@ from redis.asyncio.client import PubSub
 from redis.typing import EncodableT, FieldT
 
 from . import keys, wire
-from .message import Delivery, Will
+from .message import Delivery, Message, Will
 from .metrics import Metrics
 from .redisstore import RedisStore, text
 from .retained import Retained
@@ -36,6 +36,9 @@ log = logging.getLogger("fleetmq.cluster")
 
 HEARTBEAT_TTL = 5.0
 REAP_INTERVAL = 1.0
+#: A node is released only once this reaper has been connected, and Redis up, for this long: a node whose
+#: heartbeat lapsed while Redis was away, or while this reaper was cut off too, gets the time to come back.
+REAP_GRACE = HEARTBEAT_TTL + 3.0
 HANDOVER_TIMEOUT = 3.0
 PULL_BATCH = 1000
 
@@ -46,6 +49,8 @@ class Sessions(Protocol):
     def session_of(self, client_id: str) -> Session | None: ...
 
     def connected(self) -> Iterable[str]: ...
+
+    def owned(self) -> list[tuple[str, int, Message | None, float]]: ...
 
     def deliver_stored(self, client_id: str, epoch: int, deliveries: Iterable[Delivery]) -> None: ...
 
@@ -89,11 +94,12 @@ class Cluster:
         self._req_ids = itertools.count(1)
         self._pulls: set[str] = set()
         self._pull_scheduled = False
-        self.connected = False
+        self._connected_since: float | None = None  # when the event stream last came up (None: it is down)
 
     async def start(self) -> None:
         self._pubsub = self.store.redis.pubsub(ignore_subscribe_messages=True)
         await self._pubsub.subscribe(keys.EVENTS, self.channel)
+        self._connected_since = time.monotonic()
         # Sessions still listed for this node id belong to an earlier run of it (a restarted pod).
         await self._release(self.node_id)
         await self._beat()
@@ -137,7 +143,25 @@ class Cluster:
                 log.warning("heartbeat failed: %s", e)
 
     async def is_alive(self, node_id: str) -> bool:
-        return bool(await self.store.redis.exists(keys.alive(node_id)))
+        """A node is alive while its heartbeat lasts or while it listens on its channel (a node killed
+        with -9 stops listening at once; one that lost Redis for a while has let its heartbeat lapse)."""
+        if await self.store.redis.exists(keys.alive(node_id)):
+            return True
+        return await self.listening(node_id)
+
+    async def listening(self, node_id: str) -> bool:
+        """Whether the node's subscription to its own channel is there: its event stream is connected."""
+        [(_, n)] = await self.store.redis.pubsub_numsub(keys.node_channel(node_id))
+        return int(n) > 0
+
+    async def _may_reap(self) -> bool:
+        """Whether this node can tell a dead node from one that was cut off like itself or Redis: it has
+        been connected for REAP_GRACE, and so has Redis (a restarted Redis has every heartbeat lapsed)."""
+        since = self._connected_since
+        if since is None or time.monotonic() - since < REAP_GRACE:
+            return False
+        info = await self.store.redis.info("server")
+        return float(info.get("uptime_in_seconds", 0)) >= REAP_GRACE
 
     # -- dead nodes ------------------------------------------------------------------------------
     async def _reaper(self) -> None:
@@ -150,6 +174,8 @@ class Cluster:
 
     async def _reap_dead(self) -> None:
         redis = self.store.redis
+        if not await self._may_reap():
+            return
         for raw in await redis.smembers(keys.NODES):
             dead = text(raw)
             if dead == self.node_id or await self.is_alive(dead):
@@ -204,15 +230,18 @@ class Cluster:
         """Ask the node the client is connected to (if any, and alive) to hand its session over; returns
         that node if it did (a node that does not answer in time is fenced by the claim instead)."""
         owner = await self.store.owner(client_id)
-        if not owner or owner == self.node_id or not await self.is_alive(owner):
+        if not owner or owner == self.node_id:
             return None
         req = f"{self.node_id}:{next(self._req_ids)}"
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._handovers[req] = fut
         try:
-            await self.store.redis.publish(
+            heard = await self.store.redis.publish(
                 keys.node_channel(owner), wire.handover(client_id, clean_start, self.node_id, req)
             )
+            if not heard:  # nobody listens on its channel: crashed (or cut off), fenced by the claim at once
+                log.info("node %s is not listening; taking %r over without it", owner, client_id)
+                return None
             await asyncio.wait_for(fut, HANDOVER_TIMEOUT)
             return owner
         except TimeoutError:
@@ -241,20 +270,27 @@ class Cluster:
             self._pull_scheduled = True
             asyncio.get_running_loop().call_soon(lambda: self.spawn(self._pull()))
 
+    async def catch_up(self, client_id: str, epoch: int, first: int, reserved: int) -> None:
+        """Pull, once, what the store queued for a session that just opened here, into the `reserved`
+        positions from `first` it kept for it (Session.hold_back)."""
+        await self._pull_targets([(client_id, epoch, first)], reserved, rewake=False)
+
     async def _pull(self) -> None:
         self._pull_scheduled = False
         cids, self._pulls = self._pulls, set()
         targets = []
         for cid in cids:
             s = self.sessions.session_of(cid)
-            if s is not None:
+            if s is not None and s.held_from is None:  # (one catching up pulls itself, then wakes again)
                 # a journaled session reserves positions for what the pull brings, ahead of later ones
                 first = s.journal.reserve(PULL_BATCH) if s.journal is not None else -1
                 targets.append((cid, s.epoch, first))
-        if not targets:
-            return
+        if targets:
+            await self._pull_targets(targets, PULL_BATCH)
+
+    async def _pull_targets(self, targets: list[tuple[str, int, int]], n: int, rewake: bool = True) -> None:
         try:
-            replies = await self.store.pull(targets, PULL_BATCH)
+            replies = await self.store.pull(targets, n)
         except Exception as e:
             # Redis may have run the pull (moving deliveries into the journal) without us seeing the
             # reply: those clients resume from Redis, which holds everything.
@@ -275,8 +311,8 @@ class Cluster:
                 for k, d in enumerate(deliveries):
                     d.order = start + k  # the position the pull gave it in the session's journal
             self.sessions.deliver_stored(cid, epoch, deliveries)
-            if len(items) >= PULL_BATCH:
-                self.wake(cid)
+            if len(items) >= n or not rewake:
+                self.wake(cid)  # more may be waiting (a catch-up pulls once, then pulls go on as usual)
 
     # -- events ----------------------------------------------------------------------------------
     async def _listen(self) -> None:
@@ -289,6 +325,7 @@ class Cluster:
                     await self._pubsub.subscribe(keys.EVENTS, self.channel)
                     await self._resync()
                     gap = False
+                    self._connected_since = time.monotonic()
                     self.metrics.store_reconnects += 1
                 msg = await self._pubsub.get_message(timeout=1.0)
                 backoff = 0.1
@@ -297,6 +334,7 @@ class Cluster:
             except Exception as e:
                 log.warning("cluster event stream interrupted (%s); reconnecting in %.1fs", e, backoff)
                 gap = True
+                self._connected_since = None
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
@@ -310,7 +348,20 @@ class Cluster:
     async def _resync(self) -> None:
         """After a gap in the event stream: reload routes and retained messages, and pull the queues of
         every session connected here (wakes sent during the gap were lost)."""
-        log.info("event stream back: resynchronising routes, retained messages and queues from Redis")
+        log.info(
+            "event stream back: resynchronising sessions, routes, retained messages and queues from Redis"
+        )
+        await self.store.drop_idle_connections()  # from before the gap: dead
+        # The fleet may have released this node's sessions while it was away (it looked dead): take back
+        # what nobody else took, let go of the rest (their clients reconnect), never keep a client deaf.
+        owned = self.sessions.owned()
+        gone = 0
+        for (cid, *_), state in zip(owned, await self.store.reassert(owned), strict=True):
+            if state == 0:
+                self.sessions.fenced(cid)
+                gone += 1
+        if gone:
+            log.warning("%d sessions connected here were ended or taken over while Redis was away", gone)
         routes = await self.store.load_routes()
         connected = set(self.sessions.connected())
         for cid, topic_filter, sub in routes:

@@ -39,6 +39,9 @@ log = logging.getLogger("fleetmq.cm")
 class Fleet(Protocol):
     """What the channel manager asks of the other nodes (cluster.Cluster)."""
 
+    async def catch_up(self, client_id: str, epoch: int, first: int, reserved: int) -> None:
+        """Pull what the store queued for a session that just opened here, into the positions reserved."""
+
     async def take_over(self, client_id: str, clean_start: bool) -> str | None:
         """Have the node the client is connected to hand its session over; that node, if it did."""
 
@@ -70,6 +73,8 @@ class _ClientLock:
 
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
+#: positions reserved, when a session opens here, for what the store still queues for it (Fleet.catch_up)
+CATCH_UP = 1000
 Target = tuple[str, int, bool, tuple[int, ...] | None]  # client id, subscription QoS, RAP, subscription ids
 
 
@@ -176,7 +181,24 @@ class ChannelManager:
             return
         if present:
             self.metrics.takeover.observe(time.perf_counter() - t0)
+        first = -1
+        if self.fleet is not None and session.journal is not None:
+            # Messages this node routed to the session through Redis just before (its client was not here
+            # yet) may land there after the claim; newer ones come straight here. They wait in the queue
+            # until the older ones are in, so first deliveries keep publish order.
+            first = session.hold_back(CATCH_UP)
         ch.session_opened(session, present, req.connack_props)
+        if first >= 0:
+            self.spawn(self._catch_up(ch, session, first))
+
+    async def _catch_up(self, ch: Channel, session: Session, first: int) -> None:
+        try:
+            await self.committer.barrier()  # whatever this node routed through Redis is there now
+            if self.fleet is not None and ch.session is session:
+                await self.fleet.catch_up(ch.client_id, session.epoch, first, CATCH_UP)
+        finally:
+            if ch.session is session:
+                ch.caught_up()
 
     async def _open_locked(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
         """Find or create the session of a connecting client; returns (session, session present)."""
@@ -275,7 +297,7 @@ class ChannelManager:
             # every change reaches the store before what depends on it is acknowledged
             session.enable_journal(self.committer)
         self.channels[cid] = ch
-        if self.fleet is not None:
+        if self.fleet is not None and session.journal is None:
             self.fleet.wake(cid)  # deliveries queued in Redis while we claimed (their wake found no one)
         return session, present
 
@@ -480,6 +502,14 @@ class ChannelManager:
 
     def connected(self) -> Iterable[str]:
         return list(self.channels)
+
+    def owned(self) -> list[tuple[str, int, Message | None, float]]:
+        """The sessions connected here, as the store knows them: (client id, epoch, will, will delay)."""
+        return [
+            (cid, ch.session.epoch, ch.will, ch.will_delay)
+            for cid, ch in self.channels.items()
+            if ch.session is not None
+        ]
 
     def counts(self) -> tuple[int, int]:
         """Connections and sessions on this node (what it reports to the operator)."""

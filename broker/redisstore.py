@@ -78,10 +78,12 @@ local function hdel_list(key, list, first, n)
   if #t > 0 then redis.call('HDEL', key, unpack(t)) end
 end
 -- Move up to n (all if n <= 0) deliveries queued in q into the journal i, numbering them in order from
--- `first` (the owner's reservation) or the stored counter, whichever is higher. The counter only grows.
+-- `first` (positions the owner reserved for them: its later deliveries come after, whatever it stored
+-- since) or, without one, from the stored counter. The counter only grows.
 local function move_queue(m, q, i, n, first)
   local items = redis.call('LRANGE', q, 0, n > 0 and n - 1 or -1)
-  local start = math.max(tonumber(redis.call('HGET', m, 'order') or '0'), first or 0)
+  local stored = tonumber(redis.call('HGET', m, 'order') or '0')
+  local start = first or stored
   if #items == 0 then return start, items end
   redis.call('LTRIM', q, #items, -1)
   local t = {}
@@ -91,7 +93,7 @@ local function move_queue(m, q, i, n, first)
     if #t >= CHUNK_N then redis.call('HSET', i, unpack(t)); t = {} end
   end
   if #t > 0 then redis.call('HSET', i, unpack(t)) end
-  redis.call('HSET', m, 'order', string.format('%d', start + #items))
+  redis.call('HSET', m, 'order', string.format('%d', math.max(stored, start + #items)))
   return start, items
 end
 """
@@ -298,6 +300,27 @@ for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], math.floor(expiry * 1000)) end
 return {will, delay, m[3], 0, m[7], m[8]}
 """
 
+# KEYS: m s q i r. ARGV: epoch, node, packed will ('' = none), will delay. A node back from losing Redis
+# holds on to a session its client is still connected to, if nobody took it meanwhile: still its own (1),
+# released by the fleet while it was away and taken back (2, with the will its connection has), or gone
+# (0: ended, or claimed since at a higher epoch).
+REASSERT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local m = redis.call('HMGET', KEYS[1], 'epoch', 'node', 'online')
+if m[1] ~= ARGV[1] then return 0 end
+if m[3] == '1' then
+  if m[2] == ARGV[2] then return 1 end
+  return 0
+end
+redis.call('HSET', KEYS[1], 'node', ARGV[2], 'online', '1')
+redis.call('HDEL', KEYS[1], 'will_at')
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'will', ARGV[3], 'will_delay', ARGV[4])
+end
+for k = 1, 5 do redis.call('PERSIST', KEYS[k]) end
+return 2
+"""
+
 # KEYS: m. The node a session's client is connected to, if any.
 OWNER = """
 local m = redis.call('HMGET', KEYS[1], 'node', 'online')
@@ -318,6 +341,7 @@ SCRIPTS = {
     "will": WILL,
     "reap": REAP,
     "takewill": TAKEWILL,
+    "reassert": REASSERT,
 }
 
 
@@ -380,20 +404,32 @@ class RedisStore(SessionStore):
     def _call(self, pipe: Pipeline, script: str, keys: list[str], args: list[Any]) -> None:
         pipe.evalsha(self._sha[script], len(keys), *keys, *args)
 
-    async def _execute(self, build: Callable[[Pipeline], Any]) -> list[Any]:
+    async def _execute(self, build: Callable[[Pipeline], Any], *, atomic: bool = False) -> list[Any]:
         """One round trip. After a Redis restart its script cache is empty: load them and run again (the
-        scripts that failed did nothing; everything else in a batch is idempotent)."""
+        scripts that failed did nothing; everything else in a batch is idempotent).
+
+        `atomic`: the commands run as one MULTI/EXEC transaction, which Redis (its AOF, its replicas) keeps
+        whole or not at all, so a write cut off halfway cannot leave half a batch behind; the replies are
+        then EXEC's. A WAIT for replicas (`wait_replicas`) follows the EXEC in the same round trip."""
         for attempt in (1, 2):
             pipe: Pipeline = self.redis.pipeline(transaction=False)
+            if atomic:
+                pipe.execute_command("MULTI")
             build(pipe)
+            if atomic:
+                pipe.execute_command("EXEC")
+                if self.wait_replicas:
+                    pipe.wait(self.wait_replicas, self.wait_timeout_ms)
             try:
                 replies = await pipe.execute(raise_on_error=False)
             except RedisConnectionError:
                 # Redis went away (restarted?): the pool's idle connections are dead too, and each would
                 # fail the next operation that picks it up. Drop them; the caller decides about this one.
-                await self.redis.connection_pool.disconnect(inuse_connections=False)
+                await self.drop_idle_connections()
                 raise
             self.round_trips += 1
+            if atomic:
+                replies = self._exec_replies(replies)
             if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
                 log.info("Redis lost its scripts (restarted?); loading them again")
                 await self._load_scripts()
@@ -403,6 +439,28 @@ class RedisStore(SessionStore):
                     raise r
             return replies
         raise AssertionError("unreachable")
+
+    async def drop_idle_connections(self) -> None:
+        """Close the pool's idle connections (after Redis was away they are dead, and the next operation to
+        pick one would fail with an outcome it cannot know)."""
+        await self.redis.connection_pool.disconnect(inuse_connections=False)
+
+    def _exec_replies(self, replies: list[Any]) -> list[Any]:
+        """The results of the commands between MULTI and EXEC (and the WAIT after them, if any)."""
+        waited = replies[-1] if self.wait_replicas else None
+        executed = replies[-2] if self.wait_replicas else replies[-1]
+        if isinstance(executed, Exception):
+            raise executed  # EXECABORT: nothing ran
+        if not isinstance(executed, list):
+            raise ConnectionError(f"the transaction did not run (EXEC replied {executed!r})")
+        queued = [
+            r
+            for r in replies[1 : len(replies) - (2 if self.wait_replicas else 1)]
+            if isinstance(r, Exception)
+        ]
+        if queued:
+            raise queued[0]  # refused while queueing (EXEC aborted the whole transaction)
+        return [*executed, waited] if self.wait_replicas else executed
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -435,14 +493,13 @@ class RedisStore(SessionStore):
 
         def build(pipe: Pipeline) -> None:
             self._call(pipe, "claim", keys.session_keys(client_id), args)
-            pipe.sadd(
-                keys.node_sessions(self.node_id), client_id
-            )  # so that, should this node die, others find it
+            # so that, should this node die, others find it
+            pipe.sadd(keys.node_sessions(self.node_id), client_id)
 
         try:
-            res = (await self._execute(build))[0]
+            res = (await self._execute(build, atomic=True))[0]
         except RedisConnectionError:  # a claim may run twice (the epoch grows once more): try a fresh one
-            res = (await self._execute(build))[0]
+            res = (await self._execute(build, atomic=True))[0]
         if isinstance(res, Exception):
             raise res
         epoch = int(res[0])
@@ -510,10 +567,8 @@ class RedisStore(SessionStore):
                         pipe.hdel(keys.RETAINED, op.msg.topic)
                     pipe.publish(keys.EVENTS, wire.retained_changed(self.node_id, packed))
                     kinds.append(None)
-            if self.wait_replicas:
-                pipe.wait(self.wait_replicas, self.wait_timeout_ms)
 
-        replies = await self._execute(build)
+        replies = await self._execute(build, atomic=True)
         result = CommitResult()
         for kind, reply in zip(kinds, replies, strict=False):
             if isinstance(reply, Exception):
@@ -608,10 +663,29 @@ class RedisStore(SessionStore):
             self._call(pipe, "takewill", keys.session_keys(client_id)[:1], [at])
             pipe.srem(keys.node_sessions(self.node_id), client_id)
 
-        (raw, _) = await self._execute(build)
+        raw = (await self._execute(build, atomic=True))[0]
         if isinstance(raw, Exception):
             raise raw
         return _stored_will(*raw) if raw else None
+
+    async def reassert(self, owned: list[tuple[str, int, Message | None, float]]) -> list[int]:
+        """After losing Redis: for each session connected here ((client id, epoch, will, will delay)),
+        1 still ours, 2 taken back (the fleet had released it), 0 gone (ended, or someone else's now)."""
+
+        def build(pipe: Pipeline) -> None:
+            for cid, epoch, will, delay in owned:
+                packed = pack_message(will) if will is not None else b""
+                args = [str(epoch), self.node_id, packed, repr(delay)]
+                self._call(pipe, "reassert", keys.session_keys(cid), args)
+                pipe.sadd(keys.node_sessions(self.node_id), cid)
+
+        replies = await self._execute(build)
+        out = []
+        for r in replies[::2]:
+            if isinstance(r, Exception):
+                raise r
+            out.append(int(r))
+        return out
 
     async def owner(self, client_id: str) -> str | None:
         """The node the client is connected to, if any (from the session's meta)."""

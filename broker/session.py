@@ -31,6 +31,7 @@ class Session:
         "client_id",
         "created_at",
         "expiry_interval",
+        "held_from",
         "inflight",
         "journal",
         "mqueue",
@@ -62,6 +63,8 @@ class Session:
         self.created_at = now
         self.journal: Journal | None = None  # a persistent session's, in a durable store
         self._epoch = 0
+        #: while catching up after opening on a node: deliveries from this position on wait in the queue
+        self.held_from: int | None = None
         self._next_pid = 1
 
     @property
@@ -157,6 +160,33 @@ class Session:
         self.receive_maximum = value
         self.inflight.max_size = self._window()
 
+    # -- catching up after opening on a node ------------------------------------------------------
+    def hold_back(self, reserve: int) -> int:
+        """The store may still hold deliveries that this node routed to the session through it just before
+        the session opened here (later ones come straight here): reserve `reserve` positions for them,
+        ahead of every later delivery, and keep later deliveries in the queue, unsent, until `caught_up`.
+        Returns the first reserved position (journaled sessions only)."""
+        journal = self.journal
+        assert journal is not None
+        first = journal.reserve(reserve)
+        self.held_from = journal.order
+        return first
+
+    def insert(self, d: Delivery) -> list[Delivery]:
+        """A delivery from the store with a position reserved by `hold_back`: into the queue at its place,
+        before what was held back. Returns the oldest dropped if the queue is full (forgotten)."""
+        mqueue = self.mqueue
+        at = len(mqueue)
+        while at and mqueue[at - 1].order > d.order:
+            at -= 1
+        mqueue.insert(at, d)
+        if self.journal is not None:
+            self.journal.put(d)
+        return self._forget(mqueue.trim())
+
+    def caught_up(self) -> None:
+        self.held_from = None
+
     # -- outgoing QoS1/2 --------------------------------------------------------------------------
     def deliver(self, d: Delivery, now: float, hold: bool = False) -> tuple[Delivery | None, list[Delivery]]:
         """Put a QoS1/2 delivery in the window if there is room (returned to send), else queue it.
@@ -168,8 +198,8 @@ class Session:
         if j is not None:
             j.place(d)
         inflight = self.inflight
-        if hold or self.mqueue or 0 < inflight.max_size <= len(inflight):  # (Inflight.full, inline: hot)
-            # FIFO: while anything waits in the queue, a newcomer goes behind it.
+        # FIFO: while anything waits in the queue, a newcomer goes behind it (the window's full() inline)
+        if hold or self.mqueue or 0 < inflight.max_size <= len(inflight) or self.held_from is not None:
             dropped = self.mqueue.push(d)
             if j is not None:
                 j.put(d)
@@ -221,7 +251,10 @@ class Session:
         mqueue, inflight = self.mqueue, self.inflight
         if wall is None:
             wall = time.time()
+        held_from = self.held_from
         while mqueue and not inflight.full():
+            if held_from is not None and mqueue[0].order >= held_from:
+                break  # held back until the deliveries reserved ahead of it are in (hold_back)
             d = mqueue.popleft()
             if d.msg.expires_at is not None and d.msg.expired(wall):
                 expired.append(d)

@@ -186,14 +186,19 @@ def redis_server(tmp_path):
 def fleet(redis_server, tmp_path):
     """Factory: fleet(n, zone_overrides=None, config=None, *, extra_args=()) -> list[BrokerProc].
 
-    Starts n fleetmq nodes sharing `redis_server`: each gets its own listener/metrics ports, config file and
+    Starts n fleetmq nodes sharing `redis_server` (through `redis_url`, a redis_proxy, if given): each gets its own listener/metrics ports, config file and
     log under tmp_path/node-<i>, `node_id: node-<i>` and `store: {kind: redis, url: redis_server.url}`
     (other keys of config["store"], e.g. wait_replicas, are kept). Node numbers continue across calls.
     BrokerProc.kill()/pause()/resume()/restart() act on one node. All nodes stopped at teardown."""
     started: list[BrokerProc] = []
 
     def start(
-        n: int, zone_overrides: dict | None = None, config: dict | None = None, *, extra_args=()
+        n: int,
+        zone_overrides: dict | None = None,
+        config: dict | None = None,
+        *,
+        extra_args=(),
+        redis_url: str | None = None,
     ) -> list[BrokerProc]:
         if MOSQUITTO:
             pytest.skip("needs fleetmq broker nodes sharing Redis")
@@ -202,7 +207,8 @@ def fleet(redis_server, tmp_path):
             i = len(started)
             cfg = copy.deepcopy(config) if config else {}
             cfg["node_id"] = f"node-{i}"
-            cfg["store"] = {**cfg.get("store", {}), "kind": "redis", "url": redis_server.url}
+            url = redis_url or redis_server.url  # another address (a redis_proxy) reaches the same server
+            cfg["store"] = {**cfg.get("store", {}), "kind": "redis", "url": url}
             bp = harness.start_fleetmq(
                 tmp_path / f"node-{i}", cfg, zone_overrides=zone_overrides, extra_args=extra_args
             )
@@ -215,6 +221,17 @@ def fleet(redis_server, tmp_path):
         redis_server.resume()  # so the nodes can finish their shutdown writes
     for bp in started:
         bp.stop()
+
+
+@pytest.fixture
+def redis_proxy(redis_server):
+    """A RedisProxy (tests/redisproxy.py) in front of `redis_server`: nodes given its url reach Redis
+    through it, and the test puts faults at chosen points. Closed at teardown."""
+    from tests.redisproxy import RedisProxy
+
+    proxy = RedisProxy(redis_server.port)
+    yield proxy
+    proxy.close()
 
 
 @pytest.fixture(scope="session")

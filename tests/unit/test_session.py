@@ -616,3 +616,78 @@ SessionMachine.TestCase.settings = settings(
     max_examples=25, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestSessionMachine = SessionMachine.TestCase
+
+
+# -----------------------------------------------------------------------------------------------
+# the journal, and catching up after opening on a node
+# -----------------------------------------------------------------------------------------------
+
+
+class Sink:
+    """A committer that only counts the journals asking for a commit."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def journal_changed(self, journal) -> None:
+        self.asked += 1
+
+
+def test_the_journal_records_each_change_and_asks_once_per_commit():
+    sink = Sink()
+    s = Session("c", zone(max_inflight=1))
+    s.enable_journal(sink)
+    a, b = dl(1), dl(2)
+    s.deliver(a, 0.0)  # into the window
+    s.deliver(b, 0.0)  # queued behind it
+    assert sink.asked == 1
+    changes = s.journal.take()
+    assert set(changes.deliveries.values()) == {a, b} and (a.order, b.order) == (0, 1)
+    assert changes.next_pid == s.next_pid == a.packet_id + 1
+    s.puback(a.packet_id)
+    s.await_rel(7, 1.0)
+    assert sink.asked == 2  # asked again after the take
+    changes = s.journal.take()
+    assert changes.deliveries == {a.msg.msg_id: None} and changes.rel == {7: 1.0}
+    assert s.journal.take() is None
+
+
+def test_held_back_deliveries_wait_for_the_ones_reserved_ahead_of_them():
+    s = Session("c", zone(max_inflight=10))
+    s.enable_journal(Sink())
+    s.deliver(dl("queued-before"), 0.0)  # already in the window: not held
+    first = s.hold_back(5)
+    late = dl("late")
+    sent, dropped = s.deliver(late, 0.0)
+    assert sent is None and dropped == [] and queued(s) == ["late"]
+    assert s.refill(0.0) == ([], [])  # nothing held goes out
+    early = dl("early")
+    early.order = first  # the position the pull gave it
+    assert s.insert(early) == []
+    assert queued(s) == ["early", "late"]
+    assert names(s.refill(0.0)[0]) == ["early"]  # reserved ones may go, held ones not yet
+    s.caught_up()
+    assert names(s.refill(0.0)[0]) == ["late"]
+    assert inflight(s) == ["queued-before", "early", "late"]
+
+
+def test_restore_puts_sent_deliveries_back_in_the_window_and_the_rest_in_the_queue_in_order():
+    stored = []
+    for order, (name, pid) in enumerate([("a", 5), ("b", 6), ("c", 0), ("d", 0)]):
+        d = dl(name)
+        d.order, d.packet_id = order, pid
+        stored.append(d)
+    s = Session("c", zone(max_inflight=10, max_mqueue_len=1))
+    dropped = s.restore(
+        epoch=3,
+        expiry_interval=60.0,
+        next_pid=7,
+        order=4,
+        subscriptions=[("t/#", None)],
+        deliveries=reversed(stored),
+        awaiting_rel=[(9, 1.0)],
+        sink=Sink(),
+    )
+    assert inflight(s) == ["a", "b"] and queued(s) == ["d"] and names(dropped) == ["c"]
+    assert (s.epoch, s.journal.epoch, s.next_pid, s.order, s.awaiting_rel) == (3, 3, 7, 4, {9: 1.0})
+    assert s.journal.take().deliveries == {stored[2].msg.msg_id: None}  # the dropped one is forgotten

@@ -1,0 +1,213 @@
+"""Faults put at a chosen point, one test per way the fleet once went wrong after a Redis outage (issue 13):
+each failed before its fix. A proxy between a node and Redis (tests/redisproxy.py) cuts a pipeline between
+two scripts, delays a script, or cuts a node off; redis-server is killed and restarted with its AOF."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fleetmq.broker import keys
+from fleetmq.broker.redisstore import SCRIPTS, _script
+
+from tests.integration import mqttraw
+from tests.integration.harness import MOSQUITTO, uid, wait_until
+from tests.integration.mqttraw import CONNACK, DISCONNECT, PUBCOMP, PUBREC, ConnectionClosed
+from tests.integration.test_fleet_support import AppView, ack_loop, parse_seq, raw_connect, seq_payload
+from tests.integration.test_fleet_takeover import wait_route
+
+pytestmark = pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")
+
+HEARTBEAT_TTL = 5.0  # cluster.HEARTBEAT_TTL
+
+
+def sha(script: str) -> bytes:
+    import hashlib
+
+    return hashlib.sha1(_script(SCRIPTS[script]).encode()).hexdigest().encode()
+
+
+def closed_without(c: mqttraw.RawClient, ptype: int, timeout: float = 5.0) -> bool:
+    """True when the connection ends (a v5 DISCONNECT first, or not) before a packet of `ptype` comes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            p = c.recv(0.1)
+        except (ConnectionClosed, OSError):
+            return True
+        if p is None:
+            continue
+        if p.type == ptype:
+            return False
+        if p.type == DISCONNECT:
+            return True
+    raise AssertionError(f"neither closed nor got packet type {ptype} within {timeout}s")
+
+
+def test_qos2_receipt_and_its_routing_are_stored_together(fleet, redis_proxy):
+    """Bug 1: the routing of a QoS 2 PUBLISH reached Redis but the publisher's "awaiting PUBREL" record
+    did not (Redis went away between the two), so the resend after reconnecting was routed again and every
+    subscriber got the message twice. Here the pipeline is cut right after its enqueue script."""
+    [a] = fleet(1, redis_url=redis_proxy.url)  # the publisher's node, through the proxy
+    [b] = fleet(1)
+    topic = uid("x2/")
+    sub, _ = raw_connect(b, uid("sub"), 5)
+    sub.subscribe([(topic, 2)])
+    wait_route(a, sub, topic)
+    pcid = uid("pub")
+    pub, _ = raw_connect(a, pcid, 5)
+    cut = redis_proxy.cut_after(b"EVALSHA", sha("enqueue"))
+    pub.send(mqttraw.publish(topic, seq_payload("m", 1), qos=2, packet_id=119, version=5))
+    assert cut.wait(5), "the commit never went through the proxy"
+    assert closed_without(pub, PUBREC), "PUBREC for a write whose outcome the node cannot know"
+    pub.close()
+    # the client resumes elsewhere and resends, as MQTT says it must
+    pub, ack = raw_connect(b, pcid, 5)
+    assert ack.session_present
+    pub.send(mqttraw.publish(topic, seq_payload("m", 1), qos=2, packet_id=119, dup=True, version=5))
+    rec = pub.expect(PUBREC)
+    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
+    pub.expect(PUBCOMP)
+    view = AppView()
+    ack_loop(sub, view, quiet=2.0, timeout=10)
+    assert [parse_seq(p) for p in view.delivered] == [("m", 1)], (
+        "a QoS 2 message reached the subscriber twice"
+    )
+
+
+def test_a_redis_outage_longer_than_the_heartbeat_releases_no_live_session(fleet, redis_server, redis_proxy):
+    """Bug 2: Redis down longer than the heartbeat TTL, then back: the first node to reconnect took a node
+    whose heartbeat had lapsed meanwhile for dead and released its sessions under its connected clients,
+    which went deaf. Here node a stays silent a little longer after Redis is back (the proxy holds it)."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic = uid("out/")
+    cid = uid("sub")
+    sub, _ = raw_connect(a, cid, 4)
+    sub.subscribe([(topic, 1)])
+    wait_route(b, sub, topic)
+    redis_server.kill()
+    time.sleep(HEARTBEAT_TTL + 1.5)  # every heartbeat key lapses
+    redis_proxy.hold(True)  # a's reconnection is slower than b's
+    redis_server.start()
+    time.sleep(3.0)  # b is back, beats, and checks for dead nodes
+    redis_proxy.hold(False)
+    wait_until(lambda: redis_server.command("EXISTS", keys.alive("node-0")) == 1, timeout=10, msg="a beats")
+    meta = keys.session_keys(cid)[keys.META]
+    assert redis_server.command("HGET", meta, "node") == b"node-0", "a live node's session was released"
+    pub, _ = raw_connect(b, uid("pub"), 4, clean=True)
+    for i in range(20):
+        pub.send(mqttraw.publish(topic, seq_payload("o", i), qos=1, packet_id=i + 1))
+    view = AppView()
+    ack_loop(sub, view, until=20, timeout=10, tag="o")
+    assert sorted(n for _, n in map(parse_seq, view.delivered)) == list(range(20)), "connected but deaf"
+
+
+def test_a_node_cut_off_longer_than_the_heartbeat_never_leaves_a_client_deaf(
+    fleet, redis_server, redis_proxy
+):
+    """Bug 2, the other side: a node really cut off from Redis (for longer than the fleet waits) has its
+    sessions released by the others; when it is back it takes back what nobody else took (and lets go of
+    the rest), so its client gets what was published meanwhile and later: never connected and deaf."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic = uid("cut/")
+    cid = uid("sub")
+    sub, _ = raw_connect(a, cid, 4)
+    sub.subscribe([(topic, 1)])
+    wait_route(b, sub, topic)
+    redis_proxy.hold(True)
+    redis_proxy.drop_all()
+    meta = keys.session_keys(cid)[keys.META]
+    wait_until(lambda: redis_server.command("HGET", meta, "online") == b"0", timeout=30, msg="released by b")
+    pub, _ = raw_connect(b, uid("pub"), 4, clean=True)
+    for i in range(10):  # queued for the released session
+        pub.send(mqttraw.publish(topic, seq_payload("c", i), qos=1, packet_id=i + 1))
+    redis_proxy.hold(False)
+    wait_until(lambda: redis_server.command("EXISTS", keys.alive("node-0")) == 1, timeout=15, msg="a beats")
+    time.sleep(1.0)
+    for i in range(10, 20):  # published after a is back
+        pub.send(mqttraw.publish(topic, seq_payload("c", i), qos=1, packet_id=i + 1))
+    view = AppView()
+    still_connected = ack_loop(sub, view, until=20, timeout=10, tag="c")
+    got = sorted(n for _, n in map(parse_seq, view.delivered))
+    # nobody else took the session meanwhile: a takes it back, and its client misses nothing
+    assert still_connected and got == list(range(20)), f"connected={still_connected}, got only {got}"
+    assert redis_server.command("HGET", meta, "node") == b"node-0"
+
+
+def test_first_deliveries_keep_publish_order_while_a_session_resumes(fleet, redis_proxy):
+    """Bug 3: a message the node had queued in Redis for a session (its client was reconnecting) reached
+    the client after newer ones the node delivered directly once the session was open here. The enqueue
+    of message 0 is held back so that it lands after the claim; messages 1..20 follow directly."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic = uid("ord/")
+    cid = uid("sub")
+    sub, _ = raw_connect(b, cid, 4)
+    sub.subscribe([(topic, 1)])
+    wait_route(a, sub, topic)
+    sub.close()  # the session waits in Redis; its client comes back on a
+    pub, _ = raw_connect(a, uid("pub"), 4, clean=True)
+    redis_proxy.delay(0.5, b"EVALSHA", sha("enqueue"))
+    redis_proxy.delay(0.2, b"EVALSHA", sha("claim"))
+    back = mqttraw.RawClient(a.host, a.port, version=4)
+    back.send(mqttraw.connect(cid, clean=False, version=4))
+    time.sleep(0.05)  # the claim is on its way (and held)
+    pub.send(mqttraw.publish(topic, seq_payload("r", 0), qos=1, packet_id=1))  # routed through Redis
+    assert back.expect(CONNACK, timeout=10).session_present
+    redis_proxy.clear()
+    for i in range(1, 21):  # the session is open here now: routed directly
+        pub.send(mqttraw.publish(topic, seq_payload("r", i), qos=1, packet_id=i + 1))
+    view = AppView()
+    ack_loop(back, view, until=21, timeout=10, tag="r")
+    first: list[int] = []
+    for p in view.delivered:
+        n = parse_seq(p)[1]
+        if n not in first:
+            first.append(n)
+    assert first == list(range(21)), f"first deliveries out of publish order: {first}"
+
+
+def test_takeover_after_a_crash_does_not_wait_for_the_dead_node(fleet):
+    """Bug 4: after kill -9 of the node holding a session, its client reconnecting to another node waited
+    seconds for the dead node to hand the session over. A node whose connections to Redis are gone is
+    dead at once: the takeover claims the session without waiting."""
+    a, b = fleet(2)
+    topic = uid("crash/")
+    cid = uid("sub")
+    sub, _ = raw_connect(a, cid, 5)
+    sub.subscribe([(topic, 1)])
+    wait_route(b, sub, topic)
+    a.kill()
+    sub.close()
+    t0 = time.monotonic()
+    back, ack = raw_connect(b, cid, 5)
+    took = time.monotonic() - t0
+    assert ack.type == CONNACK and ack.reason == 0 and ack.session_present
+    assert took < 1.0, f"CONNACK {took:.2f}s after the CONNECT: the takeover waited for the dead node"
+    back.close()
+
+
+def test_publish_on_takeover_node_meanwhile_reaches_the_session(fleet):
+    """With the takeover fast, what the surviving node routes to the session meanwhile is not lost."""
+    a, b = fleet(2)
+    topic = uid("crash2/")
+    cid = uid("sub")
+    sub, _ = raw_connect(a, cid, 4)
+    sub.subscribe([(topic, 1)])
+    wait_route(b, sub, topic)
+    pub, _ = raw_connect(b, uid("pub"), 4, clean=True)
+    for i in range(5):
+        pub.send(mqttraw.publish(topic, seq_payload("k", i), qos=1, packet_id=i + 1))
+    a.kill()
+    sub.close()
+    back, ack = raw_connect(b, cid, 4)
+    assert ack.session_present
+    for i in range(5, 10):
+        pub.send(mqttraw.publish(topic, seq_payload("k", i), qos=1, packet_id=i + 1))
+    view = AppView()
+    ack_loop(back, view, until=10, timeout=10, tag="k")
+    assert {n for _, n in map(parse_seq, view.delivered)} == set(range(10))
+    back.close()
+    pub.close()
