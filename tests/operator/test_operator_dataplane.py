@@ -57,7 +57,10 @@ def test_zone_change_through_the_apiserver_reaches_running_brokers(
         cm = k.get("configmap", "edge-config")
         return cm["metadata"]["annotations"][render.A_CONFIG_HASH], cm["data"][render.CONFIG_KEY]
 
-    first_hash, text = wait_for(rendered, msg="rendered config")
+    # the config with the zone in it (the fleet alone may have been rendered first)
+    first_hash, text = wait_for(
+        lambda: "external" in yaml.safe_load((r := rendered())[1])["zones"] and r, msg="rendered config"
+    )
     config_path = tmp_path / "broker.yaml"
     config_path.write_text(text)
     bp = start_pod(config_path, "edge-0", mqtt_port, metrics_port, tmp_path)

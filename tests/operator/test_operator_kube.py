@@ -35,6 +35,11 @@ def cm_hash(k) -> str | None:
     return cm and cm["metadata"]["annotations"][render.A_CONFIG_HASH]
 
 
+def hash_with_zone(k, name: str = "external") -> str:
+    """The config hash once zone `name` is rendered (the fleet alone may be rendered first)."""
+    return wait_for(lambda: name in config_of(k)["zones"] and cm_hash(k), msg=f"config with zone {name}")
+
+
 def test_fleet_and_zone_become_owned_children_with_status(k, run_operator):
     run_operator()
     k.apply(fleet())
@@ -87,7 +92,7 @@ def test_zone_changes_are_live_and_image_changes_roll(k, run_operator):
     k.apply(zone())
     wait_for(lambda: k.get("statefulset", "edge"), msg="statefulset")
     wait_for(lambda: k.get("service", "edge-external-mqtt"), msg="service")
-    before_hash = wait_for(lambda: cm_hash(k), msg="config")
+    before_hash = hash_with_zone(k)
     sts = k.get("statefulset", "edge")
     template, sts_gen = sts["spec"]["template"], sts["metadata"]["generation"]
 
@@ -152,7 +157,7 @@ def test_pause_stops_reconciliation_of_one_fleet(k, run_operator):
     run_operator()
     k.apply(fleet())
     k.apply(zone())
-    before = wait_for(lambda: cm_hash(k), msg="config")
+    before = hash_with_zone(k)
     k("annotate", "brokerfleet", "edge", f"{render.PAUSED}=true")
     time.sleep(1.5)
     k.patch("mqttzone", "external", {"spec": {"session": {"maxInflight": 3}}})
@@ -193,7 +198,7 @@ def test_bad_zones_are_reported_without_touching_the_running_fleet(k, run_operat
     wait_for(
         lambda: k.condition("mqttzone", "first", "Accepted").get("status") == "True", msg="first accepted"
     )
-    running = wait_for(lambda: cm_hash(k), msg="config")
+    running = hash_with_zone(k, "first")
     time.sleep(1.1)  # a later creationTimestamp: the older zone keeps the port
     k.apply(zone("second"))
     cond = wait_for(lambda: k.condition("mqttzone", "second", "Accepted").get("reason") == "PortConflict"
@@ -411,7 +416,7 @@ def test_pods_roll_one_at_a_time_and_zone_changes_keep_them(k, run_operator, con
     wait_for(lambda: len([p for p in pods() if ready(p)]) == 3, timeout=90, msg="3 ready pods")
     assert sorted(p["metadata"]["name"] for p in pods()) == ["edge-0", "edge-1", "edge-2"]
     uids = {p["metadata"]["uid"] for p in pods()}
-    before = cm_hash(k)
+    before = hash_with_zone(k)
     k.patch("mqttzone", "external", {"spec": {"session": {"maxInflight": 1}}})
     wait_for(lambda: cm_hash(k) != before, msg="config re-rendered")
     time.sleep(2)
