@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import driver, procs, report
+from bench import crash, driver, procs, report
 from bench.brokers import (
     BROKERS,
     REPO,
@@ -46,6 +46,7 @@ FLEET_ROWS = [
     "cross-node-pt2pt-q1",
     "cross-node-pt2pt-q2",
     "takeover",
+    "crash-takeover",
     "eventlog-pt2pt-q1",
 ]
 # the same point-to-point flow, every client over TLS 1.2+ (both brokers on one certificate)
@@ -88,6 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=200, help="max outstanding messages per publisher")
     p.add_argument("--payload", type=int, default=64, help="payload bytes")
     p.add_argument("--takeover-reps", type=int, default=30, help="measured takeovers per QoS (takeover row)")
+    p.add_argument("--crash-reps", type=int, default=20, help="measured crashes (crash-takeover row)")
     p.add_argument("--out", type=Path, default=Path("bench/results/latest.md"))
     p.add_argument("--json", type=Path, default=Path("bench/results/latest.json"))
     args = p.parse_args(argv)
@@ -199,6 +201,8 @@ def run_fleet_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace
     if key == "takeover":
         wanted: tuple[str, ...] = ("a", "b")
         rows = [Row("takeover", q) for q in (1, 2)]
+    elif key == "crash-takeover":
+        return [run_crash_row(fleet, args)]
     elif key.startswith("eventlog-"):
         return [run_event_log_row(key, fleet, binary, args)]
     else:
@@ -288,6 +292,27 @@ def run_interleaved(key: str, row: Row, variants: dict[str, Callable[[], Cell]],
                 and b.result.get("broker_us_per_msg")
                 and "broker_us_per_msg" in c.result
             ]
+    return row
+
+
+CRASH_RATE = 1000.0  # msg/s flowing to the session while its node is killed (issue 13)
+
+
+def run_crash_row(fleet: Fleet, args: argparse.Namespace) -> Row:
+    """Kill -9 of the node holding a session, its client straight to the other node (bench/crash.py)."""
+    row = Row("crash-takeover", 1)
+    try:
+        result = crash.run_crash_takeover(fleet, args.crash_reps, CRASH_RATE)
+    except (RuntimeError, OSError, AssertionError, BrokerError) as e:
+        row.cells["fleetmq"] = Cell(error=str(e))
+        return row
+    row.cells["fleetmq"] = Cell(result=result)
+    r = result
+    log(
+        f"{'crash-takeover':20} {'fleetmq':10} {r['reps']} crashes at {r['rate']:.0f} msg/s: CONNECT->CONNACK "
+        f"p50 {r['connack_p50_ms']:.1f} p99 {r['connack_p99_ms']:.1f} ms, ->first message p50 "
+        f"{r['first_p50_ms']:.1f} p99 {r['first_p99_ms']:.1f} ms; lost {r['lost']}, queue_full {r['queue_full']}"
+    )
     return row
 
 
@@ -528,7 +553,10 @@ def fleet_rows(
         log_flow(key, "mosquitto", mosq)
     rows: list[Row]
     if fleet is None:
-        scenario, q = ("takeover", 1) if key == "takeover" else key.rsplit("-q", 1)
+        if key in ("takeover", "crash-takeover"):
+            scenario, q = key, "1"
+        else:
+            scenario, q = key.rsplit("-q", 1)
         rows = [Row(scenario, int(q))]
     else:
         for broker in brokers.values():
@@ -538,7 +566,7 @@ def fleet_rows(
         if mosq is not None:
             row.cells = {"mosquitto": mosq, **row.cells}
         cell = row.cells.get("fleetmq")
-        if cell is not None:
+        if cell is not None and row.scenario != "crash-takeover":  # run_crash_row logged its own line
             if row.scenario == "takeover":
                 log_takeover(row.key, cell)
             else:

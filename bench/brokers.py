@@ -106,6 +106,12 @@ class Broker:
             procs.stop_process(self.proc)
             self.proc = None
 
+    def kill(self) -> None:
+        """SIGKILL by pid (a crash), and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
     def exit_reason(self) -> str:
         """Why a dead broker died, for error cells."""
         rc = self.proc.returncode if self.proc is not None else None

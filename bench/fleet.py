@@ -213,12 +213,14 @@ class FleetNode(Broker):
         self.node_id = node_id
         self.redis = redis
         self.tk_port = 0
+        self.cr_port = 0
         self.metrics_port = 0
         self.event_log = False  # --event-log: the eventlog-pt2pt row measures its cost
         super().__init__(workdir)
 
     def command(self) -> list[str]:
         self.tk_port = procs.free_port(HOST)
+        self.cr_port = procs.free_port(HOST)
         self.metrics_port = procs.free_port(HOST)
         cfg = self.workdir / "fleetmq.yaml"
         cfg.write_text(
@@ -227,10 +229,12 @@ class FleetNode(Broker):
             "zones:\n"
             "  bench: {max_inflight: 0, max_mqueue_len: 0, max_awaiting_rel: 0}\n"
             f"  takeover: {{max_inflight: {TAKEOVER_INFLIGHT}, max_mqueue_len: 0, max_awaiting_rel: 0}}\n"
+            "  crash: {}\n"  # EMQX's defaults (window 32, queue 1,000): the crash-takeover row
             "event_log: {fleet: bench, max_len: 200000}\n"
             "listeners:\n"
             f'  - {{name: mqtt, zone: bench, bind: "{HOST}:{self.port}", protocol: tcp}}\n'
             f'  - {{name: tk, zone: takeover, bind: "{HOST}:{self.tk_port}", protocol: tcp}}\n'
+            f'  - {{name: cr, zone: crash, bind: "{HOST}:{self.cr_port}", protocol: tcp}}\n'
         )
         return [
             Fleetmq.python(),
@@ -244,6 +248,7 @@ class FleetNode(Broker):
         super().start()
         try:
             procs.wait_port(HOST, self.tk_port, START_TIMEOUT, self.proc)
+            procs.wait_port(HOST, self.cr_port, START_TIMEOUT, self.proc)
             procs.wait_port(HOST, self.metrics_port, START_TIMEOUT, self.proc)
         except RuntimeError as e:
             self.stop()

@@ -19,7 +19,7 @@ IDLE_RSS_TARGET_MB = 250.0
 REDIS_RATIO_TARGET = 0.3
 TAKEOVER_P99_TARGET_MS = 100.0
 ROUND_TRIPS_TARGET = 0.5
-FLEET_SCENARIOS = ("redis-pt2pt", "cross-node-pt2pt", "takeover", "eventlog-pt2pt")
+FLEET_SCENARIOS = ("redis-pt2pt", "cross-node-pt2pt", "takeover", "crash-takeover", "eventlog-pt2pt")
 # Issue 7: the event log may cost at most 10% of the throughput (on / off on the same node and load).
 EVENT_LOG_RATIO_TARGET = 0.9
 # Issue 11: rules without a deny rule that a subscription overlaps cost nothing per delivery (the broker's
@@ -211,6 +211,32 @@ def _hotpath_line(row: Row) -> str:
     )
 
 
+#: Issue 13: after kill -9 of the node holding a session, its client on another node is served within this
+CRASH_P99_TARGET_MS = 250.0
+
+
+def _crash_line(row: Row) -> str:
+    cell = row.cells.get("fleetmq")
+    if cell is None or cell.result is None:
+        return f"| crash-takeover | 1 | n/a (no cluster) | {_err(cell.error if cell else 'not run')} | | | | | error |"
+    r = cell.result
+    ok = (
+        r["connack_p99_ms"] < CRASH_P99_TARGET_MS
+        and r["first_p99_ms"] < CRASH_P99_TARGET_MS
+        and r["lost"] == 0
+        and r["queue_full"] == 0
+    )
+    what = f"crash-takeover (kill -9 of a, client to b; {r['rate']:,.0f} msg/s flowing; {r['reps']} times)"
+    lat = (
+        f"CONNACK {r['connack_p50_ms']:.1f} / {r['connack_p99_ms']:.1f} ms, 1st message "
+        f"{r['first_p50_ms']:.1f} / {r['first_p99_ms']:.1f} ms; lost {r['lost']}, queue_full {r['queue_full']}"
+    )
+    return (
+        f"| {what} | 1 | n/a (no cluster) | — | — | — | {lat} | p99 < {CRASH_P99_TARGET_MS:.0f} ms, "
+        f"nothing lost or dropped | {'yes' if ok else 'no'} |"
+    )
+
+
 def _flow_line(row: Row) -> str:
     if row.scenario == "eventlog-pt2pt":
         return _event_log_line(row)
@@ -364,6 +390,8 @@ def markdown(rows: list[Row], machine: dict[str, str], settings: dict[str, Any],
             lines.append(_idle_line(row, settings["conns"]))
         elif row.scenario == "takeover":
             lines.append(_takeover_line(row, settings))
+        elif row.scenario == "crash-takeover":
+            lines.append(_crash_line(row))
         else:
             lines.append(_flow_line(row))
     fleet_notes = _fleet_notes(rows)

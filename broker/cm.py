@@ -253,7 +253,7 @@ class ChannelManager:
             if claimed.stored is not None:
                 session = Session(cid, ch.settings, ch.zone_name)
                 stored = claimed.stored
-                session.restore(
+                overflow = session.restore(
                     epoch=epoch,
                     expiry_interval=stored.expiry_interval,
                     next_pid=stored.next_pid,
@@ -263,6 +263,8 @@ class ChannelManager:
                     awaiting_rel=stored.awaiting_rel,
                     sink=self.committer,
                 )
+                if overflow:  # more waited in Redis than the zone's queue holds: the oldest go, counted
+                    telemetry.dropped_all(DropReason.QUEUE_FULL, cid, overflow, session)
             if claimed.previous and claimed.previous != self.node_id and self.fleet is not None:
                 telemetry.taken_over(cid, "remote")
                 self.spawn(self.fleet.kick_stale(cid, claimed.previous, epoch))
