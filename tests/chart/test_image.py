@@ -56,6 +56,16 @@ def test_dockerfile_copies_the_context_and_runs_as_the_pods_user():
     assert "FROM ${PYTHON} AS build" in DOCKERFILE and "python:3.11-slim" in DOCKERFILE
 
 
+def test_python_started_in_the_build_context_imports_the_standard_librarys_operator():
+    # The build stage runs `python -m venv` in /src, the context's root, which is on sys.path first: an
+    # operator/__init__.py there would shadow the standard library's `operator` and break the build (the
+    # first real build did). -S: no site-packages .pth files importing `operator` early and hiding that.
+    out = subprocess.run([sys.executable, "-S", "-m", "json.tool"], cwd=ROOT, input="{}", capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert not (ROOT / "operator" / "__init__.py").exists()
+
+
 def test_wheel_of_the_build_context_has_both_entrypoints_and_the_operator_extra(tmp_path):
     context = tmp_path / "context"
     for rel in context_paths():

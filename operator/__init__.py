@@ -1,1 +1,0 @@
-"""The fleetmq Kubernetes operator (issue 5)."""
