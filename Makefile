@@ -53,6 +53,13 @@ envtest: deps
 tools:
 	CACHE=$(CACHE) bash scripts/tools.sh helm
 
+# The images the chart deploys, from the Dockerfile: fleetmq/broker:<version> and fleetmq/pipeline:<version>
+# (scripts/image.sh: the machine's Docker engine, else a private Debian dockerd started and stopped for the
+# build; the base image pulled, else a local stand-in cached in $(CACHE)/images). IMAGE_TARGETS=broker: one.
+.PHONY: image
+image: $(VENV)/.installed
+	CACHE=$(CACHE) bash scripts/image.sh $(IMAGE_TARGETS)
+
 # The user flow on a kind cluster (e2e/): needs a running Docker engine, says what is missing otherwise
 # and fails. Not part of `make test`.
 e2e: $(VENV)/.installed
