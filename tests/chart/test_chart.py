@@ -215,6 +215,16 @@ def test_examples_render_a_fleet_zone_test_pod_and_cleanup_hook(helm):
     assert "Pod" not in kinds(helm.template(ws))
 
 
+def test_helm_test_targets_the_zone_service_of_tests_target(helm):
+    # a fleet applied after `helm install` (the README's flow): its zone's Service, in its namespace
+    m = helm.template({"tests": {"target": "edge-external-mqtt.mqtt:1883"}})
+    pod = find(m, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env == {"HOST": "edge-external-mqtt.mqtt", "PORT": "1883"}
+    assert "BrokerFleet" not in kinds(m)  # no examples: only the test pod
+
+
 CUSTOM = {
     "image": {"repository": "registry.example.com/mq/fleetmq", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
     "imagePullSecrets": [{"name": "regcred"}],
@@ -319,6 +329,7 @@ BAD_VALUES = [
     ({"dashboards": {"labels": {"grafana_dashboard": 1}}}, "/dashboards/labels/grafana_dashboard"),
     ({"examples": {"fleet": {"name": "Edge_1"}}}, "/examples/fleet/name"),
     ({"examples": {"zone": {"spec": {"fleetRef": {"name": "x"}}}}}, "/examples/zone/spec"),
+    ({"tests": {"target": "edge-external-mqtt"}}, "/tests/target"),  # no port
 ]
 
 
