@@ -5,6 +5,6 @@ FROM ${BASE}
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends mosquitto-clients \
- && rm -rf /var/lib/apt/lists/*
+ && apt-get clean && rm -rf /var/lib/apt/lists/*
 USER 1883:1883
 CMD ["/bin/sh"]

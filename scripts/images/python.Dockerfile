@@ -6,6 +6,6 @@ FROM ${BASE}
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv python3-pip python-is-python3 \
- && rm -rf /var/lib/apt/lists/*
+ && apt-get clean && rm -rf /var/lib/apt/lists/*
 ENV LANG=C.UTF-8
 CMD ["python3"]

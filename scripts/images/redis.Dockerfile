@@ -6,7 +6,7 @@ FROM ${BASE}
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends redis-server redis-tools \
- && rm -rf /var/lib/apt/lists/* \
+ && apt-get clean && rm -rf /var/lib/apt/lists/* \
  && mkdir /data && chown 999:999 /data
 COPY redis-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
 WORKDIR /data
