@@ -10,7 +10,9 @@
 - existing: the cluster of `make dev-cluster NODE=real` (E2E_DEV_DIR, default ~/.cache/fleetmq/dev-cluster),
   left running afterwards; for working on the tests.
 
-E2E_KEEP=1 keeps the cluster (real: detached, stop it with `python -m tests.kubeapi down --dir DIR`).
+E2E_KEEP=1 keeps the cluster (real: detached, in ~/.cache/fleetmq/e2e-kept, not in pytest's temporary
+folders, which pytest deletes a few runs later; run more tests on it with E2E_CLUSTER=existing
+E2E_DEV_DIR=that folder, stop it with `python -m tests.kubeapi down --dir` that folder).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 import tomllib
@@ -311,7 +314,11 @@ def _real_cluster(tmp_path_factory) -> Iterator[Cluster]:
         pytest.fail("this machine cannot run the real node: " + "; ".join(missing))
     keep = bool(os.environ.get("E2E_KEEP"))
     before = realnode.machine_state()
-    cp = kubeapi.ControlPlane(tmp_path_factory.mktemp("kube"))
+    workdir = CACHE / "e2e-kept" if keep else tmp_path_factory.mktemp("kube")
+    if keep and workdir.exists():
+        kubeapi.down(workdir)
+        shutil.rmtree(workdir)
+    cp = kubeapi.ControlPlane(workdir)
     try:
         t0 = time.monotonic()
         cp.start(real_node=True, detach=keep, timeout=120)
@@ -320,9 +327,8 @@ def _real_cluster(tmp_path_factory) -> Iterator[Cluster]:
         yield Cluster(cp.kubeconfig, tool("kubectl"), tool("helm"), "real", cp.node, cp.service_cidr)
     finally:
         if keep:
-            print(
-                f"\nE2E_KEEP: export KUBECONFIG={cp.kubeconfig}; stop: python -m tests.kubeapi down --dir {cp.workdir}"
-            )
+            print(f"\nE2E_KEEP: export KUBECONFIG={cp.kubeconfig}; more tests: E2E_CLUSTER=existing "
+                  f"E2E_DEV_DIR={workdir}; stop: python -m tests.kubeapi down --dir {workdir}")  # fmt: skip
         else:
             problems = cp.stop()
             diff = realnode.diff_state(before, realnode.machine_state())
@@ -337,6 +343,7 @@ def _existing_cluster() -> Iterator[Cluster]:
     node_state = json.loads((workdir / "node" / "node.json").read_text())
     node = realnode.RealNode(workdir / "node", id=node_state["id"], link_cidr=node_state["link_cidr"],
                              pod_cidr=node_state["pod_cidr"], service_cidr=node_state["service_cidr"])  # fmt: skip
+    node.import_images(_archives())  # what changed since it started (the images of this run)
     yield Cluster(
         Path(state["kubeconfig"]), tool("kubectl"), tool("helm"), "existing", node, state["service_cidr"]
     )

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
@@ -45,7 +46,7 @@ from .conftest import (
     run,
     wait_for,
 )
-from .load import Resilient, close, load_with_deletions
+from .load import Resilient, client, close, load_with_deletions
 
 README = ROOT / "README.md"
 FLEET = "edge"
@@ -288,6 +289,7 @@ def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
     print(logs)
     assert phase == "Succeeded", logs
     assert all(r["ok"] for r in json.loads(logs.strip().splitlines()[-1]).values())
+    c.kubectl("delete", "pod", "e2e-clients", "-n", APP_NS)
 
 
 # ------------------------------------------------------------------------------------------- bad input
@@ -546,37 +548,44 @@ def test_image_change_rolls_one_pod_at_a_time_while_clients_stay_served(cluster:
 
 
 # ------------------------------------------------------------------------------------------- monitoring
-def _prometheus(c: Cluster, tmp: Path):
-    from tests.monitoring.promproc import PrometheusServer
+class EndpointDiscovery(threading.Thread):
+    """What a ServiceMonitor makes Prometheus do, for Debian's Prometheus (built without Kubernetes service
+    discovery): the `metrics` port of every endpoint of the selected Services, from their EndpointSlices,
+    written as file_sd targets each second, labelled as the Prometheus Operator does (job = the Service)."""
 
-    def job(name: str, ns: str, keep: list[tuple[str, str]]) -> dict:
-        relabel = [{"source_labels": [src], "regex": regex, "action": "keep"} for src, regex in keep]
-        relabel += [
-            {"source_labels": ["__meta_kubernetes_endpoint_port_name"], "regex": "metrics", "action": "keep"},
-            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            {"source_labels": ["__meta_kubernetes_service_name"], "target_label": "service"},
-            {
-                "source_labels": ["__meta_kubernetes_service_name"],
-                "target_label": "job",
-            },  # as a ServiceMonitor
-        ]
-        return {
-            "job_name": name,
-            "scrape_interval": "2s",
-            "scrape_timeout": "2s",
-            "kubernetes_sd_configs": [
-                {"role": "endpoints", "kubeconfig_file": str(c.kubeconfig), "namespaces": {"names": [ns]}}
-            ],
-            "relabel_configs": relabel,
-        }
+    def __init__(self, cluster: Cluster, path: Path, services: list[tuple[str, str]]) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.path, self.services = cluster, path, services  # (namespace, label selector)
+        self.stop = threading.Event()
+        self.refresh()
 
-    brokers = job("brokers", APP_NS, [("__meta_kubernetes_service_label_fleetmq_io_service", "headless")])
-    operator = job(
-        "operator", RELEASE_NS, [("__meta_kubernetes_service_label_app_kubernetes_io_component", "operator")]
-    )
-    return PrometheusServer(tmp, jobs={}, interval="2s", scrape_configs=[brokers, operator],
-                            rule_files=[CHART / "files" / "alerts.yaml"])  # fmt: skip
+    def refresh(self) -> None:
+        groups = []
+        for ns, selector in self.services:
+            for svc in json.loads(
+                self.cluster.kubectl("get", "services", "-n", ns, "-l", selector, "-o", "json").stdout
+            )["items"]:
+                name = svc["metadata"]["name"]
+                slices = self.cluster.kubectl("get", "endpointslices", "-n", ns, "-l",
+                                              f"kubernetes.io/service-name={name}", "-o", "json").stdout  # fmt: skip
+                for es in json.loads(slices)["items"]:
+                    port = next(
+                        (p["port"] for p in es.get("ports") or [] if p.get("name") == "metrics"), None
+                    )
+                    for ep in es.get("endpoints") or []:
+                        if port is None or not (ep.get("conditions") or {}).get("ready"):
+                            continue
+                        labels = {"namespace": ns, "service": name, "job": name,
+                                  "pod": (ep.get("targetRef") or {}).get("name", "")}  # fmt: skip
+                        groups += [{"targets": [f"{a}:{port}"], "labels": labels} for a in ep["addresses"]]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups))
+        tmp.replace(self.path)  # Prometheus watches the file
+
+    def run(self) -> None:
+        while not self.stop.wait(1):
+            with contextlib.suppress(AssertionError, ValueError):
+                self.refresh()
 
 
 def test_prometheus_scrapes_every_pod_through_its_endpoints_and_every_dashboard_has_data(
@@ -586,8 +595,36 @@ def test_prometheus_scrapes_every_pod_through_its_endpoints_and_every_dashboard_
         pytest.skip("Prometheus runs on this machine: the pods must be routable from here (the real node)")
     from fleetmq.operator import grafana
 
+    from tests.monitoring.promproc import PrometheusServer
+
     c = cluster
-    prom = _prometheus(c, tmp_path / "prom")
+    online: list[mqtt.Client] = []
+    # the event log's panels need it on: a setting brokers read at start, so the pods roll to take it
+    hash_before = c.get("statefulset", "edge")["spec"]["template"]["metadata"]["annotations"]
+    c.kubectl(
+        "patch",
+        "brokerfleet",
+        "edge",
+        "-n",
+        APP_NS,
+        "--type=merge",
+        "-p",
+        '{"spec": {"eventLog": {"enabled": true}}}',
+    )
+    wait_for(lambda: c.get("statefulset", "edge")["spec"]["template"]["metadata"]["annotations"] != hash_before,
+             msg="a new restart hash")  # fmt: skip
+    wait_for(lambda: fleet_ready(c) and c.get("statefulset", "edge")["status"].get("updatedReplicas") == 3,
+             timeout=300, msg="pods rolled with the event log on")  # fmt: skip
+    targets = tmp_path / "targets.json"
+    discovery = EndpointDiscovery(c, targets, [(APP_NS, "fleetmq.io/service=headless"),
+                                               (RELEASE_NS, "app.kubernetes.io/component=operator")])  # fmt: skip
+    discovery.start()
+    scrape = {
+        "job_name": "kubernetes",
+        "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "2s"}],
+    }
+    prom = PrometheusServer(tmp_path / "prom", jobs={}, interval="2s", scrape_configs=[scrape],
+                            rule_files=[CHART / "files" / "alerts.yaml"])  # fmt: skip
     try:
         pods = {p["metadata"]["name"] for p in c.pods(BROKER_PODS)}
 
@@ -598,16 +635,22 @@ def test_prometheus_scrapes_every_pod_through_its_endpoints_and_every_dashboard_
             ]
 
         wait_for(scraped, timeout=120, msg=f"every broker pod {sorted(pods)} and the operator scraped")
-        # traffic while Prometheus watches: the rates and histograms of the dashboards move
-        ext = c.endpoint("svc/edge-external-mqtt", 1883).start()
-        for _ in range(5):
-            assert clients.roundtrip(ext.host, ext.local, version=5)["ok"]
+        # traffic while Prometheus watches: the rates and histograms of the dashboards move; a subscriber
+        # stays online in each zone (the window and queue panels divide by online sessions)
+        online = []
+        for svc, port in (("edge-external-mqtt", 1883), ("edge-internal-mqtt", 11883)):
+            ep = c.endpoint(f"svc/{svc}", port).start()
+            online.append(client(ep.local, f"e2e-online-{svc}", host=ep.host, clean=False))
+            online[-1].subscribe("e2e/online/#", qos=1)
+            for _ in range(5):
+                assert clients.roundtrip(ep.host, ep.local, version=5)["ok"]
         time.sleep(20)
         variables = {"namespace": APP_NS, "job": "edge-headless", "pod": ".*", "zone": ".*",
                      "__rate_interval": "30s", "__interval": "10s", "__range": "10m"}  # fmt: skip
         empty, nan_only = [], []
         for dashboard, panel, expr in grafana.dashboard_queries():
-            expr = re.sub(r"\$\{?(\w+)\}?", lambda m: variables[m.group(1)], expr)
+            values = {**variables, "namespace": RELEASE_NS} if dashboard == "fleetmq-operator" else variables
+            expr = re.sub(r"\$\{?(\w+)\}?", lambda m, v=values: v[m.group(1)], expr)
             if m := re.fullmatch(r"label_values\((.*), (\w+)\)", expr):
                 if not prom.label_values(m.group(2), m.group(1)):
                     empty.append(f"{dashboard}/{panel}")
@@ -620,6 +663,9 @@ def test_prometheus_scrapes_every_pod_through_its_endpoints_and_every_dashboard_
         assert not empty, "panels with no data:\n" + "\n".join(empty)
         print("panels whose only values are NaN (nothing observed in their window):", nan_only)
     finally:
+        for x in online:
+            close(x)
+        discovery.stop.set()
         prom.stop()
 
 
@@ -733,6 +779,14 @@ def test_helm_uninstall_after_deleting_the_fleets_leaves_nothing(cluster: Cluste
     )  # while the operator runs
     wait_for(lambda: not c.pods("app.kubernetes.io/managed-by=fleetmq-operator"), msg="fleet pods gone")
     c.helm("uninstall", RELEASE, "--namespace", RELEASE_NS, "--wait", "--timeout=5m")
+    # `--wait` waits for the Deployment; its pod has its grace period to stop (kopf stops in seconds)
+    t0 = time.monotonic()
+    wait_for(
+        lambda: not c.pods(f"app.kubernetes.io/instance={RELEASE}", RELEASE_NS),
+        timeout=90,
+        msg="operator pod gone",
+    )
+    print(f"the operator pod was gone {time.monotonic() - t0:.0f}s after helm uninstall returned")
     left = c.kubectl("get", "all,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets",
                      "-A", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name").stdout  # fmt: skip
     assert left.strip() == "", left
