@@ -171,7 +171,10 @@ def test_paused_zone_keeps_its_applied_version(k, run_operator):
     run_operator()
     k.apply(fleet())
     k.apply(zone(session={"maxInflight": 4}))
-    before = wait_for(lambda: cm_hash(k), msg="config")
+    # the config with the zone in it (the fleet alone may have been rendered first)
+    before = wait_for(
+        lambda: config_of(k)["zones"]["external"]["max_inflight"] == 4 and cm_hash(k), msg="config"
+    )
     k("annotate", "mqttzone", "external", f"{render.PAUSED}=true")
     k.patch("mqttzone", "external", {"spec": {"session": {"maxInflight": 9}}})
     time.sleep(3)
