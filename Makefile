@@ -70,9 +70,10 @@ tools:
 image: $(VENV)/.installed
 	CACHE=$(CACHE) bash scripts/image.sh $(IMAGE_TARGETS)
 
-# The user flow on a kind cluster (e2e/): needs a running Docker engine, says what is missing otherwise
-# and fails. Not part of `make test`.
-e2e: $(VENV)/.installed
+# The user flow end to end (e2e/run.sh): the images built, then the README's Helm section and what a user
+# relies on, on a real node of the test control plane (needs root; E2E_CLUSTER=kind: on kind, with a Docker
+# engine). Says exactly what is missing and fails otherwise. Not part of `make test`; .ci/run runs both.
+e2e: deps
 	CACHE=$(CACHE) bash e2e/run.sh $(E2E_ARGS)
 
 # A control plane for trying things by hand (kubectl, the operator, the chart); state in $(CACHE)/dev-cluster.
