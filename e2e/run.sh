@@ -78,4 +78,5 @@ export FLEETMQ_IMAGE_ARCHIVES
 echo "e2e: tools and images ready in $((SECONDS - t0))s" >&2
 
 cd "$ROOT"
-exec "$PY" -m pytest -p no:cacheprovider -v --timeout=2400 e2e "$@"
+# -rP: what passing tests print (failover counts, timings) stays in the log
+exec "$PY" -m pytest -p no:cacheprovider -v -rP --timeout=2400 e2e "$@"
