@@ -895,10 +895,31 @@ def _node_pids(state: dict[str, Any]) -> set[int]:
     return pids
 
 
+# the program each recorded pid must still run, so a pid the kernel gave to something else is left alone
+PROGRAMS = {"kube-proxy": "kube-proxy", "kubelet": "kubelet", "containerd": "containerd", "holder": "pause"}
+
+
+def _verified(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` with only the pids that still run the node's programs, and its namespaces only while one of
+    those is still in them (namespace numbers are reused once a namespace is gone)."""
+    pids = {}
+    for name, pid in (state.get("pids") or {}).items():
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+        except (OSError, TypeError):
+            continue
+        if os.path.basename(argv0) == PROGRAMS.get(name):
+            pids[name] = pid
+    ns = state.get("namespaces") or {}
+    live = {k: v for k, v in ns.items() if any(_pid_ns(pid, k) == v for pid in pids.values())}
+    return {**state, "pids": pids, "namespaces": live}
+
+
 def _teardown(workdir: Path, state: dict[str, Any], timeout: float = 30.0) -> list[str]:
     """Stop the node described by `state` (RealNode._state() or its node.json) and undo its changes."""
     order = ["kube-proxy", "kubelet", "containerd", "holder"]
-    pids = state.get("pids") or {}
+    state = _verified(state)
+    pids = state["pids"]
     for name in order[:2]:
         _signal_and_wait([pids[name]] if pids.get(name) else [], signal.SIGTERM, timeout)
     # containers and shims: killed outright (what a power cut does to a node; the e2e drains pods itself)
