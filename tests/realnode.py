@@ -948,10 +948,15 @@ def _teardown(workdir: Path, state: dict[str, Any], timeout: float = 30.0) -> li
         except OSError as e:
             problems.append(f"cgroup {root} not removed: {e}")
     # the link (and its routes) goes with the namespace; make sure, and delete it if it did not
+    # (the kernel dismantles a namespace in the background: give it a moment)
     link = state.get("host_link")
-    if link and run("ip", "link", "show", link, check=False).returncode == 0:
-        run("ip", "link", "delete", link, check=False)
-        problems.append(f"link {link} outlived the node's network namespace (deleted now)")
+    deadline = time.monotonic() + 10
+    while link and run("ip", "link", "show", link, check=False).returncode == 0:
+        if time.monotonic() > deadline:
+            run("ip", "link", "delete", link, check=False)
+            problems.append(f"link {link} outlived the node's network namespace (deleted now)")
+            break
+        time.sleep(0.2)
     (workdir / "node.json").unlink(missing_ok=True)
     return problems
 
