@@ -51,6 +51,18 @@ case "$E2E_CLUSTER" in
 esac
 ((${#missing[@]} == 0)) || fail_missing "${missing[@]}"
 
+# the images (the project's, and the third-party ones the chart runs: pulled, else local stand-ins), saved for
+# the node's containerd or `kind load`; built in the background while Go builds (one is mostly network and
+# disk, the other CPU)
+archives="$CACHE/images/archives"
+mkdir -p "$CACHE/images"
+targets=(broker)
+[[ "$E2E_CLUSTER" == kind ]] || targets+=(standins) # kind nodes pull those themselves
+IMAGE_SAVE="$archives" bash "$ROOT/scripts/image.sh" "${targets[@]}" >"$CACHE/images/e2e-archives.txt" \
+  2>"$CACHE/images/e2e-image.log" &
+image_pid=$!
+trap 'kill "$image_pid" 2>/dev/null; wait "$image_pid" 2>/dev/null' EXIT # a failed Go build stops it too
+
 # the control plane (and the node's kubelet, kube-proxy, pause program, kubectl), CoreDNS, helm, kind
 bash "$ROOT/scripts/envtest.sh" >/dev/null
 if [[ "$E2E_CLUSTER" != kind ]]; then
@@ -67,12 +79,12 @@ kubectl="$(bash "$ROOT/scripts/envtest.sh" --path)/kubectl"
 [[ -x "$kubectl" ]] || fail_missing "kubectl: not built by \`make envtest\` and not on PATH"
 export FLEETMQ_KUBECTL="$kubectl"
 
-# the images: the project's, and the third-party ones the chart runs (pulled, else local stand-ins), saved
-# for the node's containerd or `kind load`
-archives="$CACHE/images/archives"
-targets=(broker)
-[[ "$E2E_CLUSTER" == kind ]] || targets+=(standins) # kind nodes pull those themselves
-mapfile -t saved < <(IMAGE_SAVE="$archives" bash "$ROOT/scripts/image.sh" "${targets[@]}")
+status=0
+wait "$image_pid" || status=$?
+trap - EXIT
+cat "$CACHE/images/e2e-image.log" >&2
+((status == 0)) || { echo "e2e: building the images failed (exit $status)" >&2; exit 1; }
+mapfile -t saved <"$CACHE/images/e2e-archives.txt"
 FLEETMQ_IMAGE_ARCHIVES="$(IFS=:; echo "${saved[*]}")"
 export FLEETMQ_IMAGE_ARCHIVES
 echo "e2e: tools and images ready in $((SECONDS - t0))s" >&2

@@ -79,6 +79,7 @@ start_engine() {
   printf '{"deprecated-key-path": "%s"}\n' "$run/key.json" >"$run/daemon.json"
   CGROUP_PARENT="fleetmq-docker-$$"
   trap stop_engine EXIT
+  trap 'exit 143' TERM INT # stopped from outside: the EXIT trap still stops dockerd
   # /run: dockerd makes /run/docker/plugins there; a tmpfs of its own mount namespace takes it instead
   unshare --mount --propagation private -- sh -c 'mount -t tmpfs fleetmq-docker /run && exec "$@"' sh dockerd \
     --data-root "$CACHE/docker/data" --exec-root "$run/exec" \
@@ -201,10 +202,10 @@ want() { local t; for t in "${targets[@]}"; do [[ "$t" == "$1" ]] && return 0; d
 targets=("$@")
 if want broker || want pipeline; then
   standin "$PYTHON_IMAGE" python
-  # pipeline first: the legacy builder builds every stage before the target, so the default target after
-  # it only adds its last stage
+  # the broker stage comes before the pipeline's in the Dockerfile: with --target broker the legacy
+  # builder (which builds every stage before its target) skips the pipeline's Java and Spark
   if want pipeline; then build "fleetmq/pipeline:$VERSION" --target pipeline; images+=("fleetmq/pipeline:$VERSION"); fi
-  if want broker; then build "fleetmq/broker:$VERSION"; images+=("fleetmq/broker:$VERSION"); fi
+  if want broker; then build "fleetmq/broker:$VERSION" --target broker; images+=("fleetmq/broker:$VERSION"); fi
 fi
 if want standins; then
   [[ -x "$PY" ]] || die "the project venv is missing ($PY): run \`make deps\`"
