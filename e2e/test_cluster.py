@@ -27,11 +27,14 @@ http.server.ThreadingHTTPServer(("", 8080), H).serve_forever()
 """
 # what a pod sees: names resolved by the cluster DNS, the Service, and the API server through `kubernetes`
 PROBE = """
-import json, socket, ssl, urllib.request
+import json, socket, ssl, time, urllib.request
 sa = "/var/run/secrets/kubernetes.io/serviceaccount"
 out = {"web_ip": socket.gethostbyname("web.e2e-cluster.svc.cluster.local"),
        "kubernetes_ip": socket.gethostbyname("kubernetes.default.svc")}
-out["web"] = sorted({urllib.request.urlopen("http://web", timeout=5).read().decode() for _ in range(30)})
+seen, deadline = set(), time.monotonic() + 60
+while len(seen) < 2 and time.monotonic() < deadline:  # both pods behind the Service
+    seen.add(urllib.request.urlopen("http://web", timeout=5).read().decode())
+out["web"] = sorted(seen)
 ctx = ssl.create_default_context(cafile=f"{sa}/ca.crt")
 req = urllib.request.Request("https://kubernetes.default.svc/version",
                              headers={"Authorization": "Bearer " + open(f"{sa}/token").read()})
@@ -78,9 +81,14 @@ def test_pods_run_services_route_dns_resolves_and_pods_reach_the_api_server(clus
     c.kubectl("rollout", "status", "deployment/web", "-n", NS, "--timeout=180s")
     pods = sorted(p["metadata"]["name"] for p in c.pods("app=web", NS))
     cluster_ip = c.get("service", "web", NS)["spec"]["clusterIP"]
-    if c.routable:  # from this machine, through kube-proxy's rules, to both pods
-        seen = {urllib.request.urlopen(f"http://{cluster_ip}", timeout=5).read().decode() for _ in range(30)}
-        assert sorted(seen) == pods
+    if c.routable:  # from this machine, through kube-proxy's rules, to both pods (once both are in them)
+        seen: set[str] = set()
+
+        def both() -> bool:
+            seen.add(urllib.request.urlopen(f"http://{cluster_ip}", timeout=5).read().decode())
+            return sorted(seen) == pods
+
+        wait_for(both, timeout=60, interval=0.1, msg=f"answers from both pods {pods} (so far {seen})")
     phase, logs = c.run_pod("probe", IMAGE, ["python", "-c", PROBE], NS)
     assert phase == "Succeeded", logs
     seen = json.loads(logs.strip().splitlines()[-1])
