@@ -309,10 +309,22 @@ def test_stale_node_paused_past_ttl_cannot_corrupt_taken_over_session(fleet, red
     disc = [p for p in seen if p.type == DISCONNECT]
     assert not disc or disc[0].reason == 0x8E, disc
     stale_pubs = [p for p in seen if p.type == PUBLISH]
-    # ... and a publisher on it right after SIGCONT reaches the session where it lives now (B)
-    for i in range(10):
-        pub_a.publish(topic, f"a:{i:06d}", qos=1)
-    acked_a = [pub_a.expect(mqttraw.PUBACK, timeout=5).packet_id for _ in range(10)]
+    # ... and a publisher on it right after SIGCONT reaches the session where it lives now (B). A command
+    # in flight when the node stopped times out at SIGCONT (its deadline passed while stopped); if it was
+    # this publisher's, A closes its connection (it cannot vouch for the session) and it connects again.
+    # (A second publisher uses its own tag: the first one's unacknowledged messages may have been routed.)
+    tag_a = "a"
+    try:
+        for i in range(10):
+            pub_a.publish(topic, f"a:{i:06d}", qos=1)
+        acked_a = [pub_a.expect(mqttraw.PUBACK, timeout=5).packet_id for _ in range(10)]
+    except (OSError, mqttraw.ConnectionClosed):
+        tag_a = "r"
+        pub_a = RawClient(a.host, a.port)
+        pub_a.connect(uid("pa-"))
+        for i in range(10):
+            pub_a.publish(topic, f"r:{i:06d}", qos=1)
+        acked_a = [pub_a.expect(mqttraw.PUBACK, timeout=5).packet_id for _ in range(10)]
     assert len(acked_a) == 10
     for i in range(10, 20):
         pub_b.publish(topic, f"b:{i:06d}", qos=1)
@@ -320,7 +332,7 @@ def test_stale_node_paused_past_ttl_cannot_corrupt_taken_over_session(fleet, red
     ack_loop(new, view, quiet=1.0, timeout=10)
     time.sleep(0.5)
     assert first_occurrences(view.delivered, "b") == list(range(20)), "messages published on B lost"
-    got_a = first_occurrences(view.delivered, "a")
+    got_a = first_occurrences(view.delivered, tag_a)
     assert sorted(got_a) == list(range(10)), (
         f"messages acked by the resumed stale node lost: got {got_a}; on its stale connection: {stale_pubs}"
     )
