@@ -2,6 +2,7 @@
 # The fleetmq image: `fleetmq-broker` (the entrypoint, run by the operator's broker StatefulSets) and
 # `fleetmq-operator` (run by the Helm chart's Deployment).
 #   docker build -t fleetmq/broker:0.1.0 .
+#   docker build --target pipeline -t fleetmq/pipeline:0.1.0 .
 ARG PYTHON=python:3.11-slim-bookworm
 
 FROM ${PYTHON} AS build
@@ -15,8 +16,20 @@ RUN pip wheel --no-deps --wheel-dir /dist . \
  && python -m venv /opt/fleetmq \
  && /opt/fleetmq/bin/pip install "$(ls /dist/fleetmq-*.whl)[operator]"
 
+# The broker and operator image, ahead of the pipeline's stages: `--target broker` builds it without them
+# (Docker's legacy builder builds every stage before its target); the last stage, the default, repeats it.
+FROM ${PYTHON} AS broker
+ENV PATH=/opt/fleetmq/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+RUN groupadd --system --gid 10001 fleetmq \
+ && useradd --system --uid 10001 --gid fleetmq --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin fleetmq
+COPY --from=build /opt/fleetmq /opt/fleetmq
+USER 10001:10001
+# MQTT (tcp, ws) and /metrics /healthz /readyz; the listeners themselves come from the config
+EXPOSE 1883 8083 9100
+ENTRYPOINT ["fleetmq-broker"]
+
 # The pipeline image (the chart's CronJob): PySpark in local mode needs a Java runtime.
-#   docker build --target pipeline -t fleetmq/pipeline:0.1.0 .
 FROM build AS build-pipeline
 RUN /opt/fleetmq/bin/pip install "$(ls /dist/fleetmq-*.whl)[pipeline]"
 
@@ -34,14 +47,5 @@ COPY --from=build-pipeline /opt/fleetmq /opt/fleetmq
 USER 10001:10001
 ENTRYPOINT ["fleetmq-pipeline"]
 
-# The default target, last: the broker and operator image.
-FROM ${PYTHON}
-ENV PATH=/opt/fleetmq/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-RUN groupadd --system --gid 10001 fleetmq \
- && useradd --system --uid 10001 --gid fleetmq --no-create-home --home-dir /nonexistent \
-      --shell /usr/sbin/nologin fleetmq
-COPY --from=build /opt/fleetmq /opt/fleetmq
-USER 10001:10001
-# MQTT (tcp, ws) and /metrics /healthz /readyz; the listeners themselves come from the config
-EXPOSE 1883 8083 9100
-ENTRYPOINT ["fleetmq-broker"]
+# The default target: the broker and operator image.
+FROM broker

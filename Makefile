@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 CACHE ?= $(HOME)/.cache/fleetmq
 LISTEN ?= 127.0.0.1:1883
+# the node of the test control plane for `make envtest` / `make dev-cluster`: kwok (simulated) or real
+NODE ?= kwok
+IMAGE_ARCHIVES := $(CACHE)/images/archives
 # the test control plane (tests/kubeapi.py): binaries built by `make envtest`, outside the repo
 K8S_VERSION := $(shell awk '$$1 == "require" && $$2 == "k8s.io/kubernetes" {print $$3}' tests/envtest/go.mod)
 export ENVTEST_BIN_DIR ?= $(CACHE)/envtest/$(K8S_VERSION)/bin
@@ -55,22 +58,44 @@ check: lint typecheck
 
 # kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes) and kwok built with Go into
 # $(ENVTEST_BIN_DIR); reused when there, built when missing (the first build takes a while).
+# NODE=real: also the real node's kubelet, kube-proxy, pause program and kubectl (for the chart's kubectl
+# image), CoreDNS, and its Debian packages (containerd, runc, CNI plugins, nftables).
 envtest: deps
 	CACHE=$(CACHE) bash scripts/envtest.sh
+ifeq ($(NODE),real)
+	CACHE=$(CACHE) ENVTEST_COMPONENTS="kubelet kube-proxy pause kubectl" bash scripts/envtest.sh
+	CACHE=$(CACHE) bash scripts/tools.sh coredns
+	bash scripts/system-deps.sh node
+endif
 
 # helm, built with Go into $(CACHE)/tools (scripts/tools.sh; pinned there), for the chart tests.
 .PHONY: tools e2e
 tools:
 	CACHE=$(CACHE) bash scripts/tools.sh helm
 
-# The user flow on a kind cluster (e2e/): needs a running Docker engine, says what is missing otherwise
-# and fails. Not part of `make test`.
-e2e: $(VENV)/.installed
+# The images the chart deploys, from the Dockerfile: fleetmq/broker:<version> and fleetmq/pipeline:<version>
+# (scripts/image.sh: the machine's Docker engine, else a private Debian dockerd started and stopped for the
+# build; the base image pulled, else a local stand-in cached in $(CACHE)/images). IMAGE_TARGETS=broker: one.
+.PHONY: image
+image: $(VENV)/.installed
+	CACHE=$(CACHE) bash scripts/image.sh $(IMAGE_TARGETS)
+
+# The user flow end to end (e2e/run.sh): the images built, then the README's Helm section and what a user
+# relies on, on a real node of the test control plane (needs root; E2E_CLUSTER=kind: on kind, with a Docker
+# engine). Says exactly what is missing and fails otherwise. Not part of `make test`; .ci/run runs both.
+e2e: deps
 	CACHE=$(CACHE) bash e2e/run.sh $(E2E_ARGS)
 
 # A control plane for trying things by hand (kubectl, the operator, the chart); state in $(CACHE)/dev-cluster.
+# NODE=real: with a real node (tests/realnode.py) whose containerd has the project's images (make image) and
+# the chart's third-party images (pulled, or local stand-ins where no registry answers).
 dev-cluster: envtest
+ifeq ($(NODE),real)
+	IMAGE_SAVE=$(IMAGE_ARCHIVES) CACHE=$(CACHE) bash scripts/image.sh broker pipeline standins >/dev/null
+	$(BIN)/python -m tests.kubeapi up --dir $(CACHE)/dev-cluster --node real --images $(IMAGE_ARCHIVES)
+else
 	$(BIN)/python -m tests.kubeapi up --dir $(CACHE)/dev-cluster
+endif
 
 dev-cluster-down: $(VENV)/.installed
 	$(BIN)/python -m tests.kubeapi down --dir $(CACHE)/dev-cluster

@@ -1,7 +1,18 @@
-"""The e2e cluster: kind, the fleetmq image built with Docker and loaded into it, the chart installed.
+"""The e2e cluster, chosen by E2E_CLUSTER (e2e/run.sh, `make e2e`, sets it and checks the preconditions):
 
-Run through e2e/run.sh (`make e2e`), which checks the preconditions and sets FLEETMQ_KIND, FLEETMQ_HELM
-and FLEETMQ_KUBECTL. E2E_KEEP=1 keeps the cluster afterwards; E2E_NODE_IMAGE picks the kind node image.
+- real (default): the project's test control plane with a real node (tests/realnode.py): containerd, kubelet,
+  kube-proxy, CoreDNS; the images (scripts/image.sh IMAGE_SAVE=...) imported into its containerd from the
+  archives in FLEETMQ_IMAGE_ARCHIVES. Pod and Service addresses are routed from this machine, so clients
+  connect to them directly. At the end the machine must be as the node found it (links, addresses, routes,
+  nftables, mounts, cgroups, sysctls), else the session ends in an error.
+- kind: a kind cluster (a running Docker engine), the images loaded with `kind load`; clients go through
+  `kubectl port-forward`.
+- existing: the cluster of `make dev-cluster NODE=real` (E2E_DEV_DIR, default ~/.cache/fleetmq/dev-cluster),
+  left running afterwards; for working on the tests.
+
+E2E_KEEP=1 keeps the cluster (real: detached, in ~/.cache/fleetmq/e2e-kept, not in pytest's temporary
+folders, which pytest deletes a few runs later; run more tests on it with E2E_CLUSTER=existing
+E2E_DEV_DIR=that folder, stop it with `python -m tests.kubeapi down --dir` that folder).
 """
 
 from __future__ import annotations
@@ -10,6 +21,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 import tomllib
@@ -25,8 +37,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "fleetmq"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 IMAGE = f"fleetmq/broker:{VERSION}"  # the default of the chart and of BrokerFleet.spec.image
-CLUSTER = "fleetmq-e2e"
+KIND_CLUSTER = "fleetmq-e2e"
 RELEASE, RELEASE_NS, APP_NS = "fleetmq", "fleetmq-system", "mqtt"
+CLUSTER = os.environ.get("E2E_CLUSTER", "real")
+CACHE = Path(os.environ.get("CACHE") or Path.home() / ".cache" / "fleetmq")
 
 
 def run(*argv: Any, timeout: float = 600, check: bool = True, **kw: Any) -> subprocess.CompletedProcess:
@@ -63,6 +77,14 @@ class Cluster:
     kubeconfig: Path
     kubectl_bin: str
     helm_bin: str
+    kind: str  # real | kind | existing
+    node: Any = None  # tests.realnode.RealNode on a real node
+    service_cidr: str = ""
+
+    @property
+    def routable(self) -> bool:
+        """Pod and Service addresses reach the pods from this machine (a real node)."""
+        return self.node is not None
 
     def kubectl(self, *args: Any, input: str | None = None, check: bool = True, timeout: float = 300):
         return run(
@@ -76,6 +98,15 @@ class Cluster:
 
     def helm(self, *args: Any, check: bool = True, timeout: float = 600):
         return run(self.helm_bin, f"--kubeconfig={self.kubeconfig}", *args, check=check, timeout=timeout)
+
+    def env(self) -> dict[str, str]:
+        """The environment of a person at a shell with this cluster: KUBECONFIG, kubectl and helm on PATH."""
+        path = os.pathsep.join([str(Path(self.kubectl_bin).parent), str(Path(self.helm_bin).parent)])
+        return {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PATH": path + os.pathsep + os.environ["PATH"],
+        }
 
     def get(self, kind: str, name: str, ns: str = APP_NS) -> dict[str, Any] | None:
         out = self.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
@@ -94,33 +125,115 @@ class Cluster:
         obj = self.get(kind, name, ns) or {}
         return next((c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), {})
 
+    def endpoint(self, target: str, port: int, ns: str = APP_NS) -> Endpoint:
+        """How this machine reaches `target` ("svc/NAME" or "pod/NAME") on `port`: directly on a real node,
+        through `kubectl port-forward` elsewhere."""
+        return Direct(self, target, port, ns) if self.routable else PortForward(self, target, port, ns)
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    kind = tool("kind")
-    kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
-    existing = run(kind, "get", "clusters").stdout.split()
-    if CLUSTER in existing:
-        run(kind, "delete", "cluster", "--name", CLUSTER)
-    node_image = os.environ.get("E2E_NODE_IMAGE")
-    run(
-        kind,
-        "create",
-        "cluster",
-        "--name",
-        CLUSTER,
-        f"--kubeconfig={kubeconfig}",
-        "--wait=180s",
-        *([f"--image={node_image}"] if node_image else []),
-        timeout=900,
-    )
-    try:
-        run("docker", "build", "--tag", IMAGE, ROOT, timeout=1800)
-        run(kind, "load", "docker-image", IMAGE, "--name", CLUSTER, timeout=600)
-        yield Cluster(kubeconfig, tool("kubectl"), tool("helm"))
-    finally:
-        if not os.environ.get("E2E_KEEP"):
-            run(kind, "delete", "cluster", "--name", CLUSTER, check=False)
+    def tag_image(self, src: str, dst: str) -> None:
+        """Make image `dst` a second name of `src` on the node(s), as pushing a new tag would."""
+        if self.node is not None:
+            src_ref, dst_ref = normalize(src), normalize(dst)
+            if dst_ref not in self.node.images():
+                run(
+                    "ctr",
+                    f"--address={self.node.socket}",
+                    "--namespace=k8s.io",
+                    "images",
+                    "tag",
+                    src_ref,
+                    dst_ref,
+                )
+        else:
+            run("docker", "tag", src, dst)
+            run(tool("kind"), "load", "docker-image", dst, "--name", KIND_CLUSTER, timeout=600)
+
+    def run_pod(
+        self,
+        name: str,
+        image: str,
+        command: list[str],
+        ns: str = "default",
+        *,
+        spec: dict[str, Any] | None = None,
+        timeout: float = 180,
+    ) -> tuple[str, str]:
+        """Run a one-off pod to completion; returns (phase, logs)."""
+        spec = dict(spec or {})
+        container = {"name": "main", "image": image, "imagePullPolicy": "IfNotPresent", "command": command}
+        container.update(*spec.pop("containers", []))  # what the caller adds to the one container
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"restartPolicy": "Never", "containers": [container], **spec},
+        }
+        self.kubectl("delete", "pod", name, "-n", ns, "--ignore-not-found", "--wait")
+        self.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        phase = wait_for(
+            lambda: (
+                (self.get("pod", name, ns) or {}).get("status", {}).get("phase") in ("Succeeded", "Failed")
+                and self.get("pod", name, ns)["status"]["phase"]
+            ),
+            timeout=timeout,
+            msg=f"pod {ns}/{name} to finish",
+        )
+        logs = self.kubectl("logs", "-n", ns, name, check=False)
+        return phase, logs.stdout + logs.stderr
+
+
+def normalize(ref: str) -> str:
+    """An image reference as containerd stores it (Docker's normalization): fleetmq/broker:1 is
+    docker.io/fleetmq/broker:1, redis:7 is docker.io/library/redis:7."""
+    first, sep, _ = ref.partition("/")
+    if not sep:
+        return f"docker.io/library/{ref}"
+    if "." in first or ":" in first or first == "localhost":
+        return ref
+    return f"docker.io/{ref}"
+
+
+@dataclass
+class Direct:
+    """A Service's ClusterIP or a pod's IP, reached without a tunnel (the real node routes them here)."""
+
+    cluster: Cluster
+    target: str
+    port: int
+    ns: str = APP_NS
+    host: str = ""
+
+    @property
+    def local(self) -> int:
+        return self.port
+
+    def start(self) -> Direct:
+        kind, _, name = self.target.partition("/")
+        obj = self.cluster.get("service" if kind == "svc" else "pod", name, self.ns)
+        if obj is None:
+            raise RuntimeError(f"{self.target} not found")
+        if kind == "svc":
+            self.host = obj["spec"]["clusterIP"]
+        else:
+            ready = any(
+                c["type"] == "Ready" and c["status"] == "True" for c in obj["status"].get("conditions", [])
+            )
+            if not ready or not obj["status"].get("podIP") or obj["metadata"].get("deletionTimestamp"):
+                raise RuntimeError(f"{self.target} is not ready")
+            self.host = obj["status"]["podIP"]
+        return self
+
+    def alive(self) -> bool:
+        if not self.host:
+            return False
+        if self.target.startswith("svc/"):
+            return True
+        with contextlib.suppress(RuntimeError):
+            return Direct(self.cluster, self.target, self.port, self.ns).start().host == self.host
+        return False
+
+    def stop(self) -> None:
+        pass
 
 
 @dataclass
@@ -132,6 +245,7 @@ class PortForward:
     port: int
     ns: str = APP_NS
     local: int = 0
+    host: str = "127.0.0.1"
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     def start(self) -> PortForward:
@@ -170,12 +284,105 @@ class PortForward:
                 self.proc.wait(timeout=10)
 
 
+Endpoint = Direct | PortForward
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    if CLUSTER == "kind":
+        yield from _kind_cluster(tmp_path_factory)
+    elif CLUSTER == "real":
+        yield from _real_cluster(tmp_path_factory)
+    elif CLUSTER == "existing":
+        yield from _existing_cluster()
+    else:
+        pytest.fail(f"E2E_CLUSTER={CLUSTER}: real, kind or existing")
+
+
+def _archives() -> list[Path]:
+    archives = [Path(p) for p in os.environ.get("FLEETMQ_IMAGE_ARCHIVES", "").split(os.pathsep) if p]
+    if not archives:
+        pytest.fail("FLEETMQ_IMAGE_ARCHIVES is not set: run the e2e with `make e2e` (e2e/run.sh)")
+    return archives
+
+
+def _real_cluster(tmp_path_factory) -> Iterator[Cluster]:
+    from tests import kubeapi, realnode
+
+    missing = realnode.preflight()
+    if missing:
+        pytest.fail("this machine cannot run the real node: " + "; ".join(missing))
+    keep = bool(os.environ.get("E2E_KEEP"))
+    before = realnode.machine_state()
+    workdir = CACHE / "e2e-kept" if keep else tmp_path_factory.mktemp("kube")
+    if keep and workdir.exists():
+        kubeapi.down(workdir)
+        shutil.rmtree(workdir)
+    cp = kubeapi.ControlPlane(workdir)
+    try:
+        t0 = time.monotonic()
+        cp.start(real_node=True, detach=keep, timeout=120)
+        cp.node.import_images(_archives())
+        print(f"\nreal node up with the images in {time.monotonic() - t0:.0f}s: {cp.url}, {cp.workdir}")
+        yield Cluster(cp.kubeconfig, tool("kubectl"), tool("helm"), "real", cp.node, cp.service_cidr)
+    finally:
+        if keep:
+            print(f"\nE2E_KEEP: export KUBECONFIG={cp.kubeconfig}; more tests: E2E_CLUSTER=existing "
+                  f"E2E_DEV_DIR={workdir}; stop: python -m tests.kubeapi down --dir {workdir}")  # fmt: skip
+        else:
+            problems = cp.stop()
+            diff = realnode.diff_state(before, realnode.machine_state())
+            assert not problems and not diff, f"the machine is not as the node found it: {problems} {diff}"
+
+
+def _existing_cluster() -> Iterator[Cluster]:
+    from tests import realnode
+
+    workdir = Path(os.environ.get("E2E_DEV_DIR") or CACHE / "dev-cluster")
+    state = json.loads((workdir / "state.json").read_text())
+    node_state = json.loads((workdir / "node" / "node.json").read_text())
+    node = realnode.RealNode(workdir / "node", id=node_state["id"], link_cidr=node_state["link_cidr"],
+                             pod_cidr=node_state["pod_cidr"], service_cidr=node_state["service_cidr"])  # fmt: skip
+    node.import_images(_archives())  # what changed since it started (the images of this run)
+    yield Cluster(
+        Path(state["kubeconfig"]), tool("kubectl"), tool("helm"), "existing", node, state["service_cidr"]
+    )
+
+
+def _kind_cluster(tmp_path_factory) -> Iterator[Cluster]:
+    kind = tool("kind")
+    kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
+    existing = run(kind, "get", "clusters").stdout.split()
+    if KIND_CLUSTER in existing:
+        run(kind, "delete", "cluster", "--name", KIND_CLUSTER)
+    node_image = os.environ.get("E2E_NODE_IMAGE")
+    run(
+        kind,
+        "create",
+        "cluster",
+        "--name",
+        KIND_CLUSTER,
+        f"--kubeconfig={kubeconfig}",
+        "--wait=180s",
+        *([f"--image={node_image}"] if node_image else []),
+        timeout=900,
+    )
+    try:
+        for archive in _archives():
+            run(kind, "load", "image-archive", archive, "--name", KIND_CLUSTER, timeout=600)
+        yield Cluster(kubeconfig, tool("kubectl"), tool("helm"), "kind")
+    finally:
+        if not os.environ.get("E2E_KEEP"):
+            run(kind, "delete", "cluster", "--name", KIND_CLUSTER, check=False)
+
+
 @pytest.fixture
-def forwards() -> Iterator[list[PortForward]]:
-    started: list[PortForward] = []
+def endpoints() -> Iterator[list[Endpoint]]:
+    """Endpoints a test opened (port-forwards are stopped at its end)."""
+    started: list[Endpoint] = []
     yield started
-    for pf in started:
-        pf.stop()
+    for ep in started:
+        ep.stop()
 
 
 def manifests(path: Path) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""QoS 1 load through a fleet while broker pods are deleted, and the check that no acked message is lost.
+"""QoS 1 or 2 load through a fleet while broker pods are deleted, and the check that no acked message is lost.
 
 A publisher and a persistent-session subscriber each connect to one broker; at a third and at two thirds of
 the messages the subscriber's, then the publisher's broker is deleted. Each reconnects, with the same
@@ -18,17 +18,17 @@ import paho.mqtt.client as mqtt
 
 
 class Endpoint(Protocol):
-    """How to reach one broker from here (a `kubectl port-forward` to a pod in the e2e)."""
+    """How to reach one broker from here (its pod's address on a real node, a `kubectl port-forward` to it
+    elsewhere): host and port (`local`)."""
 
+    host: str
     local: int
 
     def alive(self) -> bool: ...
     def start(self) -> object: ...
 
 
-def client(
-    port: int, client_id: str, *, clean: bool = True, transport: str = "tcp", on_message=None
-) -> mqtt.Client:
+def new_client(client_id: str, *, clean: bool = True, transport: str = "tcp", on_message=None) -> mqtt.Client:
     c = mqtt.Client(
         mqtt.CallbackAPIVersion.VERSION2,
         client_id=client_id,
@@ -39,7 +39,20 @@ def client(
     if transport == "websockets":
         c.ws_set_options(path="/mqtt")
     c.on_message = on_message  # before CONNECT: a resumed session's messages may come at once
-    c.connect("127.0.0.1", port, keepalive=15)
+    return c
+
+
+def client(
+    port: int,
+    client_id: str,
+    *,
+    host: str = "127.0.0.1",
+    clean: bool = True,
+    transport: str = "tcp",
+    on_message=None,
+) -> mqtt.Client:
+    c = new_client(client_id, clean=clean, transport=transport, on_message=on_message)
+    c.connect(host, port, keepalive=15)
     c.loop_start()
     return c
 
@@ -51,7 +64,10 @@ def close(c: mqtt.Client | None) -> None:
 
 
 class Resilient:
-    """An MQTT client that, when its broker goes away, reconnects (same client id) to another one."""
+    """An MQTT client that, when its broker goes away, reconnects (same client id) to another one. It is one
+    paho client throughout, as a real application's: with a persistent session the client keeps its half of
+    the session state (incoming QoS 2 messages waiting for PUBREL) across connections, and a new paho client
+    would not have it (the resumed broker's PUBREL would then find nothing to deliver)."""
 
     def __init__(
         self,
@@ -61,16 +77,21 @@ class Resilient:
         clean: bool,
         on_message=None,
         subscribe: str | None = None,
+        qos: int = 1,
     ):
         self.endpoints, self.client_id, self.clean = endpoints, client_id, clean
-        self.on_message, self.subscribe = on_message, subscribe
+        self.on_message, self.subscribe, self.qos = on_message, subscribe, qos
         self.c: mqtt.Client | None = None
         self.broker = ""
         self.lost = threading.Event()
         self.reconnects = 0
 
     def connect(self, prefer: list[str]) -> None:
-        close(self.c)
+        if self.c is None:
+            self.c = new_client(self.client_id, clean=self.clean, on_message=self.on_message)
+            self.c.on_disconnect = lambda *_: self.lost.set()
+        c = self.c
+        c.loop_stop()
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             for name in prefer + [n for n in self.endpoints if n not in prefer]:
@@ -79,13 +100,13 @@ class Resilient:
                     if not ep.alive():
                         ep.start()
                     self.lost.clear()
-                    c = client(ep.local, self.client_id, clean=self.clean, on_message=self.on_message)
+                    c.connect(ep.host, ep.local, keepalive=15)
                 except (OSError, RuntimeError):
                     continue
-                c.on_disconnect = lambda *_: self.lost.set()
+                c.loop_start()
                 if self.subscribe:
-                    c.subscribe(self.subscribe, qos=1)
-                self.c, self.broker = c, name
+                    c.subscribe(self.subscribe, qos=self.qos)
+                self.broker = name
                 return
             time.sleep(1)
         raise AssertionError(f"{self.client_id}: no broker to connect to")
@@ -113,9 +134,11 @@ class Result:
     def duplicates(self) -> int:
         return len(self.received) - len(set(self.received))
 
+    qos: int = 1
+
     def __str__(self) -> str:
         return (
-            f"{self.total} QoS1 messages in {self.seconds:.1f}s, {len(self.acked)} acked; brokers deleted "
+            f"{self.total} QoS{self.qos} messages in {self.seconds:.1f}s, {len(self.acked)} acked; brokers deleted "
             f"{self.deleted}; publisher reconnects {self.publisher_reconnects}, subscriber reconnects "
             f"{self.subscriber_reconnects}; {len(self.lost)} acked messages lost {sorted(self.lost)[:10]}, "
             f"{self.duplicates} duplicates"
@@ -124,13 +147,14 @@ class Result:
     __repr__ = __str__
 
 
-def qos1_load_with_deletions(
+def load_with_deletions(
     endpoints: dict[str, Endpoint],
     delete: Callable[[str], None],
     topic: str,
     *,
     total: int = 3000,
     drain_timeout: float = 180.0,
+    qos: int = 1,
 ) -> Result:
     names = list(endpoints)
     received: list[int] = []
@@ -140,7 +164,9 @@ def qos1_load_with_deletions(
         with lock:
             received.append(int(msg.payload))
 
-    sub = Resilient(endpoints, f"load-sub-{topic}", clean=False, on_message=on_message, subscribe=topic)
+    sub = Resilient(
+        endpoints, f"load-sub-{topic}", clean=False, on_message=on_message, subscribe=topic, qos=qos
+    )
     sub.connect([names[1]])
     pub = Resilient(endpoints, f"load-pub-{topic}", clean=True)
     pub.connect([names[0]])
@@ -160,13 +186,13 @@ def qos1_load_with_deletions(
                 deleted.append(victim.broker)
             try:
                 assert pub.c is not None
-                info = pub.c.publish(topic, str(seq).encode(), qos=1)
+                info = pub.c.publish(topic, str(seq).encode(), qos=qos)
                 info.wait_for_publish(timeout=10)
                 ok = info.is_published()
             except (RuntimeError, ValueError):
                 ok = False
             if ok:
-                acked.add(seq)  # PUBACK: the fleet owns the message
+                acked.add(seq)  # PUBACK (QoS 1) / PUBCOMP (QoS 2): the fleet owns the message
                 seq += 1
             else:
                 pub.reconnect()  # and publish the same message again
@@ -183,4 +209,4 @@ def qos1_load_with_deletions(
         close(pub.c)
         close(sub.c)
     with lock:
-        return Result(total, acked, list(received), deleted, seconds, pub.reconnects, sub.reconnects)
+        return Result(total, acked, list(received), deleted, seconds, pub.reconnects, sub.reconnects, qos)

@@ -1,33 +1,94 @@
 #!/usr/bin/env bash
-# The fleetmq user flow end to end on a kind cluster (e2e/test_e2e.py); `make e2e` runs it. Needs a running
-# Docker engine; kind and helm are built into the tools cache (scripts/tools.sh), kubectl is the machine's or
-# the one `make envtest` built. Where something is missing it says what and exits 2: nothing is skipped
-# silently and nothing passes that did not run.
+# The fleetmq user flow end to end (e2e/), `make e2e`: the images built (scripts/image.sh), then on
+#   E2E_CLUSTER=real (default)  the test control plane with a real node (tests/realnode.py): containerd,
+#                               kubelet, kube-proxy, CoreDNS; needs root and Linux (packages are installed)
+#   E2E_CLUSTER=kind            a kind cluster: needs a running Docker engine and a reachable registry
+#   E2E_CLUSTER=existing        the cluster of `make dev-cluster NODE=real`, left running (for test work)
+# Builds what it needs into the cache (control plane, kubelet, kube-proxy, CoreDNS, helm, kind) and says
+# exactly what is missing otherwise, with exit status 2: nothing is skipped and nothing passes that did not
+# run.
 #
-#   e2e/run.sh [pytest args]      E2E_KEEP=1 keeps the cluster (kind delete cluster --name fleetmq-e2e)
+#   e2e/run.sh [pytest args]      E2E_KEEP=1 keeps the cluster afterwards
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export CACHE="${CACHE:-$HOME/.cache/fleetmq}"
+export E2E_CLUSTER="${E2E_CLUSTER:-real}"
 PY="$ROOT/.venv/bin/python"
+t0=$SECONDS
+
+fail_missing() {
+  echo "e2e: NOT RUN on $E2E_CLUSTER, missing:" >&2
+  printf '  - %s\n' "$@" >&2
+  exit 2
+}
 
 missing=()
-if ! command -v docker >/dev/null; then
-  missing+=("docker: the Docker CLI is not on PATH")
-elif ! err="$(docker info --format '{{.ServerVersion}}' 2>&1 >/dev/null)"; then
-  missing+=("a running Docker engine: \`docker info\` says: ${err//$'\n'/ }")
-fi
-command -v go >/dev/null || missing+=("go: needed to build kind and helm (scripts/tools.sh)")
-kubectl="$(command -v kubectl || true)"
-[[ -n "$kubectl" ]] || kubectl="$(CACHE="$CACHE" bash "$ROOT/scripts/envtest.sh" --path)/kubectl"
-[[ -x "$kubectl" ]] || missing+=("kubectl: not on PATH and not built by \`make envtest\`")
 [[ -x "$PY" ]] || missing+=("the project venv: run \`make deps\`")
-if ((${#missing[@]})); then
-  echo "e2e: NOT RUN, missing:" >&2
-  printf '  - %s\n' "${missing[@]}" >&2
-  exit 2
-fi
+command -v go >/dev/null || missing+=("go (>= 1.24): builds the control plane, the node's kubelet and kube-proxy, helm")
+case "$E2E_CLUSTER" in
+  real | existing)
+    if [[ "$(uname -s)" != Linux ]]; then
+      missing+=("Linux: the real node runs Linux containers on this machine's kernel")
+    elif [[ "$(id -u)" != 0 ]]; then
+      missing+=("root: the real node makes network and mount namespaces, cgroups and mounts (run as root)")
+    elif command -v apt-get >/dev/null; then
+      bash "$ROOT/scripts/system-deps.sh" node
+      bash "$ROOT/scripts/system-deps.sh" image
+    fi
+    if ((${#missing[@]} == 0)); then
+      mapfile -t node_missing < <(cd "$ROOT" && "$PY" -c 'from tests import realnode; print("\n".join(realnode.preflight()))')
+      for m in "${node_missing[@]}"; do [[ -n "$m" ]] && missing+=("$m"); done
+    fi
+    ;;
+  kind)
+    if ! command -v docker >/dev/null; then
+      missing+=("docker: the Docker CLI is not on PATH")
+    elif ! err="$(docker info --format '{{.ServerVersion}}' 2>&1 >/dev/null)"; then
+      missing+=("a running Docker engine: \`docker info\` says: ${err//$'\n'/ }")
+    fi
+    ;;
+  *) missing+=("E2E_CLUSTER=$E2E_CLUSTER is none of real, kind, existing") ;;
+esac
+((${#missing[@]} == 0)) || fail_missing "${missing[@]}"
 
-tools="$(bash "$ROOT/scripts/tools.sh" helm kind)"
-export FLEETMQ_HELM="$(sed -n 1p <<<"$tools")" FLEETMQ_KIND="$(sed -n 2p <<<"$tools")" FLEETMQ_KUBECTL="$kubectl"
+# the images (the project's, and the third-party ones the chart runs: pulled, else local stand-ins), saved for
+# the node's containerd or `kind load`; built in the background while Go builds (one is mostly network and
+# disk, the other CPU)
+archives="$CACHE/images/archives"
+mkdir -p "$CACHE/images"
+targets=(broker)
+[[ "$E2E_CLUSTER" == kind ]] || targets+=(standins) # kind nodes pull those themselves
+IMAGE_SAVE="$archives" bash "$ROOT/scripts/image.sh" "${targets[@]}" >"$CACHE/images/e2e-archives.txt" \
+  2>"$CACHE/images/e2e-image.log" &
+image_pid=$!
+trap 'kill "$image_pid" 2>/dev/null; wait "$image_pid" 2>/dev/null' EXIT # a failed Go build stops it too
+
+# the control plane (and the node's kubelet, kube-proxy, pause program, kubectl), CoreDNS, helm, kind
+bash "$ROOT/scripts/envtest.sh" >/dev/null
+if [[ "$E2E_CLUSTER" != kind ]]; then
+  ENVTEST_COMPONENTS="kubelet kube-proxy pause kubectl" bash "$ROOT/scripts/envtest.sh" >/dev/null
+  bash "$ROOT/scripts/tools.sh" coredns >/dev/null
+fi
+tools=(helm)
+[[ "$E2E_CLUSTER" != kind ]] || tools+=(kind)
+mapfile -t paths < <(bash "$ROOT/scripts/tools.sh" "${tools[@]}")
+export FLEETMQ_HELM="${paths[0]}"
+[[ "$E2E_CLUSTER" != kind ]] || export FLEETMQ_KIND="${paths[1]}"
+kubectl="$(bash "$ROOT/scripts/envtest.sh" --path)/kubectl"
+[[ -x "$kubectl" ]] || kubectl="$(command -v kubectl || true)"
+[[ -x "$kubectl" ]] || fail_missing "kubectl: not built by \`make envtest\` and not on PATH"
+export FLEETMQ_KUBECTL="$kubectl"
+
+status=0
+wait "$image_pid" || status=$?
+trap - EXIT
+cat "$CACHE/images/e2e-image.log" >&2
+((status == 0)) || { echo "e2e: building the images failed (exit $status)" >&2; exit 1; }
+mapfile -t saved <"$CACHE/images/e2e-archives.txt"
+FLEETMQ_IMAGE_ARCHIVES="$(IFS=:; echo "${saved[*]}")"
+export FLEETMQ_IMAGE_ARCHIVES
+echo "e2e: tools and images ready in $((SECONDS - t0))s" >&2
+
 cd "$ROOT"
-exec "$PY" -m pytest -p no:cacheprovider -v --timeout=2400 e2e "$@"
+# -rP: what passing tests print (failover counts, timings) stays in the log
+exec "$PY" -m pytest -p no:cacheprovider -v -rP --timeout=2400 e2e "$@"

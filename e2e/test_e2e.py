@@ -1,192 +1,798 @@
-"""The fleetmq user flow on a kind cluster, in order: helm install (and helm test), a fleet of 3 brokers with
-a managed Redis and two zones, MQTT clients through the Services, a broker pod deleted under QoS 1 load
-without losing an acked message, a zone change applied live without a pod restart, helm uninstall.
-
-Clients reach the brokers with `kubectl port-forward`, to a Service (which pins one pod) or to one pod."""
+"""The fleetmq user flow, in order, on the e2e cluster (conftest.py): the README's Helm section run as written
+(helm install, a fleet of 3 with two zones, `helm test`), then what a user relies on:
+- the status columns the README shows;
+- MQTT clients (paho v3.1.1 and v5, aiomqtt) through the zone Services over tcp, ws and tls (a listener
+  added live), from this machine and from a pod;
+- clear errors for bad input: an invalid MqttZone refused by the API server, a zone taking a used port
+  refused in its conditions, an image that does not exist surfaced in the fleet's conditions;
+- a broker pod deleted under QoS 1 and QoS 2 load with persistent sessions: no acknowledged message lost;
+- a zone change (maxInflight, an ACL rule) applied live: same pods, the connected client sees the new limit;
+- an image change rolling one pod at a time while clients stay served;
+- a real Prometheus scraping every pod through its endpoints: every dashboard query has data;
+- the managed Redis pod deleted: without storage the sessions are gone (the README says so), with
+  `redis.storage` (a PersistentVolumeClaim) they survive;
+- `helm uninstall` after deleting the fleets leaves nothing of the chart or the operator.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import math
+import re
 import threading
 import time
 import uuid
+from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pytest
+import yaml
 
-from .conftest import APP_NS, CHART, RELEASE, RELEASE_NS, ROOT, Cluster, PortForward, wait_for
-from .load import client, close, qos1_load_with_deletions
+from tests import kubeapi
 
-FLEET = ROOT / "e2e" / "manifests" / "fleet.yaml"
+from . import clients
+from .conftest import (
+    APP_NS,
+    CHART,
+    IMAGE,
+    RELEASE,
+    RELEASE_NS,
+    ROOT,
+    VERSION,
+    Cluster,
+    Endpoint,
+    run,
+    wait_for,
+)
+from .load import Resilient, client, close, load_with_deletions
+
+README = ROOT / "README.md"
+FLEET = "edge"
 BROKERS = ["edge-0", "edge-1", "edge-2"]
-pytestmark = pytest.mark.timeout(1200)
+BROKER_PODS = "app.kubernetes.io/instance=edge,app.kubernetes.io/component=broker"
+REDIS_PODS = "app.kubernetes.io/instance=edge,app.kubernetes.io/component=redis"
+TLS_SECRET = "edge-tls"
+pytestmark = pytest.mark.timeout(1500)
 
 
-# ----------------------------------------------------------------------------------------------- install
-def test_helm_install_runs_the_operator_and_helm_test_passes(cluster: Cluster):
+def readme_helm_section() -> str:
+    """The first sh block of the README's "Install with Helm" section: what a user runs."""
+    text = README.read_text()
+    section = text[text.index("## Install with Helm") :]
+    return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+
+
+def broker_state(c: Cluster) -> dict[str, tuple[str, int]]:
+    return {
+        p["metadata"]["name"]: (p["metadata"]["uid"], p["status"]["containerStatuses"][0]["restartCount"])
+        for p in c.pods(BROKER_PODS)
+    }
+
+
+def fleet_ready(c: Cluster, name: str = FLEET, ns: str = APP_NS) -> bool:
+    return c.condition("brokerfleet", name, "Ready", ns).get("status") == "True"
+
+
+def config_hash(c: Cluster) -> str:
+    return c.get("configmap", "edge-config")["metadata"]["annotations"]["fleetmq.io/config-hash"]
+
+
+# ------------------------------------------------------------------------------------------- install
+def test_readme_helm_section_runs_as_written(cluster: Cluster):
     c = cluster
-    c.helm(
-        "install",
-        RELEASE,
-        CHART,
-        "--namespace",
-        RELEASE_NS,
-        "--create-namespace",
-        "--wait",
-        "--timeout=5m",
-        "--set",
-        "examples.enabled=true",
-        "--set",
-        "examples.fleet.spec.replicas=2",
-    )
+    script = readme_helm_section()
+    assert "helm install" in script and "helm test" in script
+    out = run("bash", "-euo", "pipefail", "-c", script, cwd=ROOT, env=c.env(), timeout=1200)
+    print(out.stdout[-6000:])
+    # helm test: the test pod subscribed, published, resumed its session on some pod and received
+    assert "Phase:          Succeeded" in out.stdout and "resumed the session and received" in out.stdout
+    # what the chart installed: the operator as a pod (in-cluster config, through the kubernetes Service)
     dep = c.get("deployment", f"{RELEASE}-operator", RELEASE_NS)
     assert dep["status"]["availableReplicas"] == 1
+    (op,) = c.pods("app.kubernetes.io/component=operator", RELEASE_NS)
+    assert not op["spec"].get("hostNetwork") and op["status"]["phase"] == "Running"
     for crd in ("brokerfleets.fleetmq.io", "mqttzones.fleetmq.io"):
         c.kubectl("get", "crd", crd)
     dashboards = c.kubectl(
         "get", "configmaps", "-A", "-l", "grafana_dashboard=1", "-o", "name"
     ).stdout.split()
     assert len(dashboards) == len(list((CHART / "dashboards").glob("*.json")))
-    wait_for(
-        lambda: c.condition("brokerfleet", "edge", "Ready", RELEASE_NS).get("status") == "True",
-        timeout=300,
-        msg="example fleet Ready",
-    )
-    out = c.helm("test", RELEASE, "--namespace", RELEASE_NS, "--logs", "--timeout=5m")
-    assert "Phase:          Succeeded" in out.stdout and "resumed the session and received" in out.stdout
-
-
-def test_a_fleet_and_two_zones_become_ready(cluster: Cluster):
-    c = cluster
-    c.kubectl("create", "namespace", APP_NS)
-    c.kubectl("apply", "-n", APP_NS, "-f", FLEET)
-    wait_for(
-        lambda: c.condition("brokerfleet", "edge", "Ready").get("status") == "True",
-        timeout=420,
-        msg="fleet Ready",
-    )
-    assert c.condition("brokerfleet", "edge", "ConfigApplied")["status"] == "True"
-    for zone in ("external", "internal"):
-        wait_for(lambda z=zone: c.condition("mqttzone", z, "Applied").get("status") == "True", msg=f"{zone}")
-    pods = c.pods("app.kubernetes.io/instance=edge,app.kubernetes.io/component=broker")
-    assert sorted(p["metadata"]["name"] for p in pods) == BROKERS
-    want = c.get("configmap", "edge-config")["metadata"]["annotations"]["fleetmq.io/config-hash"]
+    # the fleet: three broker pods and the Redis running real containers, every broker on the rendered config
+    assert sorted(p["metadata"]["name"] for p in c.pods(BROKER_PODS)) == BROKERS
+    (redis,) = c.pods(REDIS_PODS)
+    assert redis["status"]["phase"] == "Running"
+    want = config_hash(c)
     for name in BROKERS:
         assert c.readyz(name)["config_hash"] == want
-    assert c.pods("app.kubernetes.io/instance=edge,app.kubernetes.io/component=redis")
+    for zone in ("external", "internal"):
+        wait_for(
+            lambda z=zone: c.condition("mqttzone", z, "Applied").get("status") == "True",
+            msg=f"{zone} Applied",
+        )
 
 
-def test_clients_through_the_services_of_both_zones(cluster: Cluster, forwards):
+def test_status_columns_are_those_the_readme_shows(cluster: Cluster):
     c = cluster
-    ext = PortForward(c, "svc/edge-external-mqtt", 1883).start()
-    ws = PortForward(c, "svc/edge-external-ws", 8083).start()
-    internal = PortForward(c, "svc/edge-internal-mqtt", 11883).start()
-    forwards += [ext, ws, internal]
-    got: dict[str, list[bytes]] = {"tcp": [], "ws": []}
-    done = threading.Event()
-
-    def on_message(key):
-        def cb(_c, _u, msg):
-            got[key].append(msg.payload)
-            if all(got.values()):
-                done.set()
-
-        return cb
-
-    subs = []
-    for key, pf, transport in (("tcp", ext, "tcp"), ("ws", ws, "websockets")):
-        s = client(pf.local, f"e2e-sub-{key}", transport=transport, on_message=on_message(key))
-        s.subscribe("e2e/zones/#", qos=1)
-        subs.append(s)
-    time.sleep(1)
-    pub = client(internal.local, "e2e-pub")
-    pub.publish("e2e/zones/hello", b"across zones", qos=1).wait_for_publish(10)
-    assert done.wait(20), got
-    assert got == {"tcp": [b"across zones"], "ws": [b"across zones"]}
-    for x in (*subs, pub):
-        close(x)
+    out = c.kubectl("get", "--namespace", APP_NS, "brokerfleets,mqttzones").stdout
+    print(out)
+    blocks = [b.splitlines() for b in out.strip().split("\n\n")]
+    fleet_head, fleet_row = blocks[0][0].split(), blocks[0][1].split()
+    assert fleet_head == ["NAME", "READY", "REPLICAS", "ZONES", "CONNECTIONS", "AGE"]
+    assert fleet_row[:4] == ["brokerfleet.fleetmq.io/edge", "True", "3", "2"] and fleet_row[4].isdigit()
+    zone_head = blocks[1][0].split()
+    assert zone_head == ["NAME", "FLEET", "ACCEPTED", "APPLIED", "AGE"]
+    rows = sorted(line.split()[:4] for line in blocks[1][1:])
+    assert rows == [
+        ["mqttzone.fleetmq.io/external", "edge", "True", "True"],
+        ["mqttzone.fleetmq.io/internal", "edge", "True", "True"],
+    ]
+    wide = c.kubectl("get", "--namespace", APP_NS, "brokerfleet", "edge", "-o", "wide").stdout.split("\n")
+    assert wide[0].split() == [
+        "NAME",
+        "READY",
+        "REPLICAS",
+        "AVAILABLE",
+        "ZONES",
+        "CONNECTIONS",
+        "SESSIONS",
+        "AGE",
+    ]
+    assert wide[1].split()[1:5] == ["True", "3", "3", "2"]
 
 
-def test_no_acked_message_is_lost_when_broker_pods_are_deleted_under_qos1_load(cluster: Cluster, forwards):
+# ------------------------------------------------------------------------------------------- clients
+def _tls_files(c: Cluster, tmp: Path) -> Path:
+    """A CA and the certificate of the external zone's TLS Service (its DNS names), as Secret edge-tls."""
+    ca_cert, ca_key = kubeapi._new_cert("fleetmq e2e CA", is_ca=True)
+    svc = "edge-external-mqtts"
+    names = [svc, f"{svc}.{APP_NS}", f"{svc}.{APP_NS}.svc", f"{svc}.{APP_NS}.svc.cluster.local"]
+    crt, key = kubeapi._new_cert(svc, ca=(ca_cert, ca_key), server=True, dns=names)
+    (tmp / "ca.crt").write_bytes(kubeapi._cert_pem(ca_cert))
+    (tmp / "tls.crt").write_bytes(kubeapi._cert_pem(crt))
+    (tmp / "tls.key").write_bytes(kubeapi._key_pem(key))
+    c.kubectl("create", "secret", "tls", TLS_SECRET, "-n", APP_NS, f"--cert={tmp / 'tls.crt'}",
+              f"--key={tmp / 'tls.key'}")  # fmt: skip
+    c.kubectl("create", "secret", "generic", "e2e-ca", "-n", APP_NS, f"--from-file=ca.crt={tmp / 'ca.crt'}")
+    return tmp / "ca.crt"
+
+
+def _paho_configmap(c: Cluster) -> list[dict]:
+    """paho-mqtt and e2e/clients.py in a ConfigMap, so a pod of the project's image runs the same clients;
+    returns the volume's items (ConfigMap keys cannot hold '/')."""
+    pkg = Path(mqtt.__file__).resolve().parent.parent  # .../paho
+    files = {f"paho/{p.relative_to(pkg).as_posix()}": p for p in pkg.rglob("*.py")}
+    files["clients.py"] = Path(clients.__file__)
+    data = {k.replace("/", "__"): p.read_text() for k, p in files.items()}
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "e2e-clients", "namespace": APP_NS},
+        "data": data,
+    }
+    c.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(cm))
+    return [{"key": k.replace("/", "__"), "path": k} for k in files]
+
+
+def _aiomqtt_roundtrip(host: str, port: int) -> bool:
+    import aiomqtt
+
+    async def go() -> bool:
+        topic = f"e2e/aio/{uuid.uuid4().hex[:8]}"
+        async with aiomqtt.Client(host, port, protocol=aiomqtt.ProtocolVersion.V5) as sub:
+            await sub.subscribe(topic, qos=1)
+            async with aiomqtt.Client(host, port, protocol=aiomqtt.ProtocolVersion.V311) as pub:
+                await pub.publish(topic, b"aio", qos=1)
+            async with asyncio.timeout(20):
+                async for msg in sub.messages:
+                    return msg.payload == b"aio"
+        return False
+
+    return asyncio.run(go())
+
+
+def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
+    cluster: Cluster, endpoints, tmp_path
+):
     c = cluster
-    per_pod = {pod: PortForward(c, f"pod/{pod}", 1883) for pod in BROKERS}  # a Service would pin one pod
-    forwards += per_pod.values()
+    ca = _tls_files(c, tmp_path)
+    generation = c.get("mqttzone", "external")["metadata"]["generation"]
+    # a TLS listener added to the running zone; its Secret is new to the pods, so they roll to mount it
+    patch = {"spec": {"listeners": [
+        {"name": "mqtt", "port": 1883},
+        {"name": "ws", "port": 8083, "protocol": "ws", "path": "/mqtt"},
+        {"name": "mqtts", "port": 8883, "protocol": "tls", "tlsSecretRef": {"name": TLS_SECRET}},
+    ]}}  # fmt: skip
+    c.kubectl("patch", "mqttzone", "external", "-n", APP_NS, "--type=merge", "-p", json.dumps(patch))
+    wait_for(
+        lambda: (
+            c.get("mqttzone", "external")["status"].get("appliedGeneration") == generation + 1
+            and fleet_ready(c)
+        ),
+        timeout=300,
+        msg="every pod applied the zone with its TLS listener",
+    )
+    ext = {
+        name: c.endpoint(f"svc/edge-external-{name}", port)
+        for name, port in (("mqtt", 1883), ("ws", 8083), ("mqtts", 8883))
+    }
+    internal = c.endpoint("svc/edge-internal-mqtt", 11883)
+    for ep in (*ext.values(), internal):
+        endpoints.append(ep.start())
+    cases = {
+        "tcp-v311": dict(host=ext["mqtt"].host, port=ext["mqtt"].local, version=4),
+        "tcp-v5": dict(host=ext["mqtt"].host, port=ext["mqtt"].local, version=5),
+        "ws-v311": dict(host=ext["ws"].host, port=ext["ws"].local, version=4, transport="websockets"),
+        "ws-v5": dict(host=ext["ws"].host, port=ext["ws"].local, version=5, transport="websockets"),
+        # by address from here: the chain is checked, the name (the Service's DNS name) from the pod below
+        "tls-v311": dict(
+            host=ext["mqtts"].host, port=ext["mqtts"].local, version=4, ca=str(ca), verify_name=False
+        ),
+        "tls-v5": dict(
+            host=ext["mqtts"].host, port=ext["mqtts"].local, version=5, ca=str(ca), verify_name=False
+        ),
+        "internal-v5": dict(host=internal.host, port=internal.local, version=5),
+    }
+    results = {name: clients.roundtrip(**case) for name, case in cases.items()}
+    assert all(r["ok"] for r in results.values()), results
+    assert _aiomqtt_roundtrip(ext["mqtt"].host, ext["mqtt"].local)
+    # from a pod: the Services' DNS names, the certificate's name checked too
+    items = _paho_configmap(c)
+    dns = lambda svc: f"{svc}.{APP_NS}"  # noqa: E731
+    in_pod = [
+        {"name": "tcp-v311", "host": dns("edge-external-mqtt"), "port": 1883, "version": 4},
+        {"name": "tcp-v5", "host": dns("edge-external-mqtt"), "port": 1883, "version": 5},
+        {
+            "name": "ws-v311",
+            "host": dns("edge-external-ws"),
+            "port": 8083,
+            "version": 4,
+            "transport": "websockets",
+        },
+        {
+            "name": "ws-v5",
+            "host": dns("edge-external-ws"),
+            "port": 8083,
+            "version": 5,
+            "transport": "websockets",
+        },
+        {
+            "name": "tls-v311",
+            "host": dns("edge-external-mqtts"),
+            "port": 8883,
+            "version": 4,
+            "ca": "/ca/ca.crt",
+        },
+        {
+            "name": "tls-v5",
+            "host": dns("edge-external-mqtts"),
+            "port": 8883,
+            "version": 5,
+            "ca": "/ca/ca.crt",
+        },
+        {"name": "internal-v311", "host": dns("edge-internal-mqtt"), "port": 11883, "version": 4},
+    ]
+    spec = {
+        "volumes": [
+            {"name": "clients", "configMap": {"name": "e2e-clients", "items": items}},
+            {"name": "ca", "secret": {"secretName": "e2e-ca"}},
+        ],
+        "containers": [{
+            "env": [{"name": "PYTHONPATH", "value": "/clients"}],
+            "volumeMounts": [{"name": "clients", "mountPath": "/clients"}, {"name": "ca", "mountPath": "/ca"}],
+        }],
+    }  # fmt: skip
+    phase, logs = c.run_pod(
+        "e2e-clients", IMAGE, ["python", "/clients/clients.py", json.dumps(in_pod)], APP_NS, spec=spec
+    )
+    print(logs)
+    assert phase == "Succeeded", logs
+    assert all(r["ok"] for r in json.loads(logs.strip().splitlines()[-1]).values())
+    c.kubectl("delete", "pod", "e2e-clients", "-n", APP_NS)
 
-    def delete(pod: str) -> None:  # the StatefulSet recreates it; its port-forward is restarted when needed
+
+# ------------------------------------------------------------------------------------------- bad input
+def test_bad_input_gets_clear_errors(cluster: Cluster):
+    c = cluster
+    # refused by the API server (the CRD's rules): a tls listener without its Secret
+    bad = {"apiVersion": "fleetmq.io/v1alpha1", "kind": "MqttZone", "metadata": {"name": "broken", "namespace": APP_NS},
+           "spec": {"fleetRef": {"name": FLEET}, "listeners": [{"name": "s", "port": 9883, "protocol": "tls"}]}}  # fmt: skip
+    out = c.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
+    assert out.returncode != 0 and "tlsSecretRef" in out.stderr, out.stderr
+    # accepted by the API server, refused by the operator: a port another zone of the fleet listens on
+    clash = {**bad, "metadata": {"name": "clash", "namespace": APP_NS},
+             "spec": {"fleetRef": {"name": FLEET}, "listeners": [{"name": "mqtt", "port": 11883}]}}  # fmt: skip
+    c.kubectl("apply", "-f", "-", input=json.dumps(clash))
+    cond = wait_for(
+        lambda: (cd := c.condition("mqttzone", "clash", "Accepted")).get("status") == "False" and cd,
+        msg="the clashing zone refused",
+    )
+    assert "11883" in cond["message"], cond
+    assert fleet_ready(c), "a refused zone must not disturb the running fleet"
+    c.kubectl("delete", "mqttzone", "clash", "-n", APP_NS)
+    # an image that does not exist: the pods cannot start, and the fleet says why
+    ns = "e2e-bad-image"
+    c.kubectl("create", "namespace", ns)
+    fleet = {"apiVersion": "fleetmq.io/v1alpha1", "kind": "BrokerFleet", "metadata": {"name": "ghost", "namespace": ns},
+             "spec": {"replicas": 1, "image": "fleetmq/broker:does-not-exist", "redis": {"url": "redis://nowhere:6379/0"}}}  # fmt: skip
+    c.kubectl("apply", "-f", "-", input=json.dumps(fleet))
+    cond = wait_for(
+        lambda: (
+            (cd := c.condition("brokerfleet", "ghost", "Degraded", ns)).get("status") == "True"
+            and re.search(r"ErrImagePull|ImagePullBackOff", cd.get("reason", "") + cd.get("message", ""))
+            and cd
+        ),
+        timeout=180,
+        msg="the fleet Degraded with the pull error",
+    )
+    print(cond)
+    assert "does-not-exist" in cond["message"]
+    assert c.condition("brokerfleet", "ghost", "Ready", ns)["status"] == "False"
+    c.kubectl("delete", "namespace", ns, "--wait", "--timeout=180s")
+
+
+# ------------------------------------------------------------------------------------------- failover
+@pytest.mark.parametrize("qos", [1, 2])
+def test_no_acked_message_is_lost_when_broker_pods_are_deleted_under_load(cluster: Cluster, endpoints, qos):
+    c = cluster
+    # each client on one pod (a Service would pick one for it), through the internal zone (queue 10,000)
+    per_pod: dict[str, Endpoint] = {pod: c.endpoint(f"pod/{pod}", 11883) for pod in BROKERS}
+    endpoints += per_pod.values()
+    before = broker_state(c)
+
+    def delete(pod: str) -> None:  # the StatefulSet makes it again, with a new address
         c.kubectl("delete", "pod", pod, "-n", APP_NS, "--wait=false")
 
-    result = qos1_load_with_deletions(per_pod, delete, f"e2e/load/{uuid.uuid4().hex[:6]}")
+    result = load_with_deletions(per_pod, delete, f"e2e/load/q{qos}/{uuid.uuid4().hex[:6]}", qos=qos)
     print(result)
     assert len(result.deleted) == 2 and result.subscriber_reconnects >= 1 and result.publisher_reconnects >= 1
     assert len(result.acked) == result.total and not result.lost, result
-    wait_for(
-        lambda: c.condition("brokerfleet", "edge", "Ready").get("status") == "True",
-        timeout=300,
-        msg="fleet Ready again",
-    )
+    wait_for(lambda: fleet_ready(c), timeout=300, msg="fleet Ready again")
+    after = broker_state(c)
+    for pod in result.deleted:
+        assert after[pod][0] != before[pod][0], f"{pod} was not replaced"
 
 
-def test_zone_change_is_applied_live_without_pod_restarts(cluster: Cluster):
+# ------------------------------------------------------------------------------------------- live zone change
+def test_zone_change_is_applied_live_and_the_connected_client_sees_it(cluster: Cluster, endpoints):
     c = cluster
-    selector = "app.kubernetes.io/instance=edge,app.kubernetes.io/component=broker"
+    ext = c.endpoint("svc/edge-external-mqtt", 1883)
+    endpoints.append(ext.start())
+    received: list[mqtt.MQTTMessage] = []
+    lock = threading.Lock()
 
-    def pod_state():
-        return {
-            p["metadata"]["name"]: (p["metadata"]["uid"], p["status"]["containerStatuses"][0]["restartCount"])
-            for p in c.pods(selector)
-        }
+    def on_message(_c, _u, msg):
+        with lock:
+            received.append(msg)
 
-    before = pod_state()
-    sts_generation = c.get("statefulset", "edge")["metadata"]["generation"]
-    old = {pod: c.readyz(pod)["config_hash"] for pod in BROKERS}
-    assert len(set(old.values())) == 1
-    generation = c.get("mqttzone", "external")["metadata"]["generation"]
+    topic = f"e2e/window/{uuid.uuid4().hex[:6]}"
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"e2e-window-{uuid.uuid4().hex[:6]}",
+                      protocol=mqtt.MQTTv5, manual_ack=True)  # fmt: skip
+    sub.on_message = on_message
+    subacks: list = []
+    sub.on_subscribe = lambda _c, _u, _mid, codes, _p: subacks.append([int(x.value) for x in codes])
+    sub.connect(ext.host, ext.local, keepalive=30)
+    sub.loop_start()
+    pub = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2, client_id=f"e2e-wpub-{uuid.uuid4().hex[:6]}", protocol=mqtt.MQTTv5
+    )
+    pub.connect(ext.host, ext.local, keepalive=30)
+    pub.loop_start()
+
+    def count_settles(want: int, what: str) -> None:
+        wait_for(lambda: len(received) >= want, timeout=20, msg=what)
+        time.sleep(2)  # and no more arrives
+        assert len(received) == want, f"{what}: {len(received)} received"
+
+    def publish(n: int) -> None:
+        for i in range(n):
+            pub.publish(topic, str(i).encode(), qos=1).wait_for_publish(10)
+
+    try:
+        sub.subscribe(topic, qos=1)
+        sub.subscribe("e2e/acl/closed", qos=1)
+        wait_for(lambda: len(subacks) == 2, timeout=10, msg="SUBACKs")
+        assert subacks[1] == [1], "the topic the new ACL rule will close is open before"
+        publish(40)
+        count_settles(32, "the Inflight Window of the external zone (maxInflight 32) fills, nothing acked")
+        before, sts_gen, hash_before = (
+            broker_state(c),
+            c.get("statefulset", "edge")["metadata"]["generation"],
+            config_hash(c),
+        )
+        generation = c.get("mqttzone", "external")["metadata"]["generation"]
+        zone = c.get("mqttzone", "external")
+        acl = [
+            {"permission": "deny", "action": "subscribe", "filter": "e2e/acl/closed"},
+            {"permission": "allow", "filter": "#"},
+        ]
+        c.kubectl("patch", "mqttzone", "external", "-n", APP_NS, "--type=merge", "-p",
+                  json.dumps({"spec": {"session": {**zone["spec"].get("session", {}), "maxInflight": 8}, "acl": acl}}))  # fmt: skip
+        new = wait_for(lambda: (h := config_hash(c)) != hash_before and h, msg="ConfigMap re-rendered")
+        t0 = time.monotonic()
+        wait_for(
+            lambda: all(c.readyz(p)["config_hash"] == new for p in BROKERS),
+            timeout=240,
+            msg="pods on the new config",
+        )
+        print(
+            f"the kubelet brought the changed ConfigMap to every pod and the brokers reloaded it in {time.monotonic() - t0:.0f}s"
+        )
+        wait_for(lambda: c.get("mqttzone", "external")["status"].get("appliedGeneration") == generation + 1,
+                 msg="the zone's new generation applied by every pod")  # fmt: skip
+        assert c.condition("mqttzone", "external", "Applied")["status"] == "True"
+        # the live session: with 32 acks the window refills only up to the new limit, 8
+        publish(40)
+        with lock:
+            first = list(received)
+        for m in first:
+            sub.ack(m.mid, m.qos)
+        count_settles(40, "after 32 acks the new window (8) refills")
+        with lock:
+            second = received[32:]
+        for m in second:
+            sub.ack(m.mid, m.qos)
+        count_settles(48, "8 more acks, 8 more deliveries")
+        sub.subscribe("e2e/acl/closed", qos=1)
+        wait_for(lambda: len(subacks) == 3, timeout=10, msg="SUBACK")
+        assert subacks[2] == [0x87], f"the new ACL rule refuses the subscription (v5 0x87): {subacks[2]}"
+        assert broker_state(c) == before, "pods were restarted or replaced"
+        assert c.get("statefulset", "edge")["metadata"]["generation"] == sts_gen
+    finally:
+        for x in (sub, pub):
+            close(x)
+
+
+# ------------------------------------------------------------------------------------------- image change
+def test_image_change_rolls_one_pod_at_a_time_while_clients_stay_served(cluster: Cluster, endpoints):
+    c = cluster
+    new_image = f"fleetmq/broker:{VERSION}-e2e"
+    c.tag_image(IMAGE, new_image)
+    svc = c.endpoint("svc/edge-internal-mqtt", 11883)
+    endpoints.append(svc.start())
+    unavailable: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # how many broker pods are missing or not Ready, twice a second
+        while not stop.is_set():
+            try:
+                ready = sum(
+                    1
+                    for p in c.pods(BROKER_PODS)
+                    if any(
+                        k["type"] == "Ready" and k["status"] == "True"
+                        for k in p["status"].get("conditions", [])
+                    )
+                    and not p["metadata"].get("deletionTimestamp")
+                )
+                unavailable.append(3 - ready)
+            except AssertionError:
+                pass
+            time.sleep(0.5)
+
+    received: list[int] = []
+    acked: set[int] = set()
+    gaps: list[float] = []
+    lock = threading.Lock()
+
+    def on_message(_c, _u, msg):
+        with lock:
+            received.append(int(msg.payload))
+
+    topic = f"e2e/roll/{uuid.uuid4().hex[:6]}"
+    sub = Resilient(
+        {"svc": svc}, f"e2e-roll-sub-{topic}", clean=False, on_message=on_message, subscribe=topic
+    )
+    pub = Resilient({"svc": svc}, f"e2e-roll-pub-{topic}", clean=True)
+    sub.connect(["svc"])
+    pub.connect(["svc"])
+    time.sleep(1)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     c.kubectl(
         "patch",
-        "mqttzone",
-        "external",
+        "brokerfleet",
+        "edge",
         "-n",
         APP_NS,
         "--type=merge",
         "-p",
-        json.dumps({"spec": {"session": {"maxInflight": 8, "maxMqueueLen": 5000}}}),
+        json.dumps({"spec": {"image": new_image}}),
     )
-    new = wait_for(
-        lambda: (
-            (h := c.get("configmap", "edge-config")["metadata"]["annotations"]["fleetmq.io/config-hash"])
-            != next(iter(old.values()))
-            and h
-        ),
-        msg="ConfigMap re-rendered",
-    )
-    # the kubelet refreshes the mounted ConfigMap, every broker reloads it: /readyz reports the new hash
-    wait_for(lambda: all(c.readyz(p)["config_hash"] == new for p in BROKERS), timeout=240, msg="hash on pods")
-    wait_for(
-        lambda: c.get("mqttzone", "external")["status"].get("appliedGeneration") == generation + 1,
-        msg="every pod applied the zone's new generation",
-    )
-    assert c.condition("mqttzone", "external", "Applied")["status"] == "True"
-    assert pod_state() == before, "pods were restarted or replaced"
-    assert c.get("statefulset", "edge")["metadata"]["generation"] == sts_generation
+
+    def rolled() -> bool:
+        sts = c.get("statefulset", "edge")["status"]
+        pods = c.pods(BROKER_PODS)
+        return (
+            sts.get("updateRevision") == sts.get("currentRevision")
+            and sts.get("updatedReplicas") == 3
+            and all(p["spec"]["containers"][0]["image"] == new_image for p in pods)
+            and fleet_ready(c)
+        )
+
+    seq, last_ack = 0, time.monotonic()
+    deadline = time.monotonic() + 600
+    try:
+        while not (seq > 50 and rolled()):
+            assert time.monotonic() < deadline, "the rollout did not finish in 10 minutes"
+            if sub.lost.is_set():
+                sub.reconnect()
+            info = pub.c.publish(topic, str(seq).encode(), qos=1)
+            try:
+                info.wait_for_publish(timeout=10)
+                ok = info.is_published()
+            except (RuntimeError, ValueError):
+                ok = False
+            if ok:
+                now = time.monotonic()
+                gaps.append(now - last_ack)
+                last_ack = now
+                acked.add(seq)
+                seq += 1
+                time.sleep(0.05)
+            else:
+                pub.reconnect()
+        wait_for(lambda: acked <= set(received), timeout=120, msg="every acked message received")
+    finally:
+        stop.set()
+        watcher.join(5)
+        close(pub.c)
+        close(sub.c)
+    print(f"{seq} messages acked during the roll, longest wait for an ack {max(gaps):.1f}s, "
+          f"pods unavailable at once: max {max(unavailable)}; reconnects pub {pub.reconnects} sub {sub.reconnects}")  # fmt: skip
+    assert max(unavailable) <= 1, "more than one broker pod was down at once"
+    assert 1 in unavailable, "no pod was replaced"
+    assert max(gaps) < 30, "clients were not served for 30 s"
+    assert acked <= set(received)
 
 
-def test_helm_uninstall_cleans_up(cluster: Cluster):
+# ------------------------------------------------------------------------------------------- monitoring
+class EndpointDiscovery(threading.Thread):
+    """What a ServiceMonitor makes Prometheus do, for Debian's Prometheus (built without Kubernetes service
+    discovery): the `metrics` port of every endpoint of the selected Services, from their EndpointSlices,
+    written as file_sd targets each second, labelled as the Prometheus Operator does (job = the Service)."""
+
+    def __init__(self, cluster: Cluster, path: Path, services: list[tuple[str, str]]) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.path, self.services = cluster, path, services  # (namespace, label selector)
+        self.stop = threading.Event()
+        self.refresh()
+
+    def refresh(self) -> None:
+        groups = []
+        for ns, selector in self.services:
+            for svc in json.loads(
+                self.cluster.kubectl("get", "services", "-n", ns, "-l", selector, "-o", "json").stdout
+            )["items"]:
+                name = svc["metadata"]["name"]
+                slices = self.cluster.kubectl("get", "endpointslices", "-n", ns, "-l",
+                                              f"kubernetes.io/service-name={name}", "-o", "json").stdout  # fmt: skip
+                for es in json.loads(slices)["items"]:
+                    port = next(
+                        (p["port"] for p in es.get("ports") or [] if p.get("name") == "metrics"), None
+                    )
+                    for ep in es.get("endpoints") or []:
+                        if port is None or not (ep.get("conditions") or {}).get("ready"):
+                            continue
+                        labels = {"namespace": ns, "service": name, "job": name,
+                                  "pod": (ep.get("targetRef") or {}).get("name", "")}  # fmt: skip
+                        groups += [{"targets": [f"{a}:{port}"], "labels": labels} for a in ep["addresses"]]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups))
+        tmp.replace(self.path)  # Prometheus watches the file
+
+    def run(self) -> None:
+        while not self.stop.wait(1):
+            with contextlib.suppress(AssertionError, ValueError):
+                self.refresh()
+
+
+def test_prometheus_scrapes_every_pod_through_its_endpoints_and_every_dashboard_has_data(
+    cluster: Cluster, tmp_path
+):
+    if not cluster.routable:
+        pytest.skip("Prometheus runs on this machine: the pods must be routable from here (the real node)")
+    from fleetmq.operator import grafana
+
+    from tests.monitoring.promproc import PrometheusServer
+
     c = cluster
-    c.kubectl("delete", "-n", APP_NS, "-f", FLEET, "--wait", "--timeout=180s")  # while the operator runs
-    wait_for(lambda: not c.pods("app.kubernetes.io/instance=edge"), msg="fleet pods gone")
-    c.helm("uninstall", RELEASE, "--namespace", RELEASE_NS, "--wait", "--timeout=5m")
-    # the pre-delete hook deleted the examples (and the operator removed their finalizer) first
-    assert c.get("brokerfleet", "edge", RELEASE_NS) is None
-    left = c.kubectl(
-        "get",
-        "all,configmaps,serviceaccounts,brokerfleets,mqttzones,kopfpeerings",
+    online: list[mqtt.Client] = []
+    # the event log's panels need it on: a setting brokers read at start, so the pods roll to take it
+    hash_before = c.get("statefulset", "edge")["spec"]["template"]["metadata"]["annotations"]
+    c.kubectl(
+        "patch",
+        "brokerfleet",
+        "edge",
         "-n",
-        RELEASE_NS,
-        "-l",
-        f"app.kubernetes.io/instance={RELEASE}",
-        "-o",
-        "name",
-    ).stdout
-    assert left.strip() == ""
-    assert c.kubectl("get", "clusterrole", f"{RELEASE}-operator", check=False).returncode != 0
-    assert c.kubectl("get", "clusterkopfpeering", "fleetmq", check=False).returncode != 0
-    wait_for(lambda: not c.pods("app.kubernetes.io/instance=edge", RELEASE_NS), msg="example pods gone")
+        APP_NS,
+        "--type=merge",
+        "-p",
+        '{"spec": {"eventLog": {"enabled": true}}}',
+    )
+    wait_for(lambda: c.get("statefulset", "edge")["spec"]["template"]["metadata"]["annotations"] != hash_before,
+             msg="a new restart hash")  # fmt: skip
+    wait_for(lambda: fleet_ready(c) and c.get("statefulset", "edge")["status"].get("updatedReplicas") == 3,
+             timeout=300, msg="pods rolled with the event log on")  # fmt: skip
+    targets = tmp_path / "targets.json"
+    discovery = EndpointDiscovery(c, targets, [(APP_NS, "fleetmq.io/service=headless"),
+                                               (RELEASE_NS, "app.kubernetes.io/component=operator")])  # fmt: skip
+    discovery.start()
+    scrape = {
+        "job_name": "kubernetes",
+        "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "2s"}],
+    }
+    prom = PrometheusServer(tmp_path / "prom", jobs={}, interval="2s", scrape_configs=[scrape],
+                            rule_files=[CHART / "files" / "alerts.yaml"])  # fmt: skip
+    try:
+        pods = {p["metadata"]["name"] for p in c.pods(BROKER_PODS)}
+
+        def scraped() -> bool:
+            up = prom.query('up{job="edge-headless"} == 1')["result"]
+            return {r["metric"]["pod"] for r in up} == pods and prom.query('up{job="fleetmq-operator"} == 1')[
+                "result"
+            ]
+
+        wait_for(scraped, timeout=120, msg=f"every broker pod {sorted(pods)} and the operator scraped")
+        # traffic while Prometheus watches: the rates and histograms of the dashboards move; a subscriber
+        # stays online in each zone (the window and queue panels divide by online sessions)
+        online = []
+        for svc, port in (("edge-external-mqtt", 1883), ("edge-internal-mqtt", 11883)):
+            ep = c.endpoint(f"svc/{svc}", port).start()
+            online.append(client(ep.local, f"e2e-online-{svc}", host=ep.host, clean=False))
+            online[-1].subscribe("e2e/online/#", qos=1)
+            for _ in range(5):
+                assert clients.roundtrip(ep.host, ep.local, version=5)["ok"]
+        time.sleep(20)
+        variables = {"namespace": APP_NS, "job": "edge-headless", "pod": ".*", "zone": ".*",
+                     "__rate_interval": "30s", "__interval": "10s", "__range": "10m"}  # fmt: skip
+        empty, nan_only = [], []
+        for dashboard, panel, expr in grafana.dashboard_queries():
+            values = {**variables, "namespace": RELEASE_NS} if dashboard == "fleetmq-operator" else variables
+            expr = re.sub(r"\$\{?(\w+)\}?", lambda m, v=values: v[m.group(1)], expr)
+            if m := re.fullmatch(r"label_values\((.*), (\w+)\)", expr):
+                if not prom.label_values(m.group(2), m.group(1)):
+                    empty.append(f"{dashboard}/{panel}")
+                continue
+            result = prom.query(expr)["result"]
+            if not result:
+                empty.append(f"{dashboard}/{panel}: {expr}")
+            elif not any(math.isfinite(float(r["value"][1])) for r in result):
+                nan_only.append(f"{dashboard}/{panel}")
+        assert not empty, "panels with no data:\n" + "\n".join(empty)
+        print("panels whose only values are NaN (nothing observed in their window):", nan_only)
+    finally:
+        for x in online:
+            close(x)
+        discovery.stop.set()
+        prom.stop()
+
+
+# ------------------------------------------------------------------------------------------- Redis
+def _persistent_session_survives(host: str, port: int, restart) -> tuple[bool, bytes | None]:
+    """A persistent session subscribes and leaves, a message is queued for it, `restart()` happens, then the
+    client returns (retrying while the store is away: v3 CONNACK code 3): (session present, what it got)."""
+    cid, topic = f"e2e-redis-{uuid.uuid4().hex[:6]}", f"e2e/redis/{uuid.uuid4().hex[:6]}"
+    got: list[bytes] = []
+    flags: list[tuple[bool, int]] = []
+
+    def connect() -> mqtt.Client:
+        flags.clear()
+        cl = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv311, clean_session=False
+        )
+        cl.on_message = lambda _c, _u, m: got.append(m.payload)
+        cl.on_connect = lambda _c, _u, f, rc, _p: flags.append((bool(f.session_present), int(rc.value)))
+        cl.connect(host, port, keepalive=15)
+        cl.loop_start()
+        wait_for(lambda: flags, timeout=10, msg="CONNACK")
+        return cl
+
+    sub = connect()
+    sub.subscribe(topic, qos=1)
+    time.sleep(1)
+    close(sub)
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{cid}-pub")
+    pub.connect(host, port)
+    pub.loop_start()
+    pub.publish(topic, b"kept", qos=1).wait_for_publish(10)
+    close(pub)
+    restart()
+
+    def back() -> bool:
+        try:
+            cl = connect()
+        except (OSError, AssertionError):
+            return False
+        try:
+            time.sleep(3)  # a resumed session's queue is delivered at once
+            return flags[-1][1] == 0
+        finally:
+            close(cl)
+
+    wait_for(back, timeout=180, interval=3, msg="the session accepted again")
+    return flags[-1][0], (got[0] if got else None)
+
+
+def _delete_redis_and_wait(c: Cluster, fleet: str, ns: str) -> None:
+    sel = f"app.kubernetes.io/instance={fleet},app.kubernetes.io/component=redis"
+    (old,) = c.pods(sel, ns)
+    c.kubectl("delete", "pod", old["metadata"]["name"], "-n", ns, "--wait")
+    wait_for(lambda: [p for p in c.pods(sel, ns) if p["metadata"]["uid"] != old["metadata"]["uid"]
+                      and p["status"].get("phase") == "Running"], timeout=180, msg="a new Redis pod")  # fmt: skip
+
+
+def test_managed_redis_pod_deleted_has_the_documented_outcome(cluster: Cluster, endpoints):
+    c = cluster
+    before = broker_state(c)
+    ext = c.endpoint("svc/edge-external-mqtt", 1883)
+    endpoints.append(ext.start())
+    # without redis.storage: Redis keeps its data in an emptyDir, which goes with the pod: sessions are lost
+    present, kept = _persistent_session_survives(
+        ext.host, ext.local, lambda: _delete_redis_and_wait(c, FLEET, APP_NS)
+    )
+    assert (present, kept) == (False, None), "the README says sessions do not survive without redis.storage"
+    assert broker_state(c) == before, "brokers restarted: they must ride out a Redis outage"
+    wait_for(lambda: fleet_ready(c), timeout=180, msg="fleet Ready again")
+    # with redis.storage: the AOF is on a PersistentVolumeClaim (a static volume of the node): sessions survive
+    spec = yaml.safe_load("{replicas: 1, redis: {managed: true, storage: 1Gi}}")
+    vault = [
+        {"apiVersion": "fleetmq.io/v1alpha1", "kind": "BrokerFleet", "metadata": {"name": "vault"}, "spec": spec},
+        {"apiVersion": "fleetmq.io/v1alpha1", "kind": "MqttZone", "metadata": {"name": "vault-zone"},
+         "spec": {"fleetRef": {"name": "vault"}, "listeners": [{"name": "mqtt", "port": 1883}]}},
+    ]  # fmt: skip
+    c.kubectl(
+        "apply",
+        "-n",
+        APP_NS,
+        "-f",
+        "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": vault}),
+    )
+    wait_for(lambda: fleet_ready(c, "vault"), timeout=300, msg="fleet vault Ready")
+    pvc = c.get("pvc", "data-vault-redis-0")
+    assert pvc["status"]["phase"] == "Bound", pvc["status"]
+    ep = c.endpoint("svc/vault-vault-zone-mqtt", 1883)
+    endpoints.append(ep.start())
+    present, kept = _persistent_session_survives(
+        ep.host, ep.local, lambda: _delete_redis_and_wait(c, "vault", APP_NS)
+    )
+    assert (present, kept) == (True, b"kept")
+    c.kubectl(
+        "delete",
+        "-n",
+        APP_NS,
+        "-f",
+        "-",
+        "--wait",
+        "--timeout=180s",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": vault}),
+    )
+
+
+# ------------------------------------------------------------------------------------------- uninstall
+def test_helm_uninstall_after_deleting_the_fleets_leaves_nothing(cluster: Cluster):
+    c = cluster
+    c.kubectl(
+        "delete", "brokerfleets,mqttzones", "--all", "-n", APP_NS, "--wait", "--timeout=180s"
+    )  # while the operator runs
+    wait_for(lambda: not c.pods("app.kubernetes.io/managed-by=fleetmq-operator"), msg="fleet pods gone")
+    c.helm("uninstall", RELEASE, "--namespace", RELEASE_NS, "--wait", "--timeout=5m")
+    # `--wait` waits for the Deployment; its pod has its grace period to stop (kopf stops in seconds)
+    t0 = time.monotonic()
+    wait_for(
+        lambda: not c.pods(f"app.kubernetes.io/instance={RELEASE}", RELEASE_NS),
+        timeout=90,
+        msg="operator pod gone",
+    )
+    print(f"the operator pod was gone {time.monotonic() - t0:.0f}s after helm uninstall returned")
+    left = c.kubectl("get", "all,configmaps,secrets,serviceaccounts,roles,rolebindings,poddisruptionbudgets",
+                     "-A", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name").stdout  # fmt: skip
+    assert left.strip() == "", left
+    for kind, name in (("clusterrole", f"{RELEASE}-operator"), ("clusterrolebinding", f"{RELEASE}-operator"),
+                       ("clusterkopfpeering", "fleetmq")):  # fmt: skip
+        assert c.kubectl("get", kind, name, check=False).returncode != 0, f"{kind}/{name} left behind"
+    mine = c.kubectl("get", "all,configmaps,secrets,pvc", "-n", APP_NS, "-l", "app.kubernetes.io/managed-by=fleetmq-operator",
+                     "-o", "name").stdout  # fmt: skip
+    assert mine.strip() == "", mine

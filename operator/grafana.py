@@ -1030,7 +1030,7 @@ def operator() -> Dashboard:
     d.add(
         timeseries(
             "Reconcile errors by step",
-            "Failed steps per second: render, apply, prune, status, nodeinfo.",
+            "Failed steps per second: render, apply, prune, status, nodeinfo, pods.",
             [Target(rate("fleetmq_operator_reconcile_errors_total", OPERATOR, "step"), "{{step}}")],
             "ops",
         )

@@ -155,6 +155,10 @@ class Operator:
         if rendered is not None:
             observed.apply_error = await self._apply(fleet, rendered, current_cm)
         observed.statefulset = await kube.get("StatefulSet", namespace, render.names(name)["statefulset"])
+        try:
+            observed.pods = await kube.list("Pod", namespace, f"{render.L_FLEET}={name}")
+        except ApiError:  # status without pod problems rather than no status
+            metrics.RECONCILE_ERRORS.labels("pods").inc()
         if rendered is not None:
             observed.nodeinfo, observed.nodeinfo_error = await self._nodeinfo(
                 rendered.config["store"]["url"], password, fleet

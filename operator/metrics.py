@@ -17,7 +17,7 @@ RECONCILES = Counter(
 )
 RECONCILE_ERRORS = Counter(
     "fleetmq_operator_reconcile_errors_total",
-    "Failed reconciliation steps, by step: render, apply, prune, status, nodeinfo.",
+    "Failed reconciliation steps, by step: render, apply, prune, status, nodeinfo, pods.",
     ["step"],
     registry=REGISTRY,
 )
@@ -63,7 +63,7 @@ FLEET_REPLICAS = Gauge(
 
 # Every label value a counter can take starts at 0, so rates and panels have data before the first event.
 RESULTS = ("ok", "error", "paused", "gone")
-STEPS = ("render", "apply", "prune", "status", "nodeinfo")
+STEPS = ("render", "apply", "prune", "status", "nodeinfo", "pods")
 CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget", "ServiceMonitor")
 for _result in RESULTS:
     RECONCILES.labels(_result)

@@ -61,6 +61,10 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"], "verbs": _WRITE},
     ),
     (
+        "read the fleet's pods: containers that cannot run (image pull errors, crash loops) go to its status",
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+    ),
+    (
         "read the password of redis.secretRef (to reach the fleet's Redis for the pods' reports)",
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
     ),

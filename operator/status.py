@@ -14,6 +14,18 @@ from typing import Any
 from .render import Rejection, Rendered, names, selector_string
 
 STATEFULSET_ROLLING = "rolling"
+# Why a container of the fleet's pods cannot run, when a person has to act (a wrong image, a crash loop, a
+# missing Secret): said in Degraded, not left as "0/3 pods ready".
+POD_PROBLEMS = (
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CrashLoopBackOff",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+)
 
 
 def now() -> str:
@@ -57,6 +69,34 @@ class Observed:
     nodeinfo_error: str = ""
     apply_error: str = ""
     rejected: dict[str, Rejection] = field(default_factory=dict)
+    pods: list[dict[str, Any]] = field(default_factory=list)  # the fleet's pods (brokers, managed Redis)
+
+
+def pod_problems(pods: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(reason, "pod NAME: REASON: message") for each container that cannot run and each pod the scheduler
+    cannot place."""
+    out = []
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        name = pod["metadata"]["name"]
+        status = pod.get("status") or {}
+        for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in POD_PROBLEMS:
+                message = f"pod {name}: {waiting['reason']}"
+                out.append(
+                    (
+                        waiting["reason"],
+                        message + (f": {waiting['message']}" if waiting.get("message") else ""),
+                    )
+                )
+        for cond in status.get("conditions") or []:
+            if (cond.get("type"), cond.get("status"), cond.get("reason")) == (
+                "PodScheduled",
+                "False",
+                "Unschedulable",
+            ):
+                out.append(("Unschedulable", f"pod {name}: Unschedulable: {cond.get('message', '')}"))
+    return out
 
 
 def pod_generations(
@@ -183,6 +223,8 @@ def fleet_status(
                 "; ".join(f"zone {k}: {v.reason}: {v.message}" for k, v in sorted(bad_zones.items())),
             )
         )
+    stuck = pod_problems(observed.pods)
+    problems += stuck
     if problems:
         reason = problems[0][0]
         conds = set_condition(
@@ -196,7 +238,8 @@ def fleet_status(
         conds = set_condition(conds, "Ready", True, "Ready", f"{ready}/{replicas} pods ready", gen, timestamp)
     else:
         reason = "PodsNotReady" if ready < replicas else "ConfigPending"
-        conds = set_condition(conds, "Ready", False, reason, f"{ready}/{replicas} pods ready", gen, timestamp)
+        msg = f"{ready}/{replicas} pods ready" + "".join(f"; {m}" for _, m in stuck if ready < replicas)
+        conds = set_condition(conds, "Ready", False, reason, msg, gen, timestamp)
     status["conditions"] = conds
     return status
 

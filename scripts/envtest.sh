@@ -10,6 +10,9 @@
 #   scripts/envtest.sh --path     only print the bin folder (builds nothing)
 #   ENVTEST_COMPONENTS="kube-apiserver" scripts/envtest.sh   build only some (default: all four, plus
 #                                                            kubectl when there is none on PATH)
+#   ENVTEST_COMPONENTS="kubelet kube-proxy pause kubectl"    the real node's (tests/realnode.py): kubelet and
+#       kube-proxy of the same release, the pod sandbox program (tests/envtest/pause) and a kubectl of the
+#       release (the stand-in for the chart's kubectl image)
 #
 # Go's module and build caches for these builds live in $CACHE/envtest/{gomod,gocache}.
 set -euo pipefail
@@ -75,10 +78,12 @@ build() { # build <module dir> <output> <package> <extra ldflags>
 start=$SECONDS
 for c in "${missing[@]}"; do
   case "$c" in
-    kube-apiserver | kube-controller-manager | kube-scheduler | kubectl)
+    kube-apiserver | kube-controller-manager | kube-scheduler | kubectl | kubelet | kube-proxy)
       build "$MOD" "$c" "k8s.io/kubernetes/cmd/$c" "$ver_ldflags" ;;
     kwok)
       build "$MOD/kwok" kwok sigs.k8s.io/kwok/cmd/kwok "" ;;
+    pause)
+      build "$MOD" pause ./pause "" ;;
     *) echo "envtest: unknown component $c" >&2; exit 1 ;;
   esac
 done

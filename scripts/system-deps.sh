@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# Installs the system packages tests and benchmarks need (Debian), once. etcd-server is the etcd of the
-# test control plane (tests/kubeapi.py; kube-apiserver and friends come from `make envtest`); prometheus
-# (with promtool) scrapes real brokers in tests/monitoring and checks the alert rules.
+# Installs the Debian packages a part of the project needs, once (already installed ones are skipped):
+#   scripts/system-deps.sh [test]   tests and benchmarks: redis-server, mosquitto, etcd-server (the test control
+#                                   plane's etcd; kube-apiserver and friends come from `make envtest`),
+#                                   prometheus (with promtool: tests/monitoring, the alert rules)
+#   scripts/system-deps.sh image    `make image` where no Docker engine runs: Debian's dockerd, debootstrap
+#   scripts/system-deps.sh node     the real node (tests/realnode.py): containerd, runc, the CNI plugins,
+#                                   nft (kube-proxy's nftables mode), ip and unshare/nsenter
 set -euo pipefail
+case "${1:-test}" in
+  test) pkgs=(redis-server mosquitto etcd-server prometheus) ;;
+  image) pkgs=(docker.io debootstrap) ;;
+  node) pkgs=(containerd runc containernetworking-plugins nftables iproute2 util-linux) ;;
+  *) echo "system-deps: unknown set $1 (test, image, node)" >&2; exit 2 ;;
+esac
 need=()
-for pkg in redis-server mosquitto etcd-server prometheus; do
+for pkg in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 if ((${#need[@]})); then
@@ -12,8 +22,11 @@ if ((${#need[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-# The Debian packages start system services; tests start their own servers on free ports.
-for svc in redis-server mosquitto etcd prometheus; do
-  command -v systemctl >/dev/null && systemctl stop "$svc" 2>/dev/null || true
-done
+# The Debian packages start system services where an init runs them; tests, `make image` and the real node
+# start their own, by pid, on their own sockets and ports.
+if [[ "${1:-test}" == test ]]; then
+  for svc in redis-server mosquitto etcd prometheus; do
+    command -v systemctl >/dev/null && systemctl stop "$svc" 2>/dev/null || true
+  done
+fi
 exit 0

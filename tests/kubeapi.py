@@ -11,6 +11,9 @@ nodes, so that Deployments and StatefulSets get Running pods) on free loopback p
     cp.impersonating_kubeconfig(service_account="ns/name")  # admin certificate + `as:` impersonation
     cp.stop()                          # SIGTERM by pid, SIGKILL after a timeout; files stay in workdir
     cp.start(controllers=True, nodes=3)  # + controller-manager, scheduler, kwok and 3 Ready fake nodes
+    cp.start(controllers=True, real_node=True)  # + a real node instead (tests/realnode.py): containerd,
+                                       # kubelet, kube-proxy, CoreDNS; the API server listens on the link
+                                       # to the node (cp.host) so pods reach it through the kubernetes Service
 
 Binaries come from `make envtest` (scripts/envtest.sh): $ENVTEST_BIN_DIR, default
 ~/.cache/fleetmq/envtest/<k8s version>/bin (the version is the one tests/envtest/go.mod requires).
@@ -21,7 +24,7 @@ Every started process is tracked in LIVE_PROCS and killed by pid at interpreter 
 
 Outside pytest (make dev-cluster / dev-cluster-down):
 
-    python -m tests.kubeapi up --dir DIR [--controllers yes|no|auto] [--nodes N]
+    python -m tests.kubeapi up --dir DIR [--controllers yes|no|auto] [--nodes N] [--node kwok|real]
     python -m tests.kubeapi down --dir DIR
     python -m tests.kubeapi status --dir DIR
 """
@@ -48,6 +51,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +68,7 @@ SCHEDULER = "kube-scheduler"
 KWOK = "kwok"
 ETCD = "etcd"
 CONTROLLER_BINARIES = (CONTROLLER_MANAGER, SCHEDULER, KWOK)
+REAL_NODE_BINARIES = ("kubelet", "kube-proxy", "pause")  # ENVTEST_COMPONENTS of `make envtest NODE=real`
 
 
 # ------------------------------------------------------------------ binaries
@@ -97,8 +102,9 @@ def binary(name: str) -> str | None:
     return None
 
 
-def missing_binaries(controllers: bool = False) -> list[str]:
-    names = [ETCD, APISERVER, *(CONTROLLER_BINARIES if controllers else ())]
+def missing_binaries(controllers: bool = False, real_node: bool = False) -> list[str]:
+    names = [ETCD, APISERVER, *(CONTROLLER_BINARIES if controllers or real_node else ())]
+    names += REAL_NODE_BINARIES if real_node else ()
     return [n for n in names if binary(n) is None]
 
 
@@ -276,6 +282,9 @@ class ControlPlane:
     port: int = 0
     controllers: bool = False
     nodes: int = 0
+    host: str = HOST  # where the API server listens (a real node's link address, else loopback)
+    service_cidr: str = SERVICE_CIDR
+    node: Any = None  # the RealNode, with real_node=True
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -283,7 +292,7 @@ class ControlPlane:
     # -- addresses and files
     @property
     def url(self) -> str:
-        return f"https://{HOST}:{self.port}"
+        return f"https://{self.host}:{self.port}"
 
     @property
     def etcd_url(self) -> str:
@@ -303,6 +312,11 @@ class ControlPlane:
         return self.workdir / "admin.kubeconfig"
 
     @property
+    def kubernetes_service_ip(self) -> str:
+        """The ClusterIP of the `kubernetes` Service: the first address of the Service range."""
+        return str(ipaddress.ip_network(self.service_cidr)[1])
+
+    @property
     def version(self) -> str:
         return k8s_version()
 
@@ -315,47 +329,68 @@ class ControlPlane:
 
     # -- lifecycle
     def start(
-        self, controllers: bool = False, nodes: int = 3, timeout: float = 90.0, detach: bool = False
+        self,
+        controllers: bool = False,
+        nodes: int = 3,
+        timeout: float = 90.0,
+        detach: bool = False,
+        real_node: bool = False,
     ) -> ControlPlane:
         """Start etcd and kube-apiserver (and with controllers=True kube-controller-manager, kube-scheduler,
         kwok and `nodes` fake nodes); return once the apiserver's /readyz is ok (and the nodes Ready).
+        real_node=True: the controllers and one real node (tests/realnode.py) instead of kwok's.
         detach=True: the processes are not killed when this interpreter exits (make dev-cluster)."""
         if self.procs and any(p.alive() for p in self.procs.values()):
             raise RuntimeError(f"control plane in {self.workdir} is already running")
-        missing = missing_binaries(controllers)
+        missing = missing_binaries(controllers, real_node)
         if missing:
             raise RuntimeError(
                 f"control plane binaries missing in {bin_dir()}: {', '.join(missing)} "
-                "(run `make envtest`; etcd comes from Debian's etcd-server, `make deps`)"
+                f"(run `make envtest{' NODE=real' if real_node else ''}`; etcd comes from Debian's "
+                "etcd-server, `make deps`)"
             )
-        self.controllers, self.nodes = controllers, nodes if controllers else 0
+        controllers = controllers or real_node
+        self.controllers, self.nodes = controllers, (0 if real_node else nodes) if controllers else 0
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._ensure_pki()
         try:
+            if real_node:
+                from tests.realnode import RealNode, free_network
+
+                self.node = RealNode(self.workdir / "node")
+                self.host = self.node.prepare(detach)
+                self.service_cidr = free_network([f"10.{96 + i}.0.0/16" for i in range(16)])
+                self.node.route_services(self.service_cidr)
+            self._ensure_pki()
             self._start_etcd(detach, timeout)
             self._start_apiserver(detach, timeout)
             self._write_kubeconfig(self.kubeconfig, "admin", self._admin_cert_data())
             if controllers:
                 self._start_controllers(detach, timeout)
+            if self.node is not None:
+                self._write_state()
+                self.node.start(self, timeout=max(timeout, 180))
         except BaseException:
             self.stop()
             raise
         self._write_state()
         return self
 
-    def stop(self) -> None:
-        """Stop every process (reverse start order) by pid; the workdir keeps logs, PKI and etcd data."""
+    def stop(self) -> list[str]:
+        """Stop every process (reverse start order) by pid, a real node first; the workdir keeps logs, PKI
+        and etcd data. Returns what the node could not undo on the machine (empty: nothing)."""
+        problems = self.node.stop() if self.node is not None else []
         for name in reversed(list(self.procs)):
             self.procs[name].stop()
         with contextlib.suppress(OSError):
             for pidfile in self.workdir.glob("*.pid"):
                 pidfile.unlink()
+        return problems
 
     def __enter__(self) -> ControlPlane:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        self.stop()  # (what a real node could not undo is in its log; callers who care call stop())
 
     def _spawn(self, name: str, argv: list[str], detach: bool) -> _Proc:
         proc = _Proc(name, argv, self.workdir / f"{name}.log")
@@ -435,8 +470,8 @@ class ControlPlane:
             args = [
                 binary(APISERVER),
                 f"--etcd-servers={self.etcd_url}",
-                f"--bind-address={HOST}",
-                f"--advertise-address={HOST}",
+                f"--bind-address={self.host}",
+                f"--advertise-address={self.host}",
                 f"--secure-port={self.port}",
                 f"--cert-dir={pki}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -445,7 +480,7 @@ class ControlPlane:
                 f"--service-account-issuer={SA_ISSUER}",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={self.service_cidr}",
                 f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
                 "--requestheader-allowed-names=front-proxy-client",
                 "--requestheader-username-headers=X-Remote-User",
@@ -455,11 +490,20 @@ class ControlPlane:
                 f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
                 "--authorization-mode=Node,RBAC",
                 "--allow-privileged=true",
-                # the "kubernetes" Service's Endpoints may not point at a loopback address
-                "--endpoint-reconciler-type=none",
                 "--profiling=false",
                 "--v=1",
             ]
+            if self.node is None:
+                # the "kubernetes" Service's Endpoints may not point at a loopback address
+                args.append("--endpoint-reconciler-type=none")
+            else:
+                # logs, exec and port-forward go to the kubelet, which checks who asks (x509, Webhook)
+                args += [
+                    f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                    f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                    f"--kubelet-certificate-authority={self.ca_file}",
+                    "--kubelet-preferred-address-types=InternalIP",  # the node's name resolves nowhere
+                ]
             if not self.controllers:
                 # No controller-manager creates each namespace's "default" ServiceAccount, so pods would be
                 # refused by the ServiceAccount admission plugin (envtest disables it for the same reason).
@@ -521,7 +565,7 @@ class ControlPlane:
                 f"--root-ca-file={self.ca_file}",
                 f"--cluster-signing-cert-file={self.ca_file}",
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={self.service_cidr}",
                 "--controllers=*,-nodeipam",
                 "--profiling=false",
                 "--v=1",
@@ -544,6 +588,27 @@ class ControlPlane:
             ],
             detach,
         )
+        if self.node is None:
+            self._start_kwok(detach)
+        deadline = time.monotonic() + timeout
+        while True:
+            for name, proc in self.procs.items():
+                if not proc.alive():
+                    raise RuntimeError(f"{name} exited with {proc.popen.returncode}:\n{proc.log()}")
+            # the "default" ServiceAccount shows the controller-manager works; Ready nodes that kwok does
+            sa = self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
+            ready = self._ready_nodes()
+            if sa.returncode == 0 and len(ready) >= self.nodes:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"controllers not working within {timeout}s (default ServiceAccount: {sa.stderr.strip()!r}, "
+                    f"Ready nodes: {ready})\n--- {CONTROLLER_MANAGER}:\n{self.log(CONTROLLER_MANAGER, 3000)}"
+                    f"\n--- {KWOK}:\n{self.log(KWOK, 3000)}"
+                )
+            time.sleep(0.3)
+
+    def _start_kwok(self, detach: bool) -> None:
         kwok_config = self.workdir / "kwok.yaml"
         # an explicit (empty) configuration, so a ~/.kwok/kwok.yaml of the user's does not leak in; with no
         # Stage in it kwok uses its default fast stages (nodes Ready at once, pods Running once scheduled)
@@ -565,23 +630,6 @@ class ControlPlane:
         )
         for i in range(self.nodes):
             self.add_node(f"kwok-node-{i}", zone=f"zone-{'abc'[i % 3]}")
-        deadline = time.monotonic() + timeout
-        while True:
-            for name, proc in self.procs.items():
-                if not proc.alive():
-                    raise RuntimeError(f"{name} exited with {proc.popen.returncode}:\n{proc.log()}")
-            # the "default" ServiceAccount shows the controller-manager works; Ready nodes that kwok does
-            sa = self.kubectl("get", "serviceaccount", "default", "-n", "default", check=False)
-            ready = self._ready_nodes()
-            if sa.returncode == 0 and len(ready) >= self.nodes:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"controllers not working within {timeout}s (default ServiceAccount: {sa.stderr.strip()!r}, "
-                    f"Ready nodes: {ready})\n--- {CONTROLLER_MANAGER}:\n{self.log(CONTROLLER_MANAGER, 3000)}"
-                    f"\n--- {KWOK}:\n{self.log(KWOK, 3000)}"
-                )
-            time.sleep(0.3)
 
     def _ready_nodes(self) -> list[str]:
         out = self.kubectl("get", "nodes", "-o", "json", check=False)
@@ -642,21 +690,12 @@ class ControlPlane:
                 }
             )
         if (pki / "admin.key").exists():
-            return  # made by an earlier start of this workdir: kubeconfigs handed out stay valid
+            # made by an earlier start of this workdir: kubeconfigs handed out stay valid; the serving
+            # certificate is made again when the API server's addresses changed (a real node's link)
+            self._ensure_serving_cert()
+            return
         ca_cert, ca_key = _new_cert("fleetmq-envtest-ca", is_ca=True)
-        server_cert, server_key = _new_cert(
-            "kube-apiserver",
-            ca=(ca_cert, ca_key),
-            server=True,
-            dns=[
-                "localhost",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ],
-            ips=[HOST, KUBERNETES_SERVICE_IP],
-        )
+        server_cert, server_key = self._new_serving_cert((ca_cert, ca_key))
         admin_cert, admin_key = _new_cert("admin", orgs=["system:masters"], ca=(ca_cert, ca_key), client=True)
         sa_key = ec.generate_private_key(ec.SECP256R1())
         files = {
@@ -672,6 +711,40 @@ class ControlPlane:
             "admin.key": _key_pem(admin_key),  # last: its presence means the set is complete
         }
         self._write_pki(files)
+        self._ensure_serving_cert()
+
+    def _serving_ips(self) -> list[str]:
+        return sorted({HOST, self.host, KUBERNETES_SERVICE_IP, self.kubernetes_service_ip})
+
+    def _new_serving_cert(self, ca: tuple):
+        dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+        dns.append("kubernetes.default.svc.cluster.local")
+        return _new_cert("kube-apiserver", ca=ca, server=True, dns=dns, ips=self._serving_ips())
+
+    def _ensure_serving_cert(self) -> None:
+        x509, _, _, _, _, _ = _pki()
+        cert = x509.load_pem_x509_certificate((self.pki / "apiserver.crt").read_bytes())
+        try:
+            san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            have = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+        except x509.ExtensionNotFound:
+            have = set()
+        if not set(self._serving_ips()) <= have:
+            crt, key = self._new_serving_cert(self._ca())
+            self._write_pki({"apiserver.crt": _cert_pem(crt), "apiserver.key": _key_pem(key)})
+        if not (self.pki / "apiserver-kubelet-client.key").exists():
+            # the API server's client certificate towards kubelets (logs, exec, port-forward)
+            crt, key = _new_cert("kube-apiserver-kubelet-client", orgs=["system:masters"], ca=self._ca(),
+                                 client=True)  # fmt: skip
+            self._write_pki({"apiserver-kubelet-client.crt": _cert_pem(crt),
+                             "apiserver-kubelet-client.key": _key_pem(key)})  # fmt: skip
+
+    def serving_certificate(
+        self, cn: str, *, dns: list[str] | tuple[str, ...] = (), ips: list[str] | tuple[str, ...] = ()
+    ) -> tuple[bytes, bytes]:
+        """A server certificate signed by the cluster's CA (PEM certificate, PEM key): a kubelet's."""
+        crt, key = _new_cert(cn, ca=self._ca(), server=True, dns=dns, ips=ips, days=365)
+        return _cert_pem(crt), _key_pem(key)
 
     def _write_pki(self, files: dict[str, bytes]) -> None:
         for fname, data in files.items():
@@ -833,8 +906,12 @@ class ControlPlane:
             "kubeconfig": str(self.kubeconfig),
             "version": self.version,
             "controllers": self.controllers,
+            "node": "real" if self.node is not None else ("kwok" if self.nodes else "none"),
+            "service_cidr": self.service_cidr,
             "pids": {n: p.pid for n, p in self.procs.items()},
         }
+        if self.node is not None and self.node.pod_cidr:
+            state["pod_cidr"] = self.node.pod_cidr
         (self.workdir / "state.json").write_text(json.dumps(state, indent=2) + "\n")
 
     def __repr__(self) -> str:
@@ -873,9 +950,17 @@ def _running_pids(workdir: Path) -> dict[str, int]:
 
 
 def down(workdir: Path, timeout: float = 15.0) -> list[str]:
-    """Stop the processes a detached `up` left in workdir (pid files), newest first. Returns their names."""
-    running = _running_pids(workdir)
+    """Stop the processes a detached `up` left in workdir (pid files), newest first, a real node's first.
+    Returns their names."""
+    from tests import realnode
+
     stopped = []
+    problems = realnode.down(workdir / "node")
+    if problems is not None:
+        stopped.append("real node")
+        for p in problems:
+            print(f"real node: {p}", file=sys.stderr)
+    running = _running_pids(workdir)
     for name in reversed(_ORDER):
         pid = running.get(name)
         if pid is None:
@@ -902,6 +987,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--controllers", choices=["yes", "no", "auto"], default="auto",
                     help="also start controller-manager, scheduler and kwok (auto: when built)")  # fmt: skip
     ap.add_argument("--nodes", type=int, default=3, help="fake kwok nodes with --controllers (default 3)")
+    ap.add_argument("--node", choices=["kwok", "real"], default="kwok",
+                    help="real: one real node (containerd, kubelet, kube-proxy, CoreDNS) instead of kwok's")  # fmt: skip
+    ap.add_argument(
+        "--images", type=Path, help="with --node real: import every *.tar image archive of this folder"
+    )
     a = ap.parse_args(argv)
     workdir = a.dir.resolve()
     kubeconfig = workdir / "admin.kubeconfig"
@@ -919,16 +1009,28 @@ def main(argv: list[str] | None = None) -> int:
             f"running: {state['url']} ({state['version']}) "
             + " ".join(f"{n}={p}" for n, p in running.items())
         )
+        if state.get("node") == "real":
+            print(f"real node: pods {state.get('pod_cidr')}, Services {state['service_cidr']}")
         print(f"export KUBECONFIG={kubeconfig}")
         return 0
     if running:
         print(f"already running in {workdir}: " + " ".join(f"{n}={p}" for n, p in running.items()))
         print(f"export KUBECONFIG={kubeconfig}")
         return 0
-    controllers = a.controllers == "yes" or (a.controllers == "auto" and controllers_available())
+    real = a.node == "real"
+    controllers = real or a.controllers == "yes" or (a.controllers == "auto" and controllers_available())
     t0 = time.monotonic()
-    cp = ControlPlane(workdir).start(controllers=controllers, nodes=a.nodes, detach=True)
-    what = "etcd, kube-apiserver" + (", kube-controller-manager, kube-scheduler, kwok" if controllers else "")
+    cp = ControlPlane(workdir).start(controllers=controllers, nodes=a.nodes, detach=True, real_node=real)
+    what = "etcd, kube-apiserver" + (", kube-controller-manager, kube-scheduler" if controllers else "")
+    if real:
+        what += f", a real node (containerd, kubelet, kube-proxy, CoreDNS; pods {cp.node.pod_cidr}, "
+        what += f"Services {cp.service_cidr}, both routed from this machine)"
+    elif controllers:
+        what += ", kwok"
+    if real and a.images:
+        archives = sorted(a.images.glob("*.tar"))
+        cp.node.import_images(archives)
+        what += f"; images: {', '.join(cp.node.images())}"
     print(f"{what} {cp.version} up at {cp.url} in {time.monotonic() - t0:.1f}s (logs and pids in {workdir})")
     print(f"export KUBECONFIG={cp.kubeconfig}")
     return 0

@@ -189,14 +189,21 @@ def test_examples_render_a_fleet_zone_test_pod_and_cleanup_hook(helm):
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     c = job["spec"]["template"]["spec"]["containers"][0]
     assert c["command"] == ["kubectl"]
-    assert c["args"][-2:] == ["mqttzones.fleetmq.io/external", "brokerfleets.fleetmq.io/edge"]
+    assert c["args"][-3:] == [f"pods/{pod['metadata']['name']}", "mqttzones.fleetmq.io/external",
+                              "brokerfleets.fleetmq.io/edge"]  # fmt: skip
     role = find(m, "Role")
     assert role["rules"] == [
         {
             "apiGroups": ["fleetmq.io"],
             "resources": ["brokerfleets", "mqttzones"],
             "verbs": ["get", "list", "watch", "delete"],
-        }
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "resourceNames": [pod["metadata"]["name"]],
+            "verbs": ["get", "list", "watch", "delete"],
+        },
     ]
     for kind in ("ServiceAccount", "Role", "RoleBinding"):
         hook = find(m, kind, job["spec"]["template"]["spec"]["serviceAccountName"])
@@ -213,6 +220,23 @@ def test_examples_render_a_fleet_zone_test_pod_and_cleanup_hook(helm):
         }
     }
     assert "Pod" not in kinds(helm.template(ws))
+
+
+def test_helm_test_targets_the_zone_service_of_tests_target(helm):
+    # a fleet applied after `helm install` (the README's flow): its zone's Service, in its namespace
+    m = helm.template({"tests": {"target": "edge-external-mqtt.mqtt:1883"}})
+    pod = find(m, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert env == {"HOST": "edge-external-mqtt.mqtt", "PORT": "1883"}
+    assert "BrokerFleet" not in kinds(m)  # no examples: only the test pod
+    # helm keeps test pods after `helm test` (for --logs) and `helm uninstall` would too: a hook deletes it
+    job = find(m, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"][-1] == f"pods/{pod['metadata']['name']}"
+    role = find(m, "Role")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "resourceNames": [pod["metadata"]["name"]],
+                              "verbs": ["get", "list", "watch", "delete"]}]  # fmt: skip
 
 
 CUSTOM = {
@@ -319,6 +343,7 @@ BAD_VALUES = [
     ({"dashboards": {"labels": {"grafana_dashboard": 1}}}, "/dashboards/labels/grafana_dashboard"),
     ({"examples": {"fleet": {"name": "Edge_1"}}}, "/examples/fleet/name"),
     ({"examples": {"zone": {"spec": {"fleetRef": {"name": "x"}}}}}, "/examples/zone/spec"),
+    ({"tests": {"target": "edge-external-mqtt"}}, "/tests/target"),  # no port
 ]
 
 

@@ -1,4 +1,4 @@
-"""e2e/load.py, the e2e's QoS 1 load with broker deletions, against real fleetmq processes sharing a real
+"""e2e/load.py, the e2e's QoS 1 and 2 load with broker deletions, against real fleetmq processes sharing a real
 redis-server: a deleted broker is stopped (SIGTERM, as the kubelet does) and started again, as its
 StatefulSet would, so the e2e's client half is checked where no kind cluster can run."""
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from e2e.load import qos1_load_with_deletions
+from e2e.load import load_with_deletions
 
 pytestmark = pytest.mark.redis
 
@@ -18,7 +18,7 @@ class Local:
 
     def __init__(self, broker) -> None:
         self.broker = broker
-        self.local = broker.port
+        self.host, self.local = broker.host, broker.port
 
     def alive(self) -> bool:
         return self.broker.alive()
@@ -28,7 +28,8 @@ class Local:
 
 
 @pytest.mark.timeout(300)
-def test_no_acked_message_lost_when_brokers_are_deleted(fleet):
+@pytest.mark.parametrize("qos", [1, 2])
+def test_no_acked_message_lost_when_brokers_are_deleted(fleet, qos):
     nodes = fleet(3)
     endpoints = {f"edge-{i}": Local(n) for i, n in enumerate(nodes)}
     restarts: list[threading.Thread] = []
@@ -39,7 +40,7 @@ def test_no_acked_message_lost_when_brokers_are_deleted(fleet):
         restarts.append(threading.Thread(target=broker.restart))  # a new pod, same name and address
         restarts[-1].start()
 
-    result = qos1_load_with_deletions(endpoints, delete, "e2e/load/local", total=1500)
+    result = load_with_deletions(endpoints, delete, f"e2e/load/local{qos}", total=1500, qos=qos)
     for t in restarts:
         t.join(30)
     print(result)

@@ -5,6 +5,7 @@
     prom.wait_scraped(2)                      # every target scraped (up == 1) twice
     prom.query('sum(fleetmq_connections)')    # -> the `data` of /api/v1/query
     prom.stop()                               # SIGTERM by pid (SIGKILL if it lingers)
+    PrometheusServer(dir, jobs={}, scrape_configs=[{"job_name": ..., "kubernetes_sd_configs": ...}])
 
 It listens on a free 127.0.0.1 port, keeps its TSDB in the given directory, scrapes and evaluates rules
 every second. Every started server is killed by pid at interpreter exit as a last resort.
@@ -55,6 +56,7 @@ class PrometheusServer:
         jobs: dict[str, list[Target]],
         rule_files: Sequence[Path] = (),
         interval: str = "1s",
+        scrape_configs: Sequence[dict[str, Any]] = (),
     ) -> None:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -74,7 +76,8 @@ class PrometheusServer:
                     "static_configs": [{"targets": [addr], "labels": labels} for addr, labels in targets],
                 }
                 for job, targets in jobs.items()
-            ],
+            ]
+            + list(scrape_configs),  # service discovery, e.g. kubernetes_sd_configs (the e2e)
         }
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.proc: subprocess.Popen | None = None

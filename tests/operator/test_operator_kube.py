@@ -340,7 +340,7 @@ def test_operator_metrics_report_fleet_readiness(k, run_operator, kube_namespace
 
     for result in ("ok", "error", "paused", "gone"):
         assert value("fleetmq_operator_reconciles_total", result=result) is not None, result
-    for step in ("render", "apply", "prune", "status", "nodeinfo"):
+    for step in ("render", "apply", "prune", "status", "nodeinfo", "pods"):
         assert value("fleetmq_operator_reconcile_errors_total", step=step) is not None, step
     for kind in ("ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget"):
         assert value("fleetmq_operator_child_changes_total", kind=kind) is not None, kind

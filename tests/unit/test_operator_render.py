@@ -235,3 +235,30 @@ def test_zone_status_reports_missing_fleet_and_rejections():
     conds = {c["type"]: c for c in zs["conditions"]}
     assert conds["Accepted"]["reason"] == "PortConflict" and conds["Applied"]["status"] == "False"
     assert zs["appliedGeneration"] == 3 and conds["Accepted"]["observedGeneration"] == 4
+
+
+def test_pods_that_cannot_run_are_said_in_degraded_and_ready():
+    f = fleet()
+    r = rendered(f, zone("external"))
+    sts = {"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "replicas": 2, "readyReplicas": 1,
+           "updatedReplicas": 2, "currentRevision": "a", "updateRevision": "a"}}  # fmt: skip
+    pull = {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "fleetmq/broker:nope"'}
+    pods = [
+        {"metadata": {"name": "edge-1"}, "status": {"containerStatuses": [{"state": {"waiting": pull}}]}},
+        {"metadata": {"name": "edge-0"}, "status": {"containerStatuses": [{"state": {"running": {}}}]}},
+        {"metadata": {"name": "edge-redis-0"}, "status": {"conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes: cpu"}]}},
+    ]  # fmt: skip
+    st = fleet_status(f, r, "", Observed(statefulset=sts, pods=pods))
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "ImagePullBackOff"
+    assert conds["Degraded"]["message"] == (
+        'pod edge-1: ImagePullBackOff: Back-off pulling image "fleetmq/broker:nope"; '
+        "pod edge-redis-0: Unschedulable: 0/1 nodes: cpu"
+    )
+    assert conds["Ready"]["status"] == "False" and "edge-1: ImagePullBackOff" in conds["Ready"]["message"]
+    # a pod merely starting (ContainerCreating) is no problem
+    pods = [{"metadata": {"name": "edge-1"}, "status": {"containerStatuses": [
+        {"state": {"waiting": {"reason": "ContainerCreating"}}}]}}]  # fmt: skip
+    st = fleet_status(f, r, "", Observed(statefulset=sts, pods=pods))
+    assert next(c for c in st["conditions"] if c["type"] == "Degraded")["status"] == "False"

@@ -68,6 +68,23 @@ app.kubernetes.io/component: operator
 {{- toJson $found }}
 {{- end }}
 
+{{/* Where `helm test` connects, "<host>:<port>": tests.target, else the example zone's first tcp listener; "" when
+neither (no test pod). */}}
+{{- define "fleetmq.tests.target" -}}
+{{- if .Values.tests.target }}
+{{- .Values.tests.target }}
+{{- else if .Values.examples.enabled }}
+{{- $listener := include "fleetmq.examples.tcpListener" . | fromJson }}
+{{- if $listener.name }}
+{{- printf "%s-%s-%s:%v" .Values.examples.fleet.name .Values.examples.zone.name $listener.name $listener.port }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "fleetmq.tests.podName" -}}
+{{- printf "%s-test-mqtt" (include "fleetmq.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{/* What both pipeline containers share: the password, the volumes, the restricted security context. */}}
 {{- define "fleetmq.pipeline.container" -}}
 {{- with .p.redisPasswordSecretRef.name -}}
