@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.redisproc import RedisServer
+from tests.support import RedisServer
 
 from .harness import MOSQUITTO, Client, uid, wait_until
 from .mqttraw import PUBACK, RawClient

@@ -1,4 +1,4 @@
-"""The Redis test harness itself (tests/redisproc.py and the redis_server fixture); no broker needed."""
+"""The Redis test harness itself (tests/support.py and the redis_server fixture); no broker needed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.integration import mqttraw
-from tests.redisproc import LIVE_REDIS, RedisReplyError, RedisServer
+from tests.support import LIVE_REDIS, RedisReplyError, RedisServer
 
 pytestmark = pytest.mark.redis
 
