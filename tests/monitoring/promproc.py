@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from tests.integration.harness import free_port
+from tests.support import free_port
 
 HOST = "127.0.0.1"
 PROMETHEUS_BIN = os.environ.get("PROMETHEUS_BIN") or shutil.which("prometheus") or "/usr/bin/prometheus"
