@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
-from redis._parsers import _RESP2Parser
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -120,19 +119,6 @@ _NO_SETINFO: dict[str, None] = (
 )
 
 
-class _StatusAsStr(_RESP2Parser):
-    """redis-py's RESP2 parser, except that status replies (`+OK`, `+QUEUED`, `+PONG`) come back as str,
-    so RedisServer.command() keeps them apart from bulk strings (bytes) the way redis-cli shows them."""
-
-    def _read_response(self, disable_decoding: bool = False, **kw: Any) -> Any:
-        pos = self._buffer.get_pos()
-        line = self._buffer.readline(**kw)
-        if line[:1] == b"+":
-            return line[1:].decode(errors="replace")
-        self._buffer.rewind(pos)
-        return super()._read_response(disable_decoding, **kw)
-
-
 def _redis(port: int, *, decode: bool, timeout: float, raw: bool) -> redis.Redis:
     """A redis.Redis with its own pool (closed with it): RESP2, no retries, no CLIENT SETINFO (nothing but
     the caller's commands reaches the server, so INFO commandstats counts only those). `raw`: replies as
@@ -147,7 +133,6 @@ def _redis(port: int, *, decode: bool, timeout: float, raw: bool) -> redis.Redis
         decode_responses=decode,
         encoding_errors="replace",
         **_NO_SETINFO,
-        **({"parser_class": _StatusAsStr} if raw else {}),
     )
     client = redis.Redis.from_pool(pool)
     if raw:
@@ -292,7 +277,7 @@ class RedisServer:
                 raise RuntimeError(f"redis-server exited with {code} on port {self.port}:\n{self.log()}")
             try:
                 last = self.command("PING", timeout=0.5)
-                if last == "PONG":
+                if last == b"PONG":
                     return
             except (OSError, RedisReplyError) as e:
                 last = e
@@ -370,7 +355,7 @@ class RedisServer:
 
     def ping(self, timeout: float = 1.0) -> bool:
         try:
-            return self.command("PING", timeout=timeout) == "PONG"
+            return self.command("PING", timeout=timeout) == b"PONG"
         except (OSError, RedisReplyError):
             return False
 
