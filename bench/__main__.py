@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from redis import RedisError
+
 from bench import crash, driver, procs, report
 from bench.brokers import (
     BROKERS,
@@ -33,7 +35,7 @@ from bench.brokers import (
     Mosquitto,
     Rumqttd,
 )
-from bench.fleet import TAKEOVER_INFLIGHT, Fleet, FleetNode, RedisError, store_delta, store_snapshot
+from bench.fleet import TAKEOVER_INFLIGHT, Fleet, FleetNode, store_delta, store_snapshot
 from bench.report import FLEET_SCENARIOS, Cell, Row
 
 MODES = ("pt2pt", "fanout", "fanin")
@@ -451,7 +453,7 @@ def run_acl_row(key: str, workdir: Path, binary: Path, args: argparse.Namespace)
 def _snapshot(node: FleetNode, fleet: Fleet, qos: int) -> dict[str, float] | None:
     try:
         return store_snapshot(node, fleet.redis, qos)
-    except (OSError, RedisError, ValueError, KeyError) as e:
+    except (OSError, RedisError, ValueError, KeyError) as e:  # RedisError: redis-py's, for INFO
         log(f"  cannot read /metrics or Redis INFO: {e}")
         return None
 

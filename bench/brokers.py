@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import procs
+from tests.support import free_port, kill_process, stop_process, wait_port
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -75,8 +75,8 @@ class Broker:
     def start(self) -> None:
         """Launch on a fresh port and wait until it accepts connections."""
         self.stop()
-        self.port = procs.free_port(HOST)
-        self.tls_port = procs.free_port(HOST) if self.tls else 0
+        self.port = free_port(HOST)
+        self.tls_port = free_port(HOST) if self.tls else 0
         cmd = self.command()
         self.starts += 1
         with self.log_path.open("ab") as log:
@@ -94,23 +94,22 @@ class Broker:
             except OSError as e:
                 raise BrokerError(f"cannot run {cmd[0]}: {e}") from e
         try:
-            procs.wait_port(HOST, self.port, START_TIMEOUT, self.proc)
+            wait_port(HOST, self.port, START_TIMEOUT, self.proc)
             if self.tls:
-                procs.wait_port(HOST, self.tls_port, START_TIMEOUT, self.proc)
+                wait_port(HOST, self.tls_port, START_TIMEOUT, self.proc)
         except RuntimeError as e:
             self.stop()
             raise BrokerError(f"{self.name} {e}{self.log_tail()}") from e
 
     def stop(self) -> None:
         if self.proc is not None:
-            procs.stop_process(self.proc)
+            stop_process(self.proc)
             self.proc = None
 
     def kill(self) -> None:
         """SIGKILL by pid (a crash), and reap it."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.proc is not None:
+            kill_process(self.proc)
 
     def exit_reason(self) -> str:
         """Why a dead broker died, for error cells."""

@@ -1,195 +1,48 @@
 """A fleet for the Redis rows: one redis-server started by the bench and fleetmq nodes sharing it.
 
-- redis-server on a free port with a temporary data dir, no persistence (`--save "" --appendonly no`),
-  stopped (SIGTERM, then SIGKILL) by pid afterwards.
+- redis-server (tests/support.py's RedisServer) on a free port with a temporary data dir, no persistence
+  (`--save "" --appendonly no`), stopped (SIGTERM, then SIGKILL) by pid afterwards.
 - fleetmq nodes `a` and `b` (`node_id: a` / `b`), `store: {kind: redis}`, each with two listeners: `mqtt`
   (zone `bench`, limits lifted like the in-memory broker's) and `tk` (zone `takeover`: an Inflight Window
   of TAKEOVER_INFLIGHT so that the takeover session has a full window and a queue), and /metrics.
-- A raw RESP client (no redis-py needed) for INFO commandstats / stats, and a /metrics reader.
+- redis-py for INFO commandstats / stats / errorstats, and a /metrics reader.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench import procs
 from bench.brokers import HOST, START_TIMEOUT, Broker, BrokerError, Fleetmq
+from tests.support import RedisServer, free_port, wait_port
 
 TAKEOVER_INFLIGHT = 32  # zone `takeover` max_inflight (EMQX's default); the loadgen's -inflight
 
 
-class RedisError(RuntimeError):
-    """An error reply, or Redis could not be reached or started."""
-
-
-class Resp:
-    """A minimal blocking RESP2 client: enough for PING, INFO and CONFIG."""
-
-    def __init__(self, host: str, port: int, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
-        self.f = self.sock.makefile("rb")
-
-    def close(self) -> None:
-        self.f.close()
-        self.sock.close()
-
-    def __enter__(self) -> Resp:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def command(self, *args: str | bytes | int) -> Any:
-        parts = [a if isinstance(a, bytes) else str(a).encode() for a in args]
-        out = b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
-        self.sock.sendall(out)
-        return self._read()
-
-    def _read(self) -> Any:
-        line = self.f.readline()
-        if not line.endswith(b"\r\n"):
-            raise RedisError("connection closed")
-        kind, rest = line[:1], line[1:-2]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            raise RedisError(rest.decode(errors="replace"))
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            return None if n < 0 else self.f.read(n + 2)[:-2]
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self._read() for _ in range(n)]
-        raise RedisError(f"bad reply {line[:40]!r}")
-
-    def info(self, section: str) -> dict[str, str]:
-        text = self.command("INFO", section).decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#") and ":" in line:
-                k, _, v = line.partition(":")
-                out[k] = v
-        return out
-
-    def commandstats(self) -> dict[str, int]:
-        """Calls per command (`evalsha`, `script|exists`, ...), commands run inside scripts included."""
-        return {k: v["calls"] for k, v in self.commandstats_full().items()}
-
-    def commandstats_full(self) -> dict[str, dict[str, int]]:
-        """{command: {"calls": n, "failed_calls": n, "rejected_calls": n}}."""
-        out = {}
-        for k, v in self.info("commandstats").items():
-            fields = dict(f.split("=", 1) for f in v.split(","))
-            out[k.removeprefix("cmdstat_")] = {
-                f: int(fields.get(f, 0)) for f in ("calls", "failed_calls", "rejected_calls")
-            }
-        return out
-
-    def errorstats(self) -> dict[str, int]:
-        """Error replies by prefix (`NOSCRIPT`, `ERR`, ...) since the start (Redis 6.2+)."""
-        out = {}
-        for k, v in self.info("errorstats").items():
-            out[k.removeprefix("errorstat_")] = int(v.partition("=")[2] or 0)
-        return out
-
-
-class RedisServer:
-    """redis-server on a free loopback port, no persistence, data dir under the bench's temp dir."""
+class BenchRedis(RedisServer):
+    """The shared RedisServer (tests/support.py) as the bench runs it: a free loopback port, no persistence,
+    data and log under the bench's temp dir; a failed start is a BrokerError (an error cell)."""
 
     name = "redis"
 
     def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir / "redis"
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(workdir / "redis", autostart=False, appendonly=False)
 
-    @staticmethod
-    def binary() -> str:
-        env = os.environ.get("REDIS_SERVER_BIN")
-        found = (
-            env
-            or shutil.which("redis-server")
-            or ("/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None)
-        )
-        if not found:
-            raise BrokerError("redis-server not found (run scripts/system-deps.sh)")
-        return found
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "redis.log"
-
-    @property
-    def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def start(self) -> None:
-        self.stop()
-        self.port = procs.free_port(HOST)
-        cmd = [
-            self.binary(),
-            *("--port", str(self.port), "--bind", HOST, "--dir", str(self.workdir)),
-            *("--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no"),
-            *("--logfile", str(self.log_path)),
-        ]
+    def start(self, timeout: float = START_TIMEOUT) -> BenchRedis:
         try:
-            self.proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-        except OSError as e:
-            raise BrokerError(f"cannot run {cmd[0]}: {e}") from e
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if self.proc.poll() is not None:
-                raise BrokerError(f"redis-server exited with code {self.proc.returncode}{self.log_tail()}")
-            try:
-                with Resp(HOST, self.port, timeout=1.0) as r:
-                    if r.command("PING") == "PONG":
-                        return
-            except (OSError, RedisError):
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise BrokerError(f"redis-server not answering PING on {self.port}")
-            time.sleep(0.05)
+            super().start(timeout)
+        except RuntimeError as e:
+            raise BrokerError(f"{str(e).splitlines()[0]}{self.log_tail()}") from e
+        return self
 
-    def stop(self) -> None:
-        """SIGTERM by pid, SIGKILL if it is still there after a grace period."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.kill(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-            except ProcessLookupError:
-                pass
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM by pid, SIGKILL if it is still there after a grace period; forgotten, so that ensure()
+        does not report a deliberate stop as a crash."""
+        code = super().stop(timeout)
         self.proc = None
-
-    def client(self) -> Resp:
-        return Resp(HOST, self.port)
+        return code
 
     def exit_reason(self) -> str:
         rc = self.proc.returncode if self.proc is not None else None
@@ -208,7 +61,7 @@ class FleetNode(Broker):
 
     tls = False
 
-    def __init__(self, workdir: Path, node_id: str, redis: RedisServer) -> None:
+    def __init__(self, workdir: Path, node_id: str, redis: BenchRedis) -> None:
         self.name = f"fleetmq-{node_id}"
         self.node_id = node_id
         self.redis = redis
@@ -219,9 +72,9 @@ class FleetNode(Broker):
         super().__init__(workdir)
 
     def command(self) -> list[str]:
-        self.tk_port = procs.free_port(HOST)
-        self.cr_port = procs.free_port(HOST)
-        self.metrics_port = procs.free_port(HOST)
+        self.tk_port = free_port(HOST)
+        self.cr_port = free_port(HOST)
+        self.metrics_port = free_port(HOST)
         cfg = self.workdir / "fleetmq.yaml"
         cfg.write_text(
             f"node_id: {self.node_id}\n"
@@ -247,9 +100,9 @@ class FleetNode(Broker):
     def start(self) -> None:
         super().start()
         try:
-            procs.wait_port(HOST, self.tk_port, START_TIMEOUT, self.proc)
-            procs.wait_port(HOST, self.cr_port, START_TIMEOUT, self.proc)
-            procs.wait_port(HOST, self.metrics_port, START_TIMEOUT, self.proc)
+            wait_port(HOST, self.tk_port, START_TIMEOUT, self.proc)
+            wait_port(HOST, self.cr_port, START_TIMEOUT, self.proc)
+            wait_port(HOST, self.metrics_port, START_TIMEOUT, self.proc)
         except RuntimeError as e:
             self.stop()
             raise BrokerError(f"{self.name} {e}{self.log_tail()}") from e
@@ -281,7 +134,7 @@ class Fleet:
     """The bench's Redis plus nodes a and b, started on demand and restarted if one died."""
 
     def __init__(self, workdir: Path) -> None:
-        self.redis = RedisServer(workdir)
+        self.redis = BenchRedis(workdir)
         self.nodes = {n: FleetNode(workdir, n, self.redis) for n in ("a", "b")}
 
     def ensure(self, wanted: tuple[str, ...]) -> str | None:
@@ -327,15 +180,20 @@ class Fleet:
         return {f"fleet-{k}": v for k, v in out.items()}
 
 
-def store_snapshot(node: FleetNode, redis: RedisServer, qos: int) -> dict[str, float]:
+def store_snapshot(node: FleetNode, redis: BenchRedis, qos: int) -> dict[str, float]:
     """Counters read before and after a run to derive Redis round trips per delivered message."""
     m = node.metrics()
-    with redis.client() as r:
-        full = r.commandstats_full()
+    with redis.client() as r:  # redis-py parses INFO: {"cmdstat_evalsha": {"calls": 3, ...}, ...}
+        commandstats = r.info("commandstats")
         reads = int(r.info("stats").get("total_reads_processed", 0))
-        errors = r.errorstats()
-    stats = {k: v["calls"] for k, v in full.items()}
-    failed = {f"failed:{k}": float(v["failed_calls"] + v["rejected_calls"]) for k, v in full.items()}
+        errorstats = r.info("errorstats")  # error replies by prefix (`NOSCRIPT`, `ERR`, ...), Redis 6.2+
+    # per command (`evalsha`, `script|exists`, ...), commands run inside scripts included
+    full = {k.removeprefix("cmdstat_"): v for k, v in commandstats.items()}
+    errors = {k.removeprefix("errorstat_"): int(v.get("count", 0)) for k, v in errorstats.items()}
+    stats = {k: int(v.get("calls", 0)) for k, v in full.items()}
+    failed = {
+        f"failed:{k}": float(v.get("failed_calls", 0) + v.get("rejected_calls", 0)) for k, v in full.items()
+    }
     return {
         **failed,
         **{f"error:{k}": float(v) for k, v in errors.items()},

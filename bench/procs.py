@@ -1,26 +1,16 @@
-"""Process helpers: free ports, fd limits and /proc readings (RSS, CPU) for a process tree.
+"""Process readings for the bench: fd limits and /proc readings (RSS, CPU) for a process tree.
 
-The broker may fork workers, so memory and CPU are summed over the whole tree.
+The broker may fork workers, so memory and CPU are summed over the whole tree. Free ports, waiting for a
+port and stopping a process come from tests/support.py, shared with the tests.
 """
 
 from __future__ import annotations
 
 import os
 import resource
-import signal
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """An ephemeral port that is free right now (the broker binds it shortly after)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def raise_nofile() -> int:
@@ -29,35 +19,6 @@ def raise_nofile() -> int:
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard
-
-
-def wait_port(host: str, port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
-    """Block until host:port accepts TCP connections; raise if proc dies or time runs out."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"exited with code {proc.returncode} before listening")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"port {port} not accepting connections after {timeout:.0f}s") from None
-            time.sleep(0.05)
-
-
-def stop_process(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
-    """SIGTERM by pid, then SIGKILL after grace seconds."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=grace)
-    except ProcessLookupError:
-        pass
 
 
 def _children() -> dict[int, list[int]]:

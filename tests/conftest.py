@@ -17,7 +17,7 @@ import pytest
 from tests import kubeapi
 from tests.integration import harness
 from tests.integration.harness import LIVE_BROKERS, MOSQUITTO, BrokerProc, ClientFactory
-from tests.redisproc import LIVE_REDIS, REDIS_SERVER_BIN, RedisServer, redis_server_available
+from tests.support import LIVE_REDIS, REDIS_SERVER_BIN, RedisServer, redis_server_available
 
 
 def pytest_configure(config):

@@ -42,7 +42,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -52,6 +51,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.support import free_port, stop_process
 
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,12 +111,6 @@ def missing_binaries(controllers: bool = False, real_node: bool = False) -> list
 
 def controllers_available() -> bool:
     return not missing_binaries(controllers=True)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------ certificates
@@ -242,18 +237,10 @@ class _Proc:
         """SIGTERM, wait, SIGKILL after `timeout`; reaped."""
         if self.popen is None:
             return None
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.kill()
-            self.popen.wait(10)
+        code = stop_process(self.popen, timeout)
         if self in LIVE_PROCS:
             LIVE_PROCS.remove(self)
-        return self.popen.returncode
+        return code
 
     def kill(self) -> None:
         if self.alive():
@@ -420,7 +407,7 @@ class ControlPlane:
         data = self.workdir / "etcd"
 
         def ports():
-            self.etcd_port, self.etcd_peer_port = _free_port(), _free_port()
+            self.etcd_port, self.etcd_peer_port = free_port(), free_port()
 
         def argv():
             peer = f"http://{HOST}:{self.etcd_peer_port}"
@@ -463,7 +450,7 @@ class ControlPlane:
     # -- kube-apiserver
     def _start_apiserver(self, detach: bool, timeout: float) -> None:
         def ports():
-            self.port = _free_port()
+            self.port = free_port()
 
         def argv():
             pki = self.pki
@@ -557,7 +544,7 @@ class ControlPlane:
                 f"--authentication-kubeconfig={kcm_kc}",
                 f"--authorization-kubeconfig={kcm_kc}",
                 f"--bind-address={HOST}",
-                f"--secure-port={_free_port()}",
+                f"--secure-port={free_port()}",
                 f"--cert-dir={self.workdir / 'kcm-certs'}",
                 "--leader-elect=false",
                 "--use-service-account-credentials=true",
@@ -580,7 +567,7 @@ class ControlPlane:
                 f"--authentication-kubeconfig={sched_kc}",
                 f"--authorization-kubeconfig={sched_kc}",
                 f"--bind-address={HOST}",
-                f"--secure-port={_free_port()}",
+                f"--secure-port={free_port()}",
                 f"--cert-dir={self.workdir / 'scheduler-certs'}",
                 "--leader-elect=false",
                 "--profiling=false",
@@ -623,7 +610,7 @@ class ControlPlane:
                 "--manage-nodes-with-annotation-selector={}={}".format(*KWOK_NODE_ANNOTATION),
                 f"--cidr={POD_CIDR}",
                 f"--node-ip={HOST}",
-                f"--server-address={HOST}:{_free_port()}",
+                f"--server-address={HOST}:{free_port()}",
                 "--node-lease-duration-seconds=40",
             ],
             detach,

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pytest
 import yaml
 
 from tests.operator.conftest import wait_for
+from tests.support import free_port
 
 from .conftest import CHART, find
 from .test_chart import CUSTOM, EXAMPLES, MONITORING
@@ -35,12 +35,6 @@ RESTRICTED = {
     "pod-security.kubernetes.io/warn": "restricted",
 }
 MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}  # no Prometheus Operator CRDs here
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ import copy
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +23,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-HOST = "127.0.0.1"
+from tests.support import HOST, free_port, kill_process, stop_process, wait_port
+
 MOSQUITTO = os.environ.get("FLEETMQ_TEST_BROKER", "fleetmq").lower() == "mosquitto"
 MOSQUITTO_BIN = os.environ.get("MOSQUITTO_BIN", "/usr/sbin/mosquitto")
 
@@ -40,25 +40,8 @@ def xfail_mosquitto(reason: str):
 LIVE_BROKERS: list[BrokerProc] = []
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def uid(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
-
-
-def wait_until(pred, timeout: float = 5.0, interval: float = 0.02, msg: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {msg}")
-        time.sleep(interval)
 
 
 # ------------------------------------------------------------------ broker processes
@@ -132,18 +115,9 @@ class BrokerProc:
 
     # -- lifecycle
     def terminate(self, timeout: float = 10.0) -> int | None:
-        if self.proc.poll() is None and self.paused:
-            self.resume()  # a stopped process would not act on SIGTERM
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        return self.proc.returncode
+        """SIGTERM (a paused broker is resumed to act on it), SIGKILL after `timeout`; reaped."""
+        self.paused = False
+        return stop_process(self.proc, timeout)
 
     def stop(self) -> None:
         self.terminate()
@@ -152,12 +126,8 @@ class BrokerProc:
 
     def kill(self) -> int | None:
         """SIGKILL (kill -9) and reap. The broker stays in LIVE_BROKERS (its log is shown on failure)."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-            self.proc.wait(5)
         self.paused = False
-        return self.proc.returncode
+        return kill_process(self.proc)
 
     def pause(self) -> None:
         """SIGSTOP: connections and listeners stay open, nothing is answered, no heartbeat."""
@@ -193,21 +163,12 @@ class BrokerProc:
 
 
 def _wait_port(bp: BrokerProc, port: int, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if bp.proc.poll() is not None:
-            raise RuntimeError(
-                f"{bp.kind} exited with {bp.proc.returncode} before listening on {port}:\n{bp.log()}"
-            )
-        try:
-            with socket.create_connection((HOST, port), timeout=0.5):
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            bp.terminate()
-            raise RuntimeError(f"{bp.kind} did not listen on {port} within {timeout}s:\n{bp.log()}")
-        time.sleep(0.05)
+    """Wait until the broker listens on `port`; stop it and raise with its log if it exits or never does."""
+    try:
+        wait_port(HOST, port, timeout, bp.proc)
+    except RuntimeError as e:
+        bp.terminate()
+        raise RuntimeError(f"{bp.kind} {e}:\n{bp.log()}") from None
 
 
 def fleetmq_config(

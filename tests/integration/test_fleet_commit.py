@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.integration import mqttraw
-from tests.integration.harness import uid, wait_until
+from tests.integration.harness import uid
 from tests.integration.mqttraw import PUBACK, RawClient
 from tests.integration.test_fleet_support import (
     AppView,
@@ -20,6 +20,7 @@ from tests.integration.test_fleet_support import (
     session_keys,
 )
 from tests.integration.test_fleet_takeover import wait_route
+from tests.support import wait_until
 
 pytestmark = pytest.mark.redis
 

@@ -11,10 +11,11 @@ from fleetmq.broker import keys
 from fleetmq.broker.redisstore import SCRIPTS, _script
 
 from tests.integration import mqttraw
-from tests.integration.harness import MOSQUITTO, uid, wait_until
+from tests.integration.harness import MOSQUITTO, uid
 from tests.integration.mqttraw import CONNACK, DISCONNECT, PUBCOMP, PUBREC, ConnectionClosed
 from tests.integration.test_fleet_support import AppView, ack_loop, parse_seq, raw_connect, seq_payload
 from tests.integration.test_fleet_takeover import wait_route
+from tests.support import wait_until
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")
 

@@ -8,8 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.integration.harness import uid, wait_until
+from tests.integration.harness import uid
 from tests.integration.test_fleet_support import raw_connect
+from tests.support import wait_until
 
 pytestmark = pytest.mark.redis
 

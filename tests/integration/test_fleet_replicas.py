@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.redisproc import RedisServer
+from tests.support import RedisServer, wait_until
 
-from .harness import MOSQUITTO, Client, uid, wait_until
+from .harness import MOSQUITTO, Client, uid
 from .mqttraw import PUBACK, RawClient
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.integration import mqttraw
-from tests.integration.harness import uid, wait_until
+from tests.integration.harness import uid
 from tests.integration.mqttraw import DISCONNECT, PUBLISH, PUBREC, PUBREL, RawClient
 from tests.integration.test_fleet_support import (
     SESSION_EXPIRY,
@@ -22,6 +22,7 @@ from tests.integration.test_fleet_support import (
     raw_connect,
     session_keys,
 )
+from tests.support import wait_until
 
 pytestmark = pytest.mark.redis
 

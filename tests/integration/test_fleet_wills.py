@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from .harness import MOSQUITTO, Client, uid, wait_until
+from tests.support import wait_until
+
+from .harness import MOSQUITTO, Client, uid
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")
 

@@ -9,7 +9,9 @@ import contextlib
 import pytest
 import yaml
 
-from .harness import MOSQUITTO, Client, uid, wait_until
+from tests.support import wait_until
+
+from .harness import MOSQUITTO, Client, uid
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")
 

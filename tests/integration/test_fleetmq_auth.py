@@ -111,7 +111,7 @@ def test_bad_users_file_is_refused_at_start(tmp_path):
 
 def test_users_file_change_applies_live(start_broker, raw_clients, users):
     """A mounted Secret changes only the users file: the broker notices it without a config change."""
-    from .harness import wait_until
+    from tests.support import wait_until
 
     bp = start_broker(zone_overrides={"users_file": str(users), "allow_anonymous": False})
     c, ack = connack(bp, raw_clients, V5, username="carol", password=b"singer")

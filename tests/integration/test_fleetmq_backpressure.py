@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import MOSQUITTO, uid, wait_until
+from tests.support import wait_until
+
+from .harness import MOSQUITTO, uid
 from .mqttraw import PUBLISH
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from tests.integration import mqttraw as m
-from tests.integration.harness import uid, wait_until
+from tests.integration.harness import uid
+from tests.support import wait_until
 
 
 def _silent_until_closed(c: m.RawClient, timeout: float) -> tuple[float, list[m.Packet]]:

@@ -12,7 +12,8 @@ import time
 import yaml
 
 from tests.integration import mqttraw as m
-from tests.integration.harness import HOST, free_port, uid, wait_until
+from tests.integration.harness import HOST, uid
+from tests.support import free_port, wait_until
 
 
 def test_health_endpoints(broker):

@@ -9,7 +9,9 @@ import signal
 import pytest
 import yaml
 
-from .harness import MOSQUITTO, free_port, uid, wait_until
+from tests.support import free_port, wait_until
+
+from .harness import MOSQUITTO, uid
 from .mqttraw import DISCONNECT, PUBACK, PUBLISH, RawClient
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")

@@ -11,7 +11,9 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from .harness import HOST, MOSQUITTO, free_port, uid
+from tests.support import free_port
+
+from .harness import HOST, MOSQUITTO, uid
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")
 
@@ -94,7 +96,8 @@ def test_rotated_certificate_is_used_without_restart(start_broker, pki, tmp_path
     """cert-manager renews the Secret mounted as certfile/keyfile: new handshakes get the new certificate."""
     import shutil
 
-    from .harness import wait_until
+    from tests.support import wait_until
+
     from .pki import make_pki
 
     crt, key = tmp_path / "tls.crt", tmp_path / "tls.key"

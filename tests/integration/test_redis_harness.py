@@ -1,4 +1,4 @@
-"""The Redis test harness itself (tests/redisproc.py and the redis_server fixture); no broker needed."""
+"""The Redis test harness itself (tests/support.py and the redis_server fixture); no broker needed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.integration import mqttraw
-from tests.redisproc import LIVE_REDIS, RedisReplyError, RedisServer
+from tests.support import LIVE_REDIS, RedisReplyError, RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -27,7 +27,7 @@ def test_start_command_and_resp_types(redis_server):
     assert rs.alive() and rs.ping()
     assert rs.url == f"redis://127.0.0.1:{rs.port}/0"
     assert rs in LIVE_REDIS
-    assert rs.command("SET", "s:{c1}", b"\x00bin\xff") == "OK"  # simple string
+    assert rs.command("SET", "s:{c1}", b"\x00bin\xff") == b"OK"  # a simple string, as redis-py returns it
     assert rs.command("GET", "s:{c1}") == b"\x00bin\xff"  # bulk string, bytes by default
     assert rs.command("GET", "missing") is None  # nil bulk
     assert rs.command("INCRBY", "n", 41) == 41  # integer
@@ -40,7 +40,7 @@ def test_start_command_and_resp_types(redis_server):
     with pytest.raises(RedisReplyError, match="WRONGTYPE"):
         rs.command("LRANGE", "h", 0, -1)
     replies = rs.pipeline(("MULTI",), ("INCR", "n"), ("LPUSH", "h", "x"), ("EXEC",))
-    assert replies[:3] == ["OK", "QUEUED", "QUEUED"]
+    assert replies[:3] == [b"OK", b"QUEUED", b"QUEUED"]
     assert replies[3][0] == 42 and isinstance(replies[3][1], RedisReplyError)
     assert rs.commandstats()["rpush"] == 1
     assert rs.info("persistence")["aof_enabled"] == "1"

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from tests.integration.harness import free_port
+from tests.support import free_port, stop_process
 
 HOST = "127.0.0.1"
 PROMETHEUS_BIN = os.environ.get("PROMETHEUS_BIN") or shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -128,18 +128,10 @@ class PrometheusServer:
         """SIGTERM by pid and wait; SIGKILL if it does not exit in time."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        code = stop_process(self.proc, timeout)
         if self in LIVE_PROMETHEUS:
             LIVE_PROMETHEUS.remove(self)
-        return self.proc.returncode
+        return code
 
     # -- HTTP API
     def api(self, path: str, **params: str | list[str]) -> Any:

@@ -30,10 +30,10 @@ import yaml
 from fleetmq.operator import grafana
 
 from tests.integration import harness
-from tests.integration.harness import BrokerProc, Client, uid, wait_until
+from tests.integration.harness import BrokerProc, Client, uid
 from tests.integration.mqttraw import PUBLISH, V5, V311, ConnectionClosed, RawClient, sub_options
 from tests.monitoring.promproc import PrometheusServer
-from tests.redisproc import RedisServer, redis_server_available
+from tests.support import RedisServer, redis_server_available, wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.prometheus, pytest.mark.timeout(300)]
 

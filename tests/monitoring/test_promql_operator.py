@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from fleetmq.operator import grafana
 
-from tests.integration.harness import free_port
 from tests.monitoring.promproc import PrometheusServer
 from tests.monitoring.test_promql import substitute
 from tests.operator.conftest import Kubectl, fleet, wait_for, zone
+from tests.support import free_port
 
 pytestmark = [pytest.mark.envtest, pytest.mark.prometheus, pytest.mark.timeout(300)]
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import urllib.request
 
-from tests.integration.harness import free_port
+from tests.support import free_port
 
 from .conftest import fleet, wait_for
 

@@ -18,8 +18,9 @@ import pytest
 import yaml
 from fleetmq.operator import metrics, render
 
-from tests.integration.harness import LIVE_BROKERS, BrokerProc, _wait_port, free_port, uid
+from tests.integration.harness import LIVE_BROKERS, BrokerProc, _wait_port, uid
 from tests.integration.mqttraw import PUBACK, PUBLISH, RawClient
+from tests.support import free_port
 
 from .conftest import fleet, wait_for, zone
 

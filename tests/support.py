@@ -1,0 +1,404 @@
+"""Ports, processes and a Redis server: the one copy the tests and the bench (bench/) share.
+
+    port = free_port()                                # a free 127.0.0.1 port, right now
+    wait_port(HOST, port, 15, proc)                   # until it accepts TCP (RuntimeError if proc exits first)
+    wait_until(lambda: ready(), timeout=5, msg="x")   # poll a predicate, AssertionError on timeout
+    stop_process(proc, grace=5)                       # SIGTERM by pid, SIGKILL after grace; reaped
+    kill_process(proc)                                # SIGKILL by pid; reaped
+
+    rs = RedisServer(tmp_path / "redis")              # redis-server on a free port, AOF with fsync always
+    rs.command("SET", "k", "v")                       # -> "OK", through redis-py on a fresh connection
+    rs.client()                                       # a redis.Redis (redis-py's own API) on that server
+    rs.kill(); rs.start()                             # same port and dir; appendfsync always keeps "k"
+    rs.pause(); rs.resume()                           # SIGSTOP / SIGCONT
+    rs.stop()                                         # SIGTERM, data kept on disk
+
+Only the standard library and redis-py (a dependency of the broker itself), so tests/kubeapi.py, which must
+import without the test extra, can use it too. Every started RedisServer is tracked in LIVE_REDIS (the test
+report shows their logs) and killed by pid at interpreter exit as a last resort.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import inspect
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+HOST = "127.0.0.1"
+T = TypeVar("T")
+
+
+# ------------------------------------------------------------------ ports and waiting
+def free_port(host: str = HOST) -> int:
+    """An ephemeral port that is free right now (the caller's server binds it shortly after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(
+    pred: Callable[[], T], timeout: float = 5.0, interval: float = 0.02, msg: str = "condition"
+) -> T:
+    """Call `pred` until it returns something true and return that; AssertionError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {msg}")
+        time.sleep(interval)
+
+
+def wait_port(host: str, port: int, timeout: float = 15.0, proc: subprocess.Popen[Any] | None = None) -> None:
+    """Block until host:port accepts TCP connections; RuntimeError when `proc` exits first or time runs out
+    (the process is left as it is)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"exited with code {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"did not listen on {host}:{port} within {timeout:g}s")
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------ processes
+def _signal(proc: subprocess.Popen[Any], sig: int) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 5.0) -> int | None:
+    """SIGTERM by pid (and SIGCONT, so a stopped process acts on it), SIGKILL if it is still there after
+    `grace` seconds; reaped. Returns the exit code (-15, -9, ...)."""
+    _signal(proc, signal.SIGTERM)
+    _signal(proc, signal.SIGCONT)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        return kill_process(proc)
+    return proc.returncode
+
+
+def kill_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> int | None:
+    """SIGKILL by pid (kill -9: a crash) and reap. Returns the exit code."""
+    _signal(proc, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout)
+    return proc.returncode
+
+
+# ------------------------------------------------------------------ redis-py clients
+RedisReplyError = redis.ResponseError  # an error reply (`-ERR ...`, `-WRONGTYPE ...`) from Redis
+
+_NO_RETRY = Retry(NoBackoff(), 0)  # a fault shows at once: tests kill and pause the server on purpose
+# no CLIENT SETINFO on connect (`driver_info` in recent redis-py, `lib_name`/`lib_version` in older ones)
+_NO_SETINFO: dict[str, None] = (
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
+
+
+def _redis(port: int, *, decode: bool, timeout: float, raw: bool) -> redis.Redis:
+    """A redis.Redis with its own pool (closed with it): RESP2, no retries, no CLIENT SETINFO (nothing but
+    the caller's commands reaches the server, so INFO commandstats counts only those). `raw`: replies as
+    Redis sends them (no redis-py response callbacks; status replies as str)."""
+    pool = redis.ConnectionPool(
+        host=HOST,
+        port=port,
+        protocol=2,  # no HELLO; RESP2 replies (HGETALL a flat array), as the tests read them
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=_NO_RETRY,
+        decode_responses=decode,
+        encoding_errors="replace",
+        **_NO_SETINFO,
+    )
+    client = redis.Redis.from_pool(pool)
+    if raw:
+        client.response_callbacks.clear()
+    return client
+
+
+@contextlib.contextmanager
+def _as_oserror() -> Iterator[None]:
+    """redis-py's connection errors as the OSError a socket would raise (ConnectionError, TimeoutError)."""
+    try:
+        yield
+    except redis.TimeoutError as e:
+        raise TimeoutError(str(e)) from e
+    except redis.ConnectionError as e:  # refused, closed, -LOADING (BusyLoadingError)
+        raise ConnectionError(str(e)) from e
+
+
+# ------------------------------------------------------------------ redis-server
+REDIS_SERVER_BIN = (
+    os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server") or "/usr/bin/redis-server"
+)
+
+# every RedisServer with a running process, so failing tests can show logs and nothing outlives pytest
+LIVE_REDIS: list[RedisServer] = []
+
+
+def redis_server_available() -> bool:
+    return os.path.isfile(REDIS_SERVER_BIN) and os.access(REDIS_SERVER_BIN, os.X_OK)
+
+
+class RedisServer:
+    """One redis-server on 127.0.0.1, data and log in `data_dir`; by default an AOF with fsync always (what
+    the broker acks is on disk), `appendonly=False` for none. `config`: more `--name value` arguments.
+
+    The port is chosen once (a free port unless given) and kept across stop()/kill()/start()."""
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        port: int | None = None,
+        *,
+        autostart: bool = True,
+        appendonly: bool = True,
+        appendfsync: str = "always",
+        config: Mapping[str, str] | None = None,
+    ):
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._fixed_port = port is not None
+        self.port = port if port is not None else free_port()
+        self.appendonly = appendonly
+        self.appendfsync = appendfsync
+        self.config = dict(config or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.paused = False
+        if autostart:
+            self.start()
+
+    # -- addresses
+    @property
+    def host(self) -> str:
+        return HOST
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "redis.log"
+
+    def log(self) -> str:
+        parts = []
+        for p in (self.data_dir / "redis.stdout", self.log_path):
+            with contextlib.suppress(OSError):
+                parts.append(p.read_text(errors="replace"))
+        return "".join(parts)
+
+    def argv(self) -> list[str]:
+        extra = [a for k, v in self.config.items() for a in (f"--{k}", v)]
+        return [
+            REDIS_SERVER_BIN,
+            "--port", str(self.port),
+            "--bind", HOST,
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", self.appendfsync,
+            "--save", "",
+            "--daemonize", "no",
+            "--protected-mode", "no",
+            "--logfile", str(self.log_path),
+            *extra,
+        ]  # fmt: skip
+
+    # -- lifecycle
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start (again) on the same port and data dir; return once it answers PING."""
+        if self.alive():
+            raise RuntimeError(f"redis-server pid {self.pid} on port {self.port} is already running")
+        if not redis_server_available():
+            raise RuntimeError(f"redis-server not found at {REDIS_SERVER_BIN} (run `make deps`)")
+        attempts = 1 if (self._fixed_port or self.proc is not None) else 3
+        for attempt in range(attempts):
+            self._spawn()
+            try:
+                self.wait_ready(timeout)
+                return self
+            except RuntimeError:
+                exited = not self.alive()
+                self._reap()
+                # a free port taken by someone else between choosing and binding: choose another
+                if exited and attempt + 1 < attempts and "Address already in use" in self.log():
+                    self.port = free_port()
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    def _spawn(self) -> None:
+        with open(self.data_dir / "redis.stdout", "ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        self.paused = False
+        if self not in LIVE_REDIS:
+            LIVE_REDIS.append(self)
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Wait until PING answers PONG (not -LOADING while the AOF is replayed)."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while True:
+            if not self.alive():
+                code = self.proc.returncode if self.proc else None
+                raise RuntimeError(f"redis-server exited with {code} on port {self.port}:\n{self.log()}")
+            try:
+                last = self.command("PING", timeout=0.5)
+                if last == b"PONG":
+                    return
+            except (OSError, RedisReplyError) as e:
+                last = e
+            if time.monotonic() > deadline:
+                if self.proc is not None:
+                    kill_process(self.proc)
+                raise RuntimeError(
+                    f"redis-server on port {self.port} not ready within {timeout}s ({last!r}):\n{self.log()}"
+                )
+            time.sleep(0.01)
+
+    def _reap(self, timeout: float = 5.0) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_process(self.proc)
+        self.paused = False
+        if self in LIVE_REDIS:
+            LIVE_REDIS.remove(self)
+        return self.proc.returncode
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM (SIGKILL after `timeout`) and reap, paused or not; the AOF stays in data_dir."""
+        if self.proc is not None:
+            stop_process(self.proc, timeout)
+        return self._reap()
+
+    def kill(self) -> int | None:
+        """SIGKILL (kill -9) and reap; what was fsynced (everything acked, with appendfsync always) stays."""
+        if self.proc is not None:
+            kill_process(self.proc)
+        return self._reap()
+
+    def pause(self) -> None:
+        """SIGSTOP: the port still accepts connections but nothing answers."""
+        if self.proc is not None:
+            _signal(self.proc, signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT."""
+        if self.proc is not None:
+            _signal(self.proc, signal.SIGCONT)
+        self.paused = False
+
+    def __enter__(self) -> RedisServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- clients (redis-py)
+    def client(self, *, decode: bool = False, timeout: float = 5.0) -> redis.Redis:
+        """A redis.Redis on this server with redis-py's usual replies (INFO parsed into dicts, SET -> True),
+        no retries; close it (or use it as a context manager)."""
+        return _redis(self.port, decode=decode, timeout=timeout, raw=False)
+
+    def command(self, *args: Any, decode: bool = False, timeout: float = 5.0) -> Any:
+        """One command on a fresh connection: command("HGETALL", key). Replies as Redis sends them: status
+        replies -> str, integers -> int, bulk strings -> bytes (str with decode=True), nil -> None,
+        arrays -> list. An error reply raises RedisReplyError (errors nested in arrays, e.g. from EXEC, are
+        returned as RedisReplyError); no connection, a timeout or -LOADING raise OSError."""
+        with _as_oserror(), _redis(self.port, decode=decode, timeout=timeout, raw=True) as r:
+            return r.execute_command(*args)
+
+    def pipeline(self, *commands: tuple[Any, ...], decode: bool = False, timeout: float = 5.0) -> list[Any]:
+        """Several commands on one connection in order (MULTI/EXEC work); errors are returned, not raised."""
+        with _as_oserror(), _redis(self.port, decode=decode, timeout=timeout, raw=True) as r:
+            pipe = r.pipeline(transaction=False)
+            for c in commands:
+                pipe.execute_command(*c)
+            return pipe.execute(raise_on_error=False)
+
+    def ping(self, timeout: float = 1.0) -> bool:
+        try:
+            return self.command("PING", timeout=timeout) == b"PONG"
+        except (OSError, RedisReplyError):
+            return False
+
+    def keys(self, pattern: str = "*") -> list[str]:
+        return sorted(self.command("KEYS", pattern, decode=True))
+
+    def hgetall(self, key: str | bytes) -> dict[bytes, bytes]:
+        flat = self.command("HGETALL", key)
+        return dict(zip(flat[::2], flat[1::2], strict=True))
+
+    def dbsize(self) -> int:
+        return int(self.command("DBSIZE"))
+
+    def flushall(self) -> None:
+        self.command("FLUSHALL")
+
+    def info(self, section: str | None = None) -> dict[str, str]:
+        """INFO [section] as {field: value} (values as text)."""
+        text = self.command("INFO", *([section] if section else []), decode=True)
+        out: dict[str, str] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#") and ":" in line:
+                k, _, v = line.partition(":")
+                out[k] = v
+        return out
+
+    def commandstats(self) -> dict[str, int]:
+        """Calls per command from INFO commandstats: {"set": 3, "evalsha": 10, ...}; reset with
+        command("CONFIG", "RESETSTAT")."""
+        out: dict[str, int] = {}
+        for k, v in self.info("commandstats").items():
+            if k.startswith("cmdstat_"):
+                fields = dict(kv.split("=", 1) for kv in v.split(","))
+                out[k.removeprefix("cmdstat_")] = int(fields.get("calls", 0))
+        return out
+
+    def __repr__(self) -> str:
+        state = "paused" if self.paused else ("running" if self.alive() else "stopped")
+        return f"<RedisServer {self.url} pid={self.pid} {state} dir={self.data_dir}>"
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for rs in list(LIVE_REDIS):
+        with contextlib.suppress(Exception):
+            rs.kill()
