@@ -171,14 +171,14 @@ class Nemesis:
             target = "all nodes" if step.all_nodes else chosen[0].name
             if step.kind == "proxy-drop":
                 f = h.fault("proxy-drop", target)
-                n = sum(p.drop() for p in chosen)
+                n = sum(p.drop_all() for p in chosen)
                 h.healed(f, f"{n} connections reset")
             elif step.kind == "proxy-blackhole":
                 f = h.fault(
                     "proxy-blackhole", target, f"{hold:.1f}s, then {'flush' if step.flush else 'reset'}"
                 )
                 for p in chosen:
-                    p.blackhole()
+                    p.hold(True)
                 await asyncio.sleep(hold)
                 for p in chosen:
                     p.heal(flush=step.flush)
@@ -186,7 +186,7 @@ class Nemesis:
             else:
                 f = h.fault("proxy-delay", target, f"+{step.latency * 1000:.0f} ms for {hold:.1f}s")
                 for p in chosen:
-                    p.delay(step.latency)
+                    p.slow(step.latency)
                 await asyncio.sleep(hold)
                 for p in chosen:
                     p.heal()
