@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from chaos.nemesis import KINDS, PASSING_TODAY, parse_kinds
+from chaos.nemesis import KINDS, PRESETS, parse_kinds
 from chaos.run import Options, run, summary, to_json, write_json
 
 
@@ -35,8 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--nemesis",
         default="all",
-        help=f"comma-separated faults or 'all' (default), or 'passing' ({','.join(PASSING_TODAY)}); "
-        f"known: {','.join(KINDS)}",
+        help="comma-separated faults and sets of faults, 'all' (default) or 'none'; faults: "
+        + ",".join(KINDS)
+        + "; sets: "
+        + "; ".join(f"{name}={','.join(kinds)}" for name, kinds in PRESETS.items() if name != "all"),
     )
     p.add_argument("--publishers", type=int, default=4)
     p.add_argument("--subscribers", type=int, default=4)
@@ -46,7 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap", type=_gap, default=(1.0, 4.0), help="healthy seconds between faults, MIN:MAX")
     p.add_argument("--max-down", type=float, default=8.0, help="longest fault in seconds (default 8)")
     p.add_argument("--drain", type=float, default=30, help="seconds to drain after healing (default 30)")
-    p.add_argument("--stuck-after", type=float, default=10.0)
+    p.add_argument(
+        "--stuck-after",
+        type=float,
+        default=10.0,
+        help="an acked message not delivered after this many healthy connected seconds is stuck (default 10)",
+    )
     p.add_argument(
         "--zone", action="append", default=[], metavar="KEY=VALUE", help="zone setting (YAML value)"
     )
@@ -62,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--history", type=Path, help="write everything the clients saw as JSON here (large)")
     p.add_argument("--examples", type=int, default=5, help="examples shown per violation class")
     a = p.parse_args(argv)
-    kinds = list(PASSING_TODAY) if a.nemesis == "passing" else parse_kinds(a.nemesis)
+    try:
+        kinds = parse_kinds(a.nemesis)
+    except ValueError as e:
+        p.error(str(e))
     zone = {}
     for kv in a.zone:
         k, _, v = kv.partition("=")

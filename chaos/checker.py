@@ -200,8 +200,8 @@ def check(h: History, *, stuck_after: float = 10.0, unrecovered: list[str] | Non
             expected_total += 1
             key = (m.pub, m.topic, m.seq)
             assert m.acked is not None
-            d = first.get(key)
-            if d is None:
+            got = first.get(key)
+            if got is None:
                 rep.add(
                     "lost",
                     m.acked,
@@ -210,14 +210,14 @@ def check(h: History, *, stuck_after: float = 10.0, unrecovered: list[str] | Non
                     + _faults_near(h, m.acked, end),
                 )
                 continue
-            if d.t - m.acked >= stuck_after:
-                waited = longest_within(watch, starts, m.acked, d.t)
+            if got.t - m.acked >= stuck_after:
+                waited = longest_within(watch, starts, m.acked, got.t)
                 if waited >= stuck_after:
                     rep.add(
                         "stuck",
                         m.acked,
                         f"{sub}: {m.pub} {m.topic} #{m.seq} acked {m.acked:.3f}s via {m.node_acked}, delivered "
-                        f"{d.t:.3f}s via {d.node} after {waited:.1f}s connected with no fault active"
+                        f"{got.t:.3f}s via {got.node} after {waited:.1f}s connected with no fault active"
                         + _faults_near(h, m.acked, end),
                     )
 

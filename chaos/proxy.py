@@ -88,16 +88,17 @@ class _Pipe:
         if self.closed:
             return
         try:
-            up_r, self.up_w = await asyncio.wait_for(
+            up_r, up_w = await asyncio.wait_for(
                 asyncio.open_connection(self.proxy.upstream_host, self.proxy.upstream_port), 5
             )
         except (OSError, TimeoutError):
             self.abort()
             return
-        if self.closed:
+        self.up_w = up_w
+        if self.gone():  # dropped while it was connecting
             self.abort()
             return
-        for r, w, requests in ((self.down_r, self.up_w, True), (up_r, self.down_w, False)):
+        for r, w, requests in ((self.down_r, up_w, True), (up_r, self.down_w, False)):
             q: collections.deque[_Item] = collections.deque()
             ready = asyncio.Event()
             self.tasks.append(asyncio.ensure_future(self._read(r, q, ready, requests)))
@@ -183,6 +184,9 @@ class _Pipe:
                     await w.drain()
         except (OSError, ConnectionError):
             self.abort()
+
+    def gone(self) -> bool:
+        return self.closed
 
     def abort(self) -> None:
         """Reset both sides now; what was in flight is lost."""

@@ -8,6 +8,7 @@ import json
 import random
 import re
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -139,7 +140,10 @@ class Fleet:
                 await self._watch
         codes = await asyncio.gather(*(n.terminate() for n in self.nodes))
         for n, code in zip(self.nodes, codes, strict=True):
-            if code not in (0, None):
+            if code == -signal.SIGKILL:  # killed by terminate() after its grace
+                notes.append(f"{n.name} did not stop within 10s of SIGTERM at the end; killed")
+            elif code not in (0, None):  # a failed shutdown is a crash too
+                self.history.node_exits.append((n.name, self.history.now(), code, False))
                 notes.append(f"{n.name} exited with status {code} on SIGTERM at the end")
         for p in self.proxies.values():
             await p.close()
