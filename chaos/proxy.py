@@ -173,6 +173,9 @@ class _Pipe:
                     await asyncio.sleep(t - loop.time())
                     continue
                 q.popleft()
+                if w.is_closing():  # the other side is gone (asyncio would log every write)
+                    self.abort()
+                    return
                 w.write(data)
                 if cut is not None:
                     await w.drain()
