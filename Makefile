@@ -46,11 +46,11 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# mypy (strict) on broker/. It finds fleetmq.broker through a link tree in the venv, since setuptools'
-# editable install is an import hook that static checkers cannot follow.
+# mypy (strict) on broker/ and chaos/. It finds fleetmq.broker through a link tree in the venv, since
+# setuptools' editable install is an import hook that static checkers cannot follow.
 typecheck: $(VENV)/.installed
 	@mkdir -p $(VENV)/typecheck/fleetmq && ln -sfn ../../../broker $(VENV)/typecheck/fleetmq/broker
-	$(BIN)/mypy -p fleetmq.broker
+	$(BIN)/mypy -p fleetmq.broker -p chaos
 
 # The fast inner loop: lint, types, the layering contract and the unit tests; no apt, no Go, no servers.
 check: lint typecheck
@@ -107,6 +107,15 @@ test: deps envtest tools typecheck
 
 bench: deps
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The fleet under faults (chaos/, README "Chaos testing"): 3 nodes on one redis-server (AOF, appendfsync
+# always), MQTT 3.1.1 and 5 clients at QoS 1 and 2, a seeded nemesis, then a checker; exit 1 on any
+# violation. The default is a few minutes; the long campaign is e.g.
+#   make chaos CHAOS_ARGS="--seed 101 --runs 7 --duration 600"
+CHAOS_ARGS ?= --seed 1 --duration 180
+.PHONY: chaos
+chaos: deps
+	$(BIN)/python -m chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

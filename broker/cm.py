@@ -444,6 +444,13 @@ class ChannelManager:
         needs_commit = durable and msg.retain
         mqos = msg.qos
         mretain = msg.retain
+        # what is queued in Redis for others is stored only while the publisher's journaled session is
+        # still ours (store.Enqueue.guard)
+        guard: tuple[str, int] | None = None
+        if durable and mqos:
+            pch = channels.get(sender)
+            if pch is not None and pch.session is not None and pch.session.journal is not None:
+                guard = (sender, pch.session.epoch)
         for cid, sub_qos, rap, sub_ids in targets:
             qos = mqos if mqos < sub_qos else sub_qos
             retain = mretain and rap
@@ -454,7 +461,7 @@ class ChannelManager:
                     needs_commit = True
                 continue
             if durable:  # the store knows whether the session exists and keeps QoS0 for it
-                self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids)))
+                self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids), guard))
                 needs_commit = True
                 continue
             parked = self.offline.get(cid)
@@ -486,6 +493,10 @@ class ChannelManager:
             ch = self.channels.get(cid)
             if ch is not None:
                 self._fence(ch)
+        if result.refused:
+            log.info(
+                "%d deliveries not queued: their publisher's session is another node's now", result.refused
+            )
 
     def _commit_failed(self, ops: list[Op]) -> None:
         """A journal write may be lost: those sessions resynchronise from the store (their clients

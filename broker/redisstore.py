@@ -183,19 +183,29 @@ end
 return 1
 """
 
-# KEYS: m q. ARGV: client id, then (delivery, qos) pairs: every delivery of one batch for one session.
-# Returns {dropped, zone, skipped} or -1 (no such session): dropped from the full queue, and QoS0 skipped
-# for an offline session that does not keep it. A session connected somewhere is woken there by the same script: no stale owner cache.
+# KEYS: m q, then the meta keys of the guards' publisher sessions. ARGV: client id, n guards, the guards'
+# epochs, then (delivery, qos, guard number or 0) triples: every delivery of one batch for one session.
+# Returns {dropped, zone, skipped, refused} or -1 (no such session): dropped from the full queue, QoS0
+# skipped for an offline session that does not keep it, and refused because the publisher's session is
+# at another epoch now (store.Enqueue.guard). A session connected somewhere is woken there by the same
+# script: no stale owner cache.
 ENQUEUE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local meta = redis.call('HMGET', KEYS[1], 'qos0', 'maxq', 'zone', 'online', 'node')
 local online = meta[4] == '1'
 local skip_qos0 = meta[1] == '0' and not online
 local before = redis.call('LLEN', KEYS[2])
+local ng = tonumber(ARGV[2])
+local guard_ok = {}
+for g = 1, ng do guard_ok[g] = redis.call('HGET', KEYS[2 + g], 'epoch') == ARGV[2 + g] end
 local t = {}
 local skipped = 0
-for j = 2, #ARGV, 2 do
-  if skip_qos0 and ARGV[j + 1] == '0' then
+local refused = 0
+for j = 3 + ng, #ARGV, 3 do
+  local g = tonumber(ARGV[j + 2])
+  if g > 0 and not guard_ok[g] then
+    refused = refused + 1
+  elseif skip_qos0 and ARGV[j + 1] == '0' then
     skipped = skipped + 1
   else
     t[#t + 1] = ARGV[j]
@@ -216,7 +226,7 @@ local max = tonumber(meta[2] or '0')
 if max > 0 and not online then
   if len > max then dropped = len - max; redis.call('LTRIM', KEYS[2], dropped, -1) end
 end
-return {dropped, meta[3] or 'default', skipped}
+return {dropped, meta[3] or 'default', skipped, refused}
 """
 
 # ARGV: epoch ('' = unfenced), node, client id
@@ -536,10 +546,15 @@ class RedisStore(SessionStore):
                     if group[0] is not op:
                         continue
                     kinds.append(group)
-                    args: list[Any] = [op.client_id]
+                    guards: dict[tuple[str, int], int] = {}
+                    items: list[Any] = []
                     for e in group:
-                        args += [pack_delivery(e.delivery), str(e.delivery.qos)]
-                    self._call(pipe, "enqueue", keys.session_keys(op.client_id)[0:3:2], args)
+                        g = 0 if e.guard is None else guards.setdefault(e.guard, len(guards) + 1)
+                        items += [pack_delivery(e.delivery), str(e.delivery.qos), g]
+                    skeys = keys.session_keys(op.client_id)[0:3:2]
+                    skeys += [keys.session_keys(cid)[keys.META] for cid, _epoch in guards]
+                    args: list[Any] = [op.client_id, len(guards), *(str(ep) for _cid, ep in guards), *items]
+                    self._call(pipe, "enqueue", skeys, args)
                     continue
                 kinds.append(op)
                 if isinstance(op, JournalChanges):
@@ -582,6 +597,7 @@ class RedisStore(SessionStore):
                         result.dropped.append((zone, cid, int(reply[0])))
                     if int(reply[2]):
                         result.skipped_qos0.append((zone, cid, int(reply[2])))
+                    result.refused += int(reply[3])
             elif isinstance(kind, JournalChanges | Route) and reply == -1:
                 result.fenced.append(kind.client_id)
         if self.wait_replicas:

@@ -38,10 +38,16 @@ class Save:
 
 @dataclass(slots=True)
 class Enqueue:
-    """Queue a delivery in an offline session (the store applies max_mqueue_len, dropping the oldest)."""
+    """Queue a delivery in an offline session (the store applies max_mqueue_len, dropping the oldest).
+
+    `guard` (publisher client id, its epoch here): the publisher's session is journaled, so the delivery
+    is stored only if that session is still this node's at that epoch, as its awaiting-PUBREL record is.
+    A node fenced meanwhile routes nothing for a session it lost: its client sends the message again to
+    the new owner, which would route it a second time (a QoS 2 message delivered twice)."""
 
     client_id: str
     delivery: Delivery
+    guard: tuple[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -81,6 +87,7 @@ class CommitResult:
     skipped_qos0: list[tuple[str, str, int]] = field(default_factory=list)
     missing: list[Enqueue] = field(default_factory=list)  # enqueues for sessions that no longer exist
     fenced: list[str] = field(default_factory=list)  # sessions another node owns now (stale epoch)
+    refused: int = 0  # guarded deliveries not stored: their publisher's session was fenced
     duration: float = 0.0
 
 
@@ -289,6 +296,7 @@ class GroupCommitter:
 
     async def _commit(self, ops: list[Op], waiters: list[Callable[[bool], Any]]) -> None:
         ok = True
+        later: tuple[list[Op], list[Callable[[bool], Any]]] = ([], [])
         try:
             if ops:
                 t0 = time.perf_counter()
@@ -301,17 +309,51 @@ class GroupCommitter:
             ok = False
             self.metrics.store_errors += 1
             log.warning("session store commit of %d writes failed: %s", len(ops), e)
+            later = self._take_dependent()
             if self.on_failure is not None:
                 self.on_failure(ops)
         finally:
             self._inflight = None
+        self._notify(waiters, ok)
+        if later[0] or later[1]:
+            if later[0]:
+                log.warning("%d writes made meanwhile are not committed either", len(later[0]))
+                if self.on_failure is not None:
+                    self.on_failure(later[0])
+            self._notify(later[1], False)
+        if self._ops or self._waiters or self._touched:
+            self._schedule()
+
+    def _take_dependent(self) -> tuple[list[Op], list[Callable[[bool], Any]]]:
+        """After a failed commit, whose outcome is unknown: take what was written while it was in flight,
+        the routings (Enqueue) and session changes (journals) that may build on it, and every callback
+        waiting for the next commit. Committed alone they could store the rest of a publisher's window
+        without its start (a later message routed before an earlier one, which the client then sends
+        again), or a journal's next change without the one before. They fail with it: the publishers
+        are not acknowledged and send again in order, the sessions resynchronise from the store. Writes
+        that stand alone (a parked session, a route, a retained message) still go out."""
+        if self._touched:
+            journals, self._journals = self._journals, []
+            for journal in journals:
+                changes = journal.take()
+                if changes is not None:
+                    self._ops.append(changes)
+            self._touched = False
+        dependent: list[Op] = []
+        alone: list[Op] = []
+        for op in self._ops:
+            (dependent if isinstance(op, Enqueue | JournalChanges) else alone).append(op)
+        self._ops = alone
+        waiters, self._waiters = self._waiters, []
+        return dependent, waiters
+
+    @staticmethod
+    def _notify(waiters: list[Callable[[bool], Any]], ok: bool) -> None:
         for cb in waiters:
             try:
                 cb(ok)
             except Exception:  # pragma: no cover - a broken callback must not starve the others
                 log.exception("commit callback failed")
-        if self._ops or self._waiters or self._touched:
-            self._schedule()
 
     async def barrier(self) -> bool:
         """Wait until every write made before this call is committed; False if that commit failed."""

@@ -1,15 +1,10 @@
-"""A TCP proxy between broker nodes and redis-server that a test steers, to put a fault at a chosen point.
-
-It understands just enough RESP to find where each request (an array of bulk strings) ends, so a test can
-- cut a connection right after the first complete request matching some bytes has been forwarded: Redis
-  runs what came before and that request, never what follows in the same pipeline;
-- delay every request matching some bytes (and, to keep order, what follows it on that connection);
-- drop every connection (each side sees a reset), or hold them all (a black hole: nothing forwarded).
-It runs its own asyncio loop in a thread; every method is called from the test's thread.
+"""The chaos harness's Redis proxy (chaos/proxy.py) for tests that steer it from their own thread, to put a
+fault at a chosen point. It runs on an asyncio loop of its own in a thread; every method here is called from
+the test's thread and returns once the proxy has applied it.
 
     proxy = RedisProxy(redis_server.port)    # nodes use proxy.url
     proxy.cut_after(b"EVALSHA", b"abc...")   # the next pipeline holding that script is cut right after it
-    proxy.delay(b"EVALSHA", 0.3, b"abc...")  # requests holding all the given byte strings wait 0.3 s
+    proxy.delay(0.3, b"EVALSHA", b"abc...")  # requests holding all the given byte strings wait 0.3 s
     proxy.drop_all(); proxy.hold(True)
     proxy.close()
 """
@@ -17,186 +12,64 @@ It runs its own asyncio loop in a thread; every method is called from the test's
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import TypeVar
 
-HOST = "127.0.0.1"
+from chaos.proxy import Proxy, request_end
 
+__all__ = ["RedisProxy", "request_end"]
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def request_end(buf: bytes | bytearray, pos: int = 0) -> int:
-    """The index just past the request starting at `pos`, or -1 if it is not complete yet. A request is
-    a RESP array of bulk strings (`*N\\r\\n` then N times `$len\\r\\n<bytes>\\r\\n`), or an inline command
-    line ending in CRLF."""
-    if pos >= len(buf):
-        return -1
-    if buf[pos : pos + 1] != b"*":
-        nl = buf.find(b"\r\n", pos)
-        return -1 if nl < 0 else nl + 2
-    nl = buf.find(b"\r\n", pos)
-    if nl < 0:
-        return -1
-    count = int(buf[pos + 1 : nl])
-    p = nl + 2
-    for _ in range(count):
-        nl = buf.find(b"\r\n", p)
-        if nl < 0:
-            return -1
-        length = int(buf[p + 1 : nl])
-        p = nl + 2 + length + 2
-        if p > len(buf):
-            return -1
-    return p
-
-
-@dataclass
-class _Rule:
-    needles: tuple[bytes, ...]
-    delay: float = 0.0
-    cut: bool = False
-    fired: threading.Event = field(default_factory=threading.Event)
-
-    def matches(self, request: bytes) -> bool:
-        return all(n in request for n in self.needles)
+T = TypeVar("T")
 
 
 class RedisProxy:
-    def __init__(self, redis_port: int, redis_host: str = HOST) -> None:
-        self.target = (redis_host, redis_port)
-        self.port = _free_port()
-        self._rules: list[_Rule] = []
-        self._holding = False
-        self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+    def __init__(self, redis_port: int, redis_host: str = "127.0.0.1") -> None:
         self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"redis-proxy-{self.port}", daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="redis-proxy", daemon=True)
         self._thread.start()
-        if not self._ready.wait(5):
-            raise RuntimeError("the redis proxy did not start")
+        self._proxy: Proxy = asyncio.run_coroutine_threadsafe(
+            self._start(redis_port, redis_host), self._loop
+        ).result(5)
+        self.port = self._proxy.port
+
+    async def _start(self, redis_port: int, redis_host: str) -> Proxy:
+        proxy = Proxy("redis-proxy", redis_port, upstream_host=redis_host)
+        await proxy.start()
+        return proxy
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
+        return self._proxy.url
 
-    # -- steering (from the test's thread) ----------------------------------------------------------
+    def _call(self, fn: Callable[[], T]) -> T:
+        async def run() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(5)
+
     def cut_after(self, *needles: bytes) -> threading.Event:
         """Cut the connection of the next request holding every needle right after forwarding it (what
         follows it in the same pipeline never reaches Redis). The event is set when it happened."""
-        rule = _Rule(needles, cut=True)
-        self._call(self._rules.append, rule)
-        return rule.fired
+        return self._call(lambda: self._proxy.cut_after(*needles))
 
     def delay(self, seconds: float, *needles: bytes) -> threading.Event:
         """Hold every request holding all needles (and what follows on its connection) for `seconds`."""
-        rule = _Rule(needles, delay=seconds)
-        self._call(self._rules.append, rule)
-        return rule.fired
+        return self._call(lambda: self._proxy.delay(seconds, *needles))
 
     def clear(self) -> None:
-        self._call(self._rules.clear)
+        self._call(self._proxy.clear)
 
     def drop_all(self) -> None:
-        """Close every connection now (both sides see it closed)."""
-        self._call(self._drop_all)
+        """Reset every connection now (both sides see it closed)."""
+        self._call(self._proxy.drop_all)
 
     def hold(self, on: bool) -> None:
         """A black hole while on: connections stay open but nothing is forwarded either way."""
-        self._holding = on
+        self._call(lambda: self._proxy.hold(on))
 
     def close(self) -> None:
-        self._call(self._drop_all)
+        asyncio.run_coroutine_threadsafe(self._proxy.close(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
-
-    def _call(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
-        done = threading.Event()
-
-        def run() -> None:
-            fn(*args)
-            done.set()
-
-        self._loop.call_soon_threadsafe(run)
-        done.wait(5)
-
-    # -- the proxy (on its loop) --------------------------------------------------------------------
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._accept, HOST, self.port))
-        self._ready.set()
-        try:
-            self._loop.run_forever()
-        finally:
-            server.close()
-            self._loop.close()
-
-    def _drop_all(self) -> None:
-        for client, upstream in list(self._conns):
-            for w in (client, upstream):
-                with contextlib.suppress(Exception):
-                    w.transport.abort()
-        self._conns.clear()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.transport.abort()
-            return
-        pair = (writer, up_writer)
-        self._conns.add(pair)
-        await asyncio.gather(
-            self._requests(reader, up_writer, pair), self._replies(up_reader, writer), return_exceptions=True
-        )
-        self._conns.discard(pair)
-        for w in pair:
-            with contextlib.suppress(Exception):
-                w.transport.abort()
-
-    async def _wait_flowing(self) -> None:
-        while self._holding:
-            await asyncio.sleep(0.01)
-
-    async def _requests(self, reader: asyncio.StreamReader, up: asyncio.StreamWriter, pair: tuple) -> None:
-        buf = bytearray()
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                up.write_eof()
-                return
-            buf += data
-            while True:
-                end = request_end(buf)
-                if end < 0:
-                    break
-                request = bytes(buf[:end])
-                del buf[:end]
-                await self._wait_flowing()
-                rule = next((r for r in self._rules if r.matches(request)), None)
-                if rule is not None and rule.delay:
-                    rule.fired.set()
-                    await asyncio.sleep(rule.delay)
-                up.write(request)
-                await up.drain()
-                if rule is not None and rule.cut:
-                    self._rules.remove(rule)
-                    rule.fired.set()
-                    await asyncio.sleep(0.05)  # let Redis read it before the connection goes
-                    for w in pair:
-                        w.transport.abort()
-                    return
-
-    async def _replies(self, up_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            data = await up_reader.read(65536)
-            if not data:
-                return
-            await self._wait_flowing()
-            writer.write(data)
-            await writer.drain()
+        self._loop.close()

@@ -212,3 +212,37 @@ def test_publish_on_takeover_node_meanwhile_reaches_the_session(fleet):
     assert {n for _, n in map(parse_seq, view.delivered)} == set(range(10))
     back.close()
     pub.close()
+
+
+def test_qos2_publish_routed_by_a_fenced_node_is_not_routed_twice(fleet, redis_proxy):
+    """Found by `python -m chaos --seed 101` (two QoS 2 duplicates after a proxy black hole): the node of a
+    v5 publisher routed a QoS 2 PUBLISH while cut off from Redis (its commit held). The client resumed on
+    another node, which took the session over without the silent node (fencing it) and, finding no
+    awaiting-PUBREL record, routed the resent PUBLISH. Then the held commit landed: the publisher's record
+    was refused (stale epoch) but the routing in the same transaction was not, so every subscriber got the
+    message twice. The routing of a fenced publisher's QoS 2 message must be refused with its record."""
+    [a] = fleet(1, redis_url=redis_proxy.url)  # the publisher's first node, through the proxy
+    [b] = fleet(1)
+    topic = uid("fence/")
+    sub, _ = raw_connect(b, uid("sub"), 5)
+    sub.subscribe([(topic, 2)])
+    wait_route(a, sub, topic)
+    pcid = uid("pub")
+    old, _ = raw_connect(a, pcid, 5)
+    redis_proxy.hold(True)  # a is cut off: its commit (routing + awaiting PUBREL) waits in the proxy
+    old.send(mqttraw.publish(topic, seq_payload("f", 1), qos=2, packet_id=7, version=5))
+    time.sleep(0.2)
+    # the client gives up on a and resumes on b, which cannot reach a and fences it (HANDOVER_TIMEOUT)
+    pub, ack = raw_connect(b, pcid, 5, timeout=10)
+    assert ack.session_present
+    pub.send(mqttraw.publish(topic, seq_payload("f", 1), qos=2, packet_id=7, dup=True, version=5))
+    rec = pub.expect(PUBREC)
+    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
+    pub.expect(PUBCOMP)
+    redis_proxy.hold(False)  # a's held commit reaches Redis now, with a stale epoch for the publisher
+    view = AppView()
+    ack_loop(sub, view, quiet=3.0, timeout=10)
+    assert [parse_seq(p) for p in view.delivered] == [("f", 1)], (
+        "a QoS 2 message reached the subscriber twice"
+    )
+    old.close()

@@ -1,0 +1,245 @@
+"""The fleet's processes: redis-server and fleetmq broker nodes, started, signalled and stopped by pid.
+
+Every process the harness starts is recorded in STARTED and killed by pid at exit if still running, so a
+crashed or interrupted run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HOST = "127.0.0.1"
+REDIS_SERVER = os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server") or "/usr/bin/redis-server"
+STARTED: list[subprocess.Popen[bytes]] = []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} before listening on {port}")
+        try:
+            _, w = await asyncio.wait_for(asyncio.open_connection(HOST, port), 0.5)
+            w.close()
+            return
+        except (OSError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not listening on {port} after {timeout:.0f}s")
+        await asyncio.sleep(0.05)
+
+
+class Proc:
+    """A child process that can be killed, paused, resumed and started again with the same command."""
+
+    name: str
+    log_path: Path
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.paused = False
+        self.down = True  # killed (or not started) on purpose
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def spawn(self) -> None:
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n----- chaos: start at {time.strftime('%H:%M:%S')} -----\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        STARTED.append(self.proc)
+        self.paused = False
+        self.down = False
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """kill -9 and reap."""
+        self.down = True
+        self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(5)
+        self.paused = False
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.paused = False
+
+    async def terminate(self, grace: float = 10.0) -> int | None:
+        """SIGTERM (after SIGCONT if paused), SIGKILL after `grace`; returns the exit status."""
+        self.down = True
+        if self.proc is None:
+            return None
+        if self.paused:
+            self.resume()
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.proc.poll() is None:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(5)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")
+        return ""
+
+
+class Redis(Proc):
+    """redis-server on a fixed loopback port with its data dir; AOF with appendfsync always unless `aof`
+    is False (a Redis that forgets everything on restart: one of the deliberately broken fleets)."""
+
+    def __init__(self, name: str, data_dir: Path, log_dir: Path, *, aof: bool = True):
+        super().__init__()
+        self.name, self.data_dir, self.aof = name, data_dir, aof
+        self.port = free_port()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{name}.log"
+
+    def argv(self) -> list[str]:
+        return [
+            REDIS_SERVER, "--port", str(self.port), "--bind", HOST, "--dir", str(self.data_dir),
+            "--appendonly", "yes" if self.aof else "no", "--appendfsync", "always", "--save", "",
+            "--daemonize", "no", "--protected-mode", "no",
+        ]  # fmt: skip
+
+    async def start(self, timeout: float = 15.0) -> None:
+        if not os.access(REDIS_SERVER, os.X_OK):
+            raise RuntimeError(f"redis-server not found at {REDIS_SERVER} (make deps)")
+        self.spawn()
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while not await self.ping():  # PONG, not -LOADING while the AOF is replayed
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} not answering PING after {timeout:.0f}s")
+            await asyncio.sleep(0.05)
+
+    async def ping(self) -> bool:
+        try:
+            r, w = await asyncio.wait_for(asyncio.open_connection(HOST, self.port), 0.5)
+        except (OSError, TimeoutError):
+            return False
+        try:
+            w.write(b"*1\r\n$4\r\nPING\r\n")
+            return await asyncio.wait_for(r.readline(), 0.5) == b"+PONG\r\n"
+        except (OSError, TimeoutError):
+            return False
+        finally:
+            w.close()
+
+
+class Node(Proc):
+    """One fleetmq broker node: `python -m fleetmq.broker --config FILE`, its listener and metrics ports
+    chosen once and kept across restarts, its log appended."""
+
+    def __init__(self, name: str, workdir: Path, store: dict[str, Any], zone: dict[str, Any]):
+        super().__init__()
+        self.name = name
+        self.port, self.metrics_port = free_port(), free_port()
+        self.config_path = workdir / f"{name}.yaml"
+        self.log_path = workdir / f"{name}.log"
+        config = {
+            "node_id": name,
+            "store": store,
+            "zones": {"default": zone},
+            "listeners": [{"name": "mqtt", "zone": "default", "bind": f"{HOST}:{self.port}"}],
+            "metrics": {"bind": f"{HOST}:{self.metrics_port}"},
+        }
+        self.config_path.write_text(json.dumps(config, indent=1) + "\n")  # JSON is YAML
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "fleetmq.broker",
+            "--config",
+            str(self.config_path),
+            "--log-level",
+            "info",
+        ]
+
+    async def start(self, timeout: float = 30.0) -> None:
+        self.spawn()
+        assert self.proc is not None
+        await wait_listening(self.port, self.proc, timeout, self.name)
+
+    async def metrics(self) -> str:
+        """The node's /metrics text (empty when it does not answer)."""
+        try:
+            r, w = await asyncio.wait_for(asyncio.open_connection(HOST, self.metrics_port), 2)
+        except (OSError, TimeoutError):
+            return ""
+        try:
+            w.write(f"GET /metrics HTTP/1.0\r\nHost: {HOST}\r\n\r\n".encode())
+            data = await asyncio.wait_for(r.read(), 5)
+        except (OSError, TimeoutError):
+            return ""
+        finally:
+            w.close()
+        return data.partition(b"\r\n\r\n")[2].decode(errors="replace")
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels`, from Prometheus text."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        sname, _, rest = head.partition("{")
+        if sname != name:
+            continue
+        have = dict(kv.split("=", 1) for kv in rest.rstrip("}").replace('"', "").split(",") if "=" in kv)
+        if all(have.get(k) == v for k, v in labels.items()):
+            with contextlib.suppress(ValueError):
+                total += float(value)
+    return total
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for p in STARTED:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
+                os.kill(p.pid, signal.SIGKILL)

@@ -1,0 +1,398 @@
+"""One chaos run: start the fleet, the clients and the nemesis; heal, drain, check; print one summary."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import re
+import shutil
+import signal
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.checker import CLASSES, Report, check
+from chaos.client import Client, Publisher, Subscriber
+from chaos.history import History
+from chaos.nemesis import REDIS_KINDS, Nemesis
+from chaos.procs import HOST, Node, Redis, metric_sum
+from chaos.proxy import Proxy
+from chaos.relay import make_relays
+
+
+@dataclass
+class Options:
+    seed: int = 1
+    duration: float = 60.0  # seconds of the nemesis phase
+    nodes: int = 3
+    kinds: list[str] = field(default_factory=list)
+    publishers: int = 4
+    subscribers: int = 4
+    rate: float = 20.0  # messages a second per publisher
+    topics: int = 2  # topics per publisher
+    window: int = 8  # publisher's in-flight window
+    store: str = "redis"  # "memory": every node with in-memory sessions (a deliberately broken fleet)
+    relay: bool = False  # clients reach the nodes through relays that lose, duplicate, reorder (broken)
+    aof: bool = True  # False: redis-server without persistence (a deliberately broken fleet)
+    gap: tuple[float, float] = (1.0, 4.0)
+    max_down: float = 8.0
+    drain: float = 30.0
+    stuck_after: float = 10.0
+    zone: dict[str, Any] = field(default_factory=dict)
+    logs: Path | None = None
+    examples: int = 5
+
+
+class Fleet:
+    """The processes and proxies of one run, and the clients (the nemesis reaches them through this)."""
+
+    def __init__(self, opts: Options, history: History, workdir: Path, logdir: Path):
+        self.opts, self.history = opts, history
+        self.redis: list[Redis] = []
+        self.proxies: dict[str, Proxy] = {}
+        self.nodes: list[Node] = []
+        self.clients: list[Client] = []
+        if opts.store == "redis":
+            self.redis.append(Redis("redis-0", workdir / "redis-0", logdir, aof=opts.aof))
+        for i in range(opts.nodes):
+            name = f"n{i}"
+            if opts.store == "redis":
+                proxy = Proxy(f"{name}-redis-proxy", self.redis[0].port)
+                self.proxies[name] = proxy
+                store: dict[str, Any] = {"kind": "redis", "url": f"redis://{HOST}:{proxy.port}/0"}
+            else:
+                store = {"kind": "memory"}
+            self.nodes.append(Node(name, logdir, store, opts.zone))
+        self.relays = (
+            {
+                r.name.removesuffix("-relay"): r
+                for r in make_relays([(n.name, n.port) for n in self.nodes], opts.seed)
+            }
+            if opts.relay
+            else {}
+        )
+        self._watch: asyncio.Task[None] | None = None
+        self._restarting: set[str] = set()
+
+    async def start(self) -> None:
+        for rs in self.redis:
+            await rs.start()
+        for p in self.proxies.values():
+            await p.start()
+        await asyncio.gather(*(n.start() for n in self.nodes))
+        for r in self.relays.values():
+            await r.start()
+        self._watch = asyncio.ensure_future(self._watch_exits())
+
+    def live_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.alive() and not n.paused and not n.down]
+
+    def pick(self, rng: random.Random, want: str | None) -> tuple[str, str, int] | None:
+        """Where a client connects: `want` if it is live, else a random live node."""
+        live = self.live_nodes()
+        if not live:
+            return None
+        chosen = next((n for n in live if n.name == want), None) or rng.choice(live)
+        relay = self.relays.get(chosen.name)
+        return chosen.name, HOST, relay.port if relay else chosen.port
+
+    async def start_node(self, node: Node) -> None:
+        try:
+            await node.start()
+        except RuntimeError as e:  # it did not come back: an exit nobody asked for
+            self.history.node_exits.append(
+                (node.name, self.history.now(), node.proc.returncode if node.proc else None, False)
+            )
+            self.history.notes.append(f"{self.history.now():.3f} {node.name} failed to restart: {e}")
+
+    async def _watch_exits(self) -> None:
+        """A node that exits on its own is a crash: recorded, then restarted so the run goes on."""
+        while True:
+            await asyncio.sleep(0.2)
+            for n in self.nodes:
+                if (
+                    not n.down
+                    and n.proc is not None
+                    and n.proc.poll() is not None
+                    and n.name not in self._restarting
+                ):
+                    self.history.node_exits.append((n.name, self.history.now(), n.proc.returncode, False))
+                    self._restarting.add(n.name)
+                    await self.start_node(n)
+                    self._restarting.discard(n.name)
+            for rs in self.redis:
+                if not rs.down and rs.proc is not None and rs.proc.poll() is not None:
+                    self.history.notes.append(
+                        f"{self.history.now():.3f} {rs.name} exited with {rs.proc.returncode} on its own"
+                    )
+                    await rs.start()
+
+    async def stop(self) -> list[str]:
+        """Stop everything by pid; returns notes about exits at shutdown."""
+        notes = []
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watch
+        codes = await asyncio.gather(*(n.terminate() for n in self.nodes))
+        for n, code in zip(self.nodes, codes, strict=True):
+            if code == -signal.SIGKILL:  # killed by terminate() after its grace
+                notes.append(f"{n.name} did not stop within 10s of SIGTERM at the end; killed")
+            elif code not in (0, None):  # a failed shutdown is a crash too
+                self.history.node_exits.append((n.name, self.history.now(), code, False))
+                notes.append(f"{n.name} exited with status {code} on SIGTERM at the end")
+        for p in self.proxies.values():
+            await p.close()
+        for r in self.relays.values():
+            await r.close()
+        for rs in self.redis:
+            await rs.terminate()
+        return notes
+
+
+def _clients(
+    opts: Options, fleet: Fleet, h: History, run_id: str
+) -> tuple[list[Publisher], list[Subscriber]]:
+    """Publishers and subscribers over both protocol versions and both QoS levels (i % 2 picks the
+    version, i // 2 % 2 the QoS), each with its own RNG from the seed."""
+    pubs, subs = [], []
+    for i in range(opts.publishers):
+        version, qos = (4, 5)[i % 2], (1, 2)[i // 2 % 2]
+        cid = f"pub{i}-v{version}q{qos}"
+        topics = [f"chaos/{run_id}/{cid}/{k}" for k in range(opts.topics)]
+        rng = random.Random(f"client:{opts.seed}:{cid}")
+        pubs.append(
+            Publisher(
+                cid, version, h, fleet.pick, rng, qos=qos, topics=topics, rate=opts.rate, window=opts.window
+            )
+        )
+    for i in range(opts.subscribers):
+        version, qos = (4, 5)[i % 2], (1, 2)[i // 2 % 2]
+        cid = f"sub{i}-v{version}q{qos}"
+        rng = random.Random(f"client:{opts.seed}:{cid}")
+        subs.append(Subscriber(cid, version, h, fleet.pick, rng, qos=qos, filter=f"chaos/{run_id}/#"))
+    return pubs, subs
+
+
+def _undelivered(h: History) -> list[tuple[str, tuple[str, str, int]]]:
+    """(subscriber, message) pairs acked but not delivered yet."""
+    got: dict[str, set[tuple[str, str, int]]] = {s: set() for s in h.subs}
+    for d in h.deliveries:
+        got[d.sub].add((d.pub, d.topic, d.seq))
+    out = []
+    for key, m in h.msgs.items():
+        if m.acked is None:
+            continue
+        for s, info in h.subs.items():
+            if info.suback is not None and m.sent > info.suback and key not in got[s]:
+                out.append((s, key))
+    return out
+
+
+async def _drain(h: History, pubs: list[Publisher], limit: float) -> None:
+    """Wait until every publisher's window is acked and every acked message delivered, or `limit`."""
+    t = h.now()
+    while h.now() - t < limit:
+        if all(p.idle() for p in pubs) and not _undelivered(h):
+            return
+        await asyncio.sleep(0.25)
+
+
+async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
+    h = History()
+    run_id = f"s{opts.seed}-{int(time.time()) % 100000}"
+    workdir = Path(tempfile.mkdtemp(prefix="chaos-"))
+    logdir = opts.logs or Path("chaos/results") / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{opts.seed}"
+    logdir.mkdir(parents=True, exist_ok=True)
+    kinds = [k for k in opts.kinds if opts.store == "redis" or k not in REDIS_KINDS]
+    fleet = Fleet(opts, h, workdir, logdir)
+    pubs, subs = _clients(opts, fleet, h, run_id)
+    fleet.clients = [*pubs, *subs]
+    tasks: list[asyncio.Task[None]] = []
+    extra: dict[str, Any] = {"logs": str(logdir), "kinds": kinds, "run_id": run_id}
+    unrecovered: list[str] = []
+    try:
+        await fleet.start()
+        h.notes.append(f"{h.now():.3f} fleet up: {', '.join(f'{n.name}:{n.port}' for n in fleet.nodes)}")
+        tasks += [asyncio.ensure_future(c.run()) for c in subs]
+        t_sub = h.now()
+        while any(h.subs[s.cid].suback is None for s in subs) and h.now() - t_sub < 30:
+            await asyncio.sleep(0.05)
+        tasks += [asyncio.ensure_future(p.run()) for p in pubs]
+        tasks += [asyncio.ensure_future(p.produce()) for p in pubs]
+        t_start = h.now()
+        nemesis = Nemesis(fleet, h, opts.seed, kinds, gap=opts.gap, max_down=opts.max_down)
+        nem = asyncio.ensure_future(nemesis.run(t_start + opts.duration))
+        while not nem.done():
+            await asyncio.wait([nem, *tasks], return_when=asyncio.FIRST_COMPLETED, timeout=1.0)
+            for t in tasks:
+                if t.done():
+                    t.result()  # a client that failed is a harness bug: stop here
+        nem.result()
+        extra["nemesis_s"] = h.now() - t_start
+        await nemesis.heal_all()
+        h.notes.append(f"{h.now():.3f} healed; draining")
+        for p in pubs:
+            p.producing = False
+        t_drain = h.now()
+        await _drain(h, pubs, opts.drain)
+        late = _undelivered(h)
+        if late:
+            # still undelivered to connected subscribers: reconnecting tells stuck (it comes now) from
+            # lost (it never does)
+            behind = {s for s, _ in late}
+            h.notes.append(
+                f"{h.now():.3f} {len(late)} deliveries still missing {h.now() - t_drain:.0f}s after healing; "
+                f"reconnecting {', '.join(sorted(behind))}"
+            )
+            for s in subs:
+                if s.cid in behind:
+                    s.reconnect()
+            await _drain(h, pubs, min(opts.drain, 15.0))
+        await asyncio.sleep(0.5)  # late repeats and duplicates show up too
+        extra["drain_s"] = h.now() - t_drain
+        for p in pubs:
+            if not p.idle():
+                unrecovered.append(
+                    f"{p.cid}: {len(p.out)} in flight, {len(p.pending)} unsent {opts.drain:.0f}s after healing "
+                    f"(connected: {p.link is not None}, node {p.node})"
+                )
+        for s in subs:
+            if h.subs[s.cid].suback is None:
+                unrecovered.append(f"{s.cid}: never subscribed (connected: {s.link is not None})")
+        h.end = h.now()
+        extra["metrics"] = await _metrics(fleet)
+        if fleet.relays:
+            extra["relay"] = dict(next(iter(fleet.relays.values())).budget.done)
+    finally:
+        for c in fleet.clients:
+            c.stop()
+        if tasks:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+        for t in tasks:
+            t.cancel()
+        for c in fleet.clients:
+            await c.close()
+        h.notes += await fleet.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    for n in fleet.nodes:
+        tracebacks = n.log().count("Traceback (most recent call last)")
+        if tracebacks:
+            h.notes.append(f"{n.name}: {tracebacks} tracebacks in {n.log_path}")
+    report = check(h, stuck_after=opts.stuck_after, unrecovered=unrecovered)
+    return h, report, extra
+
+
+async def _metrics(fleet: Fleet) -> dict[str, float]:
+    """What the brokers themselves counted (nodes restarted during the run start from zero)."""
+    texts = await asyncio.gather(*(n.metrics() for n in fleet.nodes))
+    out: dict[str, float] = {}
+    for text in texts:
+        for line in text.splitlines():
+            m = re.match(r'fleetmq_messages_dropped_total\{.*reason="([^"]+)"', line)
+            if m:
+                key = f"dropped:{m.group(1)}"
+                out[key] = out.get(key, 0.0) + float(line.rpartition(" ")[2])
+        out["store_errors"] = out.get("store_errors", 0.0) + metric_sum(text, "fleetmq_store_errors_total")
+    return {k: v for k, v in out.items() if v}
+
+
+# ------------------------------------------------------------------ the summary
+def summary(opts: Options, h: History, rep: Report, extra: dict[str, Any]) -> str:
+    s = rep.stats
+    nemesis_s = float(extra.get("nemesis_s", 0.0))
+    lines = [
+        f"chaos: seed {opts.seed}, {opts.nodes} nodes{' behind broken relays' if opts.relay else ''}, store {opts.store}"
+        + (
+            f" (redis-server, AOF {'appendfsync always' if opts.aof else 'OFF'}, each node through its proxy)"
+            if opts.store == "redis"
+            else ""
+        )
+        + f", {opts.publishers} publishers x {opts.topics} topics at {opts.rate:g} msg/s, {opts.subscribers} subscribers",
+        f"nemesis: {', '.join(extra.get('kinds', [])) or 'none'}; {nemesis_s:.0f}s under the nemesis, "
+        f"then healed and drained for {float(extra.get('drain_s', 0.0)):.0f}s",
+        f"messages: published {s['published']:,}, acked {s['acked']:,}; deliveries expected {s['expected_deliveries']:,}, "
+        f"delivered {s['delivered_first']:,} first / {s['delivered_total']:,} total "
+        f"(QoS 1 repeats {s['qos1_repeats']:,}, QoS 2 resends dropped by the receiver {s['qos2_resends_deduped']:,})",
+        f"clients: {s['connects']:,} connections, {s['connack_refusals']:,} CONNACK refusals, "
+        f"{s['publishes_resent']:,} PUBLISH resends, {s['refused_acks']:,} acks with an error code",
+    ]
+    if extra.get("relay"):
+        lines.append(
+            "broken relays (--broken relay) did: " + ", ".join(f"{k} {v}" for k, v in extra["relay"].items())
+        )
+    if extra.get("metrics"):
+        lines.append(
+            "brokers counted: " + ", ".join(f"{k} {v:g}" for k, v in sorted(extra["metrics"].items()))
+        )
+    lines.append(
+        f"faults: {s['faults']} ({_kind_counts(h)}), a fault active {s['fault_active_s']:.0f}s of {nemesis_s:.0f}s"
+    )
+    lines.append("violations:")
+    for kind, desc in CLASSES.items():
+        vs = rep.violations[kind]
+        lines.append(f"  {kind:13} {len(vs):6}   {desc}")
+        for v in vs[: opts.examples]:
+            lines.append(f"      {v.text}")
+        if len(vs) > opts.examples:
+            lines.append(f"      ... and {len(vs) - opts.examples} more")
+    lines.append(
+        f"timeline (seconds since {time.strftime('%H:%M:%S', time.localtime(h.t0_wall))}.{int(h.t0_wall % 1 * 1000):03d}):"
+    )
+    for f in h.faults:
+        end = f"{f.end:8.2f}" if f.end is not None else "  active"
+        lines.append(f"  #{f.id:<3} {f.start:8.2f} {end}  {f.kind:16} {f.target:22} {f.detail}")
+    if not h.faults:
+        lines.append("  (no faults)")
+    old_open = [x for x in h.lingering if x[3] is None]
+    if old_open:
+        lines.append(
+            f"note: {len(old_open)} connections left by a takeover were still open 10s later, e.g. {old_open[:3]}"
+        )
+    for note in h.notes:
+        if "fleet up" in note or "healed" in note:
+            continue
+        lines.append(f"note: {note}")
+    lines.append(f"logs: {extra.get('logs')}")
+    fault_minutes = nemesis_s / 60
+    verdict = "PASS" if rep.ok else "FAIL"
+    counts = ",".join(f"{k}={n}" for k, n in rep.counts().items() if n)
+    lines.append(
+        f"RESULT {verdict} seed={opts.seed} fault-minutes={fault_minutes:.2f} nemesis={','.join(extra.get('kinds', []))}"
+        + (f" violations={counts}" if counts else "")
+    )
+    return "\n".join(lines)
+
+
+def _kind_counts(h: History) -> str:
+    c: dict[str, int] = {}
+    for f in h.faults:
+        c[f.kind] = c.get(f.kind, 0) + 1
+    return ", ".join(f"{k} {n}" for k, n in sorted(c.items())) or "none"
+
+
+def to_json(opts: Options, h: History, rep: Report, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "seed": opts.seed,
+        "ok": rep.ok,
+        "fault_minutes": float(extra.get("nemesis_s", 0.0)) / 60,
+        "kinds": extra.get("kinds", []),
+        "stats": rep.stats,
+        "counts": rep.counts(),
+        "examples": {k: [v.text for v in vs[:20]] for k, vs in rep.violations.items() if vs},
+        "faults": [f.__dict__ for f in h.faults],
+        "logs": extra.get("logs"),
+        "metrics": extra.get("metrics", {}),
+        "relay": extra.get("relay", {}),
+        "notes": h.notes,
+        "t0_wall": h.t0_wall,
+    }
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=1) + "\n")
