@@ -13,6 +13,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from .channel import Channel, ChannelIO
@@ -29,6 +30,8 @@ from .telemetry import Telemetry
 from .zone import Zone
 
 log = logging.getLogger("fleetmq.node")
+
+STORE_RETRY_MIN, STORE_RETRY_MAX = 0.5, 5.0  # seconds between attempts to reach the store at start
 
 
 class Node:
@@ -127,8 +130,8 @@ class Node:
 
     # ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Open the store and load the fleet's routes and retained messages from it."""
-        await self.store.open()
+        """Open the store (waiting for it) and load the fleet's routes and retained messages from it."""
+        await self._open_store()
         if self.cluster is not None:
             await self.cluster.start()  # events first, so no route change falls between load and listen
         for cid, topic_filter, sub in await self.store.load_routes():
@@ -137,6 +140,20 @@ class Node:
             self.retained.put(msg)
         if self.events is not None:
             await self.events.start()
+
+    async def _open_store(self) -> None:
+        """Wait for the store rather than exit: a broker pod that starts before its Redis (a new fleet, a
+        Redis restarting) stays alive and unready instead of crash-looping, and serves once it answers."""
+        delay = STORE_RETRY_MIN
+        while True:
+            try:
+                await self.store.open()
+                return
+            except (OSError, RedisError) as e:
+                self.metrics.store_errors += 1
+                log.warning("session store unreachable at start (%s); retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, STORE_RETRY_MAX)
 
     async def stop(self) -> None:
         if self.cluster is not None:

@@ -87,15 +87,16 @@ class Server:
 
     async def start(self) -> None:
         self._stopping = asyncio.Event()
-        await self.node.start()
-        for listener in self.config.listeners:
-            await self._open_listener(listener)
+        # HTTP first: /healthz answers (and /readyz says not ready) while the node waits for its store
         if self._worker_socket:
             self._http = await asyncio.start_unix_server(http.handler(self._route), self._worker_socket)
         elif self.config.metrics.bind:
             host, port = parse_bind(self.config.metrics.bind)
             self._http = await asyncio.start_server(http.handler(self._route), host, port, reuse_address=True)
             log.info("metrics on http://%s:%d/metrics", host, port)
+        await self.node.start()
+        for listener in self.config.listeners:
+            await self._open_listener(listener)
         self.ready = True
 
     async def _open_listener(self, listener: ListenerConfig) -> None:

@@ -193,11 +193,13 @@ def start_fleetmq(
     *,
     zone_overrides: dict | None = None,
     extra_args: tuple | list = (),
+    wait_listeners: bool = True,
 ) -> BrokerProc:
     """Start `python -m fleetmq.broker --config FILE --metrics ...`.
 
     `config` entries replace the defaults (node_id, store, zones, listeners); listeners in `config` may
     use bind "127.0.0.1:0" to get a free port. `zone_overrides` are merged into zone "default".
+    `wait_listeners=False`: return once /metrics answers (a node waiting for its store has no listeners).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -232,7 +234,7 @@ def start_fleetmq(
     bp = BrokerProc(HOST, main_port, mport, proc, log_path, "fleetmq", cfg_path, ports, cmd)
     LIVE_BROKERS.append(bp)
     try:
-        for p in [*ports.values(), mport]:  # the metrics endpoint may come up after the listeners
+        for p in [*ports.values(), mport] if wait_listeners else [mport]:
             _wait_port(bp, p)
     except RuntimeError:
         LIVE_BROKERS.remove(bp)

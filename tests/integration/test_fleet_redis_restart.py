@@ -4,13 +4,15 @@ clients connecting then are not refused."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.integration import harness, mqttraw
 from tests.integration.harness import uid
 from tests.integration.test_fleet_support import raw_connect
-from tests.support import wait_until
+from tests.support import RedisServer, wait_port, wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -30,3 +32,41 @@ def test_connects_after_a_redis_restart_are_not_refused(fleet, redis_server):
         wait_until(redis_server.ping, timeout=10, msg="redis back")
         reasons = list(pool.map(connect, range(32)))
     assert reasons == [0] * 32, reasons
+
+
+def test_node_started_before_its_redis_waits_for_it_alive_and_unready(tmp_path):
+    """A broker pod of a new fleet may start before its Redis: it stays up (healthz 200, readyz 503, no
+    listener yet) and serves as soon as Redis answers, instead of exiting into CrashLoopBackOff."""
+    rs = RedisServer(tmp_path / "redis", autostart=False)
+    try:
+        bp = harness.start_fleetmq(
+            tmp_path / "node",
+            {"node_id": "early", "store": {"kind": "redis", "url": rs.url}},
+            wait_listeners=False,
+        )
+        try:
+            wait_until(
+                lambda: "session store unreachable at start" in bp.log(), timeout=10, msg="the log line"
+            )
+            assert bp.http_get("/healthz")[0] == 200
+            assert bp.http_get("/readyz")[0] == 503
+            time.sleep(1.5)  # a few more attempts: still alive, still waiting
+            assert bp.proc.poll() is None, bp.log()
+            assert bp.metric("fleetmq_store_errors_total") >= 2
+
+            rs.start()
+            wait_port(bp.host, bp.port, 15, bp.proc)
+            wait_until(lambda: bp.http_get("/readyz")[0] == 200, timeout=5, msg="ready once Redis answers")
+            topic = uid("early/")
+            sub, ack = raw_connect(bp, uid("s-"), 5, clean=False)
+            assert not ack.session_present
+            sub.subscribe([(topic, 1)])
+            pub, _ = raw_connect(bp, uid("p-"), 5)
+            pub.publish(topic, "hello", qos=1)
+            pub.expect(mqttraw.PUBACK)
+            got = sub.expect(mqttraw.PUBLISH)
+            assert got.payload == b"hello"
+        finally:
+            bp.stop()
+    finally:
+        rs.stop()
