@@ -279,17 +279,21 @@ class GroupCommitter:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
-    def _flush(self) -> None:
-        self._scheduled = False
-        if self._inflight is not None:
-            return  # the running batch reschedules us when it finishes: one commit at a time keeps order
+    def _collect_journals(self) -> None:
+        """Take the changes of every journal touched since the last collection, in the order touched."""
         if self._touched:
             journals, self._journals = self._journals, []
             for journal in journals:
                 changes = journal.take()
                 if changes is not None:
                     self._ops.append(changes)
-        self._touched = False
+            self._touched = False
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._inflight is not None:
+            return  # the running batch reschedules us when it finishes: one commit at a time keeps order
+        self._collect_journals()
         ops, waiters = self._ops, self._waiters
         self._ops, self._waiters = [], []
         self._inflight = asyncio.get_running_loop().create_task(self._commit(ops, waiters))
@@ -332,13 +336,7 @@ class GroupCommitter:
         again), or a journal's next change without the one before. They fail with it: the publishers
         are not acknowledged and send again in order, the sessions resynchronise from the store. Writes
         that stand alone (a parked session, a route, a retained message) still go out."""
-        if self._touched:
-            journals, self._journals = self._journals, []
-            for journal in journals:
-                changes = journal.take()
-                if changes is not None:
-                    self._ops.append(changes)
-            self._touched = False
+        self._collect_journals()
         dependent: list[Op] = []
         alone: list[Op] = []
         for op in self._ops:
