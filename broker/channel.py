@@ -728,6 +728,19 @@ class Channel:
             return
         self._deliver(Delivery(msg, qos, retain, sub_ids))
 
+    def retract(self, msg: Message) -> None:
+        """Take back a QoS 2 message routed here for a publisher whose session the commit found fenced
+        (another node owns it now): the client has not seen it yet (its PUBLISH waits for that commit), and
+        the publisher sends it again to the new owner, which routes it here once more."""
+        session = self.session
+        if session is None:
+            return
+        for d in [d for d in session.inflight if d.msg is msg]:
+            session.drop(d.packet_id)
+        session.take_queued(lambda d: d.msg is msg)
+        if session.mqueue and not session.inflight.full():
+            self._send_deliveries(*session.refill(self.io.time()))
+
     def _deliver(self, d: Delivery) -> None:
         session = self.session
         assert session is not None
@@ -779,8 +792,9 @@ class Channel:
         if d.qos == 2 and not dup and session.journal is not None:
             # Exactly once across a crash: the packet id must be stored before the client sees it, or a
             # node taking over could give that id to another message, which the client would take for a
-            # resend of this one.
-            self._after_store(lambda: self.io.write(data))
+            # resend of this one. (Unless it was taken back meanwhile: `retract`.)
+            inflight = session.inflight
+            self._after_store(lambda: self.io.write(data) if inflight.get(d.packet_id) is d else None)
         else:
             self.io.write(data)
         return True

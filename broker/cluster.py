@@ -94,6 +94,9 @@ class Cluster:
         self._req_ids = itertools.count(1)
         self._pulls: set[str] = set()
         self._pull_scheduled = False
+        # sessions with a pull on its way, and those woken meanwhile (pulled again once it is back)
+        self._pulling: set[str] = set()
+        self._pull_again: set[str] = set()
         self._connected_since: float | None = None  # when the event stream last came up (None: it is down)
 
     async def start(self) -> None:
@@ -280,6 +283,12 @@ class Cluster:
         cids, self._pulls = self._pulls, set()
         targets = []
         for cid in cids:
+            if cid in self._pulling:
+                # One pull per session at a time: each reserves its positions when it is sent, but two
+                # on different connections may reach Redis in the other order, and the later pull would
+                # take the older messages into the later positions.
+                self._pull_again.add(cid)
+                continue
             s = self.sessions.session_of(cid)
             if s is not None and s.held_from is None:  # (one catching up pulls itself, then wakes again)
                 # a journaled session reserves positions for what the pull brings, ahead of later ones
@@ -289,6 +298,17 @@ class Cluster:
             await self._pull_targets(targets, PULL_BATCH)
 
     async def _pull_targets(self, targets: list[tuple[str, int, int]], n: int, rewake: bool = True) -> None:
+        cids = {cid for cid, _epoch, _first in targets}
+        self._pulling |= cids
+        try:
+            await self._pull_and_deliver(targets, n, rewake)
+        finally:
+            self._pulling -= cids
+            for cid in cids & self._pull_again:
+                self._pull_again.discard(cid)
+                self.wake(cid)
+
+    async def _pull_and_deliver(self, targets: list[tuple[str, int, int]], n: int, rewake: bool) -> None:
         try:
             replies = await self.store.pull(targets, n)
         except Exception as e:

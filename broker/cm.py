@@ -103,6 +103,7 @@ class ChannelManager:
         self._online = self.channels.__contains__  # shared groups prefer online members
         self.offline: dict[str, Offline] = {}
         self._locks: dict[str, _ClientLock] = {}
+        self._fenced_last: set[str] = set()  # sessions the last commit found owned elsewhere
         self._client_ids = itertools.count(1)
         self._id_prefix = f"fleetmq-{node_id}-{os.getpid():x}-"
         committer.on_result = self._committed
@@ -447,10 +448,13 @@ class ChannelManager:
         # what is queued in Redis for others is stored only while the publisher's journaled session is
         # still ours (store.Enqueue.guard)
         guard: tuple[str, int] | None = None
+        here: list[Channel] | None = None
         if durable and mqos:
             pch = channels.get(sender)
             if pch is not None and pch.session is not None and pch.session.journal is not None:
                 guard = (sender, pch.session.epoch)
+                if mqos == 2:
+                    here = self._unless_fenced(sender, msg)
         for cid, sub_qos, rap, sub_ids in targets:
             qos = mqos if mqos < sub_qos else sub_qos
             retain = mretain and rap
@@ -459,6 +463,8 @@ class ChannelManager:
                 ch.deliver(msg, qos, retain, sub_ids)
                 if qos and ch.session.journal is not None:  # journaled: the publisher's ack awaits the commit
                     needs_commit = True
+                    if here is not None and qos == 2:
+                        here.append(ch)
                 continue
             if durable:  # the store knows whether the session exists and keeps QoS0 for it
                 self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids), guard))
@@ -475,8 +481,24 @@ class ChannelManager:
             needs_commit = True
         return len(matches), needs_commit
 
+    def _unless_fenced(self, publisher: str, msg: Message) -> list[Channel]:
+        """The local side of store.Enqueue.guard, for a QoS 2 message of a journaled publisher: the
+        channels it is delivered to here (filled by the caller) take it back if the commit that stores it
+        finds the publisher's session fenced. Their PUBLISH waits for that commit, and this check runs
+        before it (callbacks run in the order they were registered)."""
+        channels: list[Channel] = []
+
+        def check(ok: bool) -> None:
+            if ok and publisher in self._fenced_last:
+                for ch in channels:
+                    ch.retract(msg)
+
+        self.committer.after(check)
+        return channels
+
     # -- what the store did --------------------------------------------------------------------------
     def _committed(self, result: CommitResult) -> None:
+        self._fenced_last = set(result.fenced)
         for zone, cid, n in result.dropped:
             z = self.zones.get(zone)
             if z is not None:  # the oldest messages of a full queue in the store (ids unknown)

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from chaos.checker import Report
+from chaos.history import History
 from chaos.nemesis import KINDS, PRESETS, parse_kinds
 from chaos.run import Options, run, summary, to_json, write_json
 
@@ -22,6 +26,17 @@ from chaos.run import Options, run, summary, to_json, write_json
 def _gap(text: str) -> tuple[float, float]:
     lo, _, hi = text.partition(":")
     return float(lo), float(hi or lo)
+
+
+async def _interruptible(opts: Options) -> tuple[History, Report, dict[str, Any]]:
+    """The run, cancelled by SIGINT or SIGTERM so that it stops its processes on the way out (a background
+    job ignores SIGINT, and atexit does not run on SIGTERM)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    return await run(opts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             logs=(a.logs / f"seed{a.seed + i}") if a.logs else None, examples=a.examples,
         )  # fmt: skip
         try:
-            h, rep, extra = asyncio.run(run(opts))
+            h, rep, extra = asyncio.run(_interruptible(opts))
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            print(f"RESULT INTERRUPTED seed={opts.seed}", flush=True)
+            return 2
         except Exception:
             traceback.print_exc()
             print(f"RESULT ERROR seed={opts.seed}: the harness could not run", flush=True)

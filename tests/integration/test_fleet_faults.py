@@ -246,3 +246,33 @@ def test_qos2_publish_routed_by_a_fenced_node_is_not_routed_twice(fleet, redis_p
         "a QoS 2 message reached the subscriber twice"
     )
     old.close()
+
+
+def test_qos2_publish_of_a_fenced_publisher_is_taken_back_from_local_subscribers(fleet, redis_proxy):
+    """The same fence, for a subscriber on the stale node itself: its copy goes into its journal, not
+    through Redis' queue, and its PUBLISH waits for the commit; the commit that finds the publisher
+    fenced takes it back, so only the copy the new owner routes arrives."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic = uid("fence2/")
+    sub, _ = raw_connect(a, uid("sub"), 5)  # on the stale node
+    sub.subscribe([(topic, 2)])
+    wait_route(b, sub, topic)
+    pcid = uid("pub")
+    old, _ = raw_connect(a, pcid, 5)
+    redis_proxy.hold(True)
+    old.send(mqttraw.publish(topic, seq_payload("g", 1), qos=2, packet_id=7, version=5))
+    time.sleep(0.2)
+    pub, ack = raw_connect(b, pcid, 5, timeout=10)
+    assert ack.session_present
+    pub.send(mqttraw.publish(topic, seq_payload("g", 1), qos=2, packet_id=7, dup=True, version=5))
+    rec = pub.expect(PUBREC)
+    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
+    pub.expect(PUBCOMP)
+    redis_proxy.hold(False)
+    view = AppView()
+    ack_loop(sub, view, quiet=3.0, timeout=10)
+    assert [parse_seq(p) for p in view.delivered] == [("g", 1)], (
+        "a QoS 2 message reached the subscriber twice"
+    )
+    old.close()
