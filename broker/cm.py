@@ -446,13 +446,12 @@ class ChannelManager:
         mqos = msg.qos
         mretain = msg.retain
         # what is queued in Redis for others is stored only while the publisher's journaled session is
-        # still ours (store.Enqueue.guard)
-        guard: tuple[str, int] | None = None
+        # still ours (Message.sender_epoch)
         here: list[Channel] | None = None
         if durable and mqos:
             pch = channels.get(sender)
             if pch is not None and pch.session is not None and pch.session.journal is not None:
-                guard = (sender, pch.session.epoch)
+                msg.sender_epoch = pch.session.epoch
                 if mqos == 2:
                     here = self._unless_fenced(sender, msg)
         for cid, sub_qos, rap, sub_ids in targets:
@@ -467,7 +466,7 @@ class ChannelManager:
                         here.append(ch)
                 continue
             if durable:  # the store knows whether the session exists and keeps QoS0 for it
-                self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids), guard))
+                self.committer.add(Enqueue(cid, Delivery(msg, qos, retain, sub_ids)))
                 needs_commit = True
                 continue
             parked = self.offline.get(cid)
@@ -482,7 +481,7 @@ class ChannelManager:
         return len(matches), needs_commit
 
     def _unless_fenced(self, publisher: str, msg: Message) -> list[Channel]:
-        """The local side of store.Enqueue.guard, for a QoS 2 message of a journaled publisher: the
+        """The local side of Message.sender_epoch, for a QoS 2 message of a journaled publisher: the
         channels it is delivered to here (filled by the caller) take it back if the commit that stores it
         finds the publisher's session fenced. Their PUBLISH waits for that commit, and this check runs
         before it (callbacks run in the order they were registered)."""
@@ -518,6 +517,11 @@ class ChannelManager:
         if result.refused:
             log.info(
                 "%d deliveries not queued: their publisher's session is another node's now", result.refused
+            )
+        if result.rerouted:
+            log.info(
+                "%d deliveries routed into stale copies of sessions taken over meanwhile were queued for them",
+                result.rerouted,
             )
 
     def _commit_failed(self, ops: list[Op]) -> None:

@@ -35,10 +35,13 @@ class JournalChanges:
     order: int
     deliveries: dict[int, Delivery | None]
     rel: dict[int, float | None]
+    #: message ids of deliveries routed into the session here since the last commit (the store has no
+    #: copy of them yet): if the session turns out to be fenced, they are queued for its new owner
+    fresh: list[int]
 
 
 class Journal:
-    __slots__ = ("_deliveries", "_rel", "_sink", "client_id", "epoch", "next_pid", "order")
+    __slots__ = ("_deliveries", "_fresh", "_rel", "_sink", "client_id", "epoch", "next_pid", "order")
 
     def __init__(
         self, client_id: str, epoch: int, sink: JournalSink, order: int = 0, next_pid: int = 1
@@ -48,6 +51,7 @@ class Journal:
         self._sink = sink
         self._deliveries: dict[int, Delivery | None] = {}
         self._rel: dict[int, float | None] = {}
+        self._fresh: list[int] = []
         #: the next delivery's position in session order; only grows
         self.order = order
         #: the session's next packet id (kept current by the session), stored with every commit
@@ -58,10 +62,12 @@ class Journal:
             self._sink.journal_changed(self)  # the first change since the last commit: ask for one
 
     def place(self, d: Delivery) -> None:
-        """Give a delivery its position in session order (one the store gave it is kept)."""
+        """Give a delivery its position in session order (one the store gave it is kept: it came from
+        the store; one without is new, routed here)."""
         if d.order < 0:
             d.order = self.order
             self.order += 1
+            self._fresh.append(d.msg.msg_id)
         elif d.order >= self.order:
             self.order = d.order + 1
 
@@ -99,7 +105,7 @@ class Journal:
         if not self._deliveries and not self._rel:
             return None
         changes = JournalChanges(
-            self.client_id, self.epoch, self.next_pid, self.order, self._deliveries, self._rel
+            self.client_id, self.epoch, self.next_pid, self.order, self._deliveries, self._rel, self._fresh
         )
-        self._deliveries, self._rel = {}, {}
+        self._deliveries, self._rel, self._fresh = {}, {}, []
         return changes

@@ -40,6 +40,7 @@ class Message:
         "qos",
         "retain",
         "sender",
+        "sender_epoch",
         "topic",
         "topic_b",
         "ts",
@@ -65,6 +66,9 @@ class Message:
         self.retain = retain
         self.props = props or None  # forwarded v5 properties only
         self.sender = sender
+        #: the publisher's session epoch when it was routed from a journaled session (0: none): a store
+        #: refuses to queue it once that session is another node's (a fenced publisher sends it again)
+        self.sender_epoch = 0
         self.ts = ts if ts is not None else time.time()
         self.expires_at = self.ts + expiry if expiry is not None else None
         self.msg_id = msg_id or next(_ids)

@@ -27,7 +27,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from . import keys, wire
 from .journal import JournalChanges
-from .message import Message, Will
+from .message import Delivery, Message, Will
 from .router import Subscription
 from .session import Session
 from .store import (
@@ -96,6 +96,39 @@ local function move_queue(m, q, i, n, first)
   redis.call('HSET', m, 'order', string.format('%d', math.max(stored, start + #items)))
   return start, items
 end
+-- Whether each of n publisher sessions, whose meta keys are KEYS[first_key...], is still at the epoch in
+-- ARGV[first_arg...]: what a node routed for a publisher fenced meanwhile is not queued (its client sends
+-- it again to the new owner, which routes it itself).
+local function guards_ok(first_key, first_arg, n)
+  local ok = {}
+  for g = 1, n do ok[g] = redis.call('HGET', KEYS[first_key + g - 1], 'epoch') == ARGV[first_arg + g - 1] end
+  return ok
+end
+-- Append packed deliveries to the queue q of the session with meta m, as any routing through the store
+-- does: wake its owner if the queue was empty (the owner drains the whole queue when woken, and wakes
+-- itself after a partial pull), keep the session's TTL, and trim an offline session's queue to its limit
+-- (the oldest go). Returns how many were dropped and the session's zone.
+local function queue_push(m, q, cid, items)
+  local meta = redis.call('HMGET', m, 'maxq', 'zone', 'online', 'node')
+  local online = meta[3] == '1'
+  local before = redis.call('LLEN', q)
+  for j = 1, #items, CHUNK_N do
+    redis.call('RPUSH', q, unpack(items, j, math.min(j + CHUNK_N - 1, #items)))
+  end
+  local len = before + #items
+  if before == 0 and len > 0 and online and meta[4] then
+    redis.call('PUBLISH', @NODE_CHANNEL_PREFIX@ .. meta[4], wake(cid))
+  end
+  local ttl = redis.call('PTTL', m)
+  if ttl > 0 then redis.call('PEXPIRE', q, ttl) end
+  local dropped = 0
+  local max = tonumber(meta[1] or '0')
+  if max > 0 and not online and len > max then
+    dropped = len - max
+    redis.call('LTRIM', q, dropped, -1)
+  end
+  return dropped, meta[2] or 'default'
+end
 """
 
 
@@ -155,17 +188,53 @@ return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL'
         redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
 """
 
-# KEYS: m i r. ARGV: epoch, next pid, order, n puts, (msg id, value)..., n dels, msg id..., n rel puts,
-# (pid, ts)..., n rel dels, pid...
+# KEYS: m i r q, then the meta keys of the guards' publisher sessions. ARGV: epoch, next pid, order, client
+# id, n guards, the guards' epochs, n puts, (msg id, value)..., n dels, msg id..., n rel puts, (pid, ts)...,
+# n rel dels, pid..., n fresh, (put number, guard number or 0)...: the fresh puts are deliveries routed into
+# the session on this node since its last commit; one whose publisher was fenced meanwhile is not stored
+# (Message.sender_epoch; the node takes it back from its copy). Returns 1, or {0, dropped, zone, refused,
+# queued} when fenced: another node owns the session now and this node's changes to it are refused, but
+# what it routed into its stale copy still belongs to the session and is queued for it, as a routing
+# through the store would have been (the oldest dropped if the session is offline and its queue full).
 JOURNAL = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
+local ng = tonumber(ARGV[5])
+local puts = 6 + ng
+local dels = puts + 1 + 2 * tonumber(ARGV[puts])
+local rputs = dels + 1 + tonumber(ARGV[dels])
+local rdels = rputs + 1 + 2 * tonumber(ARGV[rputs])
+local fresh = rdels + 1 + tonumber(ARGV[rdels])
+local nf = tonumber(ARGV[fresh])
+local ok = guards_ok(5, 6, ng)
+local refused = {}  -- put number -> true: routed for a publisher fenced meanwhile
+local nrefused = 0
+for j = fresh + 1, fresh + 2 * nf, 2 do
+  local g = tonumber(ARGV[j + 1])
+  if g > 0 and not ok[g] then refused[tonumber(ARGV[j])] = true; nrefused = nrefused + 1 end
+end
+if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
+  if nf == nrefused or redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, '', nrefused, 0} end
+  local items = {}
+  for j = fresh + 1, fresh + 2 * nf, 2 do
+    local n = tonumber(ARGV[j])
+    if not refused[n] then items[#items + 1] = queued_delivery(ARGV[puts + 2 * n]) end
+  end
+  local dropped, zone = queue_push(KEYS[1], KEYS[4], ARGV[4], items)
+  return {0, dropped, zone, nrefused, #items}
+end
 local order = math.max(tonumber(redis.call('HGET', KEYS[1], 'order') or '0'), tonumber(ARGV[3]))
 redis.call('HSET', KEYS[1], 'next_pid', ARGV[2], 'order', string.format('%d', order))
-local i = 4
-local n = tonumber(ARGV[i]); hset_pairs(KEYS[2], ARGV, i + 1, n); i = i + 1 + 2 * n
-n = tonumber(ARGV[i]); hdel_list(KEYS[2], ARGV, i + 1, n); i = i + 1 + n
-n = tonumber(ARGV[i]); hset_pairs(KEYS[3], ARGV, i + 1, n); i = i + 1 + 2 * n
-n = tonumber(ARGV[i]); hdel_list(KEYS[3], ARGV, i + 1, n)
+if nrefused == 0 then
+  hset_pairs(KEYS[2], ARGV, puts + 1, tonumber(ARGV[puts]))
+else
+  local t = {}
+  for n = 1, tonumber(ARGV[puts]) do
+    if not refused[n] then t[#t + 1] = ARGV[puts + 2 * n - 1]; t[#t + 1] = ARGV[puts + 2 * n] end
+  end
+  hset_pairs(KEYS[2], t, 1, #t / 2)
+end
+hdel_list(KEYS[2], ARGV, dels + 1, tonumber(ARGV[dels]))
+hset_pairs(KEYS[3], ARGV, rputs + 1, tonumber(ARGV[rputs]))
+hdel_list(KEYS[3], ARGV, rdels + 1, tonumber(ARGV[rdels]))
 return 1
 """
 
@@ -187,46 +256,27 @@ return 1
 # epochs, then (delivery, qos, guard number or 0) triples: every delivery of one batch for one session.
 # Returns {dropped, zone, skipped, refused} or -1 (no such session): dropped from the full queue, QoS0
 # skipped for an offline session that does not keep it, and refused because the publisher's session is
-# at another epoch now (store.Enqueue.guard). A session connected somewhere is woken there by the same
+# at another epoch now (Message.sender_epoch). A session connected somewhere is woken there by the same
 # script: no stale owner cache.
 ENQUEUE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local meta = redis.call('HMGET', KEYS[1], 'qos0', 'maxq', 'zone', 'online', 'node')
-local online = meta[4] == '1'
-local skip_qos0 = meta[1] == '0' and not online
-local before = redis.call('LLEN', KEYS[2])
+local meta = redis.call('HMGET', KEYS[1], 'qos0', 'online')
+local skip_qos0 = meta[1] == '0' and meta[2] ~= '1'
 local ng = tonumber(ARGV[2])
-local guard_ok = {}
-for g = 1, ng do guard_ok[g] = redis.call('HGET', KEYS[2 + g], 'epoch') == ARGV[2 + g] end
-local t = {}
-local skipped = 0
-local refused = 0
+local ok = guards_ok(3, 3, ng)
+local items, skipped, refused = {}, 0, 0
 for j = 3 + ng, #ARGV, 3 do
   local g = tonumber(ARGV[j + 2])
-  if g > 0 and not guard_ok[g] then
+  if g > 0 and not ok[g] then
     refused = refused + 1
   elseif skip_qos0 and ARGV[j + 1] == '0' then
     skipped = skipped + 1
   else
-    t[#t + 1] = ARGV[j]
-    if #t >= CHUNK_N then redis.call('RPUSH', KEYS[2], unpack(t)); t = {} end
+    items[#items + 1] = ARGV[j]
   end
 end
-if #t > 0 then redis.call('RPUSH', KEYS[2], unpack(t)) end
-local len = redis.call('LLEN', KEYS[2])
--- The owner drains the whole queue when woken (and wakes itself after a partial pull), so only pushes
--- into an empty queue need to wake it.
-if before == 0 and len > 0 and online and meta[5] then
-  redis.call('PUBLISH', @NODE_CHANNEL_PREFIX@ .. meta[5], wake(ARGV[1]))
-end
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
-local dropped = 0
-local max = tonumber(meta[2] or '0')
-if max > 0 and not online then
-  if len > max then dropped = len - max; redis.call('LTRIM', KEYS[2], dropped, -1) end
-end
-return {dropped, meta[3] or 'default', skipped, refused}
+local dropped, zone = queue_push(KEYS[1], KEYS[2], ARGV[1], items)
+return {dropped, zone, skipped, refused}
 """
 
 # ARGV: epoch ('' = unfenced), node, client id
@@ -374,6 +424,31 @@ def raw(value: bytes | str) -> bytes:
 
 def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+class _Guards:
+    """The publisher sessions whose epochs a script checks before it queues what they routed
+    (Message.sender_epoch): numbered from 1 in the order first met; 0 is no guard."""
+
+    __slots__ = ("_numbers",)
+
+    def __init__(self) -> None:
+        self._numbers: dict[tuple[str, int], int] = {}
+
+    def of(self, d: Delivery) -> int:
+        msg = d.msg
+        if not msg.sender_epoch:
+            return 0
+        numbers = self._numbers
+        return numbers.setdefault((msg.sender, msg.sender_epoch), len(numbers) + 1)
+
+    @property
+    def keys(self) -> list[str]:
+        return [keys.session_keys(cid)[keys.META] for cid, _epoch in self._numbers]
+
+    @property
+    def args(self) -> list[Any]:
+        return [len(self._numbers), *(str(epoch) for _cid, epoch in self._numbers)]
 
 
 def _pairs(flat: list[bytes]) -> Iterable[tuple[bytes, bytes]]:
@@ -546,20 +621,20 @@ class RedisStore(SessionStore):
                     if group[0] is not op:
                         continue
                     kinds.append(group)
-                    guards: dict[tuple[str, int], int] = {}
+                    guards = _Guards()
                     items: list[Any] = []
                     for e in group:
-                        g = 0 if e.guard is None else guards.setdefault(e.guard, len(guards) + 1)
-                        items += [pack_delivery(e.delivery), str(e.delivery.qos), g]
-                    skeys = keys.session_keys(op.client_id)[0:3:2]
-                    skeys += [keys.session_keys(cid)[keys.META] for cid, _epoch in guards]
-                    args: list[Any] = [op.client_id, len(guards), *(str(ep) for _cid, ep in guards), *items]
-                    self._call(pipe, "enqueue", skeys, args)
+                        items += [pack_delivery(e.delivery), str(e.delivery.qos), guards.of(e.delivery)]
+                    k = keys.session_keys(op.client_id)
+                    self._call(
+                        pipe, "enqueue", [k[0], k[2], *guards.keys], [op.client_id, *guards.args, *items]
+                    )
                     continue
                 kinds.append(op)
                 if isinstance(op, JournalChanges):
                     k = keys.session_keys(op.client_id)
-                    self._call(pipe, "journal", [k[0], k[3], k[4]], self._journal_args(op))
+                    jkeys, args = self._journal_args(op)
+                    self._call(pipe, "journal", [k[0], k[3], k[4], k[2], *jkeys], args)
                 elif isinstance(op, Save):
                     self._call(pipe, "park", keys.session_keys(op.session.client_id), self._park_args(op))
                     if op.will is None:  # else this node stays responsible until the will is out
@@ -598,8 +673,15 @@ class RedisStore(SessionStore):
                     if int(reply[2]):
                         result.skipped_qos0.append((zone, cid, int(reply[2])))
                     result.refused += int(reply[3])
-            elif isinstance(kind, JournalChanges | Route) and reply == -1:
+            elif isinstance(kind, Route) and reply == -1:
                 result.fenced.append(kind.client_id)
+            elif isinstance(kind, JournalChanges) and reply != 1:
+                result.fenced.append(kind.client_id)
+                dropped, zone, refused = int(reply[1]), reply[2].decode(), int(reply[3])
+                result.rerouted += int(reply[4])
+                result.refused += refused
+                if dropped:
+                    result.dropped.append((zone, kind.client_id, dropped))
         if self.wait_replicas:
             acked = int(replies[-1])
             if acked < self.wait_replicas:
@@ -607,22 +689,31 @@ class RedisStore(SessionStore):
         return result
 
     @staticmethod
-    def _journal_args(op: JournalChanges) -> list[Any]:
+    def _journal_args(op: JournalChanges) -> tuple[list[str], list[Any]]:
+        """The JOURNAL script's guard keys and arguments for one session's changes."""
         puts = [(mid, d) for mid, d in op.deliveries.items() if d is not None]
         dels = [mid for mid, d in op.deliveries.items() if d is None]
         rputs = [(pid, ts) for pid, ts in op.rel.items() if ts is not None]
         rdels = [pid for pid, ts in op.rel.items() if ts is None]
-        args: list[Any] = [str(op.epoch), op.next_pid, op.order, len(puts)]
-        for mid, d in puts:
-            args += [journal_field(mid), journal_value(d)]
-        args.append(len(dels))
-        args += [journal_field(mid) for mid in dels]
-        args.append(len(rputs))
+        body: list[Any] = [len(puts)]
+        fresh: list[Any] = []
+        guards = _Guards()
+        new = set(op.fresh) if op.fresh else ()
+        for n, (mid, d) in enumerate(puts, 1):
+            body += [journal_field(mid), journal_value(d)]
+            if mid in new and d.qos:  # (QoS 0 is best effort: not queued again)
+                fresh += [n, guards.of(d)]
+        body.append(len(dels))
+        body += [journal_field(mid) for mid in dels]
+        body.append(len(rputs))
         for pid, ts in rputs:
-            args += [pid, repr(ts)]
-        args.append(len(rdels))
-        args += rdels
-        return args
+            body += [pid, repr(ts)]
+        body.append(len(rdels))
+        body += rdels
+        body.append(len(fresh) // 2)
+        body += fresh
+        head = [str(op.epoch), op.next_pid, op.order, op.client_id, *guards.args]
+        return guards.keys, head + body
 
     @staticmethod
     def _park_args(op: Save) -> list[Any]:

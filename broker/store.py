@@ -40,14 +40,13 @@ class Save:
 class Enqueue:
     """Queue a delivery in an offline session (the store applies max_mqueue_len, dropping the oldest).
 
-    `guard` (publisher client id, its epoch here): the publisher's session is journaled, so the delivery
-    is stored only if that session is still this node's at that epoch, as its awaiting-PUBREL record is.
-    A node fenced meanwhile routes nothing for a session it lost: its client sends the message again to
-    the new owner, which would route it a second time (a QoS 2 message delivered twice)."""
+    A message routed from a journaled publisher session (`Message.sender_epoch`) is stored only if that
+    session is still this node's at that epoch, as its awaiting-PUBREL record is. A node fenced meanwhile
+    routes nothing for a session it lost: its client sends the message again to the new owner, which would
+    route it a second time (a QoS 2 message delivered twice)."""
 
     client_id: str
     delivery: Delivery
-    guard: tuple[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -88,6 +87,7 @@ class CommitResult:
     missing: list[Enqueue] = field(default_factory=list)  # enqueues for sessions that no longer exist
     fenced: list[str] = field(default_factory=list)  # sessions another node owns now (stale epoch)
     refused: int = 0  # guarded deliveries not stored: their publisher's session was fenced
+    rerouted: int = 0  # deliveries routed into a fenced session's stale copy here, queued for its owner
     duration: float = 0.0
 
 

@@ -228,11 +228,19 @@ def _lua_function(name: str, kind: str, *params: str) -> str:
     return f"local function {name}({', '.join(params)}) return {body} end\n"
 
 
-#: Lua functions that build the messages scripts publish (with the same kind letters the parsers read)
+_PID_AT = struct.calcsize(">QBB")  # a packed delivery's packet id starts here; its stage follows it
+
+#: Lua functions that build the messages scripts publish (with the same kind letters the parsers read), and
+#: `queued_delivery`, which turns a journal entry into a queue item: the same delivery, not sent yet (no
+#: packet id, stage 0), for whichever node owns the session to place and number
 LUA_PRELUDE = (
     "local Z = string.char(0)\n"
     + _lua_function("route_added", "r", "origin", "client_id", "topic_filter", "packed_sub")
     + _lua_function("route_removed", "u", "origin", "client_id", "topic_filter")
     + _lua_function("session_ended", "d", "origin", "client_id")
     + _lua_function("wake", "w", "client_id")
+    + "local function queued_delivery(journal_value)\n"
+    + "  local packed = string.sub(journal_value, string.find(journal_value, ':', 1, true) + 1)\n"
+    + f"  return string.sub(packed, 1, {_PID_AT}) .. string.rep(Z, 3) .. string.sub(packed, {_PID_AT + 4})\n"
+    + "end\n"
 )

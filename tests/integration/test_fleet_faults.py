@@ -12,7 +12,7 @@ from fleetmq.broker.redisstore import SCRIPTS, _script
 
 from tests.integration import mqttraw
 from tests.integration.harness import MOSQUITTO, uid
-from tests.integration.mqttraw import CONNACK, DISCONNECT, PUBCOMP, PUBREC, ConnectionClosed
+from tests.integration.mqttraw import CONNACK, DISCONNECT, PUBACK, PUBCOMP, PUBREC, ConnectionClosed
 from tests.integration.test_fleet_support import AppView, ack_loop, parse_seq, raw_connect, seq_payload
 from tests.integration.test_fleet_takeover import wait_route
 from tests.support import wait_until
@@ -275,4 +275,32 @@ def test_qos2_publish_of_a_fenced_publisher_is_taken_back_from_local_subscribers
     assert [parse_seq(p) for p in view.delivered] == [("g", 1)], (
         "a QoS 2 message reached the subscriber twice"
     )
+    old.close()
+
+
+def test_a_message_routed_to_a_session_taken_over_meanwhile_is_not_lost(fleet, redis_proxy):
+    """Found by `python -m chaos --seed 302` (and 304): one acknowledged QoS 1 message never delivered. Its
+    subscriber had just been taken over by another node that could not reach the old one (its event stream
+    was down after a Redis restart), so the old node still held a stale copy of the session and delivered
+    the message into it. The commit found that copy fenced and refused its journal, yet the publisher was
+    acknowledged: the message was stored for nobody. Here the old node is cut off while the takeover fences
+    it, and a publisher on it publishes meanwhile."""
+    [a] = fleet(1, redis_url=redis_proxy.url)  # the subscriber's first node, through the proxy
+    [b] = fleet(1)
+    topic = uid("stale/")
+    scid = uid("sub")
+    old, _ = raw_connect(a, scid, 4)
+    old.subscribe([(topic, 1)])
+    wait_route(b, old, topic)
+    pub, _ = raw_connect(a, uid("pub"), 4, clean=True)
+    redis_proxy.hold(True)  # a hears neither the handover request nor the kick
+    sub, ack = raw_connect(b, scid, 4, timeout=10)  # b fences a (HANDOVER_TIMEOUT) and claims the session
+    assert ack.session_present
+    pub.send(mqttraw.publish(topic, seq_payload("s", 1), qos=1, packet_id=1))  # into a's stale copy
+    time.sleep(0.3)
+    redis_proxy.hold(False)  # a's commit lands and finds the subscriber's session fenced
+    assert pub.expect(PUBACK, timeout=10).packet_id == 1
+    view = AppView()
+    ack_loop(sub, view, until=1, timeout=10, tag="s")
+    assert [parse_seq(p) for p in view.delivered] == [("s", 1)], "an acknowledged message was lost"
     old.close()

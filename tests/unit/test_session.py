@@ -652,6 +652,23 @@ def test_the_journal_records_each_change_and_asks_once_per_commit():
     assert s.journal.take() is None
 
 
+def test_the_journal_tells_deliveries_routed_here_from_those_the_store_had():
+    """A stale copy's commit is refused; what was routed into it since the last commit is queued for the
+    session's owner instead (the store has no other copy), what the store gave it is not (it has one)."""
+    s = Session("c", zone(max_inflight=10))
+    s.enable_journal(Sink())
+    routed = dl("routed")
+    s.deliver(routed, 0.0)
+    pulled = dl("pulled")
+    pulled.order = s.journal.reserve(1)
+    s.deliver(pulled, 0.0)
+    changes = s.journal.take()
+    assert set(changes.deliveries) == {routed.msg.msg_id, pulled.msg.msg_id}
+    assert changes.fresh == [routed.msg.msg_id]
+    s.puback(routed.packet_id)  # later changes of a routed delivery are not new
+    assert s.journal.take().fresh == []
+
+
 def test_held_back_deliveries_wait_for_the_ones_reserved_ahead_of_them():
     s = Session("c", zone(max_inflight=10))
     s.enable_journal(Sink())

@@ -90,3 +90,17 @@ def test_scripts_name_no_key_of_their_own(name):
     assert f"'{keys.PREFIX}:" not in body.replace(f"'{keys.EVENTS}'", "").replace(
         f"'{keys.NODE_CHANNEL_PREFIX}'", ""
     )
+
+
+@pytest.mark.redis
+def test_a_journal_entry_becomes_a_queue_item_not_sent_yet(redis_server):
+    """queued_delivery (Lua) turns a journal entry of a sent delivery back into what a queue holds: the same
+    delivery with no packet id and stage 0, which the owner places and numbers itself."""
+    msg = Message("t/1", b"\0\xffpayload", 2, False, {Prop.CONTENT_TYPE: "x"}, "pub", expiry=60.0)
+    d = Delivery(msg, 2, True, (3, 9))
+    d.packet_id, d.stage, d.order = 65535, 1, 123456789012
+    queued = wire.unpack_delivery(lua(redis_server, "queued_delivery(ARGV[1])", wire.journal_value(d)))
+    assert (queued.packet_id, queued.stage, queued.order) == (0, 0, -1)
+    assert (queued.qos, queued.retain, queued.sub_ids) == (2, True, (3, 9))
+    assert (queued.msg.msg_id, queued.msg.topic, queued.msg.payload) == (msg.msg_id, "t/1", msg.payload)
+    assert queued.msg.props == msg.props and queued.msg.expires_at == msg.expires_at

@@ -1,0 +1,111 @@
+"""The Redis store's scripts on a real redis-server, driven through RedisStore itself: what a commit does to
+the keys of a session when the committing node's copy of it is stale (fenced by a later claim)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fleetmq.broker import keys, wire
+from fleetmq.broker.journal import JournalChanges
+from fleetmq.broker.message import Delivery, Message
+from fleetmq.broker.redisstore import RedisStore
+from fleetmq.broker.zones import ZoneSettings
+
+pytestmark = pytest.mark.redis
+
+ZONE = ZoneSettings()
+
+
+def delivery(payload: bytes, qos: int, order: int, packet_id: int = 0, sender_epoch: int = 0) -> Delivery:
+    msg = Message("t/x", payload, qos, sender="pub")
+    msg.sender_epoch = sender_epoch
+    d = Delivery(msg, qos, False)
+    d.order, d.packet_id = order, packet_id
+    return d
+
+
+def changes(cid: str, epoch: int, puts: list[Delivery], fresh: list[Delivery]) -> JournalChanges:
+    return JournalChanges(
+        cid, epoch, 9, 100, {d.msg.msg_id: d for d in puts}, {}, [d.msg.msg_id for d in fresh]
+    )
+
+
+async def test_a_fenced_journal_queues_what_was_routed_into_the_stale_copy(redis_server):
+    old, new = RedisStore(redis_server.url, "old"), RedisStore(redis_server.url, "new")
+    await old.open()
+    await new.open()
+    try:
+        cid = "sub-1"
+        await new.claim("pub", ZONE, "default", False, expiry=60)  # the publisher's session, at epoch 1
+        first = await old.claim(cid, ZONE, "default", False, expiry=60)
+        second = await new.claim(cid, ZONE, "default", False, expiry=60)  # old is fenced now
+        assert second.epoch == first.epoch + 1
+        pubsub = new.redis.pubsub()
+        await pubsub.subscribe(keys.node_channel("new"))
+        pulled = delivery(b"pulled", 1, 3, packet_id=7)  # came from the store: not fresh
+        sent = delivery(b"sent", 1, 4, packet_id=8)  # routed here and sent already
+        queued = delivery(b"queued", 2, 5, sender_epoch=1)  # routed here, publisher still at epoch 1
+        stale_pub = delivery(b"stale-pub", 2, 6, sender_epoch=99)  # its publisher is fenced too
+        qos0 = delivery(b"qos0", 0, 7)
+        result = await old.commit(
+            [changes(cid, first.epoch, [pulled, sent, queued, stale_pub, qos0], [sent, queued, stale_pub, qos0])]
+        )
+        assert result.fenced == [cid]
+        assert (result.rerouted, result.refused) == (2, 1)
+        m, _s, q, i, _r = keys.session_keys(cid)
+        items = [wire.unpack_delivery(raw) for raw in await new.redis.lrange(q, 0, -1)]
+        assert [(d.msg.payload, d.qos, d.packet_id, d.stage) for d in items] == [
+            (b"sent", 1, 0, 0),
+            (b"queued", 2, 0, 0),
+        ], "the routed deliveries, in order, as not sent yet"
+        assert await new.redis.hlen(i) == 0, "the stale copy's journal changes were refused"
+        assert await new.redis.hget(m, "epoch") == str(second.epoch).encode()
+        woken = None
+        for _ in range(20):
+            msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+            if msg is not None:
+                woken = wire.parse_node_message(msg["data"])
+                break
+        assert woken == wire.Wake(cid), "the owner is woken to pull them"
+        await pubsub.aclose()
+    finally:
+        await asyncio.gather(old.close(), new.close())
+
+
+async def test_a_fenced_journal_of_an_offline_session_keeps_its_queue_limit(redis_server):
+    old, new = RedisStore(redis_server.url, "old"), RedisStore(redis_server.url, "new")
+    await old.open()
+    try:
+        cid = "sub-2"
+        zone = ZoneSettings(max_mqueue_len=2)
+        first = await old.claim(cid, zone, "default", False, expiry=60)
+        await old.claim(cid, zone, "default", False, expiry=60)  # claimed again...
+        await old.redis.hset(keys.session_keys(cid)[keys.META], mapping={"online": 0, "maxq": 2})  # ...and left
+        routed = [delivery(b"r%d" % n, 1, n) for n in range(3)]
+        result = await old.commit([changes(cid, first.epoch, routed, routed)])
+        assert result.fenced == [cid] and result.dropped == [("default", cid, 1)]
+        q = keys.session_keys(cid)[keys.QUEUE]
+        assert [wire.unpack_delivery(r).msg.payload for r in await old.redis.lrange(q, 0, -1)] == [b"r1", b"r2"]
+    finally:
+        await asyncio.gather(old.close(), new.close())
+
+
+async def test_a_journal_does_not_store_what_a_fenced_publisher_routed(redis_server):
+    """The same guard as a routing through the store: a delivery routed into an owned session here for a
+    publisher whose session is another node's now is not stored (the node takes it back from its copy;
+    the publisher sends it again to its new owner, which routes it once)."""
+    store = RedisStore(redis_server.url, "n")
+    await store.open()
+    try:
+        await store.claim("pub", ZONE, "default", False, expiry=60)
+        pub = await store.claim("pub", ZONE, "default", False, expiry=60)  # the publisher moved on
+        sub = await store.claim("sub-3", ZONE, "default", False, expiry=60)
+        ok = delivery(b"ok", 2, 0, packet_id=1, sender_epoch=pub.epoch)
+        stale = delivery(b"stale", 2, 1, packet_id=2, sender_epoch=pub.epoch - 1)
+        result = await store.commit([changes("sub-3", sub.epoch, [ok, stale], [ok, stale])])
+        assert result.fenced == [] and result.rerouted == 0
+        journal = await store.redis.hgetall(keys.session_keys("sub-3")[keys.JOURNAL])
+        assert [wire.unpack_journal(v).msg.payload for v in journal.values()] == [b"ok"]
+    finally:
+        await store.close()
