@@ -489,9 +489,14 @@ class RedisStore(SessionStore):
     def _call(self, pipe: Pipeline, script: str, keys: list[str], args: list[Any]) -> None:
         pipe.evalsha(self._sha[script], len(keys), *keys, *args)
 
-    async def _execute(self, build: Callable[[Pipeline], Any], *, atomic: bool = False) -> list[Any]:
+    async def _execute(
+        self, build: Callable[[Pipeline], Any], *, atomic: bool = False, may_repeat: bool = False
+    ) -> list[Any]:
         """One round trip. After a Redis restart its script cache is empty: load them and run again (the
         scripts that failed did nothing; everything else in a batch is idempotent).
+
+        `may_repeat`: running it twice does no harm, so a connection found dead (Redis restarted, the
+        pool's connections reset) is retried once on a fresh one instead of failing the caller.
 
         `atomic`: the commands run as one MULTI/EXEC transaction, which Redis (its AOF, its replicas) keeps
         whole or not at all, so a write cut off halfway cannot leave half a batch behind; the replies are
@@ -511,7 +516,9 @@ class RedisStore(SessionStore):
                 # Redis went away (restarted?): the pool's idle connections are dead too, and each would
                 # fail the next operation that picks it up. Drop them; the caller decides about this one.
                 await self.drop_idle_connections()
-                raise
+                if not may_repeat:
+                    raise
+                return await self._execute(build, atomic=atomic)
             self.round_trips += 1
             if atomic:
                 replies = self._exec_replies(replies)
@@ -581,10 +588,8 @@ class RedisStore(SessionStore):
             # so that, should this node die, others find it
             pipe.sadd(keys.node_sessions(self.node_id), client_id)
 
-        try:
-            res = (await self._execute(build, atomic=True))[0]
-        except RedisConnectionError:  # a claim may run twice (the epoch grows once more): try a fresh one
-            res = (await self._execute(build, atomic=True))[0]
+        # (a claim may run twice: the epoch grows once more)
+        res = (await self._execute(build, atomic=True, may_repeat=True))[0]
         if isinstance(res, Exception):
             raise res
         epoch = int(res[0])
@@ -797,7 +802,7 @@ class RedisStore(SessionStore):
     async def owner(self, client_id: str) -> str | None:
         """The node the client is connected to, if any (from the session's meta)."""
         (node,) = await self._execute(
-            lambda pipe: self._call(pipe, "owner", keys.session_keys(client_id)[:1], [])
+            lambda pipe: self._call(pipe, "owner", keys.session_keys(client_id)[:1], []), may_repeat=True
         )
         if isinstance(node, Exception):
             raise node
