@@ -41,6 +41,7 @@ REAP_INTERVAL = 1.0
 REAP_GRACE = HEARTBEAT_TTL + 3.0
 HANDOVER_TIMEOUT = 3.0
 PULL_BATCH = 1000
+SUBSCRIBE_TIMEOUT = 5.0  # for Redis to confirm the event stream's subscriptions
 
 
 class Sessions(Protocol):
@@ -59,6 +60,8 @@ class Sessions(Protocol):
     def resync(self, client_id: str, epoch: int) -> None: ...
 
     def fenced(self, client_id: str, epoch: int | None = None) -> None: ...
+
+    def hold(self, client_id: str) -> None: ...
 
     def publish_will(self, will: Will) -> None: ...
 
@@ -98,11 +101,17 @@ class Cluster:
         self._pulling: set[str] = set()
         self._pull_again: set[str] = set()
         self._connected_since: float | None = None  # when the event stream last came up (None: it is down)
+        # Set while the event stream is up and everything queued before it came up was pulled: wakes for
+        # this node's sessions reach it. Cleared when the stream breaks (its generation grows): sessions
+        # connected here then hold their new deliveries back until they caught up (catch_up).
+        self._stream_ready = asyncio.Event()
+        self._stream_gen = 0
 
     async def start(self) -> None:
-        self._pubsub = self.store.redis.pubsub(ignore_subscribe_messages=True)
-        await self._pubsub.subscribe(keys.EVENTS, self.channel)
+        self._pubsub = self.store.redis.pubsub()
+        await self._subscribe()
         self._connected_since = time.monotonic()
+        self._stream_ready.set()
         # Sessions still listed for this node id belong to an earlier run of it (a restarted pod).
         await self._release(self.node_id)
         await self._beat()
@@ -274,9 +283,26 @@ class Cluster:
             asyncio.get_running_loop().call_soon(lambda: self.spawn(self._pull()))
 
     async def catch_up(self, client_id: str, epoch: int, first: int, reserved: int) -> None:
-        """Pull, once, what the store queued for a session that just opened here, into the `reserved`
-        positions from `first` it kept for it (Session.hold_back)."""
-        await self._pull_targets([(client_id, epoch, first)], reserved, rewake=False)
+        """Pull what the store queued for a session whose wakes this node may have missed (it just opened
+        here, or the event stream was down) into the `reserved` positions from `first` that it kept for
+        them, ahead of its later deliveries (Session.hold_back). Returns once everything queued for it
+        before the event stream was (back) up is in: its held deliveries may go."""
+        end = first + reserved
+        while True:
+            await self._stream_ready.wait()
+            gen = self._stream_gen
+            while first < end:
+                s = self.sessions.session_of(client_id)
+                if s is None or s.epoch != epoch:
+                    return  # let go of meanwhile: what is queued waits in Redis for the next owner
+                n = min(PULL_BATCH, end - first)
+                [got] = await self._pull_targets([(client_id, epoch, first)], n)
+                first += max(got, 0)
+                if got < n:
+                    break
+            if gen == self._stream_gen:  # no break in the stream since it was pulled: nothing missed
+                break
+        self.wake(client_id)  # (past the reservation, if ever: the usual way)
 
     async def _pull(self) -> None:
         self._pull_scheduled = False
@@ -295,20 +321,25 @@ class Cluster:
                 first = s.journal.reserve(PULL_BATCH) if s.journal is not None else -1
                 targets.append((cid, s.epoch, first))
         if targets:
-            await self._pull_targets(targets, PULL_BATCH)
+            counts = await self._pull_targets(targets, PULL_BATCH)
+            for (cid, _epoch, _first), got in zip(targets, counts, strict=True):
+                if got >= PULL_BATCH:
+                    self.wake(cid)  # more may be waiting
 
-    async def _pull_targets(self, targets: list[tuple[str, int, int]], n: int, rewake: bool = True) -> None:
+    async def _pull_targets(self, targets: list[tuple[str, int, int]], n: int) -> list[int]:
+        """Pull up to `n` queued deliveries for each target and deliver them; returns how many each got
+        (-1: fenced, or the pull failed)."""
         cids = {cid for cid, _epoch, _first in targets}
         self._pulling |= cids
         try:
-            await self._pull_and_deliver(targets, n, rewake)
+            return await self._pull_and_deliver(targets, n)
         finally:
             self._pulling -= cids
             for cid in cids & self._pull_again:
                 self._pull_again.discard(cid)
                 self.wake(cid)
 
-    async def _pull_and_deliver(self, targets: list[tuple[str, int, int]], n: int, rewake: bool) -> None:
+    async def _pull_and_deliver(self, targets: list[tuple[str, int, int]], n: int) -> list[int]:
         try:
             replies = await self.store.pull(targets, n)
         except Exception as e:
@@ -318,12 +349,14 @@ class Cluster:
             log.warning("pulling queued messages failed (%s): %d sessions resynchronise", e, len(targets))
             for cid, epoch, _first in targets:
                 self.sessions.resync(cid, epoch)
-            return
+            return [-1] * len(targets)
+        counts = []
         for (cid, epoch, _first), reply in zip(targets, replies, strict=True):
             if reply == -1:
                 s = self.sessions.session_of(cid)
                 if s is not None and s.epoch == epoch:
                     self.sessions.fenced(cid)  # the session lives elsewhere now
+                counts.append(-1)
                 continue
             start, items = int(reply[0]), reply[1]
             deliveries = [wire.unpack_delivery(raw) for raw in items]
@@ -331,10 +364,40 @@ class Cluster:
                 for k, d in enumerate(deliveries):
                     d.order = start + k  # the position the pull gave it in the session's journal
             self.sessions.deliver_stored(cid, epoch, deliveries)
-            if len(items) >= n or not rewake:
-                self.wake(cid)  # more may be waiting (a catch-up pulls once, then pulls go on as usual)
+            counts.append(len(items))
+        return counts
 
     # -- events ----------------------------------------------------------------------------------
+    async def _subscribe(self) -> None:
+        """Subscribe to the fleet's events and this node's channel, and wait until Redis confirms both:
+        from then on nothing published to them is missed (what came before, a resync pulls)."""
+        assert self._pubsub is not None
+        await self._pubsub.subscribe(keys.EVENTS, self.channel)
+        pending = {keys.EVENTS.encode(), self._channel_b}
+        deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"Redis did not confirm the subscriptions within {SUBSCRIBE_TIMEOUT:.0f}s")
+            msg = await self._pubsub.get_message(timeout=min(left, 1.0))
+            if msg is None:
+                continue
+            if msg["type"] == "subscribe":
+                pending.discard(msg["channel"])
+            else:
+                self._dispatch(msg)
+
+    def _stream_broke(self) -> None:
+        """Wakes for this node's sessions may be lost from now until the stream is back and resynced:
+        what other nodes queue for them meanwhile must still reach their clients before anything routed
+        here directly, so their new deliveries wait (catch_up)."""
+        self._connected_since = None
+        self._stream_gen += 1
+        if self._stream_ready.is_set():
+            self._stream_ready.clear()
+            for cid in self.sessions.connected():
+                self.sessions.hold(cid)
+
     async def _listen(self) -> None:
         assert self._pubsub is not None
         backoff = 0.1
@@ -342,10 +405,11 @@ class Cluster:
         while True:
             try:
                 if gap:  # until this succeeds, Redis is still away: keep backing off
-                    await self._pubsub.subscribe(keys.EVENTS, self.channel)
+                    await self._subscribe()
                     await self._resync()
                     gap = False
                     self._connected_since = time.monotonic()
+                    self._stream_ready.set()
                     self.metrics.store_reconnects += 1
                 msg = await self._pubsub.get_message(timeout=1.0)
                 backoff = 0.1
@@ -354,16 +418,20 @@ class Cluster:
             except Exception as e:
                 log.warning("cluster event stream interrupted (%s); reconnecting in %.1fs", e, backoff)
                 gap = True
-                self._connected_since = None
+                self._stream_broke()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
-            if msg is None:
-                continue
-            try:
-                self._on_message(msg["channel"], msg["data"])
-            except Exception:
-                log.exception("bad cluster message on %s", msg.get("channel"))
+            if msg is not None:
+                self._dispatch(msg)
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        if msg["type"] != "message":
+            return  # (subscription confirmations)
+        try:
+            self._on_message(msg["channel"], msg["data"])
+        except Exception:
+            log.exception("bad cluster message on %s", msg.get("channel"))
 
     async def _resync(self) -> None:
         """After a gap in the event stream: reload routes and retained messages, and pull the queues of
@@ -390,7 +458,7 @@ class Cluster:
         for msg in await self.store.load_retained():
             self.retained.put(msg)
         for cid in connected:
-            self.wake(cid)
+            self.wake(cid)  # (those holding back pull themselves: catch_up)
 
     def _on_message(self, channel: bytes, data: bytes) -> None:
         if channel == self._channel_b:

@@ -304,3 +304,42 @@ def test_a_message_routed_to_a_session_taken_over_meanwhile_is_not_lost(fleet, r
     ack_loop(sub, view, until=1, timeout=10, tag="s")
     assert [parse_seq(p) for p in view.delivered] == [("s", 1)], "an acknowledged message was lost"
     old.close()
+
+
+def test_first_deliveries_keep_publish_order_while_a_node_cannot_hear_the_fleet(
+    fleet, redis_server, redis_proxy
+):
+    """Found by `python -m chaos --seed 303`: a QoS 2 message arrived after three newer ones, just after a
+    Redis black hole. The subscriber's node had lost its event stream, so it missed the wake for a message
+    another node queued in Redis for its session; the publisher then moved to the subscriber's node, whose
+    newer messages went straight to the subscriber, ahead of the queued one. A node that cannot hear the
+    fleet holds its sessions' new deliveries back until it has pulled what Redis queued meanwhile. Here
+    node a's event stream is reset and its re-subscription held back by the proxy."""
+    [a] = fleet(1, redis_url=redis_proxy.url)  # the subscriber's node
+    [b] = fleet(1)
+    topic = uid("gap/")
+    sub, _ = raw_connect(a, uid("sub"), 5)
+    sub.subscribe([(topic, 2)])
+    wait_route(b, sub, topic)
+    pcid = uid("pub")
+    pub, _ = raw_connect(b, pcid, 5, clean=True, expiry=None)
+    redis_proxy.delay(2.0, b"SUBSCRIBE")  # a's event stream comes back late
+    redis_proxy.drop_all()
+    time.sleep(0.3)
+    pub.send(mqttraw.publish(topic, seq_payload("g", 0), qos=2, packet_id=1, version=5))  # queued in Redis
+    assert pub.expect(PUBREC).packet_id == 1
+    pub.send(mqttraw.ack(mqttraw.PUBREL, 1, version=5))
+    pub.expect(PUBCOMP)
+    pub.disconnect()  # (its session ends, so a needs no handover from b, which a could not hear)
+    wait_until(lambda: redis_server.command("EXISTS", keys.session_keys(pcid)[keys.META]) == 0, timeout=5)
+    pub, _ = raw_connect(a, pcid, 5, clean=True, expiry=None)  # the publisher moves to the subscriber's node
+    for i in range(1, 11):
+        pub.send(mqttraw.publish(topic, seq_payload("g", i), qos=2, packet_id=i + 1, version=5))
+    view = AppView()
+    ack_loop(sub, view, until=11, timeout=15, tag="g")
+    first: list[int] = []
+    for p in view.delivered:
+        n = parse_seq(p)[1]
+        if n not in first:
+            first.append(n)
+    assert first == list(range(11)), f"first deliveries out of publish order: {first}"

@@ -49,7 +49,11 @@ async def test_a_fenced_journal_queues_what_was_routed_into_the_stale_copy(redis
         stale_pub = delivery(b"stale-pub", 2, 6, sender_epoch=99)  # its publisher is fenced too
         qos0 = delivery(b"qos0", 0, 7)
         result = await old.commit(
-            [changes(cid, first.epoch, [pulled, sent, queued, stale_pub, qos0], [sent, queued, stale_pub, qos0])]
+            [
+                changes(
+                    cid, first.epoch, [pulled, sent, queued, stale_pub, qos0], [sent, queued, stale_pub, qos0]
+                )
+            ]
         )
         assert result.fenced == [cid]
         assert (result.rerouted, result.refused) == (2, 1)
@@ -81,12 +85,17 @@ async def test_a_fenced_journal_of_an_offline_session_keeps_its_queue_limit(redi
         zone = ZoneSettings(max_mqueue_len=2)
         first = await old.claim(cid, zone, "default", False, expiry=60)
         await old.claim(cid, zone, "default", False, expiry=60)  # claimed again...
-        await old.redis.hset(keys.session_keys(cid)[keys.META], mapping={"online": 0, "maxq": 2})  # ...and left
+        await old.redis.hset(
+            keys.session_keys(cid)[keys.META], mapping={"online": 0, "maxq": 2}
+        )  # ...and left
         routed = [delivery(b"r%d" % n, 1, n) for n in range(3)]
         result = await old.commit([changes(cid, first.epoch, routed, routed)])
         assert result.fenced == [cid] and result.dropped == [("default", cid, 1)]
         q = keys.session_keys(cid)[keys.QUEUE]
-        assert [wire.unpack_delivery(r).msg.payload for r in await old.redis.lrange(q, 0, -1)] == [b"r1", b"r2"]
+        assert [wire.unpack_delivery(r).msg.payload for r in await old.redis.lrange(q, 0, -1)] == [
+            b"r1",
+            b"r2",
+        ]
     finally:
         await asyncio.gather(old.close(), new.close())
 
