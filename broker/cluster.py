@@ -22,6 +22,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 from redis.asyncio.client import PubSub
+from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from . import keys, wire
@@ -42,6 +43,7 @@ REAP_GRACE = HEARTBEAT_TTL + 3.0
 HANDOVER_TIMEOUT = 3.0
 PULL_BATCH = 1000
 SUBSCRIBE_TIMEOUT = 5.0  # for Redis to confirm the event stream's subscriptions
+SYNC_TIMEOUT = 3.0  # for Redis to answer a PING on the event stream (sync)
 
 
 class Sessions(Protocol):
@@ -106,6 +108,12 @@ class Cluster:
         # connected here then hold their new deliveries back until they caught up (catch_up).
         self._stream_ready = asyncio.Event()
         self._stream_gen = 0
+        # sync(): PINGs on the event stream awaiting their PONG, and what pulls did while any waits
+        self._syncs: dict[bytes, asyncio.Future[None]] = {}
+        self._syncing = 0
+        self._pull_seq = 0  # grows with every pull sent
+        self._pulled_after: dict[str, int] = {}  # per session, the latest pull sent that came back
+        self._pull_progress = asyncio.Condition()
 
     async def start(self) -> None:
         self._pubsub = self.store.redis.pubsub()
@@ -275,6 +283,52 @@ class Cluster:
 
         self.spawn(run())
 
+    # -- ordering: what Redis queued comes first ---------------------------------------------------
+    async def sync(self) -> None:
+        """Wait until what Redis had queued, before now, for the sessions connected here is delivered to
+        them. A client that connects here may have published through another node just before, and
+        its messages for sessions here are then in Redis: they must reach those sessions before what it
+        publishes here goes to them directly. A PING on the event stream is answered after every wake
+        published before it; then the pulls those wakes started (or later ones) must come back. If
+        Redis does not answer in time, the stream is taken for broken and reset: every session here then
+        holds its new deliveries until it has caught up."""
+        pubsub = self._pubsub
+        if pubsub is None or not self._stream_ready.is_set():
+            return  # sessions here hold their new deliveries until they caught up (_stream_broke)
+        token = b"sync:%d" % next(self._req_ids)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._syncs[token] = fut
+        self._syncing += 1
+        try:
+            await pubsub.ping(token)
+            await asyncio.wait_for(fut, SYNC_TIMEOUT)
+            await asyncio.sleep(0)  # (the wakes dispatched before the PONG schedule their pull now)
+            mark = self._pull_seq
+            waiting = self._pulls | self._pulling | self._pull_again
+
+            def pulled() -> bool:
+                busy = self._pulls | self._pulling | self._pull_again
+                return all(c not in busy or self._pulled_after.get(c, -1) > mark for c in waiting)
+
+            async with self._pull_progress:
+                await asyncio.wait_for(self._pull_progress.wait_for(pulled), SYNC_TIMEOUT)
+        except (TimeoutError, RedisError, OSError) as e:
+            log.warning("event stream did not answer in %.0fs (%r); reconnecting it", SYNC_TIMEOUT, e)
+            self._stream_broke()
+            conn: Any = pubsub.connection  # (redis-py types it as always None)
+            if conn is not None:
+                await conn.disconnect()  # the listener sees it and reconnects
+        finally:
+            self._syncs.pop(token, None)
+            self._syncing -= 1
+            if not self._syncing:
+                self._pulled_after.clear()
+
+    async def _progress(self) -> None:
+        """Pulls moved on: whoever waits for them (sync, catch_up) looks again."""
+        async with self._pull_progress:
+            self._pull_progress.notify_all()
+
     # -- pulling queued messages for sessions connected here --------------------------------------
     def wake(self, client_id: str) -> None:
         self._pulls.add(client_id)
@@ -296,6 +350,8 @@ class Cluster:
                 if s is None or s.epoch != epoch:
                     return  # let go of meanwhile: what is queued waits in Redis for the next owner
                 n = min(PULL_BATCH, end - first)
+                async with self._pull_progress:  # one pull per session at a time (see _pull)
+                    await self._pull_progress.wait_for(lambda: client_id not in self._pulling)
                 [got] = await self._pull_targets([(client_id, epoch, first)], n)
                 first += max(got, 0)
                 if got < n:
@@ -325,12 +381,16 @@ class Cluster:
             for (cid, _epoch, _first), got in zip(targets, counts, strict=True):
                 if got >= PULL_BATCH:
                     self.wake(cid)  # more may be waiting
+        else:
+            await self._progress()
 
     async def _pull_targets(self, targets: list[tuple[str, int, int]], n: int) -> list[int]:
         """Pull up to `n` queued deliveries for each target and deliver them; returns how many each got
         (-1: fenced, or the pull failed)."""
         cids = {cid for cid, _epoch, _first in targets}
         self._pulling |= cids
+        self._pull_seq += 1
+        seq = self._pull_seq
         try:
             return await self._pull_and_deliver(targets, n)
         finally:
@@ -338,6 +398,10 @@ class Cluster:
             for cid in cids & self._pull_again:
                 self._pull_again.discard(cid)
                 self.wake(cid)
+            if self._syncing:
+                for cid in cids:
+                    self._pulled_after[cid] = seq
+            await self._progress()
 
     async def _pull_and_deliver(self, targets: list[tuple[str, int, int]], n: int) -> list[int]:
         try:
@@ -393,6 +457,9 @@ class Cluster:
         here directly, so their new deliveries wait (catch_up)."""
         self._connected_since = None
         self._stream_gen += 1
+        for fut in self._syncs.values():  # (the sessions hold from now on: order is kept that way)
+            if not fut.done():
+                fut.set_result(None)
         if self._stream_ready.is_set():
             self._stream_ready.clear()
             for cid in self.sessions.connected():
@@ -427,6 +494,10 @@ class Cluster:
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         if msg["type"] != "message":
+            if msg["type"] == "pong":
+                fut = self._syncs.get(msg["data"])
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
             return  # (subscription confirmations)
         try:
             self._on_message(msg["channel"], msg["data"])

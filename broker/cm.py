@@ -53,6 +53,9 @@ class Fleet(Protocol):
     def wake(self, client_id: str) -> None:
         """Pull what the store queued for a session connected here."""
 
+    async def sync(self) -> None:
+        """Wait until what the store had queued for the sessions connected here is delivered to them."""
+
 
 @dataclass(slots=True)
 class Offline:
@@ -282,6 +285,10 @@ class ChannelManager:
                         self.publish_will(parked.will)  # the old session ends: its will goes now
             if claimed.ended_will is not None:
                 self.publish_will(claimed.ended_will)
+            if self.fleet is not None:
+                # what this client published through another node before is in Redis for sessions here:
+                # it reaches them before anything it publishes here now goes to them directly
+                await self.fleet.sync()
             if claimed.discarded is not None:
                 for topic_filter in claimed.discarded:
                     self.router.remove(cid, topic_filter)

@@ -343,3 +343,73 @@ def test_first_deliveries_keep_publish_order_while_a_node_cannot_hear_the_fleet(
         if n not in first:
             first.append(n)
     assert first == list(range(11)), f"first deliveries out of publish order: {first}"
+
+
+def test_first_deliveries_keep_publish_order_when_the_publisher_moves_to_its_subscribers_node(
+    fleet, redis_server, redis_proxy
+):
+    """Found by `python -m chaos --seed 307` (just as a paused Redis resumed): a publisher moved to its
+    subscribers' node while the pull of its last message routed through Redis was still on its way, and
+    its newer messages went to the subscribers directly, ahead of it. A session opening on a node waits
+    until the node has pulled what Redis had queued for the sessions connected there. Here the pull is
+    held back by the proxy."""
+    [a] = fleet(1, redis_url=redis_proxy.url)  # the subscriber's node
+    [b] = fleet(1)
+    topic = uid("move/")
+    sub, _ = raw_connect(a, uid("sub"), 4)
+    sub.subscribe([(topic, 1)])
+    wait_route(b, sub, topic)
+    pcid = uid("pub")
+    pub, _ = raw_connect(b, pcid, 4, clean=True)
+    pulled = redis_proxy.delay(1.0, b"EVALSHA", sha("pull"))
+    pub.send(mqttraw.publish(topic, seq_payload("v", 0), qos=1, packet_id=1))  # through Redis to a
+    assert pub.expect(PUBACK).packet_id == 1
+    assert pulled.wait(5), "a never pulled"
+    pub.disconnect()
+    wait_until(lambda: redis_server.command("EXISTS", keys.session_keys(pcid)[keys.META]) == 0, timeout=5)
+    pub, _ = raw_connect(a, pcid, 4, clean=True)  # the publisher moves to the subscriber's node
+    for i in range(1, 11):
+        pub.send(mqttraw.publish(topic, seq_payload("v", i), qos=1, packet_id=i + 1))
+    view = AppView()
+    ack_loop(sub, view, until=11, timeout=15, tag="v")
+    first: list[int] = []
+    for p in view.delivered:
+        n = parse_seq(p)[1]
+        if n not in first:
+            first.append(n)
+    assert first == list(range(11)), f"first deliveries out of publish order: {first}"
+
+
+def test_a_node_whose_event_stream_does_not_answer_keeps_publish_order_by_holding_back(
+    fleet, redis_server, redis_proxy
+):
+    """The same move, with the node's event stream silent (its PING held back past the node's patience):
+    the client is still accepted, and the node takes the stream for broken, reconnects it, and holds its
+    sessions' new deliveries until they have pulled what Redis queued for them."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic = uid("silent/")
+    sub, _ = raw_connect(a, uid("sub"), 4)
+    sub.subscribe([(topic, 1)])
+    wait_route(b, sub, topic)
+    pcid = uid("pub")
+    pub, _ = raw_connect(b, pcid, 4, clean=True)
+    redis_proxy.delay(4.0, b"EVALSHA", sha("pull"))  # longer than the node waits for its sync
+    pub.send(mqttraw.publish(topic, seq_payload("q", 0), qos=1, packet_id=1))
+    assert pub.expect(PUBACK).packet_id == 1
+    pub.disconnect()
+    wait_until(lambda: redis_server.command("EXISTS", keys.session_keys(pcid)[keys.META]) == 0, timeout=5)
+    silent = redis_proxy.delay(10.0, b"PING", b"sync:")
+    pub, ack = raw_connect(a, pcid, 4, clean=True, timeout=10)
+    assert silent.is_set() and ack.reason == 0
+    for i in range(1, 11):
+        pub.send(mqttraw.publish(topic, seq_payload("q", i), qos=1, packet_id=i + 1))
+    view = AppView()
+    ack_loop(sub, view, until=11, timeout=20, tag="q")
+    first: list[int] = []
+    for p in view.delivered:
+        n = parse_seq(p)[1]
+        if n not in first:
+            first.append(n)
+    assert first == list(range(11)), f"first deliveries out of publish order: {first}"
+    assert "event stream did not answer" in a.log()
