@@ -157,6 +157,7 @@ class Cluster:
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_TTL / 5)
+            self.store.conns.primary()  # (a failover is logged and counted when first seen)
             try:
                 await self._beat()
             except Exception as e:  # Redis away: keep trying; the store's errors are counted elsewhere

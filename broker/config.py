@@ -37,10 +37,82 @@ class MemoryStoreConfig(_Model):
     kind: Literal["memory"] = "memory"
 
 
+def _host_port(value: str) -> str:
+    host, port = parse_bind(value)
+    if not value.rpartition(":")[0]:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return f"{host}:{port}"
+
+
+class SentinelConfig(_Model):
+    """Redis replication watched by Sentinel: the nodes write to the primary the sentinels name, and follow
+    it through a failover without a restart."""
+
+    nodes: list[str] = Field(min_length=1, description="Sentinels to ask for the primary, HOST:PORT each")
+    master: str = Field(min_length=1, description="Name the sentinels monitor the primary under")
+    password_file: str | None = Field(
+        None, description="File holding the sentinels' own password, if they require one"
+    )
+
+    @field_validator("nodes")
+    @classmethod
+    def _check_nodes(cls, nodes: list[str]) -> list[str]:
+        return [_host_port(n) for n in nodes]
+
+
+class RedisClusterConfig(_Model):
+    """A Redis Cluster: sessions spread over its shards by their hash tag."""
+
+    nodes: list[str] = Field(
+        min_length=1, description="Some nodes of the cluster, HOST:PORT each (the rest is discovered)"
+    )
+
+    @field_validator("nodes")
+    @classmethod
+    def _check_nodes(cls, nodes: list[str]) -> list[str]:
+        return [_host_port(n) for n in nodes]
+
+
 class RedisStoreConfig(_Model):
+    """Sessions in Redis: one server (url), a primary with replicas watched by Sentinel, or a Redis
+    Cluster; exactly one of the three."""
+
     kind: Literal["redis"]
-    url: str = Field(description="redis://host:port/db")
+    url: str | None = Field(
+        None, pattern=r"^(rediss?|unix)://", description="One Redis server: redis://[:password@]host:port/db"
+    )
+    sentinel: SentinelConfig | None = Field(None, description=SentinelConfig.__doc__)
+    cluster: RedisClusterConfig | None = Field(None, description=RedisClusterConfig.__doc__)
+    db: int = Field(
+        0, ge=0, description="Database number with sentinel (a url names its own; a cluster has only 0)"
+    )
+    username: str | None = Field(None, min_length=1, description="Redis ACL user (default: the default user)")
+    password_file: str | None = Field(
+        None,
+        description="File holding the Redis password (mounted from a Secret; never inline in the config)",
+    )
     wait_replicas: int = Field(0, ge=0, description="Acks also wait for this many Redis replicas (WAIT).")
+    wait_timeout_ms: int = Field(
+        1000, ge=1, description="How long a write waits for wait_replicas; past it, it counts as failed"
+    )
+
+    @model_validator(mode="after")
+    def _one_topology(self) -> RedisStoreConfig:
+        given = [name for name in ("url", "sentinel", "cluster") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "store: set exactly one of url, sentinel, cluster"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        if self.cluster is not None and self.db:
+            raise ValueError("store.db: a Redis Cluster has only database 0")
+        return self
+
+    @property
+    def topology(self) -> Literal["standalone", "sentinel", "cluster"]:
+        if self.sentinel is not None:
+            return "sentinel"
+        return "cluster" if self.cluster is not None else "standalone"
 
 
 class ListenerConfig(_Model):
@@ -161,10 +233,8 @@ class BrokerConfig(_Model):
         return self
 
     def event_log_url(self) -> str | None:
-        """Where the event log goes (None: it is off)."""
-        if not self.event_log.enabled:
-            return None
-        return self.event_log.redis_url or getattr(self.store, "url", None)
+        """Where the event log goes if not to the session store's Redis (None: there, or it is off)."""
+        return self.event_log.redis_url if self.event_log.enabled else None
 
     def config_hash(self) -> str:
         """A stable digest of the applied config, so an operator can tell which pods run which version.

@@ -95,7 +95,7 @@ class EventLog:
 
     def __init__(
         self,
-        redis_url: str,
+        redis: str | ConnectionPool,
         *,
         fleet: str,
         node: str,
@@ -140,12 +140,15 @@ class EventLog:
         self.max_buffer = max_buffer
         self.timeout = timeout
         self.config_interval = config_interval
-        try:
-            self._pool = ConnectionPool.from_url(
-                redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
-            )
-        except ValueError as e:
-            raise ValueError(f"event log redis url {redis_url!r}: {e}") from e
+        if isinstance(redis, ConnectionPool):  # (the session store's, following its primary)
+            self._pool = redis
+        else:
+            try:
+                self._pool = ConnectionPool.from_url(
+                    redis, socket_timeout=timeout, socket_connect_timeout=timeout
+                )
+            except ValueError as e:
+                raise ValueError(f"event log redis url {redis!r}: {e}") from e
         self._conn: AbstractConnection | None = None
         self.run = os.urandom(6).hex()  # eid prefix: unique per log instance, so eids never repeat
         self._seq = itertools.count(1)
@@ -167,13 +170,13 @@ class EventLog:
 
     @classmethod
     def from_config(
-        cls, config: EventLogConfig, *, redis_url: str, fleet: str, node: str, **kwargs: Any
+        cls, config: EventLogConfig, *, redis: str | ConnectionPool, fleet: str, node: str, **kwargs: Any
     ) -> EventLog | None:
         """The log a node's config asks for, or None when it is disabled."""
         if not config.enabled:
             return None
         return cls(
-            redis_url,
+            redis,
             fleet=fleet,
             node=node,
             max_len=config.max_len,

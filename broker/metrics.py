@@ -110,6 +110,8 @@ class Metrics:
         self.store_reconnects = 0
         self.config_reload_errors = 0
         self.store_round_trips: Callable[[], int] = lambda: 0
+        # the store's topology, its primary as this node knows it, failovers seen, operations retried
+        self.store_topology: Callable[[], tuple[str, str | None, int, int]] | None = None
         # the event log's records by outcome (written, dropped) and failed sends; None while it is off
         self.event_log: Callable[[], tuple[int, int, int]] | None = None
         self.store_ops: dict[str, Histogram] = defaultdict(lambda: Histogram(STORE_BUCKETS))
@@ -224,6 +226,23 @@ class _Collector(Collector):
         rec = counter("store_reconnects", "Times the node resynchronised with the store after an outage.", [])
         rec.add_metric([], m.store_reconnects)
         yield rec
+        if m.store_topology is not None:
+            topology, primary, failovers, retries = m.store_topology()
+            info = GaugeMetricFamily(
+                "fleetmq_store_info",
+                "The session store's topology and the primary this node writes to (1).",
+                labels=["topology", "primary"],
+            )
+            info.add_metric([topology, primary or ""], 1)
+            yield info
+            fo = counter("store_failovers", "Times this node saw the store's primary move elsewhere.", [])
+            fo.add_metric([], failovers)
+            yield fo
+            rty = counter(
+                "store_retries", "Store operations run again (a fresh connection, scripts reloaded).", []
+            )
+            rty.add_metric([], retries)
+            yield rty
         st = HistogramMetricFamily(
             "fleetmq_store_op_duration_seconds", "Session-store operation time.", labels=["op"]
         )

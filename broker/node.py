@@ -13,6 +13,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from redis.asyncio.connection import ConnectionPool
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
@@ -46,10 +47,14 @@ class Node:
         self.retained = Retained()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.events: EventLog | None = None
-        if (url := config.event_log_url()) is not None:
+        if config.event_log.enabled:
             log_cfg = config.event_log
+            where: str | ConnectionPool | None = config.event_log_url()
+            if where is None:  # the session store's Redis (config validation saw to it that there is one)
+                assert isinstance(self.store, RedisStore)
+                where = self.store.conns.new_pool()
             self.events = EventLog.from_config(
-                log_cfg, redis_url=url, fleet=log_cfg.fleet, node=self.node_id, offered=self._message_events
+                log_cfg, redis=where, fleet=log_cfg.fleet, node=self.node_id, offered=self._message_events
             )
         self.zones: dict[str, Zone] = {
             name: Zone(name, settings, self._telemetry(name)) for name, settings in config.zones.items()
@@ -80,6 +85,14 @@ class Node:
         self.config_hash = config.config_hash()
         self.metrics.gauges = self.gauges
         self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", 0)
+        if isinstance(self.store, RedisStore):
+            store = self.store
+            self.metrics.store_topology = lambda: (
+                store.conns.topology,
+                store.conns.primary(),
+                store.conns.failovers,
+                store.retries,
+            )
         self.metrics.config_info = {name: self.config_hash for name in self.zones}
         if self.events is not None:
             self.events.set_zones(config.zones)

@@ -20,14 +20,15 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from . import keys, wire
+from .config import RedisStoreConfig
 from .journal import JournalChanges
 from .message import Delivery, Message, Will
+from .redisclient import StoreConnections
 from .router import Subscription
 from .session import Session
 from .store import (
@@ -456,25 +457,35 @@ def _pairs(flat: list[bytes]) -> Iterable[tuple[bytes, bytes]]:
     return zip(it, it, strict=True)
 
 
+class NotReplicated(RedisConnectionError):
+    """A write ran on the primary but fewer replicas than `wait_replicas` confirmed it in time: like a
+    lost reply, its outcome is unknown to the fleet (a failover may still lose it)."""
+
+
 class RedisStore(SessionStore):
     durable = True
 
-    def __init__(self, url: str, node_id: str, wait_replicas: int = 0, wait_timeout_ms: int = 1000) -> None:
-        self.url = url
+    def __init__(
+        self, conns: StoreConnections, node_id: str, wait_replicas: int = 0, wait_timeout_ms: int = 1000
+    ) -> None:
+        self.conns = conns
         self.node_id = node_id
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
-        self.redis = aioredis.from_url(
-            url,
-            decode_responses=False,
-            health_check_interval=5,
-            socket_connect_timeout=2,
-            socket_timeout=5,
-            retry_on_timeout=False,
-        )
+        self.redis = conns.redis
         self._scripts = {name: _script(body) for name, body in SCRIPTS.items()}
         self._sha = {name: hashlib.sha1(body.encode()).hexdigest() for name, body in self._scripts.items()}
         self.round_trips = 0
+        self.retries = 0  # operations run again on a fresh connection, or after reloading the scripts
+
+    @classmethod
+    def from_config(cls, cfg: RedisStoreConfig, node_id: str) -> RedisStore:
+        conns = StoreConnections(cfg, f"fleetmq:{node_id}")
+        return cls(conns, node_id, cfg.wait_replicas, cfg.wait_timeout_ms)
+
+    @classmethod
+    def from_url(cls, url: str, node_id: str, wait_replicas: int = 0) -> RedisStore:
+        return cls.from_config(RedisStoreConfig(kind="redis", url=url, wait_replicas=wait_replicas), node_id)
 
     async def open(self) -> None:
         await self._load_scripts()
@@ -490,7 +501,12 @@ class RedisStore(SessionStore):
         pipe.evalsha(self._sha[script], len(keys), *keys, *args)
 
     async def _execute(
-        self, build: Callable[[Pipeline], Any], *, atomic: bool = False, may_repeat: bool = False
+        self,
+        build: Callable[[Pipeline], Any],
+        *,
+        atomic: bool = False,
+        may_repeat: bool = False,
+        write: bool = True,
     ) -> list[Any]:
         """One round trip. After a Redis restart its script cache is empty: load them and run again (the
         scripts that failed did nothing; everything else in a batch is idempotent).
@@ -500,7 +516,12 @@ class RedisStore(SessionStore):
 
         `atomic`: the commands run as one MULTI/EXEC transaction, which Redis (its AOF, its replicas) keeps
         whole or not at all, so a write cut off halfway cannot leave half a batch behind; the replies are
-        then EXEC's. A WAIT for replicas (`wait_replicas`) follows the EXEC in the same round trip."""
+        then EXEC's.
+
+        `write`: with `wait_replicas`, a WAIT follows in the same round trip, and fewer confirmations
+        than asked raise NotReplicated: a claim, a pull, a commit is relied upon only once a failover
+        cannot lose it."""
+        wait = self.wait_replicas if write else 0
         for attempt in (1, 2):
             pipe: Pipeline = self.redis.pipeline(transaction=False)
             if atomic:
@@ -508,22 +529,29 @@ class RedisStore(SessionStore):
             build(pipe)
             if atomic:
                 pipe.execute_command("EXEC")
-                if self.wait_replicas:
-                    pipe.wait(self.wait_replicas, self.wait_timeout_ms)
+            if wait:
+                pipe.wait(wait, self.wait_timeout_ms)
             try:
                 replies = await pipe.execute(raise_on_error=False)
             except RedisConnectionError:
-                # Redis went away (restarted?): the pool's idle connections are dead too, and each would
-                # fail the next operation that picks it up. Drop them; the caller decides about this one.
+                # Redis went away (restarted? failed over?): the pool's idle connections are dead too, and
+                # each would fail the next operation that picks it up. Drop them; the caller decides about
+                # this one.
                 await self.drop_idle_connections()
                 if not may_repeat:
                     raise
-                return await self._execute(build, atomic=atomic)
+                self.retries += 1
+                return await self._execute(build, atomic=atomic, write=write)
             self.round_trips += 1
+            if wait:
+                acked = replies.pop()
+                if isinstance(acked, Exception) or int(acked) < wait:
+                    raise NotReplicated(f"{acked} of {wait} Redis replicas confirmed the write in time")
             if atomic:
                 replies = self._exec_replies(replies)
             if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
-                log.info("Redis lost its scripts (restarted?); loading them again")
+                log.info("Redis lost its scripts (restarted? failed over?); loading them again")
+                self.retries += 1
                 await self._load_scripts()
                 continue
             for r in replies:
@@ -537,25 +565,21 @@ class RedisStore(SessionStore):
         pick one would fail with an outcome it cannot know)."""
         await self.redis.connection_pool.disconnect(inuse_connections=False)
 
-    def _exec_replies(self, replies: list[Any]) -> list[Any]:
-        """The results of the commands between MULTI and EXEC (and the WAIT after them, if any)."""
-        waited = replies[-1] if self.wait_replicas else None
-        executed = replies[-2] if self.wait_replicas else replies[-1]
+    @staticmethod
+    def _exec_replies(replies: list[Any]) -> list[Any]:
+        """The results of the commands between MULTI and EXEC."""
+        executed = replies[-1]
         if isinstance(executed, Exception):
             raise executed  # EXECABORT: nothing ran
         if not isinstance(executed, list):
             raise ConnectionError(f"the transaction did not run (EXEC replied {executed!r})")
-        queued = [
-            r
-            for r in replies[1 : len(replies) - (2 if self.wait_replicas else 1)]
-            if isinstance(r, Exception)
-        ]
+        queued = [r for r in replies[1:-1] if isinstance(r, Exception)]
         if queued:
             raise queued[0]  # refused while queueing (EXEC aborted the whole transaction)
-        return [*executed, waited] if self.wait_replicas else executed
+        return executed
 
     async def close(self) -> None:
-        await self.redis.aclose()
+        await self.conns.close()
 
     # -- sessions --------------------------------------------------------------------------------
     async def claim(
@@ -687,10 +711,6 @@ class RedisStore(SessionStore):
                 result.refused += refused
                 if dropped:
                     result.dropped.append((zone, kind.client_id, dropped))
-        if self.wait_replicas:
-            acked = int(replies[-1])
-            if acked < self.wait_replicas:
-                raise ConnectionError(f"only {acked} of {self.wait_replicas} Redis replicas acknowledged")
         return result
 
     @staticmethod
@@ -802,7 +822,9 @@ class RedisStore(SessionStore):
     async def owner(self, client_id: str) -> str | None:
         """The node the client is connected to, if any (from the session's meta)."""
         (node,) = await self._execute(
-            lambda pipe: self._call(pipe, "owner", keys.session_keys(client_id)[:1], []), may_repeat=True
+            lambda pipe: self._call(pipe, "owner", keys.session_keys(client_id)[:1], []),
+            may_repeat=True,
+            write=False,
         )
         if isinstance(node, Exception):
             raise node

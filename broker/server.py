@@ -57,7 +57,7 @@ def make_store(config: BrokerConfig) -> SessionStore:
         return MemoryStore()
     from .redisstore import RedisStore
 
-    return RedisStore(config.store.url, config.node_id, config.store.wait_replicas)
+    return RedisStore.from_config(config.store, config.node_id)
 
 
 WATCH_INTERVAL = 1.0

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a part of the project needs, once (already installed ones are skipped):
-#   scripts/system-deps.sh [test]   tests and benchmarks: redis-server, mosquitto, etcd-server (the test control
-#                                   plane's etcd; kube-apiserver and friends come from `make envtest`),
-#                                   prometheus (with promtool: tests/monitoring, the alert rules)
+#   scripts/system-deps.sh [test]   tests and benchmarks: redis-server, redis-sentinel, mosquitto,
+#                                   etcd-server (the test control plane's etcd; kube-apiserver and friends
+#                                   come from `make envtest`), prometheus (with promtool: tests/monitoring,
+#                                   the alert rules)
 #   scripts/system-deps.sh image    `make image` where no Docker engine runs: Debian's dockerd, debootstrap
 #   scripts/system-deps.sh node     the real node (tests/realnode.py): containerd, runc, the CNI plugins,
 #                                   nft (kube-proxy's nftables mode), ip and unshare/nsenter
 set -euo pipefail
 case "${1:-test}" in
-  test) pkgs=(redis-server mosquitto etcd-server prometheus) ;;
+  test) pkgs=(redis-server redis-sentinel mosquitto etcd-server prometheus) ;;
   image) pkgs=(docker.io debootstrap) ;;
   node) pkgs=(containerd runc containernetworking-plugins nftables iproute2 util-linux) ;;
   *) echo "system-deps: unknown set $1 (test, image, node)" >&2; exit 2 ;;
@@ -25,7 +26,7 @@ fi
 # The Debian packages start system services where an init runs them; tests, `make image` and the real node
 # start their own, by pid, on their own sockets and ports.
 if [[ "${1:-test}" == test ]]; then
-  for svc in redis-server mosquitto etcd prometheus; do
+  for svc in redis-server redis-sentinel mosquitto etcd prometheus; do
     command -v systemctl >/dev/null && systemctl stop "$svc" 2>/dev/null || true
   done
 fi

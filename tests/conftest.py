@@ -17,7 +17,14 @@ import pytest
 from tests import kubeapi
 from tests.integration import harness
 from tests.integration.harness import LIVE_BROKERS, MOSQUITTO, BrokerProc, ClientFactory
-from tests.support import LIVE_REDIS, REDIS_SERVER_BIN, RedisServer, redis_server_available
+from tests.support import (
+    LIVE_REDIS,
+    REDIS_SENTINEL_BIN,
+    REDIS_SERVER_BIN,
+    RedisServer,
+    ReplicatedRedis,
+    redis_server_available,
+)
 
 
 def pytest_configure(config):
@@ -188,7 +195,8 @@ def fleet(redis_server, tmp_path):
 
     Starts n fleetmq nodes sharing `redis_server` (through `redis_url`, a redis_proxy, if given): each gets its own listener/metrics ports, config file and
     log under tmp_path/node-<i>, `node_id: node-<i>` and `store: {kind: redis, url: redis_server.url}`
-    (other keys of config["store"], e.g. wait_replicas, are kept). Node numbers continue across calls.
+    (other keys of config["store"], e.g. wait_replicas, are kept; a config["store"] naming sentinels or a
+    cluster is used as it is). Node numbers continue across calls.
     BrokerProc.kill()/pause()/resume()/restart() act on one node. All nodes stopped at teardown."""
     started: list[BrokerProc] = []
 
@@ -207,8 +215,9 @@ def fleet(redis_server, tmp_path):
             i = len(started)
             cfg = copy.deepcopy(config) if config else {}
             cfg["node_id"] = f"node-{i}"
-            url = redis_url or redis_server.url  # another address (a redis_proxy) reaches the same server
-            cfg["store"] = {**cfg.get("store", {}), "kind": "redis", "url": url}
+            if not {"sentinel", "cluster"} & set(cfg.get("store", {})):  # (those name their own servers)
+                url = redis_url or redis_server.url  # another address (a redis_proxy) reaches the same server
+                cfg["store"] = {**cfg.get("store", {}), "kind": "redis", "url": url}
             bp = harness.start_fleetmq(
                 tmp_path / f"node-{i}", cfg, zone_overrides=zone_overrides, extra_args=extra_args
             )
@@ -221,6 +230,18 @@ def fleet(redis_server, tmp_path):
         redis_server.resume()  # so the nodes can finish their shutdown writes
     for bp in started:
         bp.stop()
+
+
+@pytest.fixture
+def replicated_redis(tmp_path):
+    """A primary, two replicas and three sentinels (tests/support.ReplicatedRedis: redis-server and
+    redis-sentinel processes on free 127.0.0.1 ports, AOF fsync always, down-after 2 s); stopped at
+    teardown. `replicated_redis.store(wait_replicas=1)` is a fleet's store config for it."""
+    if not redis_server_available() or not os.access(REDIS_SENTINEL_BIN, os.X_OK):
+        pytest.fail(f"redis-server or {REDIS_SENTINEL_BIN} missing: run `make deps`")
+    rr = ReplicatedRedis(tmp_path / "sentinel")
+    yield rr
+    rr.stop()
 
 
 @pytest.fixture

@@ -179,7 +179,9 @@ class RedisServer:
         appendonly: bool = True,
         appendfsync: str = "always",
         config: Mapping[str, str] | None = None,
+        replicaof: RedisServer | None = None,
     ):
+        self.replicaof = replicaof  # started as a replica of that server (Sentinel may move it later)
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._fixed_port = port is not None
@@ -229,6 +231,7 @@ class RedisServer:
             "--daemonize", "no",
             "--protected-mode", "no",
             "--logfile", str(self.log_path),
+            *(["--replicaof", HOST, str(self.replicaof.port)] if self.replicaof is not None else []),
             *extra,
         ]  # fmt: skip
 
@@ -395,6 +398,167 @@ class RedisServer:
     def __repr__(self) -> str:
         state = "paused" if self.paused else ("running" if self.alive() else "stopped")
         return f"<RedisServer {self.url} pid={self.pid} {state} dir={self.data_dir}>"
+
+
+# ------------------------------------------------------------------ redis-sentinel
+REDIS_SENTINEL_BIN = (
+    os.environ.get("REDIS_SENTINEL_BIN") or shutil.which("redis-sentinel") or "/usr/bin/redis-sentinel"
+)
+
+
+class SentinelServer(RedisServer):
+    """One redis-sentinel on 127.0.0.1 watching `primary` under `master`, with a config file of its own in
+    `data_dir` (Sentinel rewrites it as it learns the replicas, the other sentinels and failovers)."""
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        primary: RedisServer,
+        *,
+        master: str = "fleetmq",
+        quorum: int = 2,
+        down_after_ms: int = 2000,
+        failover_timeout_ms: int = 10000,
+        autostart: bool = True,
+    ):
+        self.primary, self.master, self.quorum = primary, master, quorum
+        self.down_after_ms, self.failover_timeout_ms = down_after_ms, failover_timeout_ms
+        super().__init__(data_dir, autostart=autostart, appendonly=False)
+
+    @property
+    def conf_path(self) -> Path:
+        return self.data_dir / "sentinel.conf"
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def argv(self) -> list[str]:
+        if not self.conf_path.exists():  # (kept across restarts: what it learnt stays)
+            m = self.master
+            self.conf_path.write_text(
+                f"port {self.port}\nbind {HOST}\nprotected-mode no\ndaemonize no\n"
+                f"dir {self.data_dir}\nlogfile {self.log_path}\n"
+                f"sentinel monitor {m} {HOST} {self.primary.port} {self.quorum}\n"
+                f"sentinel down-after-milliseconds {m} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {m} {self.failover_timeout_ms}\n"
+                f"sentinel parallel-syncs {m} 1\n"
+            )
+        return [REDIS_SENTINEL_BIN, str(self.conf_path)]
+
+    def primary_port(self) -> int | None:
+        """The port of the primary this sentinel names now."""
+        reply = self.command("SENTINEL", "get-master-addr-by-name", self.master)
+        return int(reply[1]) if reply else None
+
+
+class ReplicatedRedis:
+    """A primary with `replicas` replicas and `sentinels` sentinels, every one a real process on loopback
+    (what a fleet's `store: {sentinel: ...}` points at). `servers[0]` starts as the primary; after a
+    failover `primary()` says which one is."""
+
+    def __init__(
+        self,
+        base_dir: Path | str,
+        *,
+        replicas: int = 2,
+        sentinels: int = 3,
+        master: str = "fleetmq",
+        down_after_ms: int = 2000,
+        appendfsync: str = "always",
+    ):
+        base = Path(base_dir)
+        self.master = master
+        self.servers: list[RedisServer] = []
+        self.sentinels: list[SentinelServer] = []
+        try:
+            primary = RedisServer(base / "redis-0", appendfsync=appendfsync)
+            self.servers.append(primary)
+            for i in range(1, replicas + 1):
+                self.servers.append(
+                    RedisServer(base / f"redis-{i}", appendfsync=appendfsync, replicaof=primary)
+                )
+            self.wait_synced(replicas)
+            for i in range(sentinels):
+                self.sentinels.append(
+                    SentinelServer(
+                        base / f"sentinel-{i}",
+                        primary,
+                        master=master,
+                        quorum=sentinels // 2 + 1,
+                        down_after_ms=down_after_ms,
+                    )
+                )
+            wait_until(
+                lambda: all(self._knows_all(s, replicas, sentinels) for s in self.sentinels),
+                timeout=30,
+                msg="every sentinel sees every replica and sentinel",
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def _knows_all(self, s: SentinelServer, replicas: int, sentinels: int) -> bool:
+        info = dict(zip(*[iter(s.command("SENTINEL", "master", self.master, decode=True))] * 2, strict=True))
+        return int(info["num-slaves"]) >= replicas and int(info["num-other-sentinels"]) >= sentinels - 1
+
+    def store(self, **extra: Any) -> dict[str, Any]:
+        """The broker config's store for this deployment."""
+        return {
+            "kind": "redis",
+            "sentinel": {"nodes": [s.address for s in self.sentinels], "master": self.master},
+            **extra,
+        }
+
+    def primary(self) -> RedisServer:
+        """The server the sentinels name as primary now."""
+        for s in self.sentinels:
+            if s.alive() and not s.paused:
+                with contextlib.suppress(OSError, RedisReplyError):
+                    port = s.primary_port()
+                    return next(r for r in self.servers if r.port == port)
+        raise RuntimeError("no sentinel answers")
+
+    def wait_synced(self, n: int | None = None, timeout: float = 30.0) -> None:
+        """Until the primary has `n` (default: every other live server) replicas online and caught up."""
+        want = n if n is not None else sum(1 for r in self.servers if r.alive()) - 1
+
+        def synced() -> bool:
+            try:
+                rep = (
+                    self.primary().info("replication")
+                    if self.sentinels
+                    else self.servers[0].info("replication")
+                )
+            except (OSError, RuntimeError):
+                return False
+            offset = int(rep.get("master_repl_offset", "0"))
+            online = [
+                v for k, v in rep.items() if k.startswith("slave") and k[5:].isdigit() and "state=online" in v
+            ]
+            caught_up = [
+                v for v in online if int(dict(kv.split("=") for kv in v.split(","))["offset"]) >= offset
+            ]
+            return len(caught_up) >= want
+
+        wait_until(synced, timeout=timeout, msg=f"{want} replicas in sync")
+
+    def wait_failover(self, old: RedisServer, timeout: float = 30.0) -> RedisServer:
+        """Until the sentinels name another primary than `old`, and it says it is one."""
+
+        def moved() -> bool:
+            try:
+                new = self.primary()
+                return new is not old and new.info("replication").get("role") == "master"
+            except (OSError, RuntimeError):
+                return False
+
+        wait_until(moved, timeout=timeout, msg="a failover")
+        return self.primary()
+
+    def stop(self) -> None:
+        for p in [*self.sentinels, *self.servers]:
+            p.stop()
 
 
 @atexit.register

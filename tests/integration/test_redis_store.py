@@ -32,7 +32,7 @@ def changes(cid: str, epoch: int, puts: list[Delivery], fresh: list[Delivery]) -
 
 
 async def test_a_fenced_journal_queues_what_was_routed_into_the_stale_copy(redis_server):
-    old, new = RedisStore(redis_server.url, "old"), RedisStore(redis_server.url, "new")
+    old, new = RedisStore.from_url(redis_server.url, "old"), RedisStore.from_url(redis_server.url, "new")
     await old.open()
     await new.open()
     try:
@@ -78,7 +78,7 @@ async def test_a_fenced_journal_queues_what_was_routed_into_the_stale_copy(redis
 
 
 async def test_a_fenced_journal_of_an_offline_session_keeps_its_queue_limit(redis_server):
-    old, new = RedisStore(redis_server.url, "old"), RedisStore(redis_server.url, "new")
+    old, new = RedisStore.from_url(redis_server.url, "old"), RedisStore.from_url(redis_server.url, "new")
     await old.open()
     try:
         cid = "sub-2"
@@ -104,7 +104,7 @@ async def test_a_journal_does_not_store_what_a_fenced_publisher_routed(redis_ser
     """The same guard as a routing through the store: a delivery routed into an owned session here for a
     publisher whose session is another node's now is not stored (the node takes it back from its copy;
     the publisher sends it again to its new owner, which routes it once)."""
-    store = RedisStore(redis_server.url, "n")
+    store = RedisStore.from_url(redis_server.url, "n")
     await store.open()
     try:
         await store.claim("pub", ZONE, "default", False, expiry=60)

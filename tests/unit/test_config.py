@@ -241,7 +241,27 @@ def test_redis_store_config():
     cfg = load(store={"kind": "redis", "url": "redis://r:6379/0"})
     assert cfg.store.kind == "redis"
     assert cfg.store.wait_replicas == 0
-    assert "store.url" in error_of(store={"kind": "redis"})
+    assert "store: set exactly one of url, sentinel, cluster" in error_of(store={"kind": "redis"})
+
+
+def test_redis_store_topologies():
+    sentinel = load(
+        store={"kind": "redis", "sentinel": {"nodes": ["s1:26379", "[::1]:26380"], "master": "edge"}, "db": 2}
+    ).store
+    assert sentinel.topology == "sentinel" and sentinel.sentinel.nodes == ["s1:26379", "::1:26380"]
+    cluster = load(store={"kind": "redis", "cluster": {"nodes": ["r1:6379"]}, "wait_replicas": 1}).store
+    assert cluster.topology == "cluster" and cluster.wait_replicas == 1
+    assert "got url, sentinel" in error_of(
+        store={"kind": "redis", "url": "redis://r:6379/0", "sentinel": {"nodes": ["s:1"], "master": "m"}}
+    )
+    assert "store.sentinel.nodes: expected HOST:PORT, got 's1'" in error_of(
+        store={"kind": "redis", "sentinel": {"nodes": ["s1"], "master": "m"}}
+    )
+    assert "store.sentinel.master" in error_of(store={"kind": "redis", "sentinel": {"nodes": ["s:1"]}})
+    assert "store.db: a Redis Cluster has only database 0" in error_of(
+        store={"kind": "redis", "cluster": {"nodes": ["r:1"]}, "db": 1}
+    )
+    assert "store.url" in error_of(store={"kind": "redis", "url": "http://r:6379"})
 
 
 def test_config_file_errors(tmp_path):

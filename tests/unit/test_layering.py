@@ -23,7 +23,17 @@ LAYERS: list[set[str]] = [
     {"redisstore"},
     {"channel", "store"},
     {"session", "zone"},
-    {"inflight", "mqueue", "journal", "retained", "wire", "telemetry", "negotiation", "events"},
+    {
+        "inflight",
+        "mqueue",
+        "journal",
+        "retained",
+        "wire",
+        "telemetry",
+        "negotiation",
+        "events",
+        "redisclient",
+    },
     {"message", "auth", "metrics", "router", "config"},
     {"codec", "topic", "zones", "keepalive", "limiter", "eventschema", "keys", "websocket", "__init__"},
 ]

@@ -1,0 +1,141 @@
+"""A fleet on Redis replication watched by Sentinel (issue 14): a primary, two replicas and three sentinels,
+every one a real redis-server / redis-sentinel process. The nodes ask the sentinels for the primary and
+follow a failover without a restart; with `wait_replicas: 1` an acknowledged message is on a replica before
+the publisher hears of it, so killing the primary loses nothing acknowledged."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration import mqttraw
+from tests.integration.harness import MOSQUITTO, uid
+from tests.integration.mqttraw import PUBCOMP, PUBREC, RawClient
+from tests.integration.test_fleet_failures import _check_delivery
+from tests.integration.test_fleet_support import (
+    AppView,
+    Publisher,
+    Subscriber,
+    ack_loop,
+    first_occurrences,
+    parse_seq,
+    raw_connect,
+    seq_payload,
+)
+from tests.support import wait_until
+
+pytestmark = [pytest.mark.redis, pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")]
+
+ZONE = {"max_inflight": 16, "max_mqueue_len": 100000}
+
+
+def _probe_routes(node, subs: list[Subscriber], topic: str) -> None:
+    probe = RawClient(node.host, node.port)
+    probe.connect(uid("probe-"))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(s.delivered("probe") for s in subs):
+        probe.publish(topic, b"probe:000000", qos=0)
+        time.sleep(0.05)
+    probe.disconnect()
+    assert all(s.delivered("probe") for s in subs), "routes did not reach every node"
+
+
+def test_primary_killed_under_qos1_qos2_load_loses_nothing_acknowledged(fleet, replicated_redis):
+    rr = replicated_redis
+    nodes = fleet(3, ZONE, {"store": rr.store(wait_replicas=1)})
+    pids = [n.pid for n in nodes]
+    base = uid("sen/")
+    subs = [
+        Subscriber(uid("sens1-"), 4, [(base + "/#", 1)], nodes, first=nodes[0]),
+        Subscriber(uid("sens2-"), 5, [(base + "/#", 2)], nodes, first=nodes[1]),
+    ]
+    sub_qos = {subs[0].cid: 1, subs[1].cid: 2}
+    for s in subs:
+        s.start()
+    for s in subs:
+        assert s.ready.wait(15), f"subscriber {s.cid} never connected: {s.connects}"
+    _probe_routes(nodes[2], subs, base + "/probe")
+    pubs = [
+        Publisher(bp, f"{base}/q{qos}", f"p{i}q{qos}", qos, version=v, rate=100, window=10, reconnect=True, nodes=nodes)
+        for i, (bp, qos, v) in enumerate([(nodes[2], 1, 4), (nodes[0], 2, 5), (nodes[1], 1, 5), (nodes[2], 2, 4)])
+    ]  # fmt: skip
+    for p in pubs:
+        p.start()
+    time.sleep(2.0)
+    old = rr.primary()
+    old.kill()
+    t_kill = time.monotonic()
+    new = rr.wait_failover(old)
+    t_failover = time.monotonic()
+
+    def acked_after_kill() -> bool:
+        return all(any(t > t_kill for t in p.ack_time.values()) for p in pubs)
+
+    wait_until(acked_after_kill, timeout=30, interval=0.05, msg="every publisher acknowledged again")
+    first_ack = max(min(t for t in p.ack_time.values() if t > t_kill) for p in pubs)
+    time.sleep(2.0)
+    for p in pubs:
+        p.stop()
+    for p in pubs:
+        p.join(15)
+        assert p.error is None, p.error
+
+    def settled() -> bool:
+        return all(not (p.acked - set(s.delivered(p.tag))) for s in subs for p in pubs)
+
+    wait_until(settled, timeout=20, interval=0.2, msg="every acknowledged message delivered")
+    time.sleep(0.5)
+    for s in subs:
+        s.stop()
+    for s in subs:
+        s.join(10)
+        assert s.error is None, s.error
+    print(
+        f"\nsentinel failover: primary :{old.port} killed; sentinels named :{new.port} after "
+        f"{t_failover - t_kill:.1f}s; first acknowledged publish of every publisher {first_ack - t_kill:.1f}s "
+        f"after the kill; {sum(len(p.acked) for p in pubs)} messages acknowledged"
+    )
+    assert first_ack - t_kill < 10, "issue 14's target: publishing acknowledged again within 10 s"
+    assert [n.pid for n in nodes] == pids and all(n.alive() for n in nodes), "a node restarted"
+    problems = _check_delivery(subs, pubs, sub_qos)
+    for s in subs:
+        for p in pubs:
+            got = first_occurrences(s.view.delivered, p.tag)
+            if got != sorted(got):
+                problems.append(f"{s.cid}: first deliveries of {p.tag} out of order")
+    assert not problems, "\n".join(problems)
+    for n in nodes:
+        assert n.metric("fleetmq_store_failovers_total") >= 1, n.log()
+        assert n.metric("fleetmq_store_info", topology="sentinel", primary=f"127.0.0.1:{new.port}") == 1
+
+
+def test_a_persistent_session_resumes_on_another_node_after_a_failover(fleet, replicated_redis):
+    """Epoch fencing across the switch: the claim acknowledged before the failover (on a replica with
+    wait_replicas 1) is the new primary's, so the session resumes with its subscriptions and queue."""
+    rr = replicated_redis
+    a, b = fleet(2, None, {"store": rr.store(wait_replicas=1)})
+    topic, cid = uid("senr/"), uid("senr-")
+    sub, _ = raw_connect(a, cid, 5)
+    sub.subscribe([(topic, 2)])
+    sub.disconnect()
+    pub, _ = raw_connect(b, uid("senp-"), 5, clean=True)
+    for i in range(5):
+        pid = pub.publish(topic, seq_payload("before", i), qos=2)
+        assert pub.expect(PUBREC).packet_id == pid  # stored, and on a replica
+        pub.send(mqttraw.ack(mqttraw.PUBREL, pid, version=5))
+        pub.expect(PUBCOMP)
+    old = rr.primary()
+    old.kill()
+    rr.wait_failover(old)
+    deadline = time.monotonic() + 20
+    while True:  # the nodes find the new primary through the sentinels; until then: 0x88, try again
+        back, ack = raw_connect(a, cid, 5, check=False)
+        if ack.reason == 0 or time.monotonic() > deadline:
+            break
+        back.close()
+        time.sleep(0.2)
+    assert ack.reason == 0 and ack.session_present
+    view = AppView()
+    ack_loop(back, view, until=5, timeout=10, tag="before")
+    assert [parse_seq(p) for p in view.delivered] == [("before", i) for i in range(5)]
