@@ -43,7 +43,18 @@ REAP_GRACE = HEARTBEAT_TTL + 3.0
 HANDOVER_TIMEOUT = 3.0
 PULL_BATCH = 1000
 SUBSCRIBE_TIMEOUT = 5.0  # for Redis to confirm the event stream's subscriptions
+REPLICA_LAG = 1  # seconds since a replica last acknowledged: more, and it is not in sync
 SYNC_TIMEOUT = 3.0  # for Redis to answer a PING on the event stream (sync)
+
+
+def replicas_in_sync(replication: dict[str, Any]) -> int:
+    """The replicas an INFO replication reply lists as online and at most REPLICA_LAG seconds behind."""
+    return sum(
+        1
+        for field, value in replication.items()
+        if field.startswith("slave") and field[5:].isdigit() and isinstance(value, dict)
+        and value.get("state") == "online" and int(value.get("lag", REPLICA_LAG + 1)) <= REPLICA_LAG
+    )  # fmt: skip
 
 
 class Sessions(Protocol):
@@ -103,6 +114,8 @@ class Cluster:
         self._pulling: set[str] = set()
         self._pull_again: set[str] = set()
         self._connected_since: float | None = None  # when the event stream last came up (None: it is down)
+        #: replicas of the primary online and at most REPLICA_LAG behind, as of the last heartbeat (-1: unknown)
+        self.replicas_in_sync = -1
         # Set while the event stream is up and everything queued before it came up was pulled: wakes for
         # this node's sessions reach it. Cleared when the stream breaks (its generation grows): sessions
         # connected here then hold their new deliveries back until they caught up (catch_up).
@@ -146,18 +159,26 @@ class Cluster:
 
     # -- registry --------------------------------------------------------------------------------
     async def _beat(self) -> None:
-        info: dict[FieldT, EncodableT] = {**self.report(), "ts_ms": int(time.time() * 1000)}
+        conns = self.store.conns
+        info: dict[FieldT, EncodableT] = {
+            **self.report(),
+            "ts_ms": int(time.time() * 1000),
+            "store_primary": conns.primary() or "",
+            "store_failovers": conns.failovers,
+            "store_replicas_in_sync": self.replicas_in_sync,
+        }
         ttl = int(HEARTBEAT_TTL * 1000)
         async with self.store.redis.pipeline(transaction=False) as pipe:
             pipe.set(keys.alive(self.node_id), b"1", px=ttl)
             pipe.hset(keys.nodeinfo(self.node_id), mapping=info)
             pipe.pexpire(keys.nodeinfo(self.node_id), 3 * ttl)
-            await pipe.execute()
+            pipe.info("replication")
+            replication = (await pipe.execute())[-1]
+        self.replicas_in_sync = replicas_in_sync(replication)
 
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_TTL / 5)
-            self.store.conns.primary()  # (a failover is logged and counted when first seen)
             try:
                 await self._beat()
             except Exception as e:  # Redis away: keep trying; the store's errors are counted elsewhere

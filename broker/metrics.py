@@ -112,6 +112,7 @@ class Metrics:
         self.store_round_trips: Callable[[], int] = lambda: 0
         # the store's topology, its primary as this node knows it, failovers seen, operations retried
         self.store_topology: Callable[[], tuple[str, str | None, int, int]] | None = None
+        self.store_replicas_in_sync: Callable[[], int] | None = None  # -1: not known yet
         # the event log's records by outcome (written, dropped) and failed sends; None while it is off
         self.event_log: Callable[[], tuple[int, int, int]] | None = None
         self.store_ops: dict[str, Histogram] = defaultdict(lambda: Histogram(STORE_BUCKETS))
@@ -243,6 +244,13 @@ class _Collector(Collector):
             )
             rty.add_metric([], retries)
             yield rty
+        if m.store_replicas_in_sync is not None and (n := m.store_replicas_in_sync()) >= 0:
+            rs = GaugeMetricFamily(
+                "fleetmq_store_replicas_in_sync",
+                "Replicas of the store's primary online and at most 1 s behind (as of the last heartbeat).",
+            )
+            rs.add_metric([], n)
+            yield rs
         st = HistogramMetricFamily(
             "fleetmq_store_op_duration_seconds", "Session-store operation time.", labels=["op"]
         )

@@ -87,6 +87,8 @@ class Node:
         self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", 0)
         if isinstance(self.store, RedisStore):
             store = self.store
+            cluster = self.cluster
+            self.metrics.store_replicas_in_sync = lambda: cluster.replicas_in_sync if cluster else -1
             self.metrics.store_topology = lambda: (
                 store.conns.topology,
                 store.conns.primary(),

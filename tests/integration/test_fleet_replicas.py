@@ -12,19 +12,8 @@ from .mqttraw import PUBACK, RawClient
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")
 
 
-class Replica(RedisServer):
-    """A redis-server replicating the test's primary."""
-
-    def __init__(self, data_dir, primary: RedisServer) -> None:
-        self.primary = primary
-        super().__init__(data_dir)
-
-    def argv(self) -> list[str]:
-        return [*super().argv(), "--replicaof", self.primary.host, str(self.primary.port)]
-
-
 def test_acks_wait_for_replicas(fleet, redis_server, tmp_path):
-    replica = Replica(tmp_path / "replica", redis_server)
+    replica = RedisServer(tmp_path / "replica", replicaof=redis_server)
     try:
         wait_until(
             lambda: "state=online" in redis_server.info("replication").get("slave0", ""),

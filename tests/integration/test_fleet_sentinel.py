@@ -63,6 +63,7 @@ def test_primary_killed_under_qos1_qos2_load_loses_nothing_acknowledged(fleet, r
     for p in pubs:
         p.start()
     time.sleep(2.0)
+    wait_until(lambda: nodes[0].metric("fleetmq_store_replicas_in_sync") == 2, timeout=10, msg="2 in sync")
     old = rr.primary()
     old.kill()
     t_kill = time.monotonic()
@@ -105,6 +106,7 @@ def test_primary_killed_under_qos1_qos2_load_loses_nothing_acknowledged(fleet, r
             if got != sorted(got):
                 problems.append(f"{s.cid}: first deliveries of {p.tag} out of order")
     assert not problems, "\n".join(problems)
+    wait_until(lambda: nodes[0].metric("fleetmq_store_replicas_in_sync") == 1, timeout=10, msg="1 left")
     for n in nodes:
         assert n.metric("fleetmq_store_failovers_total") >= 1, n.log()
         assert n.metric("fleetmq_store_info", topology="sentinel", primary=f"127.0.0.1:{new.port}") == 1

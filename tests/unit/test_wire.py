@@ -104,3 +104,18 @@ def test_a_journal_entry_becomes_a_queue_item_not_sent_yet(redis_server):
     assert (queued.qos, queued.retain, queued.sub_ids) == (2, True, (3, 9))
     assert (queued.msg.msg_id, queued.msg.topic, queued.msg.payload) == (msg.msg_id, "t/1", msg.payload)
     assert queued.msg.props == msg.props and queued.msg.expires_at == msg.expires_at
+
+
+def test_replicas_in_sync_counts_online_replicas_not_far_behind():
+    from fleetmq.broker.cluster import replicas_in_sync
+
+    reply = {
+        "role": "master",
+        "connected_slaves": 3,
+        "slave0": {"ip": "10.0.0.1", "port": 6379, "state": "online", "offset": 10, "lag": 0},
+        "slave1": {"ip": "10.0.0.2", "port": 6379, "state": "online", "offset": 9, "lag": 4},
+        "slave2": {"ip": "10.0.0.3", "port": 6379, "state": "wait_bgsave", "offset": 0, "lag": 0},
+        "slave_read_only": 1,
+    }
+    assert replicas_in_sync(reply) == 1
+    assert replicas_in_sync({"role": "master", "connected_slaves": 0}) == 0
