@@ -1,10 +1,11 @@
 """The fleet: nodes sharing one Redis (node registry, routes, cross-node delivery, takeover).
 
 - Registry: each node refreshes its ``keys.alive`` key with a TTL; a node whose key lapsed is dead.
-- Routes: every node keeps the whole fleet's subscriptions in its router; changes are broadcast on
-  ``keys.EVENTS`` by the same Lua script that stores them, so a route is never announced unstored.
+- Routes: every node keeps the whole fleet's subscriptions in its router; changes are published to the
+  fleet (keys.Channels: one channel on one Redis, one per slot on a Redis Cluster) by the same Lua
+  script that stores them, so a route is never announced unstored.
 - Delivery: a message for a session that is not connected here is appended to that session's queue in
-  Redis; the enqueue script wakes the session's owner (``keys.node_channel``), which pulls its queue.
+  Redis; the enqueue script wakes the session's owner on its channel, which pulls its queue.
 The messages are wire's.
 - Takeover: a node that gets a CONNECT for a client connected elsewhere asks the owner to hand the
   session over (the owner closes the connection with 0x8E and stores the session), then claims it with
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
+from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
@@ -28,6 +30,7 @@ from redis.typing import EncodableT, FieldT
 from . import keys, wire
 from .message import Delivery, Message, Will
 from .metrics import Metrics
+from .redisclient import Shard, command
 from .redisstore import RedisStore, text
 from .retained import Retained
 from .router import Router
@@ -102,9 +105,10 @@ class Cluster:
         self.metrics = metrics
         self.spawn = spawn
         self.report = report  # what this node tells the operator with every heartbeat (keys.nodeinfo)
-        self.channel = keys.node_channel(self.node_id)
-        self._channel_b = self.channel.encode()
-        self._pubsub: PubSub | None = None
+        self.channels = store.channels
+        self.channel = self.channels.node(self.node_id)  # handovers and kicks come here
+        # the event stream: a pub/sub connection to each shard of the store (one on one Redis)
+        self._streams: list[tuple[Shard, PubSub]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._handovers: dict[str, asyncio.Future[None]] = {}
         self._req_ids = itertools.count(1)
@@ -128,15 +132,18 @@ class Cluster:
         self._pulled_after: dict[str, int] = {}  # per session, the latest pull sent that came back
         self._pull_progress = asyncio.Condition()
 
+    def _client(self, key: str) -> Redis:
+        """The client of the shard that holds `key`."""
+        return self.store.conns.shard_for(key).redis
+
     async def start(self) -> None:
-        self._pubsub = self.store.redis.pubsub()
-        await self._subscribe()
+        await self._open_streams()
         self._connected_since = time.monotonic()
         self._stream_ready.set()
         # Sessions still listed for this node id belong to an earlier run of it (a restarted pod).
         await self._release(self.node_id)
         await self._beat()
-        await self.store.redis.sadd(keys.NODES, self.node_id)
+        await self._client(keys.NODES).sadd(keys.NODES, self.node_id)
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._listen(), name="fleetmq-cluster-listen"),
@@ -151,11 +158,10 @@ class Cluster:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         with contextlib.suppress(Exception):
-            await self.store.redis.delete(keys.alive(self.node_id), keys.nodeinfo(self.node_id))
-            await self.store.redis.srem(keys.NODES, self.node_id)
-        if self._pubsub is not None:
-            with contextlib.suppress(Exception):
-                await self._pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py
+            mine = keys.alive(self.node_id)  # (the node's own keys share one slot)
+            await self._client(mine).delete(mine, keys.nodeinfo(self.node_id))
+            await self._client(keys.NODES).srem(keys.NODES, self.node_id)
+        await self._close_streams()
 
     # -- registry --------------------------------------------------------------------------------
     async def _beat(self) -> None:
@@ -163,18 +169,20 @@ class Cluster:
         info: dict[FieldT, EncodableT] = {
             **self.report(),
             "ts_ms": int(time.time() * 1000),
-            "store_primary": conns.primary() or "",
+            "store_primary": ",".join(conns.primaries()),
             "store_failovers": conns.failovers,
             "store_replicas_in_sync": self.replicas_in_sync,
         }
         ttl = int(HEARTBEAT_TTL * 1000)
-        async with self.store.redis.pipeline(transaction=False) as pipe:
-            pipe.set(keys.alive(self.node_id), b"1", px=ttl)
+        mine = keys.alive(self.node_id)
+        async with self._client(mine).pipeline(transaction=False) as pipe:
+            pipe.set(mine, b"1", px=ttl)
             pipe.hset(keys.nodeinfo(self.node_id), mapping=info)
             pipe.pexpire(keys.nodeinfo(self.node_id), 3 * ttl)
-            pipe.info("replication")
-            replication = (await pipe.execute())[-1]
-        self.replicas_in_sync = replicas_in_sync(replication)
+            await pipe.execute()
+        # the shard with the fewest replicas in sync is what a failover could cost
+        replication = await asyncio.gather(*(s.redis.info("replication") for s in conns.shards))
+        self.replicas_in_sync = min(replicas_in_sync(r) for r in replication)
 
     async def _heartbeat(self) -> None:
         while True:
@@ -187,14 +195,18 @@ class Cluster:
     async def is_alive(self, node_id: str) -> bool:
         """A node is alive while its heartbeat lasts or while it listens on its channel (a node killed
         with -9 stops listening at once; one that lost Redis for a while has let its heartbeat lapse)."""
-        if await self.store.redis.exists(keys.alive(node_id)):
+        if await self._client(keys.alive(node_id)).exists(keys.alive(node_id)):
             return True
         return await self.listening(node_id)
 
     async def listening(self, node_id: str) -> bool:
         """Whether the node's subscription to its own channel is there: its event stream is connected."""
-        [(_, n)] = await self.store.redis.pubsub_numsub(keys.node_channel(node_id))
-        return int(n) > 0
+        channel = self.channels.node(node_id)
+        numsub = "PUBSUB SHARDNUMSUB" if self.channels.sharded else "PUBSUB NUMSUB"
+        reply = await command(self._client(channel), numsub, channel)
+        # (redis-py pairs the reply up for PUBSUB NUMSUB, not for SHARDNUMSUB)
+        pairs = reply if reply and isinstance(reply[0], tuple) else zip(reply[::2], reply[1::2], strict=True)
+        return any(int(n) > 0 for _channel, n in pairs)
 
     async def _may_reap(self) -> bool:
         """Whether this node can tell a dead node from one that was cut off like itself or Redis: it has
@@ -202,8 +214,8 @@ class Cluster:
         since = self._connected_since
         if since is None or time.monotonic() - since < REAP_GRACE:
             return False
-        info = await self.store.redis.info("server")
-        return float(info.get("uptime_in_seconds", 0)) >= REAP_GRACE
+        infos = await asyncio.gather(*(s.redis.info("server") for s in self.store.conns.shards))
+        return min(float(i.get("uptime_in_seconds", 0)) for i in infos) >= REAP_GRACE
 
     # -- dead nodes ------------------------------------------------------------------------------
     async def _reaper(self) -> None:
@@ -215,28 +227,30 @@ class Cluster:
                 log.warning("checking for dead nodes failed: %s", e)
 
     async def _reap_dead(self) -> None:
-        redis = self.store.redis
         if not await self._may_reap():
             return
-        for raw in await redis.smembers(keys.NODES):
+        nodes = self._client(keys.NODES)
+        for raw in await nodes.smembers(keys.NODES):
             dead = text(raw)
             if dead == self.node_id or await self.is_alive(dead):
                 continue
             # One node of the fleet cleans up after the dead one.
-            if not await redis.set(keys.reap_lock(dead), self.node_id, nx=True, px=30_000):
+            lock = keys.reap_lock(dead)
+            if not await self._client(lock).set(lock, self.node_id, nx=True, px=30_000):
                 continue
             n = await self._release(dead)
-            await redis.srem(keys.NODES, dead)
+            await nodes.srem(keys.NODES, dead)
             log.warning("node %s stopped heartbeating; released its %d sessions", dead, n)
 
     async def _release(self, dead: str) -> int:
         """Its sessions wait for their clients (or end, if clean); their wills go out after their delay."""
-        redis = self.store.redis
-        cids = [text(c) for c in await redis.smembers(keys.node_sessions(dead))]
+        theirs = keys.node_sessions(dead)
+        redis = self._client(theirs)
+        cids = [text(c) for c in await redis.smembers(theirs)]
         if not cids:
             return 0
         released = await self.store.reap(dead, cids)
-        await redis.delete(keys.node_sessions(dead))
+        await redis.delete(theirs)
         loop = asyncio.get_running_loop()
         for cid, will, delay, expiry, kind in released:
             if kind == 2:  # parked by the dead node with a will still waiting: due at `delay` (will_at)
@@ -278,9 +292,7 @@ class Cluster:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._handovers[req] = fut
         try:
-            heard = await self.store.redis.publish(
-                keys.node_channel(owner), wire.handover(client_id, clean_start, self.node_id, req)
-            )
+            heard = await self._tell(owner, wire.handover(client_id, clean_start, self.node_id, req))
             if not heard:  # nobody listens on its channel: crashed (or cut off), fenced by the claim at once
                 log.info("node %s is not listening; taking %r over without it", owner, client_id)
                 return None
@@ -296,12 +308,17 @@ class Cluster:
 
     async def kick_stale(self, client_id: str, owner: str, epoch: int) -> None:
         """Tell a former owner its connection of this client is over (it may have missed the handover)."""
-        await self.store.redis.publish(keys.node_channel(owner), wire.kick(client_id, epoch))
+        await self._tell(owner, wire.kick(client_id, epoch))
+
+    async def _tell(self, node_id: str, message: bytes) -> int:
+        """Send another node a message on its channel; how many listened (0: its stream is gone)."""
+        channel = self.channels.node(node_id)
+        return int(await command(self._client(channel), self.channels.publish, channel, message))
 
     def _on_handover(self, client_id: str, clean_start: bool, requester: str, req: str) -> None:
         async def run() -> None:
             await self.sessions.hand_over(client_id, clean_start)
-            await self.store.redis.publish(keys.node_channel(requester), wire.handed_over(req))
+            await self._tell(requester, wire.handed_over(req))
 
         self.spawn(run())
 
@@ -314,17 +331,19 @@ class Cluster:
         published before it; then the pulls those wakes started (or later ones) must come back. If
         Redis does not answer in time, the stream is taken for broken and reset: every session here then
         holds its new deliveries until it has caught up."""
-        pubsub = self._pubsub
-        if pubsub is None or not self._stream_ready.is_set():
+        streams = self._streams
+        if not streams or not self._stream_ready.is_set():
             return  # sessions here hold their new deliveries until they caught up (_stream_broke)
-        token = b"sync:%d" % next(self._req_ids)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._syncs[token] = fut
+        n = next(self._req_ids)
+        tokens = [b"sync:%d:%d" % (n, i) for i in range(len(streams))]
+        loop = asyncio.get_running_loop()
+        futures = [self._syncs.setdefault(t, loop.create_future()) for t in tokens]
         self._syncing += 1
         try:
-            await pubsub.ping(token)
-            await asyncio.wait_for(fut, SYNC_TIMEOUT)
-            await asyncio.sleep(0)  # (the wakes dispatched before the PONG schedule their pull now)
+            for (_shard, pubsub), token in zip(streams, tokens, strict=True):
+                await pubsub.ping(token)
+            await asyncio.wait_for(asyncio.gather(*futures), SYNC_TIMEOUT)
+            await asyncio.sleep(0)  # (the wakes dispatched before the PONGs schedule their pull now)
             mark = self._pull_seq
             waiting = self._pulls | self._pulling | self._pull_again
 
@@ -337,11 +356,13 @@ class Cluster:
         except (TimeoutError, RedisError, OSError) as e:
             log.warning("event stream did not answer in %.0fs (%r); reconnecting it", SYNC_TIMEOUT, e)
             self._stream_broke()
-            conn: Any = pubsub.connection  # (redis-py types it as always None)
-            if conn is not None:
-                await conn.disconnect()  # the listener sees it and reconnects
+            for _shard, pubsub in streams:
+                conn: Any = pubsub.connection  # (redis-py types it as always None)
+                if conn is not None:
+                    await conn.disconnect()  # the listener sees it and reconnects
         finally:
-            self._syncs.pop(token, None)
+            for token in tokens:
+                self._syncs.pop(token, None)
             self._syncing -= 1
             if not self._syncing:
                 self._pulled_after.clear()
@@ -454,23 +475,58 @@ class Cluster:
         return counts
 
     # -- events ----------------------------------------------------------------------------------
-    async def _subscribe(self) -> None:
-        """Subscribe to the fleet's events and this node's channel, and wait until Redis confirms both:
-        from then on nothing published to them is missed (what came before, a resync pulls)."""
-        assert self._pubsub is not None
-        await self._pubsub.subscribe(keys.EVENTS, self.channel)
-        pending = {keys.EVENTS.encode(), self._channel_b}
+    async def _open_streams(self) -> None:
+        """Subscribe on every shard (first reading a cluster's map again) and wait until Redis confirms:
+        from then on nothing published for this node is missed (what came before, a resync pulls)."""
+        await self._close_streams()
+        conns = self.store.conns
+        if conns.sharded:
+            await conns.refresh()
+        streams: list[tuple[Shard, PubSub]] = []
+        try:
+            for shard in conns.shards:
+                pubsub = shard.redis.pubsub()
+                streams.append((shard, pubsub))
+                channels = self.channels.subscriptions(self.node_id, conns.slots_of(shard))
+                if conns.sharded and conns.shard_for(self.channel) is shard:
+                    channels.append(self.channel)
+                await self._subscribe(pubsub, channels)
+        except BaseException:
+            for _shard, pubsub in streams:
+                await _close(pubsub)
+            raise
+        self._streams = streams
+
+    async def _subscribe(self, pubsub: PubSub, channels: list[str]) -> None:
+        if self.channels.sharded:  # (one SSUBSCRIBE per channel: a command's channels share one slot)
+            for channel in channels:
+                await pubsub.ssubscribe(channel)
+        else:
+            await pubsub.subscribe(*channels)
+        pending = {c.encode() for c in channels}
         deadline = time.monotonic() + SUBSCRIBE_TIMEOUT
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"Redis did not confirm the subscriptions within {SUBSCRIBE_TIMEOUT:.0f}s")
-            msg = await self._pubsub.get_message(timeout=min(left, 1.0))
+            msg = await pubsub.get_message(timeout=min(left, 1.0))
             if msg is None:
                 continue
-            if msg["type"] == "subscribe":
+            if msg["type"] in ("subscribe", "ssubscribe"):
                 pending.discard(msg["channel"])
             else:
+                self._dispatch(msg)
+
+    async def _close_streams(self) -> None:
+        streams, self._streams = self._streams, []
+        for _shard, pubsub in streams:
+            await _close(pubsub)
+
+    async def _pump(self, pubsub: PubSub) -> None:
+        """Dispatch what one shard's stream brings until it breaks (raises)."""
+        while True:
+            msg = await pubsub.get_message(timeout=1.0)
+            if msg is not None:
                 self._dispatch(msg)
 
     def _stream_broke(self) -> None:
@@ -488,35 +544,42 @@ class Cluster:
                 self.sessions.hold(cid)
 
     async def _listen(self) -> None:
-        assert self._pubsub is not None
+        """Keep the event stream up: when any shard's connection breaks, every session here holds its new
+        deliveries, and once all are subscribed again (backing off meanwhile) the node resyncs."""
         backoff = 0.1
         gap = False
         while True:
             try:
                 if gap:  # until this succeeds, Redis is still away: keep backing off
-                    await self._subscribe()
+                    await self._open_streams()
                     await self._resync()
                     gap = False
+                    backoff = 0.1
                     self._connected_since = time.monotonic()
                     self._stream_ready.set()
                     self.metrics.store_reconnects += 1
-                msg = await self._pubsub.get_message(timeout=1.0)
-                backoff = 0.1
+                pumps = [asyncio.ensure_future(self._pump(pubsub)) for _shard, pubsub in self._streams]
+                try:
+                    done, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_EXCEPTION)
+                    for t in done:
+                        t.result()
+                finally:
+                    for t in pumps:
+                        t.cancel()
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 log.warning("cluster event stream interrupted (%s); reconnecting in %.1fs", e, backoff)
                 gap = True
                 self._stream_broke()
+                await self._close_streams()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
-                continue
-            if msg is not None:
-                self._dispatch(msg)
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
-        if msg["type"] != "message":
-            if msg["type"] == "pong":
+        kind = msg["type"]
+        if kind not in ("message", "smessage"):
+            if kind == "pong":
                 fut = self._syncs.get(msg["data"])
                 if fut is not None and not fut.done():
                     fut.set_result(None)
@@ -554,7 +617,7 @@ class Cluster:
             self.wake(cid)  # (those holding back pull themselves: catch_up)
 
     def _on_message(self, channel: bytes, data: bytes) -> None:
-        if channel == self._channel_b:
+        if self.channels.to_node(channel):
             self._on_node_message(wire.parse_node_message(data))
             return
         event = wire.parse_fleet_event(data)
@@ -584,3 +647,8 @@ class Cluster:
                     fut.set_result(None)
             case wire.Kick(cid, epoch):
                 self.sessions.fenced(cid, epoch)
+
+
+async def _close(pubsub: PubSub) -> None:
+    with contextlib.suppress(Exception):
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # unannotated in redis-py

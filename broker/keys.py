@@ -1,17 +1,103 @@
 """Every Redis key and pub/sub channel name of a fleet, in one place for Python and Lua alike.
 
 A session's keys share the hash tag ``{client_id}`` so that they live in one Redis Cluster slot and one
-script can change them together; everything else is fleet-wide. Other programs read some of these (the
-operator a node's report, the pipeline the event stream), so they import this module, not the broker.
+script can change them together; everything else is fleet-wide, spread over slots where it is busy
+(retained messages in buckets). Other programs read some of these (the operator a node's report, the
+pipeline the event stream), so they import this module, not the broker.
 """
 
 from __future__ import annotations
 
-PREFIX = "fmq"
+import functools
+from dataclasses import dataclass
 
-#: fleet-wide: the retained message of each topic (hash topic -> packed message)
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+PREFIX = "fmq"
+SLOTS = REDIS_CLUSTER_HASH_SLOTS
+
+#: the retained message of each topic (hash topic -> packed message), in buckets by topic, so that a
+#: Redis Cluster spreads them (and their writes) over its shards
+RETAINED_BUCKETS = 64
+#: where retained messages were kept before the buckets (moved into them at start)
 RETAINED = f"{PREFIX}:retained"
-#: fleet-wide pub/sub channel of route, session and retained changes (wire.FleetEvent)
+
+
+def retained_bucket(topic: str) -> str:
+    return retained_buckets()[key_slot(topic.encode()) % RETAINED_BUCKETS]
+
+
+@functools.cache
+def retained_buckets() -> tuple[str, ...]:
+    return tuple(f"{PREFIX}:retained:{{r{n}}}" for n in range(RETAINED_BUCKETS))
+
+
+def slot_of(key: str | bytes) -> int:
+    """The Redis Cluster slot of a key (its hash tag's, if it has one)."""
+    return int(key_slot(key.encode() if isinstance(key, str) else key))
+
+
+@functools.cache
+def _slot_tags() -> tuple[str, ...]:
+    """For every slot, a short hash tag that lands in it (found once by trying t0, t1, ...)."""
+    tags: list[str | None] = [None] * SLOTS
+    missing, i = SLOTS, 0
+    while missing:
+        tag = f"t{i}"
+        slot = slot_of("{" + tag + "}")
+        if tags[slot] is None:
+            tags[slot] = tag
+            missing -= 1
+        i += 1
+    return tuple(t for t in tags if t is not None)
+
+
+@dataclass(frozen=True)
+class Channels:
+    """Where a fleet's pub/sub messages go.
+
+    On one Redis (standalone or Sentinel), classic channels: fleet events (wire.FleetEvent) on ``EVENTS``,
+    a node's messages (wire.NodeMessage) on ``fmq:node:<node>``. On a Redis Cluster, sharded ones (Redis 7
+    SPUBLISH, served by the shard of their slot, never broadcast over the cluster bus): a script runs in
+    its session's slot and may publish only in that slot, so fleet events go to that slot's channel
+    ``fmq:ev:{<tag>}`` and wakes to ``fmq:w:{<tag>}:<node>`` (the tag lands in the slot), which every
+    node subscribes to on every shard; messages a node sends itself (handovers) go to ``fmq:node:{<node>}``.
+    """
+
+    sharded: bool
+
+    @property
+    def publish(self) -> str:
+        """The command that publishes to these channels."""
+        return "SPUBLISH" if self.sharded else "PUBLISH"
+
+    def events(self, slot: int) -> str:
+        return f"{PREFIX}:ev:{{{_slot_tags()[slot]}}}" if self.sharded else EVENTS
+
+    def wakes(self, slot: int) -> str:
+        """Prefix of the channel the node a session is connected to is woken on (the script appends it)."""
+        return f"{PREFIX}:w:{{{_slot_tags()[slot]}}}:" if self.sharded else NODE_CHANNEL_PREFIX
+
+    def node(self, node_id: str) -> str:
+        return f"{NODE_CHANNEL_PREFIX}{{{node_id}}}" if self.sharded else NODE_CHANNEL_PREFIX + node_id
+
+    def of_session(self, client_id: str) -> list[str]:
+        """The two channels a session's scripts publish to, as they take them: events, wakes prefix."""
+        slot = slot_of(session_keys(client_id)[META])
+        return [self.events(slot), self.wakes(slot)]
+
+    def subscriptions(self, node_id: str, slots: range | list[int]) -> list[str]:
+        """What a node listens to for the given slots (on one Redis: every slot, the two channels)."""
+        if not self.sharded:
+            return [EVENTS, self.node(node_id)]
+        return [c for s in slots for c in (self.events(s), self.wakes(s) + node_id)]
+
+    def to_node(self, channel: bytes) -> bool:
+        """Whether a message on `channel` is addressed to one node (a wake, a handover), not the fleet."""
+        return channel.startswith(b"fmq:w:") or channel.startswith(NODE_CHANNEL_PREFIX.encode())
+
+
+#: fleet-wide pub/sub channel of route, session and retained changes on one Redis (Channels)
 EVENTS = f"{PREFIX}:events"
 #: the ids of the nodes that registered (set); a member whose alive key lapsed is dead
 NODES = f"{PREFIX}:nodes"
@@ -38,32 +124,30 @@ def client_of_subscriptions_key(key: str) -> str:
     return key[len(PREFIX) + 2 : key.rindex("}:s")]
 
 
-#: prefix of a node's own pub/sub channel (wire.NodeMessage: wakes, handovers)
+#: prefix of a node's own pub/sub channel (wire.NodeMessage: wakes, handovers; see Channels)
 NODE_CHANNEL_PREFIX = f"{PREFIX}:node:"
 
 
-def node_channel(node_id: str) -> str:
-    return NODE_CHANNEL_PREFIX + node_id
-
-
+# A node's own keys share the hash tag {<node>}: one slot (its channel's on a Redis Cluster, Channels.node).
 def alive(node_id: str) -> str:
     """A node's heartbeat: set with a TTL, refreshed while the node runs."""
-    return f"{PREFIX}:alive:{node_id}"
+    return f"{PREFIX}:alive:{{{node_id}}}"
 
 
 def nodeinfo(node_id: str) -> str:
-    """What a node reports to the operator (hash: config_hash, connections, sessions, ts_ms)."""
-    return f"{PREFIX}:nodeinfo:{node_id}"
+    """What a node reports to the operator (hash: config_hash, connections, sessions, store_primary,
+    store_failovers, store_replicas_in_sync, ts_ms)."""
+    return f"{PREFIX}:nodeinfo:{{{node_id}}}"
 
 
 def node_sessions(node_id: str) -> str:
     """The clients whose sessions a node owns (set), for releasing them if it dies."""
-    return f"{PREFIX}:nodesess:{node_id}"
+    return f"{PREFIX}:nodesess:{{{node_id}}}"
 
 
 def reap_lock(node_id: str) -> str:
     """Taken by the one node that cleans up after a dead one."""
-    return f"{PREFIX}:reap:{node_id}"
+    return f"{PREFIX}:reap:{{{node_id}}}"
 
 
 #: prefix of a fleet's event stream (``fmq:events`` is the pub/sub channel above, hence another name)

@@ -111,7 +111,7 @@ class Metrics:
         self.config_reload_errors = 0
         self.store_round_trips: Callable[[], int] = lambda: 0
         # the store's topology, its primary as this node knows it, failovers seen, operations retried
-        self.store_topology: Callable[[], tuple[str, str | None, int, int]] | None = None
+        self.store_topology: Callable[[], tuple[str, list[str], int, int]] | None = None
         self.store_replicas_in_sync: Callable[[], int] | None = None  # -1: not known yet
         # the event log's records by outcome (written, dropped) and failed sends; None while it is off
         self.event_log: Callable[[], tuple[int, int, int]] | None = None
@@ -228,13 +228,14 @@ class _Collector(Collector):
         rec.add_metric([], m.store_reconnects)
         yield rec
         if m.store_topology is not None:
-            topology, primary, failovers, retries = m.store_topology()
+            topology, primaries, failovers, retries = m.store_topology()
             info = GaugeMetricFamily(
                 "fleetmq_store_info",
-                "The session store's topology and the primary this node writes to (1).",
+                "The session store's topology and each primary this node writes to (1).",
                 labels=["topology", "primary"],
             )
-            info.add_metric([topology, primary or ""], 1)
+            for primary in primaries:
+                info.add_metric([topology, primary], 1)
             yield info
             fo = counter("store_failovers", "Times this node saw the store's primary move elsewhere.", [])
             fo.add_metric([], failovers)

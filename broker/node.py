@@ -91,7 +91,7 @@ class Node:
             self.metrics.store_replicas_in_sync = lambda: cluster.replicas_in_sync if cluster else -1
             self.metrics.store_topology = lambda: (
                 store.conns.topology,
-                store.conns.primary(),
+                store.conns.primaries(),
                 store.conns.failovers,
                 store.retries,
             )

@@ -1,22 +1,35 @@
-"""Connections to the session store's Redis, whatever its topology (config.RedisStoreConfig): one server
-(url), or a primary with replicas watched by Sentinel, whose current primary every new connection asks the
-sentinels for, so a node follows a failover without a restart.
+"""Connections to the session store's Redis, whatever its topology (config.RedisStoreConfig), as shards: a
+primary and the hash slots it serves.
 
-Every connection is named after the node (CLIENT LIST shows which node holds it) and never retries a
-command on its own: a command whose reply was lost may have run, and only the caller knows whether running
-it again is harmless (RedisStore._execute).
+- One server (url): one shard, every slot.
+- A primary with replicas watched by Sentinel: one shard, whose client asks the sentinels for the primary
+  on every new connection, so a node follows a failover without a restart.
+- A Redis Cluster: one shard per primary, from CLUSTER SHARDS, each with a client of its own. The map is
+  read again when a shard answers MOVED or goes away (a replica took over), and a primary that moved is a
+  failover, logged and counted.
+
+The store sends each shard its own pipeline (one MULTI/EXEC per slot on a cluster, with WAIT on the
+same connection), which is why this is not redis-py's cluster client: that one cannot wait for replicas
+after a transaction, and retries what may already have run. Every connection is named after the node
+(CLIENT LIST shows which node holds it) and never retries a command on its own: a command whose reply
+was lost may have run, and only the caller knows whether running it again is harmless.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from array import array
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.exceptions import RedisError
 
+from . import keys
 from .config import RedisStoreConfig
 
 log = logging.getLogger("fleetmq.redis")
@@ -58,16 +71,33 @@ def connection_kwargs(cfg: RedisStoreConfig, name: str) -> dict[str, Any]:
     return kwargs
 
 
+@dataclass(eq=False)
+class Shard:
+    """A primary of the store and the client that talks to it."""
+
+    address: str
+    redis: aioredis.Redis
+
+
+class ClusterMapError(RedisError):
+    """No node of the cluster could say which primary serves which slots."""
+
+
 class StoreConnections:
-    """The client of the store's Redis and, for Sentinel, where its primary is."""
+    """The shards of the store's Redis and the channels its messages travel on (keys.Channels)."""
 
     def __init__(self, cfg: RedisStoreConfig, name: str) -> None:
         self.config = cfg
         self.topology = cfg.topology
-        self._primary: str | None = None
-        self.failovers = 0
-        kwargs = connection_kwargs(cfg, name)
+        self.channels = keys.Channels(sharded=cfg.cluster is not None)
+        self._kwargs = connection_kwargs(cfg, name)
         self.sentinel: Sentinel | None = None
+        self.failovers = 0
+        self._primaries: tuple[str, ...] = ()
+        self._clients: dict[str, aioredis.Redis] = {}
+        self._shards: list[Shard] = []
+        self._slot_shard = array("H", bytes(2 * keys.SLOTS))  # slot -> index in _shards
+        self._refreshing: asyncio.Task[bool] | None = None
         if cfg.sentinel is not None:
             s = cfg.sentinel
             sentinel_kwargs: dict[str, Any] = {
@@ -79,45 +109,174 @@ class StoreConnections:
             if sentinel_password is not None:
                 sentinel_kwargs["password"] = sentinel_password
             self.sentinel = Sentinel(  # type: ignore[no-untyped-call]  # unannotated in redis-py
-                [_address(n) for n in s.nodes], sentinel_kwargs=sentinel_kwargs, db=cfg.db, **kwargs
+                [_address(n) for n in s.nodes], sentinel_kwargs=sentinel_kwargs, db=cfg.db, **self._kwargs
             )
-            self.redis: aioredis.Redis = self.sentinel.master_for(s.master)
+            self._shards = [Shard(s.master, self.sentinel.master_for(s.master))]
         elif cfg.url is not None:
-            self.redis = aioredis.from_url(cfg.url, **kwargs)
-        else:
-            raise ValueError("store.cluster: not supported by this client")
+            self._shards = [Shard(cfg.url, aioredis.from_url(cfg.url, **self._kwargs))]
+
+    # -- shards ----------------------------------------------------------------------------------
+    @property
+    def sharded(self) -> bool:
+        return self.channels.sharded
+
+    async def open(self) -> None:
+        """Read the cluster's slot map (a single Redis has its one shard already)."""
+        if self.sharded:
+            await self.refresh()
 
     @property
-    def pool(self) -> ConnectionPool:
-        return self.redis.connection_pool
+    def shards(self) -> list[Shard]:
+        return self._shards
 
-    def new_pool(self) -> ConnectionPool:
-        """A separate pool to the same primary (the event log's own connection)."""
-        if self.sentinel is not None:
-            assert self.config.sentinel is not None
-            kwargs = {k: v for k, v in self.pool.connection_kwargs.items() if k != "connection_pool"}
-            return SentinelConnectionPool(  # type: ignore[no-untyped-call]  # unannotated in redis-py
-                self.config.sentinel.master, self.sentinel, **kwargs
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The client of a Redis that is one shard (standalone, Sentinel)."""
+        assert not self.sharded, "a Redis Cluster has one client per shard"
+        return self._shards[0].redis
+
+    def shard_of_slot(self, slot: int) -> Shard:
+        return self._shards[self._slot_shard[slot]]
+
+    def shard_for(self, key: str | bytes) -> Shard:
+        """The shard serving `key` (as of the last map)."""
+        if not self.sharded:
+            return self._shards[0]
+        return self._shards[self._slot_shard[keys.slot_of(key)]]
+
+    def slots_of(self, shard: Shard) -> list[int]:
+        """The slots a shard serves (as of the last map)."""
+        if not self.sharded:
+            return [0]
+        i = self._shards.index(shard)
+        return [s for s in range(keys.SLOTS) if self._slot_shard[s] == i]
+
+    async def refresh(self) -> bool:
+        """Read the cluster's map again (once, whoever else asks meanwhile); True if a primary moved."""
+        if not self.sharded:
+            return False
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
+        return await asyncio.shield(self._refreshing)
+
+    async def _refresh(self) -> bool:
+        assert self.config.cluster is not None
+        seeds = [*self._primaries, *self.config.cluster.nodes]
+        shards = None
+        error: Exception | None = None
+        for address in dict.fromkeys(seeds):
+            client = self._clients.get(address) or self._client(address)
+            try:
+                shards = await command(client, "CLUSTER SHARDS")
+                break
+            except (RedisError, OSError) as e:
+                error = e
+            finally:
+                if address not in self._clients:
+                    await client.aclose()
+        if shards is None:
+            raise ClusterMapError(f"no node of the Redis Cluster answered CLUSTER SHARDS: {error}")
+        return self._adopt(shards)
+
+    def _adopt(self, reply: list[Any]) -> bool:
+        before = [self._shards[i].address for i in self._slot_shard] if self._shards else None
+        primaries: list[str] = []
+        slot_shard = array("H", bytes(2 * keys.SLOTS))
+        for shard in reply:
+            info = _pairs(shard)
+            ranges = [int(s) for s in info[b"slots"]]
+            if not ranges:
+                continue
+            address = _primary_address(info[b"nodes"])
+            for a, b in zip(ranges[::2], ranges[1::2], strict=True):
+                for slot in range(a, b + 1):
+                    # a shard being failed over has no primary online: its slots stay where they were
+                    # (their writes fail until the next map names the replica that took over)
+                    where = address or (before[slot] if before else None)
+                    if where is None:
+                        continue
+                    if where not in primaries:
+                        primaries.append(where)
+                    slot_shard[slot] = primaries.index(where)
+        if not primaries:
+            raise ClusterMapError("the Redis Cluster names no primary")
+        self._shards = [Shard(a, self._clients.get(a) or self._client(a, keep=True)) for a in primaries]
+        self._slot_shard = slot_shard
+        moved = before is not None and any(before[s] != primaries[slot_shard[s]] for s in range(keys.SLOTS))
+        if moved:
+            self.failovers += 1
+            log.warning(
+                "the Redis Cluster's primaries are now %s (were %s)",
+                ", ".join(primaries),
+                ", ".join(self._primaries),
             )
-        return ConnectionPool(connection_class=self.pool.connection_class, **self.pool.connection_kwargs)
+        self._primaries = tuple(primaries)
+        return moved
 
-    def primary(self) -> str | None:
-        """The primary this node writes to (HOST:PORT), as far as it knows; None before it first asked.
-        A change from one primary to another is a failover: counted and logged."""
-        if isinstance(self.pool, SentinelConnectionPool):
-            address = self.pool.master_address
+    def _client(self, address: str, keep: bool = False) -> aioredis.Redis:
+        host, port = _address(address)
+        client = aioredis.Redis(host=host, port=port, **self._kwargs)
+        if keep:
+            self._clients[address] = client
+        return client
+
+    # -- what the node reports ------------------------------------------------------------------
+    def primaries(self) -> list[str]:
+        """The primaries this node writes to (HOST:PORT), as far as it knows. On Sentinel, a change of
+        primary is a failover: counted and logged (a cluster's are when its map is read)."""
+        if self.sharded:
+            return list(self._primaries)
+        pool = self._shards[0].redis.connection_pool
+        if isinstance(pool, SentinelConnectionPool):
+            address = pool.master_address
             current = f"{address[0]}:{address[1]}" if address else None
         else:
-            kw = self.pool.connection_kwargs
+            kw = pool.connection_kwargs
             current = (
                 f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}" if "host" in kw else kw.get("path")
             )
-        if current is not None and current != self._primary:
-            if self._primary is not None:
+        if current is not None and (current,) != self._primaries:
+            if self._primaries:
                 self.failovers += 1
-                log.warning("the store's primary moved from %s to %s", self._primary, current)
-            self._primary = current
-        return self._primary
+                log.warning("the store's primary moved from %s to %s", self._primaries[0], current)
+            self._primaries = (current,)
+        return list(self._primaries)
+
+    def new_pool(self) -> ConnectionPool:
+        """A separate pool to the (first) primary: the event log's own connection."""
+        pool = self._shards[0].redis.connection_pool
+        if self.sentinel is not None:
+            assert self.config.sentinel is not None
+            kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
+            return SentinelConnectionPool(  # type: ignore[no-untyped-call]  # unannotated in redis-py
+                self.config.sentinel.master, self.sentinel, **kwargs
+            )
+        return ConnectionPool(connection_class=pool.connection_class, **pool.connection_kwargs)
 
     async def close(self) -> None:
-        await self.redis.aclose()
+        clients = {id(s.redis): s.redis for s in self._shards} | {id(c): c for c in self._clients.values()}
+        for client in clients.values():
+            await client.aclose()
+
+
+async def command(client: aioredis.Redis, *args: Any) -> Any:
+    """One command as Redis replies to it (redis-py leaves execute_command unannotated)."""
+    return await client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def _primary_address(nodes: list[Any]) -> str | None:
+    """HOST:PORT of the online primary among a shard's nodes (its announced endpoint, else its IP)."""
+    for node in map(_pairs, nodes):
+        if node[b"role"] == b"master" and node[b"health"] == b"online":
+            host = node.get(b"endpoint") or b""
+            if host in (b"", b"?"):
+                host = node[b"ip"]
+            return f"{host.decode()}:{int(node[b'port'])}"
+    return None
+
+
+def _pairs(flat: list[Any]) -> dict[bytes, Any]:
+    """A RESP2 flat list of field, value, ... as a dict (fields as bytes)."""
+    return {
+        k if isinstance(k, bytes) else str(k).encode(): v for k, v in zip(flat[::2], flat[1::2], strict=True)
+    }

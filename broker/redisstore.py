@@ -15,11 +15,15 @@ node is alive. Every write of one event-loop turn goes to Redis as one pipeline 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
+import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
@@ -28,7 +32,7 @@ from . import keys, wire
 from .config import RedisStoreConfig
 from .journal import JournalChanges
 from .message import Delivery, Message, Will
-from .redisclient import StoreConnections
+from .redisclient import Shard, StoreConnections
 from .router import Subscription
 from .session import Session
 from .store import (
@@ -106,10 +110,10 @@ local function guards_ok(first_key, first_arg, n)
   return ok
 end
 -- Append packed deliveries to the queue q of the session with meta m, as any routing through the store
--- does: wake its owner if the queue was empty (the owner drains the whole queue when woken, and wakes
--- itself after a partial pull), keep the session's TTL, and trim an offline session's queue to its limit
--- (the oldest go). Returns how many were dropped and the session's zone.
-local function queue_push(m, q, cid, items)
+-- does: wake its owner (on the channel `wakes` .. node) if the queue was empty (the owner drains the whole
+-- queue when woken, and wakes itself after a partial pull), keep the session's TTL, and trim an offline
+-- session's queue to its limit (the oldest go). Returns how many were dropped and the session's zone.
+local function queue_push(m, q, wakes, cid, items)
   local meta = redis.call('HMGET', m, 'maxq', 'zone', 'online', 'node')
   local online = meta[3] == '1'
   local before = redis.call('LLEN', q)
@@ -118,7 +122,7 @@ local function queue_push(m, q, cid, items)
   end
   local len = before + #items
   if before == 0 and len > 0 and online and meta[4] then
-    redis.call('PUBLISH', @NODE_CHANNEL_PREFIX@ .. meta[4], wake(cid))
+    redis.call(@PUBLISH@, wakes .. meta[4], wake(cid))
   end
   local ttl = redis.call('PTTL', m)
   if ttl > 0 then redis.call('PEXPIRE', q, ttl) end
@@ -133,24 +137,24 @@ end
 """
 
 
-# What the scripts' @NAME@ placeholders stand for: key names and pub/sub messages from their modules.
+# What the scripts' @NAME@ placeholders stand for: values from their modules. Channels come as keys (the
+# session's, keys.Channels.of_session): on a Redis Cluster they are in the session's slot, as Redis
+# requires of everything a script touches.
 _SUBSTITUTIONS = {
-    "@EVENTS@": f"'{keys.EVENTS}'",
-    "@NODE_CHANNEL_PREFIX@": f"'{keys.NODE_CHANNEL_PREFIX}'",
     "@ID_LEN@": str(wire.DELIVERY_ID_LEN),
     "CHUNK_N": str(CHUNK),
 }
 
 
-def _script(body: str) -> str:
+def _script(body: str, channels: keys.Channels = keys.Channels(sharded=False)) -> str:
     text = wire.LUA_PRELUDE + _PRELUDE + body
-    for name, value in _SUBSTITUTIONS.items():
+    for name, value in {**_SUBSTITUTIONS, "@PUBLISH@": f"'{channels.publish}'"}.items():
         text = text.replace(name, value)
     assert "@" not in text, "a script placeholder without a value"
     return text
 
 
-# KEYS: m s q i r. ARGV: node, clean start, client id, packed will ('' = none), will delay, expiry, zone,
+# KEYS: m s q i r, events channel. ARGV: node, clean start, client id, packed will ('' = none), will delay, expiry, zone,
 # username, 1|0 (whether there is a username). The will is kept with the session so that, if this node
 # dies, another node publishes it, as the zone's rules allow for that client (zone and username).
 # Returns {epoch, 0|1 (new | Clean Start discarded it), discarded filters, previous owner, ended will,
@@ -169,7 +173,7 @@ if existed and ARGV[2] == '1' then
   if redis.call('HEXISTS', KEYS[1], 'will_at') == 1 then ended = redis.call('HMGET', KEYS[1], 'will', 'zone', 'user') end
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
   redis.call('HSET', KEYS[1], 'epoch', epoch)
-  redis.call('PUBLISH', @EVENTS@, session_ended(ARGV[1], ARGV[3]))
+  redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[1], ARGV[3]))
 end
 redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1', 'expiry', ARGV[6], 'zone', ARGV[7])
 if ARGV[9] == '1' then redis.call('HSET', KEYS[1], 'user', ARGV[8]) else redis.call('HDEL', KEYS[1], 'user') end
@@ -189,7 +193,8 @@ return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL'
         redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
 """
 
-# KEYS: m i r q, then the meta keys of the guards' publisher sessions. ARGV: epoch, next pid, order, client
+# KEYS: m i r q, wakes channel prefix, then the meta keys of the guards' publisher sessions (none on a Redis
+# Cluster: they are in other slots). ARGV: epoch, next pid, order, client
 # id, n guards, the guards' epochs, n puts, (msg id, value)..., n dels, msg id..., n rel puts, (pid, ts)...,
 # n rel dels, pid..., n fresh, (put number, guard number or 0)...: the fresh puts are deliveries routed into
 # the session on this node since its last commit; one whose publisher was fenced meanwhile is not stored
@@ -205,7 +210,7 @@ local rputs = dels + 1 + tonumber(ARGV[dels])
 local rdels = rputs + 1 + 2 * tonumber(ARGV[rputs])
 local fresh = rdels + 1 + tonumber(ARGV[rdels])
 local nf = tonumber(ARGV[fresh])
-local ok = guards_ok(5, 6, ng)
+local ok = guards_ok(6, 6, ng)
 local refused = {}  -- put number -> true: routed for a publisher fenced meanwhile
 local nrefused = 0
 for j = fresh + 1, fresh + 2 * nf, 2 do
@@ -219,7 +224,7 @@ if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
     local n = tonumber(ARGV[j])
     if not refused[n] then items[#items + 1] = queued_delivery(ARGV[puts + 2 * n]) end
   end
-  local dropped, zone = queue_push(KEYS[1], KEYS[4], ARGV[4], items)
+  local dropped, zone = queue_push(KEYS[1], KEYS[4], KEYS[5], ARGV[4], items)
   return {0, dropped, zone, nrefused, #items}
 end
 local order = math.max(tonumber(redis.call('HGET', KEYS[1], 'order') or '0'), tonumber(ARGV[3]))
@@ -253,8 +258,8 @@ end
 return 1
 """
 
-# KEYS: m q, then the meta keys of the guards' publisher sessions. ARGV: client id, n guards, the guards'
-# epochs, then (delivery, qos, guard number or 0) triples: every delivery of one batch for one session.
+# KEYS: m q, wakes channel prefix, then the meta keys of the guards' publisher sessions (none on a Redis
+# Cluster). ARGV: client id, n guards, the guards' epochs, then (delivery, qos, guard number or 0) triples: every delivery of one batch for one session.
 # Returns {dropped, zone, skipped, refused} or -1 (no such session): dropped from the full queue, QoS0
 # skipped for an offline session that does not keep it, and refused because the publisher's session is
 # at another epoch now (Message.sender_epoch). A session connected somewhere is woken there by the same
@@ -264,7 +269,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local meta = redis.call('HMGET', KEYS[1], 'qos0', 'online')
 local skip_qos0 = meta[1] == '0' and meta[2] ~= '1'
 local ng = tonumber(ARGV[2])
-local ok = guards_ok(3, 3, ng)
+local ok = guards_ok(4, 3, ng)
 local items, skipped, refused = {}, 0, 0
 for j = 3 + ng, #ARGV, 3 do
   local g = tonumber(ARGV[j + 2])
@@ -276,28 +281,28 @@ for j = 3 + ng, #ARGV, 3 do
     items[#items + 1] = ARGV[j]
   end
 end
-local dropped, zone = queue_push(KEYS[1], KEYS[2], ARGV[1], items)
+local dropped, zone = queue_push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], items)
 return {dropped, zone, skipped, refused}
 """
 
-# ARGV: epoch ('' = unfenced), node, client id
+# KEYS: m s q i r, events channel. ARGV: epoch ('' = unfenced), node, client id
 DISCARD = """
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
 if epoch and ARGV[1] ~= '' and epoch ~= ARGV[1] then return -1 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-redis.call('PUBLISH', @EVENTS@, session_ended(ARGV[2], ARGV[3]))
+redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[2], ARGV[3]))
 return 1
 """
 
-# KEYS: m s. ARGV: epoch, filter, packed options ('' = remove), node, client id. The change is announced
+# KEYS: m s, events channel. ARGV: epoch, filter, packed options ('' = remove), node, client id. The change is announced
 # to the fleet by the script that stores it.
 ROUTE = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
 if ARGV[3] == '' then
-  redis.call('PUBLISH', @EVENTS@, route_removed(ARGV[4], ARGV[5], ARGV[2]))
+  redis.call(@PUBLISH@, KEYS[3], route_removed(ARGV[4], ARGV[5], ARGV[2]))
   return redis.call('HDEL', KEYS[2], ARGV[2])
 end
-redis.call('PUBLISH', @EVENTS@, route_added(ARGV[4], ARGV[5], ARGV[2], ARGV[3]))
+redis.call(@PUBLISH@, KEYS[3], route_added(ARGV[4], ARGV[5], ARGV[2], ARGV[3]))
 return redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 """
 
@@ -339,7 +344,7 @@ redis.call('HDEL', KEYS[1], 'will', 'will_delay', 'will_at')
 return will
 """
 
-# KEYS: m s q i r. ARGV: dead node, node, client id. A session whose node died: it waits for its client
+# KEYS: m s q i r, events channel. ARGV: dead node, node, client id. A session whose node died: it waits for its client
 # like any other (TTL = its expiry), or ends now if it had none. Returns {will, will delay, expiry, kind,
 # zone, username}: kind 0 = released, 1 = ended, 2 = parked earlier with a will still waiting (will delay
 # = its will_at).
@@ -352,7 +357,7 @@ local will = m[4] or ''
 local delay = m[5] or '0'
 if expiry <= 0 then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-  redis.call('PUBLISH', @EVENTS@, session_ended(ARGV[2], ARGV[3]))
+  redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[2], ARGV[3]))
   return {will, delay, '0', 1, m[7], m[8]}
 end
 redis.call('HSET', KEYS[1], 'online', '0', 'node', '')
@@ -429,16 +434,18 @@ def text(value: bytes | str) -> str:
 
 class _Guards:
     """The publisher sessions whose epochs a script checks before it queues what they routed
-    (Message.sender_epoch): numbered from 1 in the order first met; 0 is no guard."""
+    (Message.sender_epoch): numbered from 1 in the order first met; 0 is no guard. Not `enabled` on a
+    Redis Cluster, where those sessions live in other slots than the script's."""
 
-    __slots__ = ("_numbers",)
+    __slots__ = ("_numbers", "enabled")
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self._numbers: dict[tuple[str, int], int] = {}
+        self.enabled = enabled
 
     def of(self, d: Delivery) -> int:
         msg = d.msg
-        if not msg.sender_epoch:
+        if not msg.sender_epoch or not self.enabled:
             return 0
         numbers = self._numbers
         return numbers.setdefault((msg.sender, msg.sender_epoch), len(numbers) + 1)
@@ -462,6 +469,23 @@ class NotReplicated(RedisConnectionError):
     lost reply, its outcome is unknown to the fleet (a failover may still lose it)."""
 
 
+@dataclass(slots=True)
+class _Call:
+    """One command of a round trip, routed by `key` (its slot picks the shard); `add` puts it on a
+    pipeline."""
+
+    key: str
+    add: Callable[[Pipeline], Any]
+
+
+#: replies that say a command did not run where it was sent (the cluster's map changed): sent again
+_REDIRECTS = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
+
+
+def _redirected(reply: Any) -> bool:
+    return isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS)
+
+
 class RedisStore(SessionStore):
     durable = True
 
@@ -469,11 +493,11 @@ class RedisStore(SessionStore):
         self, conns: StoreConnections, node_id: str, wait_replicas: int = 0, wait_timeout_ms: int = 1000
     ) -> None:
         self.conns = conns
+        self.channels = conns.channels
         self.node_id = node_id
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
-        self.redis = conns.redis
-        self._scripts = {name: _script(body) for name, body in SCRIPTS.items()}
+        self._scripts = {name: _script(body, self.channels) for name, body in SCRIPTS.items()}
         self._sha = {name: hashlib.sha1(body.encode()).hexdigest() for name, body in self._scripts.items()}
         self.round_trips = 0
         self.retries = 0  # operations run again on a fresh connection, or after reloading the scripts
@@ -487,99 +511,191 @@ class RedisStore(SessionStore):
     def from_url(cls, url: str, node_id: str, wait_replicas: int = 0) -> RedisStore:
         return cls.from_config(RedisStoreConfig(kind="redis", url=url, wait_replicas=wait_replicas), node_id)
 
-    async def open(self) -> None:
-        await self._load_scripts()
+    @property
+    def redis(self) -> aioredis.Redis:
+        """The client of a store that is one Redis (a cluster has one per shard: conns.shard_for)."""
+        return self.conns.redis
 
-    async def _load_scripts(self) -> None:
+    async def open(self) -> None:
+        await self.conns.open()
+        for shard in self.conns.shards:
+            await self._load_scripts(shard)
+
+    async def _load_scripts(self, shard: Shard) -> None:
         """Load every script once, so pipelines carry bare EVALSHAs (no SCRIPT EXISTS round trip)."""
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = shard.redis.pipeline(transaction=False)
         for body in self._scripts.values():
             pipe.script_load(body)
         await pipe.execute()
 
-    def _call(self, pipe: Pipeline, script: str, keys: list[str], args: list[Any]) -> None:
-        pipe.evalsha(self._sha[script], len(keys), *keys, *args)
+    def _script(self, script: str, script_keys: list[str], args: list[Any]) -> _Call:
+        sha = self._sha[script]
+        return _Call(script_keys[0], lambda pipe: pipe.evalsha(sha, len(script_keys), *script_keys, *args))
 
-    async def _execute(
-        self,
-        build: Callable[[Pipeline], Any],
-        *,
-        atomic: bool = False,
-        may_repeat: bool = False,
-        write: bool = True,
+    # -- round trips ------------------------------------------------------------------------------
+    async def _send(
+        self, calls: list[_Call], *, atomic: bool = False, may_repeat: bool = False, write: bool = True
     ) -> list[Any]:
-        """One round trip. After a Redis restart its script cache is empty: load them and run again (the
-        scripts that failed did nothing; everything else in a batch is idempotent).
+        """Run `calls` in one round trip to each shard they touch (in parallel); their replies in order.
 
-        `may_repeat`: running it twice does no harm, so a connection found dead (Redis restarted, the
-        pool's connections reset) is retried once on a fresh one instead of failing the caller.
+        `atomic`: on one Redis the calls are one MULTI/EXEC transaction, which Redis (its AOF, its
+        replicas) keeps whole or not at all, so a write cut off halfway cannot leave half a batch behind;
+        on a Redis Cluster each slot's calls are one (a transaction cannot span slots).
 
-        `atomic`: the commands run as one MULTI/EXEC transaction, which Redis (its AOF, its replicas) keeps
-        whole or not at all, so a write cut off halfway cannot leave half a batch behind; the replies are
-        then EXEC's.
-
-        `write`: with `wait_replicas`, a WAIT follows in the same round trip, and fewer confirmations
+        `write`: with `wait_replicas`, a WAIT follows on each shard's connection, and fewer confirmations
         than asked raise NotReplicated: a claim, a pull, a commit is relied upon only once a failover
-        cannot lose it."""
+        cannot lose it.
+
+        `may_repeat`: running the calls twice does no harm, so a connection found dead (Redis restarted,
+        the pool's connections reset) is retried once on a fresh one instead of failing the caller.
+
+        Calls a cluster shard redirects (its slot moved: they did not run) are sent again once the map is
+        read again; an error reply is returned in the call's place; a lost connection raises (the outcome
+        of what was sent is unknown)."""
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(4):
+            groups: dict[Shard, list[int]] = {}
+            for i in todo:
+                groups.setdefault(self.conns.shard_for(calls[i].key), []).append(i)
+            results = await asyncio.gather(
+                *(self._send_shard(shard, [calls[i] for i in idx], atomic, may_repeat, write)
+                  for shard, idx in groups.items()),
+                return_exceptions=True,
+            )  # fmt: skip
+            failure = next((r for r in results if isinstance(r, BaseException)), None)
+            if failure is not None:
+                if isinstance(failure, RedisConnectionError | OSError) and self.conns.sharded:
+                    self._refresh_soon()  # (a shard went away: maybe a replica took over)
+                raise failure
+            todo = []
+            for idx, got in zip(groups.values(), results, strict=True):
+                assert isinstance(got, list)
+                for i, reply in zip(idx, got, strict=True):
+                    replies[i] = reply
+                    if _redirected(reply):
+                        todo.append(i)
+            if not todo:
+                return replies
+            if attempt < 3:
+                self.retries += 1
+                await self.conns.refresh()
+                if str(replies[todo[0]]).startswith(("TRYAGAIN", "CLUSTERDOWN")):
+                    await asyncio.sleep(0.1 * (attempt + 1))
+        return replies  # (still redirected: the callers see the error replies)
+
+    async def _send_shard(
+        self, shard: Shard, calls: list[_Call], atomic: bool, may_repeat: bool, write: bool
+    ) -> list[Any]:
+        """One pipeline to one shard: the calls (in MULTI/EXEC blocks if atomic), then WAIT."""
+        blocks: list[list[_Call]]
+        if not atomic:
+            blocks = [[c] for c in calls]
+        elif self.conns.sharded:
+            by_slot: dict[int, list[_Call]] = {}
+            for c in calls:
+                by_slot.setdefault(keys.slot_of(c.key), []).append(c)
+            blocks = list(by_slot.values())
+        else:
+            blocks = [calls]
         wait = self.wait_replicas if write else 0
-        for attempt in (1, 2):
-            pipe: Pipeline = self.redis.pipeline(transaction=False)
-            if atomic:
-                pipe.execute_command("MULTI")
-            build(pipe)
-            if atomic:
-                pipe.execute_command("EXEC")
+        for reload in (False, True):
+            pipe: Pipeline = shard.redis.pipeline(transaction=False)
+            for block in blocks:
+                if atomic:
+                    pipe.execute_command("MULTI")
+                for c in block:
+                    c.add(pipe)
+                if atomic:
+                    pipe.execute_command("EXEC")
             if wait:
                 pipe.wait(wait, self.wait_timeout_ms)
             try:
-                replies = await pipe.execute(raise_on_error=False)
+                raw_replies = await pipe.execute(raise_on_error=False)
             except RedisConnectionError:
                 # Redis went away (restarted? failed over?): the pool's idle connections are dead too, and
-                # each would fail the next operation that picks it up. Drop them; the caller decides about
-                # this one.
-                await self.drop_idle_connections()
+                # each would fail the next operation that picks it up. Drop them; the caller decides
+                # about this one.
+                await shard.redis.connection_pool.disconnect(inuse_connections=False)
                 if not may_repeat:
                     raise
                 self.retries += 1
-                return await self._execute(build, atomic=atomic, write=write)
+                may_repeat = False
+                continue
             self.round_trips += 1
             if wait:
-                acked = replies.pop()
+                acked = raw_replies.pop()
                 if isinstance(acked, Exception) or int(acked) < wait:
                     raise NotReplicated(f"{acked} of {wait} Redis replicas confirmed the write in time")
-            if atomic:
-                replies = self._exec_replies(replies)
-            if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
+            out: list[Any] = []
+            pos = 0
+            for block in blocks:
+                if not atomic:
+                    out.append(raw_replies[pos])
+                    pos += 1
+                    continue
+                got = raw_replies[pos : pos + len(block) + 2]
+                pos += len(block) + 2
+                out += self._exec_replies(got, len(block))
+            if not reload and any(isinstance(r, NoScriptError) for r in out):
+                # the scripts that failed did nothing; everything else in a batch is idempotent
                 log.info("Redis lost its scripts (restarted? failed over?); loading them again")
                 self.retries += 1
-                await self._load_scripts()
+                await self._load_scripts(shard)
                 continue
-            for r in replies:
+            for r in out:
                 if isinstance(r, Exception) and not isinstance(r, ResponseError):
                     raise r
-            return replies
-        raise AssertionError("unreachable")
+            return out
+        raise RedisConnectionError("the shard's connection failed twice")
+
+    @staticmethod
+    def _exec_replies(replies: list[Any], n: int) -> list[Any]:
+        """The results of the `n` commands of a MULTI/EXEC block (MULTI's, QUEUED's and EXEC's replies).
+        A block that a cluster shard redirected, or that Redis refused while queueing, did not run: every
+        command gets that reply."""
+        executed = replies[-1]
+        queued = [r for r in replies[:-1] if isinstance(r, Exception)]
+        if isinstance(executed, list):
+            return executed
+        if queued:
+            return [queued[0]] * n  # refused while queueing (EXEC aborted the whole transaction)
+        if isinstance(executed, Exception):
+            raise executed
+        raise ConnectionError(f"the transaction did not run (EXEC replied {executed!r})")
+
+    def _refresh_soon(self) -> None:
+        async def refresh() -> None:
+            with contextlib.suppress(Exception):
+                await self.conns.refresh()
+
+        asyncio.get_running_loop().create_task(refresh())
 
     async def drop_idle_connections(self) -> None:
         """Close the pool's idle connections (after Redis was away they are dead, and the next operation to
         pick one would fail with an outcome it cannot know)."""
-        await self.redis.connection_pool.disconnect(inuse_connections=False)
-
-    @staticmethod
-    def _exec_replies(replies: list[Any]) -> list[Any]:
-        """The results of the commands between MULTI and EXEC."""
-        executed = replies[-1]
-        if isinstance(executed, Exception):
-            raise executed  # EXECABORT: nothing ran
-        if not isinstance(executed, list):
-            raise ConnectionError(f"the transaction did not run (EXEC replied {executed!r})")
-        queued = [r for r in replies[1:-1] if isinstance(r, Exception)]
-        if queued:
-            raise queued[0]  # refused while queueing (EXEC aborted the whole transaction)
-        return executed
+        for shard in self.conns.shards:
+            await shard.redis.connection_pool.disconnect(inuse_connections=False)
 
     async def close(self) -> None:
         await self.conns.close()
+
+    # -- what scripts of a session take ----------------------------------------------------------
+    def _session(self, client_id: str, parts: slice = slice(None), events: bool = False) -> list[str]:
+        """A session's keys (those of `parts`), and its events channel if the script publishes events."""
+        k = keys.session_keys(client_id)[parts]
+        return [*k, self.channels.of_session(client_id)[0]] if events else k
+
+    @staticmethod
+    def _sadd(key: str, member: str) -> _Call:
+        return _Call(key, lambda pipe: pipe.sadd(key, member))
+
+    def _wakes(self, client_id: str) -> str:
+        return self.channels.of_session(client_id)[1]
+
+    def _guards(self) -> _Guards:
+        """The publisher guards of a routing: none on a Redis Cluster (their sessions are in other slots)."""
+        return _Guards(enabled=not self.conns.sharded)
 
     # -- sessions --------------------------------------------------------------------------------
     async def claim(
@@ -606,14 +722,13 @@ class RedisStore(SessionStore):
             username or "",
             "0" if username is None else "1",
         ]
-
-        def build(pipe: Pipeline) -> None:
-            self._call(pipe, "claim", keys.session_keys(client_id), args)
-            # so that, should this node die, others find it
-            pipe.sadd(keys.node_sessions(self.node_id), client_id)
-
+        mine = keys.node_sessions(self.node_id)
+        calls = [
+            self._script("claim", self._session(client_id, events=True), args),
+            self._sadd(mine, client_id),  # so that, should this node die, others find it
+        ]
         # (a claim may run twice: the epoch grows once more)
-        res = (await self._execute(build, atomic=True, may_repeat=True))[0]
+        res = (await self._send(calls, atomic=True, may_repeat=True))[0]
         if isinstance(res, Exception):
             raise res
         epoch = int(res[0])
@@ -640,56 +755,55 @@ class RedisStore(SessionStore):
         for op in ops:
             if isinstance(op, Enqueue):
                 enqueues.setdefault(op.client_id, []).append(op)
-        kinds: list[Op | list[Enqueue] | None] = []  # what each pipelined command's reply belongs to
+        calls: list[_Call] = []
+        kinds: list[Op | list[Enqueue] | None] = []  # what each call's reply belongs to
+        mine = keys.node_sessions(self.node_id)
 
-        def build(pipe: Pipeline) -> None:
-            kinds.clear()
-            for op in ops:
-                if isinstance(op, Enqueue):
-                    group = enqueues[op.client_id]
-                    if group[0] is not op:
-                        continue
-                    kinds.append(group)
-                    guards = _Guards()
-                    items: list[Any] = []
-                    for e in group:
-                        items += [pack_delivery(e.delivery), str(e.delivery.qos), guards.of(e.delivery)]
-                    k = keys.session_keys(op.client_id)
-                    self._call(
-                        pipe, "enqueue", [k[0], k[2], *guards.keys], [op.client_id, *guards.args, *items]
-                    )
+        def forget_here(cid: str) -> None:
+            calls.append(_Call(mine, lambda pipe: pipe.srem(mine, cid)))
+            kinds.append(None)
+
+        for op in ops:
+            if isinstance(op, Enqueue):
+                group = enqueues[op.client_id]
+                if group[0] is not op:
                     continue
-                kinds.append(op)
-                if isinstance(op, JournalChanges):
-                    k = keys.session_keys(op.client_id)
-                    jkeys, args = self._journal_args(op)
-                    self._call(pipe, "journal", [k[0], k[3], k[4], k[2], *jkeys], args)
-                elif isinstance(op, Save):
-                    self._call(pipe, "park", keys.session_keys(op.session.client_id), self._park_args(op))
-                    if op.will is None:  # else this node stays responsible until the will is out
-                        pipe.srem(keys.node_sessions(self.node_id), op.session.client_id)
-                        kinds.append(None)
-                elif isinstance(op, Discard):
-                    args = [str(op.epoch) if op.epoch else "", self.node_id, op.client_id]
-                    self._call(pipe, "discard", keys.session_keys(op.client_id), args)
-                    pipe.srem(keys.node_sessions(self.node_id), op.client_id)
-                    kinds.append(None)
-                elif isinstance(op, Route):
-                    packed = pack_sub(op.sub) if op.sub is not None else b""
-                    args = [str(op.epoch), op.topic_filter, packed, self.node_id, op.client_id]
-                    self._call(pipe, "route", keys.session_keys(op.client_id)[:2], args)
-                elif isinstance(op, Retain):
-                    packed = pack_message(op.msg)
-                    if op.msg.payload:
-                        pipe.hset(keys.RETAINED, op.msg.topic, packed)
-                    else:
-                        pipe.hdel(keys.RETAINED, op.msg.topic)
-                    pipe.publish(keys.EVENTS, wire.retained_changed(self.node_id, packed))
-                    kinds.append(None)
+                guards = self._guards()
+                items: list[Any] = []
+                for e in group:
+                    items += [pack_delivery(e.delivery), str(e.delivery.qos), guards.of(e.delivery)]
+                k = keys.session_keys(op.client_id)
+                script_keys = [k[0], k[2], self._wakes(op.client_id), *guards.keys]
+                calls.append(self._script("enqueue", script_keys, [op.client_id, *guards.args, *items]))
+                kinds.append(group)
+                continue
+            if isinstance(op, JournalChanges):
+                k = keys.session_keys(op.client_id)
+                jkeys, args = self._journal_args(op, self._guards())
+                calls.append(
+                    self._script("journal", [k[0], k[3], k[4], k[2], self._wakes(op.client_id), *jkeys], args)
+                )
+            elif isinstance(op, Save):
+                cid = op.session.client_id
+                calls.append(self._script("park", keys.session_keys(cid), self._park_args(op)))
+            elif isinstance(op, Discard):
+                args = [str(op.epoch) if op.epoch else "", self.node_id, op.client_id]
+                calls.append(self._script("discard", self._session(op.client_id, events=True), args))
+            elif isinstance(op, Route):
+                packed = pack_sub(op.sub) if op.sub is not None else b""
+                args = [str(op.epoch), op.topic_filter, packed, self.node_id, op.client_id]
+                calls.append(self._script("route", self._session(op.client_id, slice(2), events=True), args))
+            elif isinstance(op, Retain):
+                calls += self._retain(op.msg)
+                kinds.append(None)
+            kinds.append(op)
+            if isinstance(op, Discard) or (isinstance(op, Save) and op.will is None):
+                forget_here(op.client_id if isinstance(op, Discard) else op.session.client_id)
+                # (a session parked with a will waiting stays this node's until the will is out)
 
-        replies = await self._execute(build, atomic=True)
+        replies = await self._send(calls, atomic=True)
         result = CommitResult()
-        for kind, reply in zip(kinds, replies, strict=False):
+        for kind, reply in zip(kinds, replies, strict=True):
             if isinstance(reply, Exception):
                 raise reply
             if isinstance(kind, list):
@@ -713,8 +827,21 @@ class RedisStore(SessionStore):
                     result.dropped.append((zone, kind.client_id, dropped))
         return result
 
+    def _retain(self, msg: Message) -> list[_Call]:
+        """Set or clear a topic's retained message in its bucket, and tell the fleet (on the bucket's
+        slot's events channel)."""
+        bucket, packed = keys.retained_bucket(msg.topic), pack_message(msg)
+        event = wire.retained_changed(self.node_id, packed)
+        channel = self.channels.events(keys.slot_of(bucket))
+        publish = self.channels.publish
+        if msg.payload:
+            store = _Call(bucket, lambda pipe: pipe.hset(bucket, msg.topic, packed))
+        else:
+            store = _Call(bucket, lambda pipe: pipe.hdel(bucket, msg.topic))
+        return [store, _Call(bucket, lambda pipe: pipe.execute_command(publish, channel, event))]
+
     @staticmethod
-    def _journal_args(op: JournalChanges) -> tuple[list[str], list[Any]]:
+    def _journal_args(op: JournalChanges, guards: _Guards) -> tuple[list[str], list[Any]]:
         """The JOURNAL script's guard keys and arguments for one session's changes."""
         puts = [(mid, d) for mid, d in op.deliveries.items() if d is not None]
         dels = [mid for mid, d in op.deliveries.items() if d is None]
@@ -722,7 +849,6 @@ class RedisStore(SessionStore):
         rdels = [pid for pid, ts in op.rel.items() if ts is None]
         body: list[Any] = [len(puts)]
         fresh: list[Any] = []
-        guards = _Guards()
         new = set(op.fresh) if op.fresh else ()
         for n, (mid, d) in enumerate(puts, 1):
             body += [journal_field(mid), journal_value(d)]
@@ -764,9 +890,7 @@ class RedisStore(SessionStore):
     async def set_will(self, s: Session, will: Message | None, will_delay: float) -> None:
         packed = pack_message(will) if will is not None else b""
         args = [str(s.epoch), packed, repr(will_delay), repr(s.expiry_interval)]
-        (reply,) = await self._execute(
-            lambda pipe: self._call(pipe, "will", keys.session_keys(s.client_id)[:1], args)
-        )
+        (reply,) = await self._send([self._script("will", self._session(s.client_id, slice(1)), args)])
         if isinstance(reply, Exception):
             raise reply
 
@@ -774,13 +898,12 @@ class RedisStore(SessionStore):
         self, dead: str, client_ids: list[str]
     ) -> list[tuple[str, Will | None, float, float, int]]:
         """Let go of the sessions of a dead node: (client id, will, will delay or will_at, expiry, kind)."""
-
-        def build(pipe: Pipeline) -> None:
-            for cid in client_ids:
-                self._call(pipe, "reap", keys.session_keys(cid), [dead, self.node_id, cid])
-
+        calls = [
+            self._script("reap", self._session(cid, events=True), [dead, self.node_id, cid])
+            for cid in client_ids
+        ]
         out = []
-        for cid, r in zip(client_ids, await self._execute(build), strict=True):
+        for cid, r in zip(client_ids, await self._send(calls), strict=True):
             if isinstance(r, Exception):
                 raise r
             if r:
@@ -789,31 +912,28 @@ class RedisStore(SessionStore):
 
     async def take_will(self, client_id: str, will_at: float) -> Will | None:
         """The will due at `will_at`, if it is still due (exactly one caller gets it)."""
-        at = f"{will_at:.3f}"
-
-        def build(pipe: Pipeline) -> None:
-            self._call(pipe, "takewill", keys.session_keys(client_id)[:1], [at])
-            pipe.srem(keys.node_sessions(self.node_id), client_id)
-
-        raw = (await self._execute(build, atomic=True))[0]
-        if isinstance(raw, Exception):
-            raise raw
-        return _stored_will(*raw) if raw else None
+        mine = keys.node_sessions(self.node_id)
+        calls = [
+            self._script("takewill", self._session(client_id, slice(1)), [f"{will_at:.3f}"]),
+            _Call(mine, lambda pipe: pipe.srem(mine, client_id)),
+        ]
+        raw_will = (await self._send(calls, atomic=True))[0]
+        if isinstance(raw_will, Exception):
+            raise raw_will
+        return _stored_will(*raw_will) if raw_will else None
 
     async def reassert(self, owned: list[tuple[str, int, Message | None, float]]) -> list[int]:
         """After losing Redis: for each session connected here ((client id, epoch, will, will delay)),
         1 still ours, 2 taken back (the fleet had released it), 0 gone (ended, or someone else's now)."""
-
-        def build(pipe: Pipeline) -> None:
-            for cid, epoch, will, delay in owned:
-                packed = pack_message(will) if will is not None else b""
-                args = [str(epoch), self.node_id, packed, repr(delay)]
-                self._call(pipe, "reassert", keys.session_keys(cid), args)
-                pipe.sadd(keys.node_sessions(self.node_id), cid)
-
-        replies = await self._execute(build)
+        mine = keys.node_sessions(self.node_id)
+        calls = []
+        for cid, epoch, will, delay in owned:
+            packed = pack_message(will) if will is not None else b""
+            args = [str(epoch), self.node_id, packed, repr(delay)]
+            calls.append(self._script("reassert", keys.session_keys(cid), args))
+            calls.append(self._sadd(mine, cid))
         out = []
-        for r in replies[::2]:
+        for r in (await self._send(calls))[::2]:
             if isinstance(r, Exception):
                 raise r
             out.append(int(r))
@@ -821,10 +941,8 @@ class RedisStore(SessionStore):
 
     async def owner(self, client_id: str) -> str | None:
         """The node the client is connected to, if any (from the session's meta)."""
-        (node,) = await self._execute(
-            lambda pipe: self._call(pipe, "owner", keys.session_keys(client_id)[:1], []),
-            may_repeat=True,
-            write=False,
+        (node,) = await self._send(
+            [self._script("owner", self._session(client_id, slice(1)), [])], may_repeat=True, write=False
         )
         if isinstance(node, Exception):
             raise node
@@ -833,13 +951,13 @@ class RedisStore(SessionStore):
     async def pull(self, targets: list[tuple[str, int, int]], n: int) -> list[Any]:
         """Queued deliveries of sessions connected here ((client id, epoch, first order reserved, or -1
         when not journaled) each): per session -1 where this node was fenced, else [first order, items]."""
-
-        def build(pipe: Pipeline) -> None:
-            for cid, epoch, first in targets:
-                k = keys.session_keys(cid)
-                self._call(pipe, "pull", [k[0], k[2], k[3]], [str(epoch), n, int(first >= 0), max(first, 0)])
-
-        replies = await self._execute(build)
+        calls = []
+        for cid, epoch, first in targets:
+            k = keys.session_keys(cid)
+            calls.append(
+                self._script("pull", [k[0], k[2], k[3]], [str(epoch), n, int(first >= 0), max(first, 0)])
+            )
+        replies = await self._send(calls)
         for r in replies:
             if isinstance(r, Exception):
                 raise r
@@ -849,14 +967,25 @@ class RedisStore(SessionStore):
     async def load_routes(self) -> list[tuple[str, str, Subscription]]:
         """Every subscription of every session in Redis: the fleet's route table."""
         out = []
-        async for key in self.redis.scan_iter(match=keys.SUBSCRIPTIONS_PATTERN, count=1000):
-            cid = keys.client_of_subscriptions_key(text(key))
-            for f, o in (await self.redis.hgetall(key)).items():
-                out.append((cid, text(f), unpack_sub(raw(o))))
+        for shard in self.conns.shards:
+            async for key in shard.redis.scan_iter(match=keys.SUBSCRIPTIONS_PATTERN, count=1000):
+                cid = keys.client_of_subscriptions_key(text(key))
+                for f, o in (await shard.redis.hgetall(key)).items():
+                    out.append((cid, text(f), unpack_sub(raw(o))))
         return out
 
     async def load_retained(self) -> list[Message]:
-        return [unpack_message(raw(v)) for v in (await self.redis.hgetall(keys.RETAINED)).values()]
+        """Every retained message (those still in the old single hash moved into their buckets first)."""
+        old = self.conns.shard_for(keys.RETAINED).redis
+        for value in (await old.hgetall(keys.RETAINED)).values():
+            msg = unpack_message(raw(value))
+            await self._send(self._retain(msg)[:1], may_repeat=True)
+            await old.hdel(keys.RETAINED, msg.topic)
+        out = []
+        for bucket in keys.retained_buckets():
+            values = await self.conns.shard_for(bucket).redis.hvals(bucket)
+            out += [unpack_message(raw(v)) for v in values]
+        return out
 
     def offline_sessions(self) -> list[Session]:
         return []

@@ -6,8 +6,8 @@ published by the store's Lua scripts in the same step that stores what they anno
 announced unstored), so each kind has its Python parser and, where Lua produces it, the Lua function
 that builds it, generated here from the same kind letter (``LUA_PRELUDE``, which every script starts with).
 
-Fleet events go to every node (``keys.EVENTS``) and carry the node they come from, which ignores its own;
-node messages go to one node (``keys.node_channel``).
+Fleet events go to every node (keys.Channels) and carry the node they come from, which ignores its own;
+node messages go to one node.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def unpack_sub(b: bytes) -> Subscription:
     return Subscription(qos, bool(nl), bool(rap), rh, sid or None)
 
 
-# -- fleet events (keys.EVENTS) ------------------------------------------------------------------------
+# -- fleet events (keys.Channels.events) -------------------------------------------------------------------
 @dataclass(slots=True, frozen=True)
 class RouteAdded:
     origin: str
@@ -159,7 +159,7 @@ def parse_fleet_event(data: bytes) -> FleetEvent:
     raise ValueError(f"unknown fleet event kind {kind!r}")
 
 
-# -- node messages (keys.node_channel) -----------------------------------------------------------------
+# -- node messages (keys.Channels.node) -------------------------------------------------------------
 @dataclass(slots=True, frozen=True)
 class Wake:
     """Deliveries were queued for a session connected to the receiving node: pull them."""

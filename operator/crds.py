@@ -414,7 +414,7 @@ class Condition(CrdModel):
 
 
 class PodReport(CrdModel):
-    """What one broker pod reports in Redis (fmq:nodeinfo:<pod>)."""
+    """What one broker pod reports in Redis (keys.nodeinfo: fmq:nodeinfo:{<pod>})."""
 
     name: str
     configHash: str | None = Field(None, description="Hash of the config the broker applied.")

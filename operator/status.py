@@ -1,6 +1,6 @@
 """Status of BrokerFleets and MqttZones from what was rendered and what the pods report (pure).
 
-Pods report the hash of the config they applied in Redis (`fmq:nodeinfo:<pod>`); the rendered ConfigMap's
+Pods report the hash of the config they applied in Redis (`fmq:nodeinfo:{<pod>}`); the rendered ConfigMap's
 history maps each hash to the zone generations it held, so a pod's hash says which generation of every
 zone it runs. Conditions follow the Kubernetes conventions: lastTransitionTime moves only when status does.
 """

@@ -561,6 +561,126 @@ class ReplicatedRedis:
             p.stop()
 
 
+# ------------------------------------------------------------------ Redis Cluster
+REDIS_CLI_BIN = os.environ.get("REDIS_CLI_BIN") or shutil.which("redis-cli") or "/usr/bin/redis-cli"
+
+
+class RedisCluster:
+    """A Redis Cluster of `shards` primaries with `replicas` replicas each, every node a redis-server on
+    loopback (cluster-enabled, AOF fsync always, cluster-node-timeout `node_timeout_ms`), created with
+    `redis-cli --cluster create`, as an operator would."""
+
+    def __init__(
+        self,
+        base_dir: Path | str,
+        *,
+        shards: int = 3,
+        replicas: int = 1,
+        node_timeout_ms: int = 2000,
+        appendfsync: str = "always",
+    ):
+        base = Path(base_dir)
+        self.servers: list[RedisServer] = []
+        try:
+            for i in range(shards * (1 + replicas)):
+                self.servers.append(
+                    RedisServer(
+                        base / f"node-{i}",
+                        appendfsync=appendfsync,
+                        config={
+                            "cluster-enabled": "yes",
+                            "cluster-config-file": "nodes.conf",
+                            "cluster-node-timeout": str(node_timeout_ms),
+                            "cluster-port": str(free_port()),  # (the bus; port + 10000 may be taken)
+                            "repl-diskless-sync-delay": "0",
+                        },
+                    )
+                )
+            out = subprocess.run(
+                [REDIS_CLI_BIN, "--cluster", "create", *(f"{HOST}:{r.port}" for r in self.servers),
+                 "--cluster-replicas", str(replicas), "--cluster-yes"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            if out.returncode != 0:
+                raise RuntimeError(f"redis-cli --cluster create failed:\n{out.stdout}\n{out.stderr}")
+            wait_until(self.healthy, timeout=30, msg="cluster_state:ok on every node")
+            self.wait_synced()
+        except BaseException:
+            self.stop()
+            raise
+
+    def healthy(self) -> bool:
+        """Every live node says cluster_state:ok and every slot is served."""
+        try:
+            for r in self.servers:
+                if r.alive() and not r.paused:
+                    info = r.command("CLUSTER", "INFO", decode=True)
+                    if "cluster_state:ok" not in info or "cluster_slots_ok:16384" not in info:
+                        return False
+            return True
+        except (OSError, RedisReplyError):
+            return False
+
+    def wait_synced(self, timeout: float = 30.0) -> None:
+        """Until every live replica's link to its primary is up (a replica that never synced cannot take
+        over)."""
+
+        def synced() -> bool:
+            try:
+                reps = [r.info("replication") for r in self.servers if r.alive() and not r.paused]
+            except OSError:
+                return False
+            return all(i.get("role") == "master" or i.get("master_link_status") == "up" for i in reps)
+
+        wait_until(synced, timeout=timeout, msg="every replica in sync")
+
+    def store(self, **extra: Any) -> dict[str, Any]:
+        """The broker config's store for this cluster (every node listed; any one would do)."""
+        return {"kind": "redis", "cluster": {"nodes": [f"{HOST}:{r.port}" for r in self.servers]}, **extra}
+
+    def primaries(self) -> list[RedisServer]:
+        return [r for r in self.servers if r.alive() and r.info("replication").get("role") == "master"]
+
+    def shards(self) -> list[tuple[list[tuple[int, int]], int | None]]:
+        """(slot ranges, port of the online primary or None) per shard, as a live node sees it."""
+        viewer = next(r for r in self.servers if r.alive() and not r.paused)
+        out = []
+        for shard in viewer.command("CLUSTER", "SHARDS", decode=True):
+            info = dict(zip(shard[::2], shard[1::2], strict=True))
+            ranges = list(zip(info["slots"][::2], info["slots"][1::2], strict=True))
+            nodes = [dict(zip(n[::2], n[1::2], strict=True)) for n in info["nodes"]]
+            primary = next(
+                (n["port"] for n in nodes if n["role"] == "master" and n["health"] == "online"), None
+            )
+            out.append(([(int(a), int(b)) for a, b in ranges], primary))
+        return out
+
+    def primary_of(self, key: str) -> RedisServer:
+        """The server whose slots hold `key` now."""
+        slot = int(self.servers[0].command("CLUSTER", "KEYSLOT", key))
+        for ranges, port in self.shards():
+            if port is not None and any(a <= slot <= b for a, b in ranges):
+                return next(r for r in self.servers if r.port == port)
+        raise RuntimeError(f"no primary serves slot {slot}")
+
+    def wait_failover(self, old: RedisServer, timeout: float = 30.0) -> None:
+        """Until every slot has an online primary other than `old` and the cluster is whole again."""
+
+        def moved() -> bool:
+            try:
+                shards = self.shards()
+            except (OSError, RedisReplyError, StopIteration):
+                return False
+            served = all(port is not None and port != old.port for ranges, port in shards if ranges)
+            return served and self.healthy()
+
+        wait_until(moved, timeout=timeout, msg="a replica took over the killed primary's slots")
+
+    def stop(self) -> None:
+        for r in self.servers:
+            r.stop()
+
+
 @atexit.register
 def _kill_leftovers() -> None:
     for rs in list(LIVE_REDIS):

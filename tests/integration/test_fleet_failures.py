@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from fleetmq.broker import keys
 
 from tests.integration import mqttraw
 from tests.integration.harness import uid
@@ -34,7 +35,7 @@ except Exception:  # the broker tree is being changed: the documented value
 
 
 def _alive_key(node: str) -> str:
-    return f"fmq:alive:{node}"
+    return keys.alive(node)
 
 
 def _check_delivery(subs: list[Subscriber], pubs: list[Publisher], sub_qos: dict[str, int]) -> list[str]:

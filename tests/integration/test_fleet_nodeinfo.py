@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from fleetmq.broker import keys
 
 from tests.integration.harness import uid
 from tests.integration.test_fleet_support import raw_connect
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.redis
 
 
 def nodeinfo(redis_server, node: str) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in redis_server.hgetall(f"fmq:nodeinfo:{node}").items()}
+    return {k.decode(): v.decode() for k, v in redis_server.hgetall(keys.nodeinfo(node)).items()}
 
 
 def test_nodes_report_config_hash_connections_and_sessions(fleet, redis_server):
@@ -28,7 +29,7 @@ def test_nodes_report_config_hash_connections_and_sessions(fleet, redis_server):
     )
     info = nodeinfo(redis_server, "node-1")
     assert info["sessions"] == "3" and int(info["ts_ms"]) > 0
-    assert 0 < int(redis_server.command("PTTL", "fmq:nodeinfo:node-1")) <= 15000
+    assert 0 < int(redis_server.command("PTTL", keys.nodeinfo("node-1"))) <= 15000
     for c in clients:
         c.close()
     b.stop()

@@ -42,7 +42,7 @@ async def test_a_fenced_journal_queues_what_was_routed_into_the_stale_copy(redis
         second = await new.claim(cid, ZONE, "default", False, expiry=60)  # old is fenced now
         assert second.epoch == first.epoch + 1
         pubsub = new.redis.pubsub()
-        await pubsub.subscribe(keys.node_channel("new"))
+        await pubsub.subscribe(new.channels.node("new"))
         pulled = delivery(b"pulled", 1, 3, packet_id=7)  # came from the store: not fresh
         sent = delivery(b"sent", 1, 4, packet_id=8)  # routed here and sent already
         queued = delivery(b"queued", 2, 5, sender_epoch=1)  # routed here, publisher still at epoch 1

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 from fleetmq.broker.cluster import Cluster
+from fleetmq.broker.keys import Channels
 from fleetmq.broker.metrics import Metrics
 
 
@@ -41,6 +42,8 @@ class Sessions:
 
 class Store:
     """A pull that waits until the test lets it return; counts pulls in flight."""
+
+    channels = Channels(sharded=False)
 
     def __init__(self) -> None:
         self.in_flight = self.most = 0
