@@ -934,13 +934,6 @@ class Channel:
     # ---------------------------------------------------------------------------------------------
     # told by the channel manager and the connection
     # ---------------------------------------------------------------------------------------------
-    def hold(self, reserve: int) -> int:
-        """Keep new deliveries back until `caught_up`, behind `reserve` positions kept for what the store
-        holds for this session (Session.hold_back); returns the first of them."""
-        assert self.session is not None
-        self._holding = True
-        return self.session.hold_back(reserve)
-
     def caught_up(self) -> None:
         """What the store held for this session when it opened here is in: what waited goes out, in order."""
         session = self.session

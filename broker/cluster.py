@@ -77,8 +77,6 @@ class Sessions(Protocol):
 
     def fenced(self, client_id: str, epoch: int | None = None) -> None: ...
 
-    def hold(self, client_id: str) -> None: ...
-
     def publish_will(self, will: Will) -> None: ...
 
 
@@ -121,10 +119,8 @@ class Cluster:
         #: replicas of the primary online and at most REPLICA_LAG behind, as of the last heartbeat (-1: unknown)
         self.replicas_in_sync = -1
         # Set while the event stream is up and everything queued before it came up was pulled: wakes for
-        # this node's sessions reach it. Cleared when the stream breaks (its generation grows): sessions
-        # connected here then hold their new deliveries back until they caught up (catch_up).
+        # this node's sessions reach it (sync relies on them).
         self._stream_ready = asyncio.Event()
-        self._stream_gen = 0
         # sync(): PINGs on the event stream awaiting their PONG, and what pulls did while any waits
         self._syncs: dict[bytes, asyncio.Future[None]] = {}
         self._syncing = 0
@@ -333,7 +329,8 @@ class Cluster:
         holds its new deliveries until it has caught up."""
         streams = self._streams
         if not streams or not self._stream_ready.is_set():
-            return  # sessions here hold their new deliveries until they caught up (_stream_broke)
+            await self._pull_all()  # (no stream: whatever wakes were sent, pull every queue now)
+            return
         n = next(self._req_ids)
         tokens = [b"sync:%d:%d" % (n, i) for i in range(len(streams))]
         loop = asyncio.get_running_loop()
@@ -360,6 +357,7 @@ class Cluster:
                 conn: Any = pubsub.connection  # (redis-py types it as always None)
                 if conn is not None:
                     await conn.disconnect()  # the listener sees it and reconnects
+            await self._pull_all()
         finally:
             for token in tokens:
                 self._syncs.pop(token, None)
@@ -380,28 +378,48 @@ class Cluster:
             asyncio.get_running_loop().call_soon(lambda: self.spawn(self._pull()))
 
     async def catch_up(self, client_id: str, epoch: int, first: int, reserved: int) -> None:
-        """Pull what the store queued for a session whose wakes this node may have missed (it just opened
-        here, or the event stream was down) into the `reserved` positions from `first` that it kept for
-        them, ahead of its later deliveries (Session.hold_back). Returns once everything queued for it
-        before the event stream was (back) up is in: its held deliveries may go."""
+        """Pull what the store queued for a session that just opened here into the `reserved` positions
+        from `first` that it kept for it, ahead of its later deliveries (Session.hold_back): this node
+        may have routed messages to it through Redis just before (its client was not here yet). Returns
+        once they are in: its held deliveries may go."""
         end = first + reserved
-        while True:
-            await self._stream_ready.wait()
-            gen = self._stream_gen
-            while first < end:
-                s = self.sessions.session_of(client_id)
-                if s is None or s.epoch != epoch:
-                    return  # let go of meanwhile: what is queued waits in Redis for the next owner
-                n = min(PULL_BATCH, end - first)
-                async with self._pull_progress:  # one pull per session at a time (see _pull)
-                    await self._pull_progress.wait_for(lambda: client_id not in self._pulling)
-                [got] = await self._pull_targets([(client_id, epoch, first)], n)
-                first += max(got, 0)
-                if got < n:
-                    break
-            if gen == self._stream_gen:  # no break in the stream since it was pulled: nothing missed
+        while first < end:
+            s = self.sessions.session_of(client_id)
+            if s is None or s.epoch != epoch:
+                return  # let go of meanwhile: what is queued waits in Redis for the next owner
+            n = min(PULL_BATCH, end - first)
+            async with self._pull_progress:  # one pull per session at a time (see _pull)
+                await self._pull_progress.wait_for(lambda: client_id not in self._pulling)
+            [got] = await self._pull_targets([(client_id, epoch, first)], n)
+            first += max(got, 0)
+            if got < n:
                 break
         self.wake(client_id)  # (past the reservation, if ever: the usual way)
+
+    async def _pull_all(self) -> None:
+        """Pull, now, what Redis queued for every session connected here: without the event stream its
+        wakes may have been missed. Sessions catching up (opening here) are waited for first."""
+        deadline = time.monotonic() + SYNC_TIMEOUT
+        while time.monotonic() < deadline and any(
+            (s := self.sessions.session_of(c)) is not None and s.held_from is not None
+            for c in self.sessions.connected()
+        ):
+            await asyncio.sleep(0.005)
+        cids = list(self.sessions.connected())
+        while cids:
+            async with self._pull_progress:  # one pull per session at a time (see _pull)
+                await self._pull_progress.wait_for(self._none_pulling(set(cids)))
+            targets = []
+            for cid in cids:
+                s = self.sessions.session_of(cid)
+                if s is not None:
+                    first = s.journal.reserve(PULL_BATCH) if s.journal is not None else -1
+                    targets.append((cid, s.epoch, first))
+            counts = await self._pull_targets(targets, PULL_BATCH)
+            cids = [cid for (cid, _e, _f), got in zip(targets, counts, strict=True) if got >= PULL_BATCH]
+
+    def _none_pulling(self, cids: set[str]) -> Callable[[], bool]:
+        return lambda: not (self._pulling & cids)
 
     async def _pull(self) -> None:
         self._pull_scheduled = False
@@ -530,18 +548,14 @@ class Cluster:
                 self._dispatch(msg)
 
     def _stream_broke(self) -> None:
-        """Wakes for this node's sessions may be lost from now until the stream is back and resynced:
-        what other nodes queue for them meanwhile must still reach their clients before anything routed
-        here directly, so their new deliveries wait (catch_up)."""
+        """Wakes for this node's sessions may be lost from now until the stream is back and resynced
+        (which pulls every queue): meanwhile a client connecting here has every queue pulled first
+        (sync), so its messages never overtake its own earlier ones routed through Redis."""
         self._connected_since = None
-        self._stream_gen += 1
-        for fut in self._syncs.values():  # (the sessions hold from now on: order is kept that way)
+        self._stream_ready.clear()
+        for fut in self._syncs.values():  # (they pull every queue instead)
             if not fut.done():
-                fut.set_result(None)
-        if self._stream_ready.is_set():
-            self._stream_ready.clear()
-            for cid in self.sessions.connected():
-                self.sessions.hold(cid)
+                fut.set_exception(TimeoutError("the event stream broke"))
 
     async def _listen(self) -> None:
         """Keep the event stream up: when any shard's connection breaks, every session here holds its new

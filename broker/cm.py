@@ -40,9 +40,8 @@ class Fleet(Protocol):
     """What the channel manager asks of the other nodes (cluster.Cluster)."""
 
     async def catch_up(self, client_id: str, epoch: int, first: int, reserved: int) -> None:
-        """Pull what the store queued for a session that may have missed its wakes (it just opened here,
-        or this node cannot hear the fleet) into the positions reserved; returns when its held deliveries
-        may go."""
+        """Pull what the store queued for a session that just opened here into the positions reserved;
+        returns when its held deliveries may go."""
 
     async def take_over(self, client_id: str, clean_start: bool) -> str | None:
         """Have the node the client is connected to hand its session over; that node, if it did."""
@@ -78,8 +77,8 @@ class _ClientLock:
 
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
-#: positions reserved, when a session opens here or the node cannot hear the fleet, for what the store
-#: still queues for it (Fleet.catch_up): more than a queue ever holds, so the order is never short of room
+#: positions reserved, when a session opens here, for what the store still queues for it (Fleet.catch_up):
+#: more than a queue ever holds, so the order is never short of room
 CATCH_UP = 1 << 24
 Target = tuple[str, int, bool, tuple[int, ...] | None]  # client id, subscription QoS, RAP, subscription ids
 
@@ -604,16 +603,6 @@ class ChannelManager:
             return
         self._let_go(ch, RC.SERVER_UNAVAILABLE, "store_error")
         log.warning("session %r is resynchronising from the store; closed its connection", client_id)
-
-    def hold(self, client_id: str) -> None:
-        """This node cannot hear the fleet (its event stream is down), so it misses the wakes for what
-        other nodes queue in Redis for its sessions: a journaled session's new deliveries wait until that
-        is pulled (Fleet.catch_up), so that first deliveries keep publish order."""
-        ch = self.channels.get(client_id)
-        session = ch.session if ch is not None else None
-        if ch is None or session is None or session.journal is None or session.held_from is not None:
-            return  # (one opening here is catching up already)
-        self.spawn(self._catch_up(ch, session, ch.hold(CATCH_UP)))
 
     def fenced(self, client_id: str, epoch: int | None = None) -> None:
         """Another node owns the session now (at `epoch`, or whatever it is): let go of a stale copy."""

@@ -413,3 +413,40 @@ def test_a_node_whose_event_stream_does_not_answer_keeps_publish_order_by_holdin
             first.append(n)
     assert first == list(range(11)), f"first deliveries out of publish order: {first}"
     assert "event stream did not answer" in a.log()
+
+
+def test_first_deliveries_keep_publish_order_when_a_publisher_leaves_a_node_that_cannot_hear_the_fleet(
+    fleet, redis_server, redis_proxy
+):
+    """Found by `python -m chaos --seed 308`: the other direction of the move above. While a node's event
+    stream was down, a publisher connected there delivered straight to a subscriber there, then moved to
+    another node, whose newer messages reached the subscriber through Redis; once the stream was back
+    they must come after the older ones, not ahead of them."""
+    [a] = fleet(1, redis_url=redis_proxy.url)  # the subscriber's node
+    [b] = fleet(1)
+    topic = uid("leave/")
+    sub, _ = raw_connect(a, uid("sub"), 5)
+    sub.subscribe([(topic, 1)])
+    wait_route(b, sub, topic)
+    pcid = uid("pub")
+    redis_proxy.delay(2.0, b"SUBSCRIBE")  # a's event stream comes back late
+    redis_proxy.drop_all()
+    time.sleep(0.3)
+    pub, _ = raw_connect(a, pcid, 5, clean=True, expiry=None)
+    for i in range(5):  # straight to the subscriber on a
+        pub.send(mqttraw.publish(topic, seq_payload("l", i), qos=1, packet_id=i + 1, version=5))
+    for i in range(5):
+        assert pub.expect(PUBACK).packet_id == i + 1
+    pub.disconnect()
+    wait_until(lambda: redis_server.command("EXISTS", keys.session_keys(pcid)[keys.META]) == 0, timeout=5)
+    pub, _ = raw_connect(b, pcid, 5, clean=True, expiry=None)  # the publisher moves away
+    for i in range(5, 10):  # through Redis, pulled by a once its stream is back
+        pub.send(mqttraw.publish(topic, seq_payload("l", i), qos=1, packet_id=i + 1, version=5))
+    view = AppView()
+    ack_loop(sub, view, until=10, timeout=15, tag="l")
+    first: list[int] = []
+    for p in view.delivered:
+        n = parse_seq(p)[1]
+        if n not in first:
+            first.append(n)
+    assert first == list(range(10)), f"first deliveries out of publish order: {first}"
