@@ -94,6 +94,11 @@ class ChannelHost(Protocol):
     def durable(self) -> bool:
         """Whether writes outlive the process: then replies that depend on them wait for `after_commit`."""
 
+    @property
+    def receipts_first(self) -> bool:
+        """Whether a journaled publisher's QoS 2 message is routed only once its receipt is stored
+        (Message.receipt: a store whose commits are not one transaction)."""
+
     def open_session(self, ch: Channel, request: Negotiated) -> None:
         """Open (or take over, or resume) the session of an accepted CONNECT; answers later with
         `ch.session_opened(...)` or `ch.refuse(...)`."""
@@ -539,9 +544,10 @@ class Channel:
             return self.protocol_error(
                 RC.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged PUBLISH than allowed"
             )
+        receipt = qos == 2 and session.journal is not None and self.host.receipts_first
         if qos == 2:
             try:
-                fresh = session.await_rel(p.packet_id, self.io.time())
+                fresh = session.await_rel(p.packet_id, self.io.time(), receipt)
             except AwaitingRelFull:
                 self.telemetry.dropped(DropReason.AWAITING_REL_FULL, self.client_id, None, 2)
                 if self.version >= MQTT5:  # refused, and the client can see it was
@@ -549,12 +555,20 @@ class Channel:
                 else:  # a v3 PUBREC cannot say "refused": close unacked so the client resends later
                     self.protocol_error(RC.RECEIVE_MAXIMUM_EXCEEDED, "too many QoS2 messages awaiting PUBREL")
                 return
-            if not fresh:  # a resent PUBLISH before PUBREL: delivered once already
-                self._send_ack(PUBREC, p.packet_id, 0)
+            if not fresh and (not receipt or session.receipt_of(p.packet_id) is None):
+                self._send_ack(PUBREC, p.packet_id, 0)  # a resent PUBLISH before PUBREL: delivered once
                 return
             if self._rel_timer is None:
                 self._arm_rel_timer()
         msg = Message.from_publish(topic, p.payload, qos, p.retain, props, self.client_id)
+        if receipt:
+            # Its receipt first, then its routing: a resend finding the receipt routes it again under
+            # it, and whoever got it already drops the repeat (Message.receipt).
+            msg.receipt = session.receipt_of(p.packet_id)
+            if fresh:
+                self.telemetry.received(self.client_id, msg, p.packet_id, session)
+            self._publish_once_received(msg, p.packet_id)
+            return
         self.telemetry.received(self.client_id, msg, p.packet_id, session)
         matched, needs_commit = self.host.publish(msg, self.zone_name)
         if qos:
@@ -577,8 +591,10 @@ class Channel:
     def _send_ack(self, ptype: int, packet_id: int, rc: int) -> None:
         self.io.write(encode_ack(ptype, packet_id, rc if self.version >= MQTT5 else 0, self.version))
 
-    def _ack_after_commit(self, ptype: int, packet_id: int, rc: int) -> None:
-        """Publisher confirm: the ack waits until the message is stored for every persistent session."""
+    def _ack_after_commit(self, ptype: int, packet_id: int, rc: int, forget: bool = True) -> None:
+        """Publisher confirm: the ack waits until the message is stored for every persistent session.
+        If that fails, the client resends on its next connection; a QoS 2 receipt is forgotten then,
+        unless (`forget` False) it is stored and the resend must find it (Message.receipt)."""
         self._acks_pending += 1
 
         def release(ok: bool) -> None:
@@ -588,11 +604,30 @@ class Channel:
             if ok:
                 self._send_ack(ptype, packet_id, rc)
             else:  # not stored, so not acknowledged: the client resends on its next connection
-                if ptype == PUBREC and self.session is not None:
+                if ptype == PUBREC and forget and self.session is not None:
                     self.session.release(packet_id)
                 self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
 
         self.host.after_commit(release)
+
+    def _publish_once_received(self, msg: Message, packet_id: int) -> None:
+        """Route a QoS 2 message once its receipt is stored, then PUBREC once its routing is. It is
+        routed even if the client left meanwhile: it was received, and its resend will find that."""
+        self._acks_pending += 1
+
+        def received(ok: bool) -> None:
+            self._acks_pending -= 1
+            if not ok:
+                if self.state == State.CONNECTED:
+                    if self.session is not None:
+                        self.session.release(packet_id)
+                    self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
+                return
+            matched, _ = self.host.publish(msg, self.zone_name)
+            rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
+            self._ack_after_commit(PUBREC, packet_id, rc, forget=False)
+
+        self.host.after_commit(received)
 
     def _on_pubrel(self, p: Pubrel) -> None:
         assert self.session is not None
@@ -680,6 +715,8 @@ class Channel:
         """
         acl = self.acl
         session = self.session
+        if d.msg.receipt is not None and session is not None:
+            session.accept(d.msg.receipt)  # (the store dropped any repeat; what it took, this one knows)
         if acl is not None and acl.guards_read and not acl.can_read(d.msg.topic):
             if session is not None and d.order >= 0:
                 session.forget(d)  # the pull journaled it

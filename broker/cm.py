@@ -118,6 +118,10 @@ class ChannelManager:
     def durable(self) -> bool:
         return self.store.durable
 
+    @property
+    def receipts_first(self) -> bool:
+        return self.store.durable and not self.store.atomic
+
     # =============================================================================================
     # the channels' host
     # =============================================================================================
@@ -244,6 +248,7 @@ class ChannelManager:
                 session.expiry_interval = expiry
                 await self.store.set_will(session, ch.will, ch.will_delay)  # the new connection's
         epoch = session.epoch if session is not None else 0
+        incarnation = ""
         if session is None:
             # connected on another node? it hands the session over first (and counts the takeover)
             if self.fleet is not None and await self.fleet.take_over(cid, ch.clean_start) is not None:
@@ -255,7 +260,7 @@ class ChannelManager:
             claimed = await self.store.claim(
                 cid, ch.settings, ch.zone_name, ch.clean_start, ch.will, ch.will_delay, expiry, ch.username
             )
-            epoch, session = claimed.epoch, claimed.session
+            epoch, session, incarnation = claimed.epoch, claimed.session, claimed.incarnation
             if claimed.stored is not None:
                 session = Session(cid, ch.settings, ch.zone_name)
                 stored = claimed.stored
@@ -268,6 +273,9 @@ class ChannelManager:
                     deliveries=stored.deliveries,
                     awaiting_rel=stored.awaiting_rel,
                     sink=self.committer,
+                    incarnation=stored.incarnation,
+                    received=stored.received,
+                    seen=stored.seen,
                 )
                 if overflow:  # more waited in Redis than the zone's queue holds: the oldest go, counted
                     telemetry.dropped_all(DropReason.QUEUE_FULL, cid, overflow, session)
@@ -298,6 +306,7 @@ class ChannelManager:
                 cid, ch.settings, ch.zone_name, expiry_interval=expiry, receive_maximum=receive_max
             )
             session.epoch = epoch
+            session.incarnation = incarnation
             telemetry.session("created", cid)
         else:
             session.expiry_interval = expiry
@@ -463,11 +472,14 @@ class ChannelManager:
                 msg.sender_epoch = pch.session.epoch
                 if mqos == 2:
                     here = self._unless_fenced(sender, msg)
+        receipt = msg.receipt
         for cid, sub_qos, rap, sub_ids in targets:
             qos = mqos if mqos < sub_qos else sub_qos
             retain = mretain and rap
             ch = channels.get(cid)
             if ch is not None and ch.session is not None:
+                if receipt is not None and not ch.session.accept(receipt):
+                    continue  # a publisher's resend routed again: this session has it (the store too)
                 ch.deliver(msg, qos, retain, sub_ids)
                 if qos and ch.session.journal is not None:  # journaled: the publisher's ack awaits the commit
                     needs_commit = True

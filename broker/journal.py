@@ -34,14 +34,30 @@ class JournalChanges:
     next_pid: int
     order: int
     deliveries: dict[int, Delivery | None]
-    rel: dict[int, float | None]
+    #: awaiting-PUBREL packet ids: the time received, and ":<receipt>" when the message has one
+    rel: dict[int, str | None]
     #: message ids of deliveries routed into the session here since the last commit (the store has no
     #: copy of them yet): if the session turns out to be fenced, they are queued for its new owner
     fresh: list[int]
+    #: the receipts counter (Session.received), and the highest receipt accepted per publisher
+    #: incarnation that changed (Message.receipt)
+    received: int = 0
+    seen: dict[str, int] | None = None
 
 
 class Journal:
-    __slots__ = ("_deliveries", "_fresh", "_rel", "_sink", "client_id", "epoch", "next_pid", "order")
+    __slots__ = (
+        "_deliveries",
+        "_fresh",
+        "_rel",
+        "_seen",
+        "_sink",
+        "client_id",
+        "epoch",
+        "next_pid",
+        "order",
+        "received",
+    )
 
     def __init__(
         self, client_id: str, epoch: int, sink: JournalSink, order: int = 0, next_pid: int = 1
@@ -50,15 +66,18 @@ class Journal:
         self.epoch = epoch
         self._sink = sink
         self._deliveries: dict[int, Delivery | None] = {}
-        self._rel: dict[int, float | None] = {}
+        self._rel: dict[int, str | None] = {}
         self._fresh: list[int] = []
+        self._seen: dict[str, int] = {}
+        #: the session's receipts counter (kept current by the session), stored with every commit
+        self.received = 0
         #: the next delivery's position in session order; only grows
         self.order = order
         #: the session's next packet id (kept current by the session), stored with every commit
         self.next_pid = next_pid
 
     def _changed(self) -> None:
-        if not self._deliveries and not self._rel:
+        if not self._deliveries and not self._rel and not self._seen:
             self._sink.journal_changed(self)  # the first change since the last commit: ask for one
 
     def place(self, d: Delivery) -> None:
@@ -87,10 +106,15 @@ class Journal:
         self._changed()
         self._deliveries[d.msg.msg_id] = None
 
-    def awaiting(self, packet_id: int, ts: float) -> None:
-        """An incoming QoS 2 packet id awaits PUBREL."""
+    def awaiting(self, packet_id: int, ts: float, receipt: int = 0) -> None:
+        """An incoming QoS 2 packet id awaits PUBREL (with the receipt its message got, if any)."""
         self._changed()
-        self._rel[packet_id] = ts
+        self._rel[packet_id] = f"{ts!r}:{receipt}" if receipt else repr(ts)
+
+    def seen(self, incarnation: str, receipt: int) -> None:
+        """The session accepted a message with this receipt of that publisher incarnation."""
+        self._changed()
+        self._seen[incarnation] = receipt
 
     def released(self, packet_id: int) -> None:
         self._changed()
@@ -98,14 +122,22 @@ class Journal:
 
     @property
     def pending(self) -> bool:
-        return bool(self._deliveries or self._rel)
+        return bool(self._deliveries or self._rel or self._seen)
 
     def take(self) -> JournalChanges | None:
         """The changes since the last call (and forget them), or None when there are none."""
-        if not self._deliveries and not self._rel:
+        if not self._deliveries and not self._rel and not self._seen:
             return None
         changes = JournalChanges(
-            self.client_id, self.epoch, self.next_pid, self.order, self._deliveries, self._rel, self._fresh
+            self.client_id,
+            self.epoch,
+            self.next_pid,
+            self.order,
+            self._deliveries,
+            self._rel,
+            self._fresh,
+            self.received,
+            self._seen or None,
         )
-        self._deliveries, self._rel, self._fresh = {}, {}, []
+        self._deliveries, self._rel, self._fresh, self._seen = {}, {}, [], {}
         return changes

@@ -38,6 +38,7 @@ class Message:
         "payload",
         "props",
         "qos",
+        "receipt",
         "retain",
         "sender",
         "sender_epoch",
@@ -69,6 +70,10 @@ class Message:
         #: the publisher's session epoch when it was routed from a journaled session (0: none): a store
         #: refuses to queue it once that session is another node's (a fenced publisher sends it again)
         self.sender_epoch = 0
+        #: a QoS 2 message of a journaled publisher on a store without cross-slot transactions: (the
+        #: publisher session's incarnation, its receipt number), stored with its awaiting-PUBREL record
+        #: before it is routed; a session keeps the highest it got per incarnation and drops repeats
+        self.receipt: tuple[str, int] | None = None
         self.ts = ts if ts is not None else time.time()
         self.expires_at = self.ts + expiry if expiry is not None else None
         self.msg_id = msg_id or next(_ids)

@@ -26,7 +26,9 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import ConnectionPool
+from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from . import keys
@@ -61,6 +63,7 @@ def connection_kwargs(cfg: RedisStoreConfig, name: str) -> dict[str, Any]:
         "socket_connect_timeout": CONNECT_TIMEOUT,
         "socket_timeout": SOCKET_TIMEOUT,
         "retry_on_timeout": False,
+        "retry": Retry(NoBackoff(), 0),  # (redis-py's default for Redis(host=...) retries 3 times)
         "client_name": name,
     }
     password = read_secret(cfg.password_file)
@@ -275,8 +278,8 @@ def _primary_address(nodes: list[Any]) -> str | None:
     return None
 
 
-def _pairs(flat: list[Any]) -> dict[bytes, Any]:
-    """A RESP2 flat list of field, value, ... as a dict (fields as bytes)."""
-    return {
-        k if isinstance(k, bytes) else str(k).encode(): v for k, v in zip(flat[::2], flat[1::2], strict=True)
-    }
+def _pairs(reply: list[Any] | dict[Any, Any]) -> dict[bytes, Any]:
+    """A map in a reply (redis-py parses CLUSTER SHARDS into dicts; a flat list of field, value, ...
+    otherwise) with its fields as bytes."""
+    items = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=True)
+    return {k if isinstance(k, bytes) else str(k).encode(): v for k, v in items}

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,16 @@ local function guards_ok(first_key, first_arg, n)
   for g = 1, n do ok[g] = redis.call('HGET', KEYS[first_key + g - 1], 'epoch') == ARGV[first_arg + g - 1] end
   return ok
 end
+-- Whether a message with the receipt (publisher incarnation `inc`, number `n`) is new to the session with
+-- meta m, which remembers the highest number it accepted of each incarnation (field x:<inc>); always true
+-- without a receipt (inc = '').
+local function first_time(m, inc, n)
+  if inc == '' then return true end
+  local field = 'x:' .. inc
+  if tonumber(n) <= tonumber(redis.call('HGET', m, field) or '0') then return false end
+  redis.call('HSET', m, field, n)
+  return true
+end
 -- Append packed deliveries to the queue q of the session with meta m, as any routing through the store
 -- does: wake its owner (on the channel `wakes` .. node) if the queue was empty (the owner drains the whole
 -- queue when woken, and wakes itself after a partial pull), keep the session's TTL, and trim an offline
@@ -154,11 +165,13 @@ def _script(body: str, channels: keys.Channels = keys.Channels(sharded=False)) -
     return text
 
 
-# KEYS: m s q i r, events channel. ARGV: node, clean start, client id, packed will ('' = none), will delay, expiry, zone,
-# username, 1|0 (whether there is a username). The will is kept with the session so that, if this node
-# dies, another node publishes it, as the zone's rules allow for that client (zone and username).
+# KEYS: m s q i r, events channel. ARGV: node, clean start, client id, packed will ('' = none), will delay,
+# expiry, zone, username, 1|0 (whether there is a username), an incarnation for a new session. The will is
+# kept with the session so that, if this node dies, another node publishes it, as the zone's rules allow
+# for that client (zone and username). A session gets an incarnation when it is created (Message.receipt).
 # Returns {epoch, 0|1 (new | Clean Start discarded it), discarded filters, previous owner, ended will,
-# its zone, its username} or {epoch, 2, previous owner, meta, subscriptions, journal, awaiting rel}.
+# its zone, its username, incarnation} or {epoch, 2, previous owner, meta, subscriptions, journal,
+# awaiting rel}.
 CLAIM = """
 local existed = redis.call('EXISTS', KEYS[1]) == 1
 local prev = redis.call('HMGET', KEYS[1], 'node', 'online')
@@ -176,6 +189,7 @@ if existed and ARGV[2] == '1' then
   redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[1], ARGV[3]))
 end
 redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1', 'expiry', ARGV[6], 'zone', ARGV[7])
+redis.call('HSETNX', KEYS[1], 'inc', ARGV[10])
 if ARGV[9] == '1' then redis.call('HSET', KEYS[1], 'user', ARGV[8]) else redis.call('HDEL', KEYS[1], 'user') end
 -- the reconnect cancels a will still waiting for its delay [MQTT-3.1.3-9]; the new connection brings its own
 redis.call('HDEL', KEYS[1], 'will_at')
@@ -186,7 +200,8 @@ else
 end
 for k = 1, 5 do redis.call('PERSIST', KEYS[k]) end
 if not existed or ARGV[2] == '1' then
-  return {epoch, existed and 1 or 0, filters, previous, ended[1], ended[2], ended[3]}
+  return {epoch, existed and 1 or 0, filters, previous, ended[1], ended[2], ended[3],
+          redis.call('HGET', KEYS[1], 'inc')}
 end
 move_queue(KEYS[1], KEYS[3], KEYS[4], 0)
 return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
@@ -194,41 +209,50 @@ return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL'
 """
 
 # KEYS: m i r q, wakes channel prefix, then the meta keys of the guards' publisher sessions (none on a Redis
-# Cluster: they are in other slots). ARGV: epoch, next pid, order, client
-# id, n guards, the guards' epochs, n puts, (msg id, value)..., n dels, msg id..., n rel puts, (pid, ts)...,
-# n rel dels, pid..., n fresh, (put number, guard number or 0)...: the fresh puts are deliveries routed into
-# the session on this node since its last commit; one whose publisher was fenced meanwhile is not stored
+# Cluster: they are in other slots). ARGV: epoch, next pid, order, client id, receipts counter, n guards,
+# the guards' epochs, n puts, (msg id, value)..., n dels, msg id..., n rel puts, (pid, value)..., n rel
+# dels, pid..., n seen, (publisher incarnation, highest receipt)..., n fresh, (put number, guard number or
+# 0, receipt incarnation or '', receipt number or 0)...: the fresh puts are deliveries routed into the
+# session on this node since its last commit; one whose publisher was fenced meanwhile is not stored
 # (Message.sender_epoch; the node takes it back from its copy). Returns 1, or {0, dropped, zone, refused,
 # queued} when fenced: another node owns the session now and this node's changes to it are refused, but
 # what it routed into its stale copy still belongs to the session and is queued for it, as a routing
-# through the store would have been (the oldest dropped if the session is offline and its queue full).
+# through the store would have been (but for what it already has: Message.receipt; the oldest dropped if
+# the session is offline and its queue full).
 JOURNAL = """
-local ng = tonumber(ARGV[5])
-local puts = 6 + ng
+local ng = tonumber(ARGV[6])
+local puts = 7 + ng
 local dels = puts + 1 + 2 * tonumber(ARGV[puts])
 local rputs = dels + 1 + tonumber(ARGV[dels])
 local rdels = rputs + 1 + 2 * tonumber(ARGV[rputs])
-local fresh = rdels + 1 + tonumber(ARGV[rdels])
+local seen = rdels + 1 + tonumber(ARGV[rdels])
+local fresh = seen + 1 + 2 * tonumber(ARGV[seen])
 local nf = tonumber(ARGV[fresh])
-local ok = guards_ok(6, 6, ng)
+local ok = guards_ok(6, 7, ng)
 local refused = {}  -- put number -> true: routed for a publisher fenced meanwhile
 local nrefused = 0
-for j = fresh + 1, fresh + 2 * nf, 2 do
+for j = fresh + 1, fresh + 4 * nf, 4 do
   local g = tonumber(ARGV[j + 1])
   if g > 0 and not ok[g] then refused[tonumber(ARGV[j])] = true; nrefused = nrefused + 1 end
 end
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
   if nf == nrefused or redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, '', nrefused, 0} end
   local items = {}
-  for j = fresh + 1, fresh + 2 * nf, 2 do
+  for j = fresh + 1, fresh + 4 * nf, 4 do
     local n = tonumber(ARGV[j])
-    if not refused[n] then items[#items + 1] = queued_delivery(ARGV[puts + 2 * n]) end
+    if not refused[n] and first_time(KEYS[1], ARGV[j + 2], ARGV[j + 3]) then
+      items[#items + 1] = queued_delivery(ARGV[puts + 2 * n])
+    end
   end
   local dropped, zone = queue_push(KEYS[1], KEYS[4], KEYS[5], ARGV[4], items)
   return {0, dropped, zone, nrefused, #items}
 end
-local order = math.max(tonumber(redis.call('HGET', KEYS[1], 'order') or '0'), tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 'next_pid', ARGV[2], 'order', string.format('%d', order))
+local m = redis.call('HMGET', KEYS[1], 'order', 'rcv')
+local order = math.max(tonumber(m[1] or '0'), tonumber(ARGV[3]))
+local received = math.max(tonumber(m[2] or '0'), tonumber(ARGV[5]))
+redis.call('HSET', KEYS[1], 'next_pid', ARGV[2], 'order', string.format('%d', order),
+           'rcv', string.format('%d', received))
+for j = seen + 1, seen + 2 * tonumber(ARGV[seen]), 2 do first_time(KEYS[1], ARGV[j], ARGV[j + 1]) end
 if nrefused == 0 then
   hset_pairs(KEYS[2], ARGV, puts + 1, tonumber(ARGV[puts]))
 else
@@ -259,11 +283,12 @@ return 1
 """
 
 # KEYS: m q, wakes channel prefix, then the meta keys of the guards' publisher sessions (none on a Redis
-# Cluster). ARGV: client id, n guards, the guards' epochs, then (delivery, qos, guard number or 0) triples: every delivery of one batch for one session.
-# Returns {dropped, zone, skipped, refused} or -1 (no such session): dropped from the full queue, QoS0
-# skipped for an offline session that does not keep it, and refused because the publisher's session is
-# at another epoch now (Message.sender_epoch). A session connected somewhere is woken there by the same
-# script: no stale owner cache.
+# Cluster). ARGV: client id, n guards, the guards' epochs, then (delivery, qos, guard number or 0, receipt
+# incarnation or '', receipt number or 0) for every delivery of one batch for one session. Returns
+# {dropped, zone, skipped, refused} or -1 (no such session): dropped from the full queue, QoS0 skipped for
+# an offline session that does not keep it, and refused because the publisher's session is at another
+# epoch now (Message.sender_epoch); a message the session already got (Message.receipt) is left out. A
+# session connected somewhere is woken there by the same script: no stale owner cache.
 ENQUEUE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
 local meta = redis.call('HMGET', KEYS[1], 'qos0', 'online')
@@ -271,13 +296,13 @@ local skip_qos0 = meta[1] == '0' and meta[2] ~= '1'
 local ng = tonumber(ARGV[2])
 local ok = guards_ok(4, 3, ng)
 local items, skipped, refused = {}, 0, 0
-for j = 3 + ng, #ARGV, 3 do
+for j = 3 + ng, #ARGV, 5 do
   local g = tonumber(ARGV[j + 2])
   if g > 0 and not ok[g] then
     refused = refused + 1
   elseif skip_qos0 and ARGV[j + 1] == '0' then
     skipped = skipped + 1
-  else
+  elseif first_time(KEYS[1], ARGV[j + 3], ARGV[j + 4]) then
     items[#items + 1] = ARGV[j]
   end
 end
@@ -512,6 +537,10 @@ class RedisStore(SessionStore):
         return cls.from_config(RedisStoreConfig(kind="redis", url=url, wait_replicas=wait_replicas), node_id)
 
     @property
+    def atomic(self) -> bool:  # type: ignore[override]
+        return not self.conns.sharded
+
+    @property
     def redis(self) -> aioredis.Redis:
         """The client of a store that is one Redis (a cluster has one per shard: conns.shard_for)."""
         return self.conns.redis
@@ -721,6 +750,7 @@ class RedisStore(SessionStore):
             zone_name,
             username or "",
             "0" if username is None else "1",
+            os.urandom(8).hex(),  # (the incarnation, if the claim creates the session)
         ]
         mine = keys.node_sessions(self.node_id)
         calls = [
@@ -736,16 +766,27 @@ class RedisStore(SessionStore):
             discarded = [f.decode() for f in res[2]] if int(res[1]) == 1 else None
             ended_will = _stored_will(res[4], res[5], res[6])
             return Claimed(
-                epoch, discarded=discarded, previous=res[3].decode() or None, ended_will=ended_will
+                epoch,
+                discarded=discarded,
+                previous=res[3].decode() or None,
+                ended_will=ended_will,
+                incarnation=res[7].decode(),
             )
         meta = {k.decode(): v for k, v in _pairs(res[3])}
+        awaiting = []
+        for pid, value in _pairs(res[6]):
+            ts, _, receipt = value.partition(b":")
+            awaiting.append((int(pid), float(ts), int(receipt or 0)))
         stored = StoredSession(
             expiry_interval=float(meta.get("expiry", b"0")),
             next_pid=int(meta.get("next_pid", b"1")),
             order=int(meta.get("order", b"0")),
             subscriptions=[(f.decode(), unpack_sub(o)) for f, o in _pairs(res[4])],
             deliveries=[unpack_journal(v) for _k, v in _pairs(res[5])],
-            awaiting_rel=[(int(pid), float(ts)) for pid, ts in _pairs(res[6])],
+            awaiting_rel=awaiting,
+            incarnation=meta.get("inc", b"").decode(),
+            received=int(meta.get("rcv", b"0")),
+            seen={k[2:]: int(v) for k, v in meta.items() if k.startswith("x:")},
         )
         return Claimed(epoch, stored=stored, previous=res[2].decode() or None)
 
@@ -771,7 +812,9 @@ class RedisStore(SessionStore):
                 guards = self._guards()
                 items: list[Any] = []
                 for e in group:
-                    items += [pack_delivery(e.delivery), str(e.delivery.qos), guards.of(e.delivery)]
+                    d = e.delivery
+                    inc, number = d.msg.receipt or ("", 0)
+                    items += [pack_delivery(d), str(d.qos), guards.of(d), inc, number]
                 k = keys.session_keys(op.client_id)
                 script_keys = [k[0], k[2], self._wakes(op.client_id), *guards.keys]
                 calls.append(self._script("enqueue", script_keys, [op.client_id, *guards.args, *items]))
@@ -853,17 +896,22 @@ class RedisStore(SessionStore):
         for n, (mid, d) in enumerate(puts, 1):
             body += [journal_field(mid), journal_value(d)]
             if mid in new and d.qos:  # (QoS 0 is best effort: not queued again)
-                fresh += [n, guards.of(d)]
+                inc, number = d.msg.receipt or ("", 0)
+                fresh += [n, guards.of(d), inc, number]
         body.append(len(dels))
         body += [journal_field(mid) for mid in dels]
         body.append(len(rputs))
-        for pid, ts in rputs:
-            body += [pid, repr(ts)]
+        for pid, value in rputs:
+            body += [pid, value]
         body.append(len(rdels))
         body += rdels
-        body.append(len(fresh) // 2)
+        seen = op.seen or {}
+        body.append(len(seen))
+        for inc, number in seen.items():
+            body += [inc, number]
+        body.append(len(fresh) // 4)
         body += fresh
-        head = [str(op.epoch), op.next_pid, op.order, op.client_id, *guards.args]
+        head = [str(op.epoch), op.next_pid, op.order, op.client_id, op.received, *guards.args]
         return guards.keys, head + body
 
     @staticmethod

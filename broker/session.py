@@ -32,10 +32,14 @@ class Session:
         "created_at",
         "expiry_interval",
         "held_from",
+        "incarnation",
         "inflight",
         "journal",
         "mqueue",
+        "receipts",
         "receive_maximum",
+        "received",
+        "seen",
         "subscriptions",
         "zone",
         "zone_name",
@@ -60,6 +64,13 @@ class Session:
         self.inflight = Inflight(self._window())
         self.mqueue = MQueue(zone.max_mqueue_len)
         self.awaiting_rel: dict[int, float] = {}  # incoming QoS2 packet id -> time received
+        # Receipts (Message.receipt), on a store without cross-slot transactions: this session's
+        # incarnation in the store, the receipts it gave, those of its ids awaiting PUBREL, and the
+        # highest receipt of each publisher incarnation it accepted.
+        self.incarnation = ""
+        self.received = 0
+        self.receipts: dict[int, int] = {}
+        self.seen: dict[str, int] = {}
         self.created_at = now
         self.journal: Journal | None = None  # a persistent session's, in a durable store
         self._epoch = 0
@@ -111,8 +122,11 @@ class Session:
         order: int,
         subscriptions: Iterable[tuple[str, Subscription]],
         deliveries: Iterable[Delivery],
-        awaiting_rel: Iterable[tuple[int, float]],
+        awaiting_rel: Iterable[tuple[int, float, int]],
         sink: JournalSink,
+        incarnation: str = "",
+        received: int = 0,
+        seen: dict[str, int] | None = None,
     ) -> list[Delivery]:
         """Take back what a store kept of this session: deliveries with a packet id were sent and go back
         into the window (to be resent first), the others into the queue, in session order. Returns the
@@ -123,13 +137,19 @@ class Session:
         self.subscriptions.update(subscriptions)
         journal = self.enable_journal(sink)
         journal.order = order
+        self.incarnation = incarnation
+        self.received = journal.received = received
+        self.seen.update(seen or {})
         dropped: list[Delivery] = []
         for d in sorted(deliveries, key=lambda d: d.order):
             if d.packet_id:
                 self.inflight.insert(d)
             else:
                 dropped += self.mqueue.push(d)
-        self.awaiting_rel.update(awaiting_rel)
+        for pid, ts, receipt in awaiting_rel:
+            self.awaiting_rel[pid] = ts
+            if receipt:
+                self.receipts[pid] = receipt
         return self._forget(dropped)
 
     def forget(self, d: Delivery) -> None:
@@ -326,8 +346,9 @@ class Session:
         return out
 
     # -- incoming QoS2 ----------------------------------------------------------------------------
-    def await_rel(self, packet_id: int, now: float) -> bool:
-        """Register an incoming QoS2 PUBLISH; False if it is a duplicate (already delivered once)."""
+    def await_rel(self, packet_id: int, now: float, receipt: bool = False) -> bool:
+        """Register an incoming QoS2 PUBLISH, with a receipt if asked (receipt_of); False if it is a
+        duplicate (already delivered once)."""
         if packet_id in self.awaiting_rel:
             return False
         limit = self.zone.max_awaiting_rel
@@ -336,14 +357,36 @@ class Session:
             if len(self.awaiting_rel) >= limit:
                 raise AwaitingRelFull(packet_id)
         self.awaiting_rel[packet_id] = now
+        number = 0
+        if receipt:
+            number = self.received = self.received + 1
+            self.receipts[packet_id] = number
         if self.journal is not None:
-            self.journal.awaiting(packet_id, now)
+            self.journal.received = self.received
+            self.journal.awaiting(packet_id, now, number)
+        return True
+
+    def receipt_of(self, packet_id: int) -> tuple[str, int] | None:
+        """The receipt of a message awaiting PUBREL, if it got one."""
+        number = self.receipts.get(packet_id)
+        return (self.incarnation, number) if number else None
+
+    def accept(self, receipt: tuple[str, int]) -> bool:
+        """Whether a message with this receipt is new to this session (and remember that it is not
+        any more); False for a repeat, which a publisher's resend routes again."""
+        incarnation, number = receipt
+        if number <= self.seen.get(incarnation, 0):
+            return False
+        self.seen[incarnation] = number
+        if self.journal is not None:
+            self.journal.seen(incarnation, number)
         return True
 
     def release(self, packet_id: int) -> bool:
         """A PUBREL: forget the packet id. False if it was unknown (v5: PUBCOMP 0x92)."""
         if self.awaiting_rel.pop(packet_id, None) is None:
             return False
+        self.receipts.pop(packet_id, None)
         if self.journal is not None:
             self.journal.released(packet_id)
         return True
@@ -354,6 +397,7 @@ class Session:
         stale = [pid for pid, t in self.awaiting_rel.items() if now - t >= timeout]
         for pid in stale:
             del self.awaiting_rel[pid]
+            self.receipts.pop(pid, None)
             if self.journal is not None:
                 self.journal.released(pid)
         return len(stale)

@@ -101,7 +101,10 @@ class StoredSession:
     order: int
     subscriptions: list[tuple[str, Subscription]]
     deliveries: list[Delivery]  # window (with a packet id) and queue, in any order (each knows its place)
-    awaiting_rel: list[tuple[int, float]]
+    awaiting_rel: list[tuple[int, float, int]]  # packet id, time received, receipt (0: none)
+    incarnation: str = ""  # receipts (Message.receipt): this session's, the counter, and those it got
+    received: int = 0
+    seen: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -115,6 +118,7 @@ class Claimed:
     discarded: list[str] | None = None  # Clean Start ended a stored session: its subscriptions
     previous: str | None = None  # the node the client was connected to before (it is told to let go)
     ended_will: Will | None = None  # Clean Start ended a session whose will was waiting: publish it
+    incarnation: str = ""  # of a session the claim created (a stored one's is in `stored`)
 
 
 class SessionStore(ABC):
@@ -122,6 +126,10 @@ class SessionStore(ABC):
 
     #: whether writes outlive this process (acks of persistent sessions then wait for the commit)
     durable = False
+    #: whether one commit is one transaction whatever sessions it touches; a store without (a Redis
+    #: Cluster: none spans slots) gets a journaled publisher's QoS 2 receipt before its routing
+    #: (Message.receipt)
+    atomic = True
 
     @abstractmethod
     async def open(self) -> None: ...

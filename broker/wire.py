@@ -29,13 +29,19 @@ _SUB = struct.Struct(">BBBBI")
 _FORMAT = 1
 
 
+_RCPT = struct.Struct(">QH")  # receipt number, incarnation length (then the incarnation)
+
+
 def pack_message(m: Message) -> bytes:
     topic = m.topic_b
     sender = m.sender.encode()
     props = encode_properties(m.props) if m.props else b""
-    flags = m.qos | (m.retain << 2) | ((m.expires_at is not None) << 3)
+    flags = m.qos | (m.retain << 2) | ((m.expires_at is not None) << 3) | ((m.receipt is not None) << 4)
     head = _MSG.pack(_FORMAT, flags, m.ts, m.msg_id, len(topic), len(sender), len(props))
     exp = _EXP.pack(m.expires_at) if m.expires_at is not None else b""
+    if m.receipt is not None:
+        inc = m.receipt[0].encode()
+        exp += _RCPT.pack(m.receipt[1], len(inc)) + inc
     return b"".join((head, exp, topic, sender, props, m.payload))
 
 
@@ -48,6 +54,12 @@ def unpack_message(b: bytes, pos: int = 0) -> Message:
     if flags & 8:
         (expires_at,) = _EXP.unpack_from(b, pos)
         pos += _EXP.size
+    receipt = None
+    if flags & 16:
+        number, n = _RCPT.unpack_from(b, pos)
+        pos += _RCPT.size
+        receipt = (bytes(b[pos : pos + n]).decode(), number)
+        pos += n
     topic_b = bytes(b[pos : pos + tl])
     pos += tl
     sender = bytes(b[pos : pos + sl]).decode()
@@ -58,6 +70,7 @@ def unpack_message(b: bytes, pos: int = 0) -> Message:
         topic_b.decode(), bytes(b[pos:]), flags & 3, bool(flags & 4), props, sender, None, ts, msg_id, topic_b
     )
     m.expires_at = expires_at
+    m.receipt = receipt
     return m
 
 

@@ -21,6 +21,7 @@ from tests.support import (
     LIVE_REDIS,
     REDIS_SENTINEL_BIN,
     REDIS_SERVER_BIN,
+    RedisCluster,
     RedisServer,
     ReplicatedRedis,
     redis_server_available,
@@ -242,6 +243,18 @@ def replicated_redis(tmp_path):
     rr = ReplicatedRedis(tmp_path / "sentinel")
     yield rr
     rr.stop()
+
+
+@pytest.fixture
+def redis_cluster(tmp_path):
+    """A Redis Cluster of 3 primaries and 3 replicas (tests/support.RedisCluster: redis-server processes
+    on free 127.0.0.1 ports, created with redis-cli --cluster create, node timeout 2 s); stopped at
+    teardown. `redis_cluster.store(wait_replicas=1)` is a fleet's store config for it."""
+    if not redis_server_available():
+        pytest.fail(f"redis-server not found at {REDIS_SERVER_BIN}: run `make deps`")
+    rc = RedisCluster(tmp_path / "cluster")
+    yield rc
+    rc.stop()
 
 
 @pytest.fixture

@@ -648,7 +648,7 @@ def test_the_journal_records_each_change_and_asks_once_per_commit():
     s.await_rel(7, 1.0)
     assert sink.asked == 2  # asked again after the take
     changes = s.journal.take()
-    assert changes.deliveries == {a.msg.msg_id: None} and changes.rel == {7: 1.0}
+    assert changes.deliveries == {a.msg.msg_id: None} and changes.rel == {7: "1.0"}
     assert s.journal.take() is None
 
 
@@ -667,6 +667,35 @@ def test_the_journal_tells_deliveries_routed_here_from_those_the_store_had():
     assert changes.fresh == [routed.msg.msg_id]
     s.puback(routed.packet_id)  # later changes of a routed delivery are not new
     assert s.journal.take().fresh == []
+
+
+def test_qos2_receipts_number_messages_and_sessions_drop_repeats():
+    """Message.receipt: a journaled publisher's QoS 2 messages are numbered as they arrive (the number
+    stored with the awaiting-PUBREL record); a session accepts each (incarnation, number) once per
+    publisher, in order, and both facts reach the journal."""
+    pub = Session("p", zone())
+    pub.enable_journal(Sink())
+    pub.incarnation = "inc1"
+    assert pub.await_rel(7, 1.0, receipt=True) and pub.await_rel(8, 1.0, receipt=True)
+    assert pub.receipt_of(7) == ("inc1", 1) and pub.receipt_of(8) == ("inc1", 2)
+    assert not pub.await_rel(7, 2.0, receipt=True) and pub.receipt_of(7) == ("inc1", 1)  # a resend
+    changes = pub.journal.take()
+    assert changes.rel == {7: "1.0:1", 8: "1.0:2"} and changes.received == 2
+    pub.release(7)
+    assert pub.receipt_of(7) is None
+    sub = Session("s", zone())
+    sub.enable_journal(Sink())
+    assert sub.accept(("inc1", 1)) and sub.accept(("inc1", 2))
+    assert not sub.accept(("inc1", 2)) and not sub.accept(("inc1", 1))  # repeats
+    assert sub.accept(("inc2", 1))  # another incarnation counts on its own
+    assert sub.journal.take().seen == {"inc1": 2, "inc2": 1}
+    back = Session("s", zone())
+    back.restore(
+        epoch=2, expiry_interval=60.0, next_pid=1, order=0, subscriptions=[], deliveries=[],
+        awaiting_rel=[(9, 1.0, 4)], sink=Sink(), incarnation="inc9", received=4, seen={"inc1": 2},
+    )  # fmt: skip
+    assert back.receipt_of(9) == ("inc9", 4) and not back.accept(("inc1", 2)) and back.accept(("inc1", 3))
+    assert back.await_rel(10, 1.0, receipt=True) and back.receipt_of(10) == ("inc9", 5)
 
 
 def test_held_back_deliveries_wait_for_the_ones_reserved_ahead_of_them():
@@ -702,7 +731,7 @@ def test_restore_puts_sent_deliveries_back_in_the_window_and_the_rest_in_the_que
         order=4,
         subscriptions=[("t/#", None)],
         deliveries=reversed(stored),
-        awaiting_rel=[(9, 1.0)],
+        awaiting_rel=[(9, 1.0, 0)],
         sink=Sink(),
     )
     assert inflight(s) == ["a", "b"] and queued(s) == ["d"] and names(dropped) == ["c"]

@@ -59,7 +59,12 @@ def test_values_round_trip():
         expiry=30.0,
     )
     back = wire.unpack_message(wire.pack_message(msg))
-    for attr in ("topic", "payload", "qos", "retain", "props", "sender", "ts", "msg_id", "expires_at"):
+    attrs = ("topic", "payload", "qos", "retain", "props", "sender", "ts", "msg_id", "expires_at", "receipt")
+    for attr in attrs:
+        assert getattr(back, attr) == getattr(msg, attr), attr
+    msg.receipt = ("9f3c-ü", 2**40 + 3)  # (a QoS 2 receipt travels with the message)
+    back = wire.unpack_message(wire.pack_message(msg))
+    for attr in attrs:
         assert getattr(back, attr) == getattr(msg, attr), attr
     event = wire.parse_fleet_event(wire.retained_changed("n", wire.pack_message(msg)))
     assert isinstance(event, wire.RetainedChanged) and event.msg.msg_id == msg.msg_id

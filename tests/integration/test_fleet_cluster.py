@@ -1,0 +1,105 @@
+"""A fleet on a Redis Cluster (issue 14): 3 primaries and 3 replicas, every one a real redis-server, created
+with `redis-cli --cluster create`. Sessions spread over the shards by their hash tag; the nodes talk over
+sharded pub/sub; a shard's primary killed is replaced by its replica and the fleet carries on."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fleetmq.broker import keys
+
+from tests.integration import mqttraw
+from tests.integration.harness import MOSQUITTO, uid
+from tests.integration.mqttraw import PUBACK, PUBCOMP, PUBREC
+from tests.integration.test_fleet_support import AppView, ack_loop, parse_seq, raw_connect, seq_payload
+from tests.integration.test_fleet_takeover import wait_route
+
+pytestmark = [pytest.mark.redis, pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")]
+
+
+def test_cross_node_delivery_and_takeover_on_a_cluster(fleet, redis_cluster):
+    a, b = fleet(2, None, {"store": redis_cluster.store()})
+    topic = uid("cl/")
+    subs = []
+    for i in range(6):  # sessions in several slots, so on several shards
+        cid = uid(f"cls{i}-")
+        c, _ = raw_connect(a, cid, 5)
+        c.subscribe([(topic, 2)])
+        subs.append((cid, c))
+    shards = {redis_cluster.primary_of(keys.session_keys(cid)[keys.META]).port for cid, _ in subs}
+    assert len(shards) > 1, "the sessions all landed on one shard; pick other client ids"
+    wait_route(b, subs[0][1], topic)
+    for _, c in subs[1:]:
+        c.recv_all(0.3)
+    pub, _ = raw_connect(b, uid("clp-"), 5, clean=True)
+    for i in range(10):
+        pid = pub.publish(topic, seq_payload("x", i), qos=2)
+        assert pub.expect(PUBREC).packet_id == pid
+        pub.send(mqttraw.ack(mqttraw.PUBREL, pid, version=5))
+        pub.expect(PUBCOMP)
+    for cid, c in subs:
+        view = AppView()
+        ack_loop(c, view, until=10, timeout=10, tag="x")
+        assert [parse_seq(p) for p in view.delivered] == [("x", i) for i in range(10)], cid
+    # a takeover: each session moves to node b, with what was queued for it meanwhile
+    for cid, c in subs:
+        c.close()
+    for i in range(10, 15):
+        pub.publish(topic, seq_payload("x", i), qos=1)
+        assert pub.expect(PUBACK)
+    for cid, _ in subs:
+        back, ack = raw_connect(b, cid, 5)
+        assert ack.session_present
+        view = AppView()
+        ack_loop(back, view, until=5, timeout=10, tag="x")
+        assert [parse_seq(p)[1] for p in view.delivered] == list(range(10, 15)), cid
+        back.close()
+    assert all(n.metric("fleetmq_store_info", topology="cluster", primary=f"127.0.0.1:{p.port}") == 1
+               for n in (a, b) for p in redis_cluster.primaries())  # fmt: skip
+
+
+def _cids_on_other_shards(rc, n: int = 2) -> list[str]:
+    """Client ids whose sessions live on `n` different shards."""
+    picked: dict[int, str] = {}
+    i = 0
+    while len(picked) < n:
+        cid = uid(f"sh{i}-")
+        picked.setdefault(rc.primary_of(keys.session_keys(cid)[keys.META]).port, cid)
+        i += 1
+    return list(picked.values())
+
+
+def test_qos2_routing_landed_without_the_publishers_record_is_not_routed_twice(fleet, redis_cluster):
+    """The publisher's "awaiting PUBREL" record and the routing of its QoS 2 message are in different
+    slots, so no transaction holds both. Here the routing lands on the subscriber's shard while the
+    publisher's shard holds the record's write back (CLIENT PAUSE WRITE) until the node's connections
+    there are killed: the publisher gets no PUBREC, resends on another node, and the subscriber must get
+    the message once."""
+    a, b = fleet(2, None, {"store": redis_cluster.store()})
+    pcid, scid = _cids_on_other_shards(redis_cluster)
+    topic = uid("x2c/")
+    sub, _ = raw_connect(b, scid, 5)
+    sub.subscribe([(topic, 2)])
+    wait_route(a, sub, topic)
+    pub, _ = raw_connect(a, pcid, 5)
+    shard = redis_cluster.primary_of(keys.session_keys(pcid)[keys.META])
+    shard.command("CLIENT", "PAUSE", "10000", "WRITE")
+    try:
+        pub.send(mqttraw.publish(topic, seq_payload("d", 1), qos=2, packet_id=42, version=5))
+        time.sleep(0.5)
+        shard.command("CLIENT", "KILL", "TYPE", "normal")  # a's write to the publisher's shard is lost
+    finally:
+        shard.command("CLIENT", "UNPAUSE")
+    pub.close()
+    pub, ack = raw_connect(b, pcid, 5, timeout=10)
+    assert ack.session_present
+    pub.send(mqttraw.publish(topic, seq_payload("d", 1), qos=2, packet_id=42, dup=True, version=5))
+    rec = pub.expect(PUBREC, timeout=10)
+    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
+    pub.expect(PUBCOMP)
+    view = AppView()
+    ack_loop(sub, view, quiet=3.0, timeout=10)
+    assert [parse_seq(p) for p in view.delivered] == [("d", 1)], (
+        "a QoS 2 message reached the subscriber twice"
+    )
