@@ -12,8 +12,20 @@ from fleetmq.broker import keys
 from tests.integration import mqttraw
 from tests.integration.harness import MOSQUITTO, uid
 from tests.integration.mqttraw import PUBACK, PUBCOMP, PUBREC
-from tests.integration.test_fleet_support import AppView, ack_loop, parse_seq, raw_connect, seq_payload
+from tests.integration.test_fleet_failures import _check_delivery
+from tests.integration.test_fleet_sentinel import _probe_routes
+from tests.integration.test_fleet_support import (
+    AppView,
+    Publisher,
+    Subscriber,
+    ack_loop,
+    first_occurrences,
+    parse_seq,
+    raw_connect,
+    seq_payload,
+)
 from tests.integration.test_fleet_takeover import wait_route
+from tests.support import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")]
 
@@ -43,7 +55,7 @@ def test_cross_node_delivery_and_takeover_on_a_cluster(fleet, redis_cluster):
         ack_loop(c, view, until=10, timeout=10, tag="x")
         assert [parse_seq(p) for p in view.delivered] == [("x", i) for i in range(10)], cid
     # a takeover: each session moves to node b, with what was queued for it meanwhile
-    for cid, c in subs:
+    for _cid, c in subs:
         c.close()
     for i in range(10, 15):
         pub.publish(topic, seq_payload("x", i), qos=1)
@@ -103,3 +115,76 @@ def test_qos2_routing_landed_without_the_publishers_record_is_not_routed_twice(f
     assert [parse_seq(p) for p in view.delivered] == [("d", 1)], (
         "a QoS 2 message reached the subscriber twice"
     )
+
+
+def test_a_shard_primary_killed_under_qos1_qos2_load_loses_nothing_acknowledged(fleet, redis_cluster):
+    """kill -9 of the primary of the shard holding a subscriber's session, under QoS 1 and QoS 2 load through
+    three nodes with wait_replicas 1: its replica takes over, the nodes follow without a restart, and
+    nothing acknowledged is lost, no QoS 2 message doubled, first deliveries in order."""
+    rc = redis_cluster
+    nodes = fleet(3, {"max_inflight": 16, "max_mqueue_len": 100000}, {"store": rc.store(wait_replicas=1)})
+    pids = [n.pid for n in nodes]
+    base = uid("clk/")
+    subs = [
+        Subscriber(uid("clks1-"), 4, [(base + "/#", 1)], nodes, first=nodes[0]),
+        Subscriber(uid("clks2-"), 5, [(base + "/#", 2)], nodes, first=nodes[1]),
+    ]
+    sub_qos = {subs[0].cid: 1, subs[1].cid: 2}
+    for s in subs:
+        s.start()
+    for s in subs:
+        assert s.ready.wait(15), f"subscriber {s.cid} never connected: {s.connects}"
+    _probe_routes(nodes[2], subs, base + "/probe")
+    pubs = [
+        Publisher(bp, f"{base}/q{qos}", f"p{i}q{qos}", qos, version=v, rate=100, window=10, reconnect=True, nodes=nodes)
+        for i, (bp, qos, v) in enumerate([(nodes[2], 1, 4), (nodes[0], 2, 5), (nodes[1], 1, 5), (nodes[2], 2, 4)])
+    ]  # fmt: skip
+    for p in pubs:
+        p.start()
+    time.sleep(2.0)
+    doomed = rc.primary_of(keys.session_keys(subs[1].cid)[keys.META])
+    doomed.kill()
+    t_kill = time.monotonic()
+    rc.wait_failover(doomed)
+    t_failover = time.monotonic()
+    # With one replica a shard, the promoted one has none until the old primary is back (its pod
+    # restarted) as its replica: until then wait_replicas 1 refuses that shard's writes.
+    doomed.start()
+    rc.wait_synced()
+    t_back = time.monotonic()
+
+    def acked_after_kill() -> bool:
+        return all(any(t > t_back for t in p.ack_time.values()) for p in pubs)
+
+    wait_until(acked_after_kill, timeout=30, interval=0.05, msg="every publisher acknowledged again")
+    time.sleep(2.0)
+    for p in pubs:
+        p.stop()
+    for p in pubs:
+        p.join(15)
+        assert p.error is None, p.error
+
+    def settled() -> bool:
+        return all(not (p.acked - set(s.delivered(p.tag))) for s in subs for p in pubs)
+
+    wait_until(settled, timeout=30, interval=0.2, msg="every acknowledged message delivered")
+    time.sleep(0.5)
+    for s in subs:
+        s.stop()
+    for s in subs:
+        s.join(10)
+        assert s.error is None, s.error
+    print(
+        f"\ncluster shard failover: primary :{doomed.port} killed, its replica took over after "
+        f"{t_failover - t_kill:.1f}s, the old primary back as its replica after {t_back - t_kill:.1f}s; "
+        f"{sum(len(p.acked) for p in pubs)} messages acknowledged"
+    )
+    assert [n.pid for n in nodes] == pids and all(n.alive() for n in nodes), "a node restarted"
+    problems = _check_delivery(subs, pubs, sub_qos)
+    for s in subs:
+        for p in pubs:
+            got = first_occurrences(s.view.delivered, p.tag)
+            if got != sorted(got):
+                problems.append(f"{s.cid}: first deliveries of {p.tag} out of order")
+    assert not problems, "\n".join(problems)
+    assert all(n.metric("fleetmq_store_failovers_total") >= 1 for n in nodes)
