@@ -379,7 +379,7 @@ def _replicas_cel(obj: str) -> str:
 
 def _same_cel(field: str) -> str:
     """CEL: an optional field of the redis spec is as it was (both unset counts)."""
-    return f"(has(self.{field}) ? string(self.{field}) : '') == (has(oldSelf.{field}) ? string(oldSelf.{field}) : '')"
+    return f"(has(self.{field}) ? self.{field} : '') == (has(oldSelf.{field}) ? oldSelf.{field} : '')"
 
 
 class RedisSpec(CrdModel):
@@ -410,15 +410,18 @@ class RedisSpec(CrdModel):
     sentinels: int = Field(
         3, ge=3, le=9, description="Sentinels of a managed Redis in mode sentinel: odd, a majority decides."
     )
-    storage: str | None = Field(
+    storage: str = Field(
         "1Gi",
-        pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?)?$",
+        max_length=32,
+        pattern=r"^([0-9]+(\.[0-9]+)?([KMGTPE]i?)?)?$",
         description="Size of the PersistentVolumeClaim of each managed Redis server, where its append-only "
-        "file lives; null for an emptyDir (development only: a server's data goes with its pod). Fixed "
-        "once the fleet exists.",
+        'file lives; "" for an emptyDir (development only: a server\'s data goes with its pod). Fixed once '
+        "the fleet exists.",
     )
     storageClassName: str | None = Field(
-        None, description="StorageClass of those claims (default: the cluster's default). Fixed once set."
+        None,
+        max_length=253,
+        description="StorageClass of those claims (default: the cluster's default). Fixed once set.",
     )
     appendfsync: Literal["always", "everysec"] = Field(
         "everysec",
@@ -567,7 +570,14 @@ class BrokerFleetSpec(CrdModel):
         "IfNotPresent", description="Image pull policy of the broker containers."
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description=ResourcesSpec.__doc__)
-    redis: RedisSpec = Field(default_factory=lambda: RedisSpec(managed=True), description=doc(RedisSpec))
+    redis: RedisSpec = Field(
+        default_factory=lambda: RedisSpec(managed=True),
+        description=doc(RedisSpec),
+        # with the fields its rules read: the API server checks them on the default as it stands
+        json_schema_extra={
+            "default": RedisSpec(managed=True).model_dump(include={"managed", "mode", "shards", "sentinels"})
+        },
+    )
     service: ServiceSpec = Field(default_factory=ServiceSpec, description=ServiceSpec.__doc__)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description=MetricsSpec.__doc__)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description=SchedulingSpec.__doc__)

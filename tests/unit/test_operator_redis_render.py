@@ -175,7 +175,7 @@ def test_standalone_mode_for_development():
     )  # a ClusterIP Service, as the url says
     assert servers["spec"]["volumeClaimTemplates"]  # persistent by default
     assert not by_kind(r, "Job") and len(by_kind(r, "StatefulSet")) == 2
-    dev = rendered(fleet(redis={"managed": True, "mode": "standalone", "storage": None}))
+    dev = rendered(fleet(redis={"managed": True, "mode": "standalone", "storage": ""}))
     pod = named(dev, "StatefulSet", "edge-redis")
     assert "volumeClaimTemplates" not in pod["spec"]
     assert {"name": "data", "emptyDir": {}} in pod["spec"]["template"]["spec"]["volumes"]
