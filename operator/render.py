@@ -799,6 +799,8 @@ def redis_servers(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any
             claim["storageClassName"] = redis.storageClassName
         meta = {"name": "data", "labels": labels(fleet["metadata"]["name"], "redis")}
         sts_extra["volumeClaimTemplates"] = [{"metadata": meta, "spec": claim}]
+        # the data goes with the fleet (its StatefulSet is deleted with it), not with a pod or a scale-down
+        sts_extra["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Delete", "whenScaled": "Retain"}
     else:
         extra["volumes"] = [{"name": "data", "emptyDir": {}}]
     pod = _redis_pod_spec(fleet, spec, "redis", container, **extra)

@@ -81,6 +81,8 @@ def test_sentinel_mode_servers_and_sentinels():
     (claim,) = servers["spec"]["volumeClaimTemplates"]
     assert claim["metadata"]["name"] == "data" and claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
     assert {"name": "data", "mountPath": "/data"} in c["volumeMounts"]
+    retention = servers["spec"]["persistentVolumeClaimRetentionPolicy"]
+    assert retention == {"whenDeleted": "Delete", "whenScaled": "Retain"}  # the data goes with the fleet
     s = container(sentinels)
     assert s["command"][-1] == "sentinel" and env(s)["SENTINEL_SELF"] == (
         "$(POD_NAME).edge-redis-sentinel.mq.svc:26379"
