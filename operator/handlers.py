@@ -140,6 +140,9 @@ class Operator:
         passwords: tuple[str | None, str | None] = (None, None)
         try:
             spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
+            if spec.redis.managed:
+                existing = await kube.get("StatefulSet", namespace, render.names(name)["redis"])
+                render.check_redis_topology(spec, existing)
             passwords = await self._redis_passwords(fleet, spec)
             rendered = render.render(
                 fleet,

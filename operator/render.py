@@ -37,6 +37,7 @@ L_COMPONENT = "app.kubernetes.io/component"
 L_MANAGED = "app.kubernetes.io/managed-by"
 L_FLEET = "fleetmq.io/fleet"
 L_ZONE = "fleetmq.io/zone"
+L_REDIS_MODE = "fleetmq.io/redis-mode"  # on the managed Redis' StatefulSet: the topology its data is in
 A_CONFIG_HASH = "fleetmq.io/config-hash"
 A_ZONE_GENERATIONS = "fleetmq.io/zone-generations"
 A_HISTORY = "fleetmq.io/config-history"
@@ -804,7 +805,25 @@ def redis_servers(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any
     else:
         extra["volumes"] = [{"name": "data", "emptyDir": {}}]
     pod = _redis_pod_spec(fleet, spec, "redis", container, **extra)
-    return _redis_statefulset(fleet, name, "redis", redis_pods(spec.redis), pod, **sts_extra)
+    sts = _redis_statefulset(fleet, name, "redis", redis_pods(spec.redis), pod, **sts_extra)
+    sts["metadata"]["labels"][L_REDIS_MODE] = redis.mode
+    return sts
+
+
+def check_redis_topology(spec: BrokerFleetSpec, existing: dict[str, Any] | None) -> None:
+    """RenderError, applying nothing, when the managed Redis' StatefulSet holds data of another topology
+    (one an earlier operator made, a single server without this label): the running fleet is left as it
+    is rather than half turned into a topology its sessions are not in."""
+    if existing is None or not spec.redis.managed:
+        return
+    found = (existing["metadata"].get("labels") or {}).get(L_REDIS_MODE)
+    if found != spec.redis.mode:
+        was = f"mode {found}" if found else "a single server (made before redis.mode existed)"
+        raise RenderError(
+            f"redis.mode: StatefulSet {existing['metadata']['name']} runs {was}, not mode {spec.redis.mode}: "
+            "sessions are not moved between Redis topologies; the fleet keeps running as it is; delete the "
+            "BrokerFleet and create it again for the new topology"
+        )
 
 
 def redis_sentinels(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any]:

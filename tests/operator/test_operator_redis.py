@@ -142,3 +142,28 @@ def test_default_storage_is_a_claim_per_server(k, run_operator, control_plane):
     assert "edge-redis-" in degraded["message"]
     cond = k.condition("brokerfleet", "edge", "StoreReady")
     assert (cond["status"], cond["reason"]) == ("False", "PodsNotReady")
+
+
+def test_a_single_redis_from_an_earlier_operator_keeps_running(k, run_operator):
+    """A fleet whose managed Redis an earlier operator made (one server, no topology label) reads as mode
+    sentinel now: nothing is applied (the running fleet stays as it is) and the fleet says why."""
+    legacy = {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "edge-redis", "labels": {render.L_FLEET: "edge", render.L_COMPONENT: "redis"}},
+        "spec": {"replicas": 1, "serviceName": "edge-redis",
+                 "selector": {"matchLabels": {"app": "legacy-redis"}},
+                 "template": {"metadata": {"labels": {"app": "legacy-redis"}},
+                              "spec": {"containers": [{"name": "redis", "image": "redis:7-alpine"}]}}},
+    }  # fmt: skip
+    k.apply(legacy)
+    run_operator()
+    k.apply(fleet(redis={"managed": True}))
+    cond = wait_for(lambda: (c := k.condition("brokerfleet", "edge", "Degraded")).get("reason") == "ConfigInvalid"
+                    and c, msg="the topology mismatch reported")  # fmt: skip
+    assert "StatefulSet edge-redis runs a single server" in cond["message"]
+    assert "delete the BrokerFleet and create it again" in cond["message"]
+    assert k.get("statefulset", "edge-redis-sentinel") is None and k.get("configmap", "edge-config") is None
+    assert (
+        k.get("statefulset", "edge-redis")["spec"]["template"]["spec"]["containers"][0]["image"]
+        == "redis:7-alpine"
+    )

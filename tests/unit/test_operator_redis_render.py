@@ -10,7 +10,7 @@ import pytest
 import yaml
 from fleetmq.broker.config import BrokerConfig, RedisStoreConfig
 from fleetmq.operator import render
-from fleetmq.operator.crds import RedisSpec
+from fleetmq.operator.crds import BrokerFleetSpec, RedisSpec
 from fleetmq.operator.status import Observed, fleet_status
 
 from .test_operator_render import broker_sts, by_kind, fleet, rendered, zone
@@ -323,3 +323,20 @@ def test_store_status_of_a_cluster_waits_for_its_job_and_of_an_existing_redis_fo
     assert st["store"]["wantedPods"] is None
     st = fleet_status(f, r, "", Observed(nodeinfo={}))
     assert next(c for c in st["conditions"] if c["type"] == "StoreReady")["status"] == "True"
+
+
+def test_a_redis_of_another_topology_is_left_running_and_said():
+    r = rendered(fleet(), zone("external"))
+    ours = named(r, "StatefulSet", "edge-redis")
+    assert ours["metadata"]["labels"][render.L_REDIS_MODE] == "sentinel"
+    spec = BrokerFleetSpec.model_validate(fleet()["spec"])
+    render.check_redis_topology(spec, None)
+    render.check_redis_topology(spec, ours)
+    legacy = {"metadata": {"name": "edge-redis", "labels": {render.L_COMPONENT: "redis"}}}
+    with pytest.raises(render.RenderError, match=r"runs a single server \(made before redis\.mode existed\)"):
+        render.check_redis_topology(spec, legacy)
+    standalone = named(
+        rendered(fleet(redis={"managed": True, "mode": "standalone"})), "StatefulSet", "edge-redis"
+    )
+    with pytest.raises(render.RenderError, match="runs mode standalone, not mode sentinel"):
+        render.check_redis_topology(spec, standalone)
