@@ -8,11 +8,15 @@ of the new one; a sentinel started afresh finds the current primary; a stopping 
 (prestop); a broker's StoreConnections reaches it all through the config the operator renders.
 Cluster: six servers, the create step forms 3 shards with a replica each, a second run does nothing, a
 killed primary's replica takes over and the restarted node rejoins from its nodes.conf.
+
+FLEETMQ_REDIS_SH_PATH=DIR runs the script with the sh, sed, grep, timeout... found in DIR (say, busybox's
+applets linked there beside redis-server and redis-cli: what redis:7-alpine has) instead of /usr/bin:/bin.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -28,6 +32,7 @@ from tests.support import HOST, RedisServer, free_port, wait_until
 pytestmark = pytest.mark.redis
 
 SCRIPT = Path(render.__file__).with_name("redis.sh")
+SH_PATH = os.environ.get("FLEETMQ_REDIS_SH_PATH", "/usr/bin:/bin")
 PASSWORD = "s3cret-for-the-test"
 MASTER = "edge"
 
@@ -45,7 +50,7 @@ class ScriptedRedis(RedisServer):
         return ["sh", str(SCRIPT), self.role]
 
     def env(self) -> dict[str, str]:
-        return {"PATH": "/usr/bin:/bin", **self.environment}
+        return {"PATH": SH_PATH, **self.environment}
 
     @property
     def host(self) -> str:
@@ -59,7 +64,7 @@ class ScriptedRedis(RedisServer):
 def run_script(command: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["sh", str(SCRIPT), command],
-        env={"PATH": "/usr/bin:/bin", **env},
+        env={"PATH": SH_PATH, **env},
         capture_output=True,
         text=True,
         timeout=timeout,
