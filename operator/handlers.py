@@ -211,9 +211,9 @@ class Operator:
                 secret = await self.kube.create(render.redis_auth_secret(fleet, secrets.token_hex(24)))
                 await self._event(fleet, "Created", f"Created Secret {name} (the managed Redis' password)")
             except ApiError as e:
-                if e.status != 409:  # created meanwhile (another operator replica): use that one
+                if e.status != 409:
                     raise
-                secret = await self.kube.get("Secret", namespace, name)
+                secret = await self.kube.get("Secret", namespace, name)  # made meanwhile: that one it is
         data = (secret or {}).get("data") or {}
         if render.PASSWORD_KEY not in data:
             raise render.RenderError(
