@@ -1,4 +1,4 @@
-"""Reading what the broker pods report in the fleet's Redis (`fmq:nodeinfo:<pod>`), connected the way a
+"""Reading what the broker pods report in the fleet's Redis (`fmq:nodeinfo:{<pod>}`), connected the way a
 broker is: the store section of the rendered config, one server (url) or a primary found through Sentinel
 (the broker's own StoreConnections), or a Redis Cluster (redis-py's cluster client).
 

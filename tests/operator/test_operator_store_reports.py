@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from fleetmq.broker import keys
 from fleetmq.operator import render
 from redis.cluster import ClusterNode, RedisCluster
 
@@ -98,7 +99,7 @@ def test_status_reads_reports_from_a_redis_cluster_with_a_password(k, run_operat
         client = RedisCluster(startup_nodes=[ClusterNode(HOST, p) for p in ports], password=PASSWORD)
         try:
             for pod, in_sync in (("edge-0", 1), ("edge-1", 0)):
-                client.hset(f"fmq:nodeinfo:{pod}", mapping={
+                client.hset(keys.nodeinfo(pod), mapping={
                     "config_hash": config_hash, "connections": 3, "sessions": 2, "store_primary": nodes[0],
                     "store_failovers": 0, "store_replicas_in_sync": in_sync})  # fmt: skip
         finally:

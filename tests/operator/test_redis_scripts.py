@@ -222,15 +222,15 @@ def test_sentinel_bootstrap_failover_and_rejoin(sentinel_deployment, tmp_path, p
         wait_replicas=1,
     )
 
-    async def through_the_broker_client() -> tuple[bytes, str | None]:
+    async def through_the_broker_client() -> tuple[bytes, list[str]]:
         conns = StoreConnections(cfg, "test")
         try:
             value = await conns.redis.get("fmq:{c}:m")
-            return value, conns.primary()
+            return value, conns.primaries()
         finally:
             await conns.close()
 
-    assert asyncio.run(through_the_broker_client()) == (b"kept", new.address)
+    assert asyncio.run(through_the_broker_client()) == (b"kept", [new.address])
 
     # a primary being stopped (preStop) asks the sentinels to promote a replica before it goes
     wait_until(lambda: all(d.probe("ready", s) == 0 for s in d.servers), timeout=30, msg="all in sync")
