@@ -169,7 +169,10 @@ class EventLogConfig(_Model):
         "(zone_config records carry the rate in force) so the log never slows delivery; 0 = no cap",
     )
     fleet: str = Field(
-        "fleetmq", min_length=1, description="Fleet name; the stream is the Redis key fmq:eventlog:<fleet>"
+        "fleetmq",
+        min_length=1,
+        pattern=r"^[^{}]+$",
+        description="Fleet name; the log is the Redis streams fmq:eventlog:<fleet>:{<tag>}, one a partition",
     )
     redis_url: str | None = Field(None, description="Redis holding the stream (default: the session store's)")
 
