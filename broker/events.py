@@ -371,26 +371,27 @@ class EventLog:
         ]
 
     async def flush(self, *, retry: bool = True) -> None:
-        """Send everything buffered now, batch by batch, until a send fails. The records of a failed send
-        (or of the batch a cancel cut off) and of the batches after it go back to the buffer, as far as it
-        has room (retry=False: none do); the rest are counted dropped."""
+        """Send everything buffered now, batch by batch; once a shard fails, the rest of its records are not
+        sent this time (the other shards' are). The records of failed sends (and of the batch a cancel cut
+        off) go back to the buffer, as far as it has room (retry=False: none do); the rest are counted
+        dropped."""
         pending, self._buf = self._buf, []
         self._sending = len(pending)
         unsent: list[tuple[Any, ...]] = []
+        down: set[str] = set()  # the shards that failed in this flush
         i = 0
-        ok = False
         try:
             if self._configs:  # rare (start, reload, every config_interval): its own round trip
-                stored, left = await self._send(_CONFIG_RECORD, {self._node_partition: self._configs})
+                configs = {self._node_partition: self._configs}
+                stored, self._configs = await self._send(_CONFIG_RECORD, configs, down)  # (kept if unsent)
                 self.written += stored
-                self._configs = left  # (kept for the next flush if their send failed)
-            while i < len(pending) and not unsent and not self._configs:
+            while i < len(pending):
                 chunk = pending[i : i + self.batch]
-                stored, unsent = await self._send(_RECORD, self._partitioned(chunk))
+                stored, failed = await self._send(_RECORD, self._partitioned(chunk), down)
                 i += len(chunk)
                 self.written += stored
-                self.dropped += len(chunk) - stored - len(unsent)  # malformed records the script skipped
-            ok = not unsent and not self._configs
+                self.dropped += len(chunk) - stored - len(failed)  # malformed records the script skipped
+                unsent += failed
         finally:
             self._sending = 0
             rest = unsent + pending[i:]
@@ -402,7 +403,7 @@ class EventLog:
                     self.dropped += overflow
                     keep = keep[overflow:]
                 self._buf[:0] = keep
-        if ok and self._failing:
+        if self._failing and not unsent and not self._configs:
             self._failing = False
             log.warning("event log: writing to Redis again (%d events dropped so far)", self.dropped)
 
@@ -419,13 +420,13 @@ class EventLog:
         return groups
 
     async def _send(
-        self, layout: tuple[str, ...], groups: dict[int, list[tuple[Any, ...]]]
+        self, layout: tuple[str, ...], groups: dict[int, list[tuple[Any, ...]]], down: set[str]
     ) -> tuple[int, list[tuple[Any, ...]]]:
         """Each partition's records as one EVAL, those of one shard pipelined in one round trip, the shards
-        in parallel. Returns how many records Redis stored and those of the partitions whose send failed
-        (Redis refused it, or its outcome is unknown); a record with a value that is not a str, int or
-        float is in neither. EVALs a shard redirected (they did not run) go again where the map, read
-        again, says."""
+        in parallel, except to shards in ``down`` (those that failed, to which this adds). Returns how many
+        records Redis stored and those of the partitions not sent or whose send failed (Redis refused it,
+        or its outcome is unknown); a record with a value that is not a str, int or float is in neither.
+        EVALs a shard redirected (they did not run) go again where the map, read again, says."""
         evals: dict[int, bytes] = {}
         for p, records in groups.items():
             evals[p], groups[p] = self._eval(layout, p, records)
@@ -436,7 +437,10 @@ class EventLog:
             by_shard: dict[str, tuple[Shard, list[int]]] = {}
             for p in todo:
                 shard = self._conns.shard_for(self.streams[p])
-                by_shard.setdefault(shard.address, (shard, []))[1].append(p)
+                if shard.address in down:
+                    failed.append(p)
+                else:
+                    by_shard.setdefault(shard.address, (shard, []))[1].append(p)
             results = await asyncio.gather(
                 *(self._round_trip(shard, [evals[p] for p in ps]) for shard, ps in by_shard.values()),
                 return_exceptions=True,
@@ -449,6 +453,7 @@ class EventLog:
                         raise result
                     self._failed(result, shard)
                     failed += ps
+                    down.add(shard.address)
                     lost = True
                     continue
                 for p, reply in zip(ps, result, strict=True):
