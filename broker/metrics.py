@@ -109,7 +109,7 @@ class Metrics:
         self.store_errors = 0
         self.store_reconnects = 0
         self.config_reload_errors = 0
-        self.store_round_trips: Callable[[], int] = lambda: 0
+        self.store_round_trips: Callable[[], dict[str, int]] = dict  # per shard (its primary's address)
         # the store's topology, its primary as this node knows it, failovers seen, operations retried
         self.store_topology: Callable[[], tuple[str, list[str], int, int]] | None = None
         self.store_replicas_in_sync: Callable[[], int] | None = None  # -1: not known yet
@@ -210,8 +210,13 @@ class _Collector(Collector):
         cre = counter("config_reload_errors", "Config files (or listeners) refused at a live reload.", [])
         cre.add_metric([], m.config_reload_errors)
         yield cre
-        rt = counter("store_round_trips", "Round trips to the session store (a group commit is one).", [])
-        rt.add_metric([], m.store_round_trips())
+        rt = counter(
+            "store_round_trips",
+            "Round trips to the session store, by shard (a group commit is one per shard it touches).",
+            ["shard"],
+        )
+        for shard, n in sorted(m.store_round_trips().items()):
+            rt.add_metric([shard], n)
         yield rt
         if m.event_log is not None:
             written, dropped, errors = m.event_log()

@@ -84,7 +84,7 @@ class Node:
             )
         self.config_hash = config.config_hash()
         self.metrics.gauges = self.gauges
-        self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", 0)
+        self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", {})
         if isinstance(self.store, RedisStore):
             store = self.store
             cluster = self.cluster

@@ -121,7 +121,10 @@ class StoreConnections:
             )
             self._shards = [Shard(s.master, self.sentinel.master_for(s.master))]
         elif cfg.url is not None:
-            self._shards = [Shard(cfg.url, aioredis.from_url(cfg.url, **self._kwargs))]
+            client = aioredis.from_url(cfg.url, **self._kwargs)
+            kw = client.connection_pool.connection_kwargs  # (the address without the URL's password)
+            where = f"{kw['host']}:{kw.get('port', 6379)}" if "host" in kw else str(kw.get("path", "redis"))
+            self._shards = [Shard(where, client)]
 
     # -- shards ----------------------------------------------------------------------------------
     @property

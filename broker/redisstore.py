@@ -516,7 +516,7 @@ class RedisStore(SessionStore):
         self.wait_timeout_ms = wait_timeout_ms
         self._scripts = {name: _script(body, self.channels) for name, body in SCRIPTS.items()}
         self._sha = {name: hashlib.sha1(body.encode()).hexdigest() for name, body in self._scripts.items()}
-        self.round_trips = 0
+        self.round_trips: dict[str, int] = {}  # per shard (its primary's address)
         self.retries = 0  # operations run again on a fresh connection, or after reloading the scripts
 
     @classmethod
@@ -643,7 +643,7 @@ class RedisStore(SessionStore):
                 self.retries += 1
                 may_repeat = False
                 continue
-            self.round_trips += 1
+            self.round_trips[shard.address] = self.round_trips.get(shard.address, 0) + 1
             if wait:
                 acked = raw_replies.pop()
                 if isinstance(acked, Exception) or int(acked) < wait:

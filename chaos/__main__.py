@@ -48,6 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument(
+        "--store",
+        choices=["redis", "sentinel", "cluster"],
+        default="redis",
+        help="redis: one redis-server, each node through a proxy (default); sentinel: a primary, 2 "
+        "replicas, 3 sentinels; cluster: a Redis Cluster of 3 primaries and 3 replicas (wait_replicas 1 "
+        "for both)",
+    )
+    p.add_argument(
         "--nemesis",
         default="all",
         help="comma-separated faults and sets of faults, 'all' (default) or 'none'; faults: "
@@ -98,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=a.seed + i, duration=a.duration, nodes=a.nodes, kinds=kinds, publishers=a.publishers,
             subscribers=a.subscribers, rate=a.rate, topics=a.topics, window=a.window, gap=a.gap,
             max_down=a.max_down, drain=a.drain, stuck_after=a.stuck_after, zone=zone,
-            store="memory" if a.broken == "memory" else "redis", aof=a.broken != "redis-no-aof",
+            store="memory" if a.broken == "memory" else a.store, aof=a.broken != "redis-no-aof",
             relay=a.broken == "relay",
             logs=(a.logs / f"seed{a.seed + i}") if a.logs else None, examples=a.examples,
         )  # fmt: skip

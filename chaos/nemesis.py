@@ -26,8 +26,13 @@ KINDS = (
     "proxy-drop",  # reset the Redis connections of one node or of all
     "proxy-blackhole",  # forward nothing between one node (or all) and Redis for a while
     "proxy-delay",  # delay everything between one node (or all) and Redis
+    "primary-kill",  # kill -9 a primary (Sentinel's, or a cluster shard's), restart it (it comes back a replica)
+    "failover",  # a graceful switch to a replica (SENTINEL FAILOVER, CLUSTER FAILOVER)
+    "replica-lag",  # SIGSTOP a replica, SIGCONT after a while (WAIT for it times out meanwhile)
 )
-REDIS_KINDS = ("redis-kill", "redis-pause", "proxy-drop", "proxy-blackhole", "proxy-delay")
+PROXY_KINDS = ("proxy-drop", "proxy-blackhole", "proxy-delay")
+REPLICATED_KINDS = ("primary-kill", "failover", "replica-lag")
+REDIS_KINDS = ("redis-kill", "redis-pause", *PROXY_KINDS, *REPLICATED_KINDS)
 # named sets: the faults of the nodes alone, and those of Redis and the way to it (issue 13 found every
 # failure after a Redis outage)
 PRESETS = {
@@ -35,6 +40,16 @@ PRESETS = {
     "nodes": ("node-kill", "node-pause", "takeover"),
     "redis": REDIS_KINDS,
 }
+
+
+def applicable(kind: str, store: str) -> bool:
+    """Whether a fault means something for a fleet on `store` (the run options' store): proxies stand only
+    before a single redis-server, replicas only in Sentinel and Cluster setups, no Redis in memory."""
+    if store == "memory":
+        return kind not in REDIS_KINDS
+    if store == "redis":
+        return kind not in REPLICATED_KINDS
+    return kind not in PROXY_KINDS
 
 
 def parse_kinds(spec: str) -> list[str]:
@@ -73,6 +88,12 @@ class Fleet(Protocol):
     def live_nodes(self) -> list[Node]: ...
 
     async def start_node(self, node: Node) -> None: ...
+
+    async def primaries(self) -> list[Redis]: ...
+
+    async def replicas(self) -> list[Redis]: ...
+
+    async def failover(self, pick: float) -> str: ...
 
 
 class Nemesis:
@@ -150,6 +171,27 @@ class Nemesis:
                 await asyncio.sleep(hold)
                 rs.resume()
                 h.healed(f)
+        elif step.kind in ("primary-kill", "replica-lag"):
+            servers = await (fleet.primaries() if step.kind == "primary-kill" else fleet.replicas())
+            if not servers:
+                return
+            rs = servers[int(step.pick * len(servers))]
+            if step.kind == "primary-kill":
+                f = h.fault("primary-kill", rs.name, f"pid {rs.pid}, down {hold:.1f}s")
+                rs.kill()
+                await asyncio.sleep(hold)
+                await rs.start()
+                h.healed(f, f"new pid {rs.pid}")
+            else:
+                f = h.fault("replica-lag", rs.name, f"SIGSTOP {hold:.1f}s")
+                rs.pause()
+                await asyncio.sleep(hold)
+                rs.resume()
+                h.healed(f)
+        elif step.kind == "failover":
+            f = h.fault("failover", "redis", await fleet.failover(step.pick))
+            await asyncio.sleep(max(hold, 2.0))  # (the switch and the nodes following it)
+            h.healed(f)
         elif step.kind == "takeover":
             clients = [c for c in fleet.clients if c.link is not None]
             if not clients:

@@ -22,6 +22,10 @@ from typing import Any
 
 HOST = "127.0.0.1"
 REDIS_SERVER = os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server") or "/usr/bin/redis-server"
+REDIS_SENTINEL = (
+    os.environ.get("REDIS_SENTINEL_BIN") or shutil.which("redis-sentinel") or "/usr/bin/redis-sentinel"
+)
+REDIS_CLI = os.environ.get("REDIS_CLI_BIN") or shutil.which("redis-cli") or "/usr/bin/redis-cli"
 STARTED: list[subprocess.Popen[bytes]] = []
 
 
@@ -123,14 +127,51 @@ class Proc:
         return ""
 
 
+async def resp(port: int, *args: str, timeout: float = 2.0) -> Any:
+    """One command to a Redis (or Sentinel) on loopback, its reply decoded: status and bulk strings as
+    str, integers as int, arrays as lists, nil as None; an error reply raises RuntimeError."""
+    r, w = await asyncio.wait_for(asyncio.open_connection(HOST, port), timeout)
+    try:
+        w.write(
+            b"".join(
+                [b"*%d\r\n" % len(args), *(b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args)]
+            )
+        )
+        return await asyncio.wait_for(_reply(r), timeout)
+    finally:
+        w.close()
+
+
+async def _reply(r: asyncio.StreamReader) -> Any:
+    line = (await r.readline()).rstrip(b"\r\n")
+    kind, rest = line[:1], line[1:]
+    if kind in (b"+", b"_"):
+        return rest.decode() if kind == b"+" else None
+    if kind == b"-":
+        raise RuntimeError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        return None if n < 0 else (await r.readexactly(n + 2))[:-2].decode(errors="replace")
+    if kind in (b"*", b"%"):
+        n = int(rest)
+        return None if n < 0 else [await _reply(r) for _ in range(n * (2 if kind == b"%" else 1))]
+    raise RuntimeError(f"unexpected reply {line!r}")
+
+
 class Redis(Proc):
     """redis-server on a fixed loopback port with its data dir; AOF with appendfsync always unless `aof`
-    is False (a Redis that forgets everything on restart: one of the deliberately broken fleets)."""
+    is False (a Redis that forgets everything on restart: one of the deliberately broken fleets). `extra`:
+    more arguments (a replica's --replicaof, a cluster node's settings)."""
 
-    def __init__(self, name: str, data_dir: Path, log_dir: Path, *, aof: bool = True):
+    def __init__(
+        self, name: str, data_dir: Path, log_dir: Path, *, aof: bool = True, extra: list[str] | None = None
+    ):
         super().__init__()
         self.name, self.data_dir, self.aof = name, data_dir, aof
         self.port = free_port()
+        self.extra = extra or []
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"
 
@@ -138,12 +179,23 @@ class Redis(Proc):
         return [
             REDIS_SERVER, "--port", str(self.port), "--bind", HOST, "--dir", str(self.data_dir),
             "--appendonly", "yes" if self.aof else "no", "--appendfsync", "always", "--save", "",
-            "--daemonize", "no", "--protected-mode", "no",
+            "--daemonize", "no", "--protected-mode", "no", *self.extra,
         ]  # fmt: skip
 
+    async def command(self, *args: str) -> Any:
+        return await resp(self.port, *args)
+
+    async def role(self) -> str | None:
+        """master or slave, None when it does not answer."""
+        try:
+            reply = await self.command("ROLE")
+        except (OSError, TimeoutError, RuntimeError):
+            return None
+        return str(reply[0]) if reply else None
+
     async def start(self, timeout: float = 15.0) -> None:
-        if not os.access(REDIS_SERVER, os.X_OK):
-            raise RuntimeError(f"redis-server not found at {REDIS_SERVER} (make deps)")
+        if not os.access(self.argv()[0], os.X_OK):
+            raise RuntimeError(f"{self.argv()[0]} not found (make deps)")
         self.spawn()
         assert self.proc is not None
         deadline = time.monotonic() + timeout
@@ -166,6 +218,34 @@ class Redis(Proc):
             return False
         finally:
             w.close()
+
+
+class Sentinel(Redis):
+    """redis-sentinel on loopback watching `primary` under MASTER, with a config file of its own (Sentinel
+    rewrites it as it learns replicas, other sentinels and failovers)."""
+
+    MASTER = "chaos"
+
+    def __init__(self, name: str, data_dir: Path, log_dir: Path, primary: Redis, quorum: int = 2):
+        super().__init__(name, data_dir, log_dir, aof=False)
+        self.conf = data_dir / "sentinel.conf"
+        self.conf.write_text(
+            f"port {self.port}\nbind {HOST}\nprotected-mode no\ndaemonize no\ndir {data_dir}\n"
+            f"sentinel monitor {self.MASTER} {HOST} {primary.port} {quorum}\n"
+            f"sentinel down-after-milliseconds {self.MASTER} 2000\n"
+            f"sentinel failover-timeout {self.MASTER} 10000\n"
+            f"sentinel parallel-syncs {self.MASTER} 1\n"
+        )
+
+    def argv(self) -> list[str]:
+        return [REDIS_SENTINEL, str(self.conf)]
+
+    async def primary_port(self) -> int | None:
+        try:
+            reply = await self.command("SENTINEL", "get-master-addr-by-name", self.MASTER)
+        except (OSError, TimeoutError, RuntimeError):
+            return None
+        return int(reply[1]) if reply else None
 
 
 class Node(Proc):

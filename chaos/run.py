@@ -11,6 +11,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,8 @@ from typing import Any
 from chaos.checker import CLASSES, Report, check
 from chaos.client import Client, Publisher, Subscriber
 from chaos.history import History
-from chaos.nemesis import REDIS_KINDS, Nemesis
-from chaos.procs import HOST, Node, Redis, metric_sum
+from chaos.nemesis import Nemesis, applicable
+from chaos.procs import HOST, REDIS_CLI, Node, Redis, Sentinel, free_port, metric_sum
 from chaos.proxy import Proxy
 from chaos.relay import make_relays
 
@@ -35,7 +36,10 @@ class Options:
     rate: float = 20.0  # messages a second per publisher
     topics: int = 2  # topics per publisher
     window: int = 8  # publisher's in-flight window
-    store: str = "redis"  # "memory": every node with in-memory sessions (a deliberately broken fleet)
+    # "redis": one redis-server behind a proxy per node; "sentinel": a primary, 2 replicas and 3 sentinels;
+    # "cluster": a Redis Cluster of 3 primaries and 3 replicas; "memory": every node with in-memory
+    # sessions (a deliberately broken fleet)
+    store: str = "redis"
     relay: bool = False  # clients reach the nodes through relays that lose, duplicate, reorder (broken)
     aof: bool = True  # False: redis-server without persistence (a deliberately broken fleet)
     gap: tuple[float, float] = (1.0, 4.0)
@@ -53,19 +57,55 @@ class Fleet:
     def __init__(self, opts: Options, history: History, workdir: Path, logdir: Path):
         self.opts, self.history = opts, history
         self.redis: list[Redis] = []
+        self.sentinels: list[Sentinel] = []
         self.proxies: dict[str, Proxy] = {}
         self.nodes: list[Node] = []
         self.clients: list[Client] = []
+        store: dict[str, Any] = {"kind": "memory"}
         if opts.store == "redis":
             self.redis.append(Redis("redis-0", workdir / "redis-0", logdir, aof=opts.aof))
+        elif opts.store == "sentinel":
+            primary = Redis("redis-0", workdir / "redis-0", logdir)
+            self.redis = [primary] + [
+                Redis(
+                    f"redis-{i}",
+                    workdir / f"redis-{i}",
+                    logdir,
+                    extra=["--replicaof", HOST, str(primary.port)],
+                )
+                for i in (1, 2)
+            ]
+            self.sentinels = [
+                Sentinel(f"sentinel-{i}", workdir / f"sentinel-{i}", logdir, primary) for i in range(3)
+            ]
+            store = {
+                "kind": "redis",
+                "sentinel": {
+                    "nodes": [f"{HOST}:{x.port}" for x in self.sentinels],
+                    "master": Sentinel.MASTER,
+                },
+                "wait_replicas": 1,
+            }
+        elif opts.store == "cluster":
+            self.redis = [
+                Redis(f"redis-{i}", workdir / f"redis-{i}", logdir, extra=[
+                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", "2000", "--cluster-port", str(free_port()),
+                    "--repl-diskless-sync-delay", "0",
+                ])
+                for i in range(6)
+            ]  # fmt: skip
+            store = {
+                "kind": "redis",
+                "cluster": {"nodes": [f"{HOST}:{r.port}" for r in self.redis]},
+                "wait_replicas": 1,
+            }
         for i in range(opts.nodes):
             name = f"n{i}"
             if opts.store == "redis":
                 proxy = Proxy(f"{name}-redis-proxy", self.redis[0].port)
                 self.proxies[name] = proxy
-                store: dict[str, Any] = {"kind": "redis", "url": f"redis://{HOST}:{proxy.port}/0"}
-            else:
-                store = {"kind": "memory"}
+                store = {"kind": "redis", "url": f"redis://{HOST}:{proxy.port}/0"}
             self.nodes.append(Node(name, logdir, store, opts.zone))
         self.relays = (
             {
@@ -81,12 +121,90 @@ class Fleet:
     async def start(self) -> None:
         for rs in self.redis:
             await rs.start()
+        if self.opts.store == "cluster":
+            await self._create_cluster()
+        for x in self.sentinels:
+            await x.start()
+        if self.sentinels:
+            await self._until("every sentinel knows both replicas", self._sentinels_ready)
         for p in self.proxies.values():
             await p.start()
         await asyncio.gather(*(n.start() for n in self.nodes))
         for r in self.relays.values():
             await r.start()
         self._watch = asyncio.ensure_future(self._watch_exits())
+
+    async def _create_cluster(self) -> None:
+        cli = await asyncio.create_subprocess_exec(
+            REDIS_CLI, "--cluster", "create", *(f"{HOST}:{r.port}" for r in self.redis),
+            "--cluster-replicas", "1", "--cluster-yes",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await cli.communicate()
+        if cli.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed:\n{out.decode(errors='replace')}")
+        await self._until("the cluster whole, every replica in sync", self._cluster_ready)
+
+    async def _cluster_ready(self) -> bool:
+        for r in self.redis:
+            info = await r.command("CLUSTER", "INFO")
+            if "cluster_state:ok" not in info:
+                return False
+            repl = await r.command("INFO", "replication")
+            if "role:slave" in repl and "master_link_status:up" not in repl:
+                return False
+        return True
+
+    async def _sentinels_ready(self) -> bool:
+        for x in self.sentinels:
+            flat = await x.command("SENTINEL", "master", Sentinel.MASTER)
+            info = dict(zip(flat[::2], flat[1::2], strict=True))
+            if int(info["num-slaves"]) < 2 or int(info["num-other-sentinels"]) < 2:
+                return False
+        return True
+
+    @staticmethod
+    async def _until(what: str, ready: Callable[[], Awaitable[bool]], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError, TimeoutError, RuntimeError):
+                if await ready():
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            await asyncio.sleep(0.2)
+
+    # -- what the nemesis asks of the Redis side
+    async def primaries(self) -> list[Redis]:
+        """The servers that are primaries now (a failed-over primary restarted is a replica)."""
+        if self.sentinels:
+            for x in self.sentinels:
+                port = await x.primary_port()
+                if port is not None:
+                    return [r for r in self.redis if r.port == port]
+            return []
+        return [r for r in self.redis if r.alive() and not r.paused and await r.role() == "master"]
+
+    async def replicas(self) -> list[Redis]:
+        return [r for r in self.redis if r.alive() and not r.paused and await r.role() == "slave"]
+
+    async def failover(self, pick: float) -> str:
+        """A graceful switch of a primary to one of its replicas (SENTINEL FAILOVER, CLUSTER FAILOVER)."""
+        try:
+            if self.sentinels:
+                live = [x for x in self.sentinels if x.alive() and not x.paused]
+                if not live:
+                    return "no sentinel"
+                await live[0].command("SENTINEL", "FAILOVER", Sentinel.MASTER)
+                return f"asked {live[0].name}"
+            replicas = await self.replicas()
+            if not replicas:
+                return "no replica"
+            r = replicas[int(pick * len(replicas))]
+            await r.command("CLUSTER", "FAILOVER")
+            return f"{r.name} takes over"
+        except (OSError, TimeoutError, RuntimeError) as e:  # (one in progress already, a node away...)
+            return f"refused: {e}"
 
     def live_nodes(self) -> list[Node]:
         return [n for n in self.nodes if n.alive() and not n.paused and not n.down]
@@ -149,7 +267,7 @@ class Fleet:
             await p.close()
         for r in self.relays.values():
             await r.close()
-        for rs in self.redis:
+        for rs in [*self.sentinels, *self.redis]:
             await rs.terminate()
         return notes
 
@@ -208,7 +326,7 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
     workdir = Path(tempfile.mkdtemp(prefix="chaos-"))
     logdir = opts.logs or Path("chaos/results") / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{opts.seed}"
     logdir.mkdir(parents=True, exist_ok=True)
-    kinds = [k for k in opts.kinds if opts.store == "redis" or k not in REDIS_KINDS]
+    kinds = [k for k in opts.kinds if applicable(k, opts.store)]
     fleet = Fleet(opts, h, workdir, logdir)
     pubs, subs = _clients(opts, fleet, h, run_id)
     fleet.clients = [*pubs, *subs]
@@ -308,11 +426,11 @@ def summary(opts: Options, h: History, rep: Report, extra: dict[str, Any]) -> st
     nemesis_s = float(extra.get("nemesis_s", 0.0))
     lines = [
         f"chaos: seed {opts.seed}, {opts.nodes} nodes{' behind broken relays' if opts.relay else ''}, store {opts.store}"
-        + (
-            f" (redis-server, AOF {'appendfsync always' if opts.aof else 'OFF'}, each node through its proxy)"
-            if opts.store == "redis"
-            else ""
-        )
+        + {
+            "redis": f" (redis-server, AOF {'appendfsync always' if opts.aof else 'OFF'}, each node through its proxy)",
+            "sentinel": " (a primary, 2 replicas, 3 sentinels; AOF appendfsync always, wait_replicas 1)",
+            "cluster": " (3 primaries, 3 replicas; AOF appendfsync always, wait_replicas 1)",
+        }.get(opts.store, "")
         + f", {opts.publishers} publishers x {opts.topics} topics at {opts.rate:g} msg/s, {opts.subscribers} subscribers",
         f"nemesis: {', '.join(extra.get('kinds', [])) or 'none'}; {nemesis_s:.0f}s under the nemesis, "
         f"then healed and drained for {float(extra.get('drain_s', 0.0)):.0f}s",

@@ -9,8 +9,8 @@
 - a zone change (maxInflight, an ACL rule) applied live: same pods, the connected client sees the new limit;
 - an image change rolling one pod at a time while clients stay served;
 - a real Prometheus scraping every pod through its endpoints: every dashboard query has data;
-- the managed Redis pod deleted: without storage the sessions are gone (the README says so), with
-  `redis.storage` (a PersistentVolumeClaim) they survive;
+- the managed Redis' primary pod deleted (mode sentinel, the default): a replica takes over and the
+  sessions survive; a standalone Redis' pod deleted: its PersistentVolumeClaim keeps them;
 - `helm uninstall` after deleting the fleets leaves nothing of the chart or the operator.
 """
 
@@ -53,6 +53,7 @@ FLEET = "edge"
 BROKERS = ["edge-0", "edge-1", "edge-2"]
 BROKER_PODS = "app.kubernetes.io/instance=edge,app.kubernetes.io/component=broker"
 REDIS_PODS = "app.kubernetes.io/instance=edge,app.kubernetes.io/component=redis"
+SENTINEL_PODS = "app.kubernetes.io/instance=edge,app.kubernetes.io/component=redis-sentinel"
 TLS_SECRET = "edge-tls"
 pytestmark = pytest.mark.timeout(1500)
 
@@ -99,10 +100,13 @@ def test_readme_helm_section_runs_as_written(cluster: Cluster):
         "get", "configmaps", "-A", "-l", "grafana_dashboard=1", "-o", "name"
     ).stdout.split()
     assert len(dashboards) == len(list((CHART / "dashboards").glob("*.json")))
-    # the fleet: three broker pods and the Redis running real containers, every broker on the rendered config
+    # the fleet: three broker pods and the Redis (a primary, two replicas, three sentinels) running real
+    # containers, every broker on the rendered config
     assert sorted(p["metadata"]["name"] for p in c.pods(BROKER_PODS)) == BROKERS
-    (redis,) = c.pods(REDIS_PODS)
-    assert redis["status"]["phase"] == "Running"
+    for selector in (REDIS_PODS, SENTINEL_PODS):
+        assert [p["status"]["phase"] for p in c.pods(selector)] == ["Running"] * 3
+    wait_for(lambda: c.condition("brokerfleet", FLEET, "StoreReady", APP_NS).get("status") == "True",
+             msg="StoreReady")  # fmt: skip
     want = config_hash(c)
     for name in BROKERS:
         assert c.readyz(name)["config_hash"] == want
@@ -715,11 +719,19 @@ def _persistent_session_survives(host: str, port: int, restart) -> tuple[bool, b
     return flags[-1][0], (got[0] if got else None)
 
 
+def _store(c: Cluster, fleet: str, ns: str) -> dict:
+    return (c.get("brokerfleet", fleet, ns).get("status") or {}).get("store") or {}
+
+
 def _delete_redis_and_wait(c: Cluster, fleet: str, ns: str) -> None:
+    """Delete the Redis pod the brokers write to (the only one of a standalone Redis) and wait for its
+    replacement to run."""
     sel = f"app.kubernetes.io/instance={fleet},app.kubernetes.io/component=redis"
-    (old,) = c.pods(sel, ns)
+    primary = (_store(c, fleet, ns).get("primary") or "").split(".")[0]
+    old = next(p for p in c.pods(sel, ns) if p["metadata"]["name"] == primary or len(c.pods(sel, ns)) == 1)
     c.kubectl("delete", "pod", old["metadata"]["name"], "-n", ns, "--wait")
     wait_for(lambda: [p for p in c.pods(sel, ns) if p["metadata"]["uid"] != old["metadata"]["uid"]
+                      and p["metadata"]["name"] == old["metadata"]["name"]
                       and p["status"].get("phase") == "Running"], timeout=180, msg="a new Redis pod")  # fmt: skip
 
 
@@ -728,15 +740,19 @@ def test_managed_redis_pod_deleted_has_the_documented_outcome(cluster: Cluster, 
     before = broker_state(c)
     ext = c.endpoint("svc/edge-external-mqtt", 1883)
     endpoints.append(ext.start())
-    # without redis.storage: Redis keeps its data in an emptyDir, which goes with the pod: sessions are lost
+    # mode sentinel (the default): the primary's pod deleted, a replica takes over; sessions survive
+    primary = _store(c, FLEET, APP_NS)["primary"]
     present, kept = _persistent_session_survives(
         ext.host, ext.local, lambda: _delete_redis_and_wait(c, FLEET, APP_NS)
     )
-    assert (present, kept) == (False, None), "the README says sessions do not survive without redis.storage"
-    assert broker_state(c) == before, "brokers restarted: they must ride out a Redis outage"
+    assert (present, kept) == (True, b"kept"), "the README says a managed Redis fails over"
+    assert broker_state(c) == before, "brokers restarted: they must follow a failover"
     wait_for(lambda: fleet_ready(c), timeout=180, msg="fleet Ready again")
-    # with redis.storage: the AOF is on a PersistentVolumeClaim (a static volume of the node): sessions survive
-    spec = yaml.safe_load("{replicas: 1, redis: {managed: true, storage: 1Gi}}")
+    store = wait_for(lambda: (s := _store(c, FLEET, APP_NS)).get("primary") not in (None, primary) and s,
+                     timeout=60, msg="another primary in the status")  # fmt: skip
+    assert store["failovers"] >= 1
+    # mode standalone (development): one pod; its append-only file on a PersistentVolumeClaim survives it
+    spec = yaml.safe_load("{replicas: 1, redis: {managed: true, mode: standalone}}")
     vault = [
         {"apiVersion": "fleetmq.io/v1alpha1", "kind": "BrokerFleet", "metadata": {"name": "vault"}, "spec": spec},
         {"apiVersion": "fleetmq.io/v1alpha1", "kind": "MqttZone", "metadata": {"name": "vault-zone"},
@@ -793,6 +809,7 @@ def test_helm_uninstall_after_deleting_the_fleets_leaves_nothing(cluster: Cluste
     for kind, name in (("clusterrole", f"{RELEASE}-operator"), ("clusterrolebinding", f"{RELEASE}-operator"),
                        ("clusterkopfpeering", "fleetmq")):  # fmt: skip
         assert c.kubectl("get", kind, name, check=False).returncode != 0, f"{kind}/{name} left behind"
-    mine = c.kubectl("get", "all,configmaps,secrets,pvc", "-n", APP_NS, "-l", "app.kubernetes.io/managed-by=fleetmq-operator",
-                     "-o", "name").stdout  # fmt: skip
-    assert mine.strip() == "", mine
+    # the managed Redis' claims go with their fleet (after its pods)
+    wait_for(lambda: not c.kubectl("get", "all,configmaps,secrets,pvc", "-n", APP_NS, "-l",
+                                   "app.kubernetes.io/managed-by=fleetmq-operator", "-o", "name").stdout.strip(),
+             timeout=120, msg="nothing of the fleets left")  # fmt: skip

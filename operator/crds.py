@@ -11,7 +11,13 @@ from __future__ import annotations
 import copy
 from typing import Annotated, Any, Literal
 
-from fleetmq.broker.config import EventLogConfig, ListenerConfig, RedisStoreConfig
+from fleetmq.broker.config import (
+    EventLogConfig,
+    ListenerConfig,
+    RedisClusterConfig,
+    RedisStoreConfig,
+    SentinelConfig,
+)
 from fleetmq.broker.zones import AclRule, ZoneSettings, format_duration, parse_duration
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model
 from pydantic.fields import FieldInfo
@@ -113,6 +119,11 @@ def derive(
 
 class CrdModel(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def doc(model: type[BaseModel]) -> str:
+    """A model's docstring as one line, for the description of a field of that type (kubectl explain)."""
+    return " ".join((model.__doc__ or "").split())
 
 
 # ----------------------------------------------------------------------------------------------- refs
@@ -295,30 +306,160 @@ class ResourcesSpec(CrdModel):
     limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource ceilings.")
 
 
+class GuaranteedResources(CrdModel):
+    """CPU and memory of a container, reserved and capped alike (requests == limits): a pod whose every
+    container is so has the Guaranteed QoS class, the last one evicted when its node runs short."""
+
+    cpu: Quantity = Field("250m", description="CPU reserved and capped.")
+    memory: Quantity = Field("256Mi", description="Memory reserved and capped.")
+
+    def requirements(self) -> dict[str, dict[str, int | str]]:
+        """As a Kubernetes ResourceRequirements."""
+        both: dict[str, int | str] = {"cpu": self.cpu, "memory": self.memory}
+        return {"requests": dict(both), "limits": dict(both)}
+
+
+class SentinelResources(GuaranteedResources):
+    """CPU and memory of a sentinel, reserved and capped alike (requests == limits: Guaranteed QoS)."""
+
+    cpu: Quantity = Field("50m", description="CPU reserved and capped.")
+    memory: Quantity = Field("64Mi", description="Memory reserved and capped.")
+
+
+class SchedulingSpec(CrdModel):
+    """How pods spread over nodes, so one node failure takes one of them."""
+
+    antiAffinity: Literal["preferred", "required", "none"] = Field(
+        "preferred", description="Pod anti-affinity between pods of the fleet of one kind over topologyKey."
+    )
+    topologyKey: str = Field(
+        "kubernetes.io/hostname", description="Node label that anti-affinity spreads over."
+    )
+    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods need.")
+
+
+HOST_PORT = r"^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$"
+HostPort = Annotated[str, Field(pattern=HOST_PORT, max_length=260)]
+
+
+class ExternalSentinelSpec(CrdModel):
+    """An existing Redis replicated and watched by Sentinel: the brokers ask its sentinels for the primary."""
+
+    nodes: list[HostPort] = Field(
+        min_length=1, max_length=16, description=SentinelConfig.model_fields["nodes"].description
+    )
+    master: str = Field(min_length=1, description=SentinelConfig.model_fields["master"].description)
+    secretRef: SecretKeyRef | None = Field(
+        None,
+        description="Secret key (default 'password') with the sentinels' own password, if they require one "
+        "(the Redis password is redis.secretRef). Mounted into the broker pods as a file.",
+    )
+
+
+class ExternalClusterSpec(CrdModel):
+    """An existing Redis Cluster: sessions spread over its shards by their hash tag."""
+
+    nodes: list[HostPort] = Field(
+        min_length=1, max_length=64, description=RedisClusterConfig.model_fields["nodes"].description
+    )
+
+
+REDIS_MODES = ("sentinel", "cluster", "standalone")
+#: replicas per primary when redis.replicas is unset
+DEFAULT_REPLICAS = {"sentinel": 2, "cluster": 1, "standalone": 0}
+
+
+def _replicas_cel(obj: str) -> str:
+    """CEL: the replicas per primary of `obj` (a RedisSpec), its default when unset."""
+    return (
+        f"(has({obj}.replicas) ? {obj}.replicas : "
+        f"({obj}.mode == 'sentinel' ? 2 : ({obj}.mode == 'cluster' ? 1 : 0)))"
+    )
+
+
+def _same_cel(field: str) -> str:
+    """CEL: an optional field of the redis spec is as it was (both unset counts)."""
+    return f"(has(self.{field}) ? self.{field} : '') == (has(oldSelf.{field}) ? oldSelf.{field} : '')"
+
+
 class RedisSpec(CrdModel):
-    """Where the fleet keeps its sessions: a Redis the operator runs, or an existing one."""
+    """Where the fleet keeps its sessions: a Redis the operator runs (managed: true; highly available by
+    default) or an existing one (url, sentinel or cluster)."""
 
     managed: bool = Field(
-        False, description="Run a Redis StatefulSet + Service for this fleet (exclusive with url)."
+        False,
+        description="Run a Redis for this fleet: with mode sentinel (the default) a primary with replicas "
+        "and sentinels that fail over, with mode cluster a Redis Cluster, with mode standalone (for "
+        "development) one server. Exclusive with url, sentinel and cluster.",
+    )
+    mode: Literal["sentinel", "cluster", "standalone"] = Field(
+        "sentinel",
+        description="Topology of the managed Redis. It cannot change on an existing fleet: sessions are not "
+        "moved between topologies.",
+    )
+    replicas: int | None = Field(
+        None,
+        ge=0,
+        le=10,
+        description="Replicas of each primary of the managed Redis: default 2 with mode sentinel (at least "
+        "1), 1 with mode cluster (fixed once the cluster is formed), 0 with standalone.",
+    )
+    shards: int = Field(
+        3, ge=3, le=100, description="Primaries of a managed Redis Cluster (mode cluster); fixed once formed."
+    )
+    sentinels: int = Field(
+        3, ge=3, le=9, description="Sentinels of a managed Redis in mode sentinel: odd, a majority decides."
+    )
+    storage: str = Field(
+        "1Gi",
+        max_length=32,
+        pattern=r"^([0-9]+(\.[0-9]+)?([KMGTPE]i?)?)?$",
+        description="Size of the PersistentVolumeClaim of each managed Redis server, where its append-only "
+        'file lives; "" for an emptyDir (development only: a server\'s data goes with its pod). Fixed once '
+        "the fleet exists.",
+    )
+    storageClassName: str | None = Field(
+        None,
+        max_length=253,
+        description="StorageClass of those claims (default: the cluster's default). Fixed once set.",
+    )
+    appendfsync: Literal["always", "everysec"] = Field(
+        "everysec",
+        description="When the managed Redis fsyncs its append-only file: always (every write, slower) or "
+        "everysec (a crash of a server may lose its last second; replicas and waitReplicas cover it).",
+    )
+    resources: GuaranteedResources = Field(
+        default_factory=GuaranteedResources,
+        description="CPU and memory of each managed Redis server (requests == limits: Guaranteed QoS). "
+        "Redis refuses writes (noeviction) beyond 70% of the memory, leaving room for its forks.",
+    )
+    sentinelResources: SentinelResources = Field(
+        default_factory=SentinelResources,
+        description="CPU and memory of each sentinel (requests == limits: Guaranteed QoS).",
+    )
+    image: str = Field("redis:7-alpine", min_length=1, description="Image of the managed Redis (Redis >= 7).")
+    scheduling: SchedulingSpec = Field(
+        default_factory=SchedulingSpec,
+        description="How managed Redis servers (and, apart from them, sentinels) spread over nodes.",
     )
     url: str | None = Field(
         None,
         pattern=r"^rediss?://",
-        description="URL of an existing Redis, redis://host:port/db, without password (see secretRef).",
+        description="URL of an existing Redis server, redis://host:port/db, without password (see "
+        "secretRef).",
     )
+    sentinel: ExternalSentinelSpec | None = Field(None, description=doc(ExternalSentinelSpec))
+    cluster: ExternalClusterSpec | None = Field(None, description=doc(ExternalClusterSpec))
     secretRef: SecretKeyRef | None = Field(
         None,
-        description="Secret key (default 'password') with the password of the Redis at url (URL-safe "
-        "characters).",
+        description="Secret key (default 'password') with the password of the existing Redis (url, "
+        "sentinel or cluster). Mounted into the broker pods as a file.",
     )
-    waitReplicas: int = Field(
-        RedisStoreConfig.model_fields["wait_replicas"].default,
+    waitReplicas: int | None = Field(
+        None,
         ge=0,
-        description=RedisStoreConfig.model_fields["wait_replicas"].description,
-    )
-    image: str = Field("redis:7-alpine", description="Image of the managed Redis.")
-    storage: str | None = Field(
-        None, description="Size of the managed Redis' PersistentVolumeClaim (e.g. 1Gi); emptyDir if unset."
+        description=(RedisStoreConfig.model_fields["wait_replicas"].description or "")
+        + " Default: 1 for a managed Redis in mode sentinel or cluster (0 without replicas), else 0.",
     )
 
     model_config = ConfigDict(
@@ -327,16 +468,70 @@ class RedisSpec(CrdModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "self.managed != has(self.url)",
-                    "message": "set exactly one of managed: true or url",
+                    "rule": "(self.managed ? 1 : 0) + (has(self.url) ? 1 : 0) + (has(self.sentinel) ? 1 : 0)"
+                    " + (has(self.cluster) ? 1 : 0) == 1",
+                    "message": "redis: set exactly one of managed: true, url, sentinel or cluster",
                 },
                 {
                     "rule": "!self.managed || !has(self.secretRef)",
-                    "message": "secretRef is the password of an external Redis (url), not of a managed one",
+                    "message": "redis.secretRef is the password of an existing Redis (url, sentinel or "
+                    "cluster); a managed one has its own",
+                },
+                {
+                    "rule": "!self.managed || self.mode != 'sentinel' || !has(self.replicas) || self.replicas >= 1",
+                    "message": "redis.replicas must be at least 1 with mode sentinel: a failover promotes a "
+                    "replica",
+                },
+                {
+                    "rule": "!self.managed || self.mode != 'standalone' || !has(self.replicas) || self.replicas == 0",
+                    "message": "redis.replicas must be 0 with mode standalone: use mode sentinel for replicas",
+                },
+                {
+                    "rule": "self.sentinels % 2 == 1",
+                    "message": "redis.sentinels must be odd (3, 5, 7, 9): a majority of them decides a failover",
+                },
+                {
+                    "rule": f"!self.managed || !has(self.waitReplicas) || self.waitReplicas <= {_replicas_cel('self')}",
+                    "message": "redis.waitReplicas cannot exceed redis.replicas: acks would wait for replicas "
+                    "that do not exist",
+                },
+                {
+                    "rule": "self.managed == oldSelf.managed",
+                    "message": "redis.managed cannot change on an existing fleet: moving sessions between a "
+                    "managed and an existing Redis is not supported; create a new fleet",
+                },
+                {
+                    "rule": "!self.managed || self.mode == oldSelf.mode",
+                    "message": "redis.mode cannot change on an existing fleet: moving sessions between Redis "
+                    "topologies is not supported; create a new fleet",
+                },
+                {
+                    "rule": "!self.managed || self.mode != 'cluster' || (self.shards == oldSelf.shards && "
+                    f"{_replicas_cel('self')} == {_replicas_cel('oldSelf')})",
+                    "message": "redis.shards and redis.replicas cannot change with mode cluster: resharding "
+                    "a formed Redis Cluster is not supported",
+                },
+                {
+                    "rule": f"!self.managed || ({_same_cel('storage')} && {_same_cel('storageClassName')})",
+                    "message": "redis.storage and redis.storageClassName cannot change on an existing "
+                    "fleet: a StatefulSet's volume claims are fixed",
                 },
             ]
         },
     )
+
+    @property
+    def replicas_per_primary(self) -> int:
+        return self.replicas if self.replicas is not None else DEFAULT_REPLICAS[self.mode]
+
+    @property
+    def wait_replicas(self) -> int:
+        """What broker writes wait for: as set, else one replica of a managed Redis that has replicas."""
+        if self.waitReplicas is not None:
+            return self.waitReplicas
+        if self.managed and self.mode in ("sentinel", "cluster"):
+            return min(1, self.replicas_per_primary)
+        return 0
 
 
 class ServiceSpec(CrdModel):
@@ -354,18 +549,6 @@ class MetricsSpec(CrdModel):
         True, description="Create a ServiceMonitor (when the monitoring.coreos.com CRD exists)."
     )
     interval: str = Field("30s", pattern=r"^\d+(ms|s|m|h)$", description="Scrape interval.")
-
-
-class SchedulingSpec(CrdModel):
-    """How broker pods spread over nodes, so one node failure takes one broker."""
-
-    antiAffinity: Literal["preferred", "required", "none"] = Field(
-        "preferred", description="Pod anti-affinity between brokers of the fleet over topologyKey."
-    )
-    topologyKey: str = Field(
-        "kubernetes.io/hostname", description="Node label that anti-affinity spreads over."
-    )
-    nodeSelector: dict[str, str] = Field(default_factory=dict, description="Node labels broker pods need.")
 
 
 EventLogSpec = derive(
@@ -387,7 +570,14 @@ class BrokerFleetSpec(CrdModel):
         "IfNotPresent", description="Image pull policy of the broker containers."
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description=ResourcesSpec.__doc__)
-    redis: RedisSpec = Field(default_factory=lambda: RedisSpec(managed=True), description=RedisSpec.__doc__)
+    redis: RedisSpec = Field(
+        default_factory=lambda: RedisSpec(managed=True),
+        description=doc(RedisSpec),
+        # with the fields its rules read: the API server checks them on the default as it stands
+        json_schema_extra={
+            "default": RedisSpec(managed=True).model_dump(include={"managed", "mode", "shards", "sentinels"})
+        },
+    )
     service: ServiceSpec = Field(default_factory=ServiceSpec, description=ServiceSpec.__doc__)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description=MetricsSpec.__doc__)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description=SchedulingSpec.__doc__)
@@ -405,7 +595,9 @@ class BrokerFleetSpec(CrdModel):
 class Condition(CrdModel):
     """A Kubernetes-style condition."""
 
-    type: str = Field(description="Ready, Progressing, ConfigApplied, Degraded, Accepted or Applied.")
+    type: str = Field(
+        description="Ready, Progressing, ConfigApplied, Degraded, StoreReady, Accepted or Applied."
+    )
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(description="CamelCase reason.")
     message: str = Field("", description="Human-readable detail.")
@@ -432,6 +624,24 @@ class FleetZoneStatus(CrdModel):
     podsApplied: int = Field(0, description="Pods running the rendered generation.")
 
 
+class StoreStatus(CrdModel):
+    """The fleet's Redis: its pods (managed) and what the brokers report of it."""
+
+    mode: Literal["sentinel", "cluster", "standalone"] = Field(
+        description="Topology: sentinel (replication watched by Sentinel), cluster, or standalone (one server)."
+    )
+    managed: bool = Field(description="Whether the operator runs it.")
+    readyPods: int | None = Field(None, description="Managed Redis pods (servers and sentinels) ready.")
+    wantedPods: int | None = Field(None, description="Managed Redis pods (servers and sentinels) wanted.")
+    primary: str | None = Field(
+        None, description="HOST:PORT the brokers write to (the most of them, if they disagree for a moment)."
+    )
+    failovers: int = Field(0, description="Most failovers a broker saw since it started.")
+    replicasInSync: int | None = Field(
+        None, description="Replicas in sync with the primary, the fewest any broker saw; null if unknown."
+    )
+
+
 class BrokerFleetStatus(CrdModel):
     """Observed state of the fleet."""
 
@@ -449,6 +659,7 @@ class BrokerFleetStatus(CrdModel):
     pods: list[PodReport] = Field(default_factory=list, description="Per pod applied config and load.")
     connections: int = Field(0, description="Client connections over all pods.")
     sessions: int = Field(0, description="Sessions over all pods.")
+    store: StoreStatus | None = Field(None, description=doc(StoreStatus))
 
 
 class MqttZoneStatus(CrdModel):

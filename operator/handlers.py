@@ -13,18 +13,18 @@ import base64
 import contextlib
 import logging
 import os
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import kopf
-import redis.asyncio as aioredis
-from fleetmq.broker import keys
 
 from . import metrics, render
-from .crds import GROUP, VERSION, BrokerFleetSpec
+from .crds import GROUP, VERSION, BrokerFleetSpec, SecretKeyRef
 from .kube import ApiError, Credentials, Kube, load_kubeconfig
+from .reports import ReportReader
 from .status import Observed, fleet_status, pod_generations, zone_status
 
 log = logging.getLogger("fleetmq.operator")
@@ -32,7 +32,7 @@ log = logging.getLogger("fleetmq.operator")
 FLEETS = (GROUP, VERSION, "brokerfleets")
 ZONES = (GROUP, VERSION, "mqttzones")
 CHILD_LABELS = {render.L_MANAGED: render.MANAGER}
-PRUNED_KINDS = ("Service", "StatefulSet", "PodDisruptionBudget", "ConfigMap", "ServiceMonitor")
+PRUNED_KINDS = ("Service", "StatefulSet", "Job", "PodDisruptionBudget", "ConfigMap", "ServiceMonitor")
 
 
 def _env_float(name: str, default: float) -> float:
@@ -75,7 +75,7 @@ class Operator:
     kube: Kube
     reconciling: set[tuple[str, str]] = field(default_factory=set)
     dirty: set[tuple[str, str]] = field(default_factory=set)
-    redis: dict[str, aioredis.Redis] = field(default_factory=dict)
+    readers: dict[tuple[str, str], ReportReader] = field(default_factory=dict)  # per fleet
     monitor_kind: tuple[float, bool] = (0.0, False)
     zone_counts: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     resync: float = 30.0
@@ -113,6 +113,8 @@ class Operator:
         fleet = await kube.get("BrokerFleet", namespace, name)
         if fleet is None or fleet["metadata"].get("deletionTimestamp"):
             self.zone_counts.pop((namespace, name), None)
+            if (reader := self.readers.pop((namespace, name), None)) is not None:
+                await reader.close()
             metrics.forget_fleet(namespace, name)
             await self._zones_without_fleet(namespace, name)
             return "gone"
@@ -135,15 +137,18 @@ class Operator:
         observed = Observed(rejected=rejected)
         rendered: render.Rendered | None = None
         render_error = ""
-        password: str | None = None
+        passwords: tuple[str | None, str | None] = (None, None)
         try:
             spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
-            password = await self._redis_password(namespace, spec)
+            if spec.redis.managed:
+                existing = await kube.get("StatefulSet", namespace, render.names(name)["redis"])
+                render.check_redis_topology(spec, existing)
+            passwords = await self._redis_passwords(fleet, spec)
             rendered = render.render(
                 fleet,
                 accepted,
                 history=render.history(current_cm),
-                redis_password=password,
+                redis_password=passwords[0],
                 service_monitor=await self._has_service_monitor(),
             )
         except (render.RenderError, ValueError) as e:
@@ -151,9 +156,10 @@ class Operator:
             render_error = str(e)
         except ApiError as e:
             metrics.RECONCILE_ERRORS.labels("render").inc()
-            render_error = f"cannot read the Redis password: {e}"
+            render_error = f"cannot read or create the Redis password: {e}"
         if rendered is not None:
             observed.apply_error = await self._apply(fleet, rendered, current_cm)
+            observed.store_children = await self._store_children(rendered)
         observed.statefulset = await kube.get("StatefulSet", namespace, render.names(name)["statefulset"])
         try:
             observed.pods = await kube.list("Pod", namespace, f"{render.L_FLEET}={name}")
@@ -161,7 +167,7 @@ class Operator:
             metrics.RECONCILE_ERRORS.labels("pods").inc()
         if rendered is not None:
             observed.nodeinfo, observed.nodeinfo_error = await self._nodeinfo(
-                rendered.config["store"]["url"], password, fleet
+                fleet, rendered.config["store"], passwords
             )
         status = fleet_status(fleet, rendered, render_error, observed)
         await self._patch_status(fleet, status)
@@ -169,14 +175,64 @@ class Operator:
         await self._zone_statuses(fleet, zones, rejected, rendered, observed, status)
         return "error" if render_error or observed.apply_error else "ok"
 
-    async def _redis_password(self, namespace: str, spec: BrokerFleetSpec) -> str | None:
-        ref = spec.redis.secretRef
-        if ref is None or spec.redis.managed:
+    async def _redis_passwords(
+        self, fleet: dict[str, Any], spec: BrokerFleetSpec
+    ) -> tuple[str | None, str | None]:
+        """The passwords of the fleet's Redis servers and of its sentinels (None: none needed)."""
+        namespace = fleet["metadata"]["namespace"]
+        redis = spec.redis
+        if redis.managed:
+            password = await self._managed_password(fleet)
+            return password, password if redis.mode == "sentinel" else None
+        sentinel_ref = redis.sentinel.secretRef if redis.sentinel is not None else None
+        return (
+            await self._secret_key(namespace, redis.secretRef, "redis.secretRef"),
+            await self._secret_key(namespace, sentinel_ref, "redis.sentinel.secretRef"),
+        )
+
+    async def _secret_key(self, namespace: str, ref: SecretKeyRef | None, field_name: str) -> str | None:
+        if ref is None:
             return None
         secret = await self.kube.get("Secret", namespace, ref.name)
         if secret is None or ref.key not in (secret.get("data") or {}):
-            raise render.RenderError(f"redis.secretRef: Secret {ref.name} has no key {ref.key!r}")
+            raise render.RenderError(f"{field_name}: Secret {ref.name} has no key {ref.key!r}")
         return base64.b64decode(secret["data"][ref.key]).decode()
+
+    async def _managed_password(self, fleet: dict[str, Any]) -> str:
+        """The managed Redis' password: its Secret as it is, or created once with a random password. Never
+        applied again, so a reconcile never changes the password under running servers."""
+        namespace, name = (
+            fleet["metadata"]["namespace"],
+            render.names(fleet["metadata"]["name"])["redis_auth"],
+        )
+        secret = await self.kube.get("Secret", namespace, name)
+        if secret is None:
+            try:
+                secret = await self.kube.create(render.redis_auth_secret(fleet, secrets.token_hex(24)))
+                await self._event(fleet, "Created", f"Created Secret {name} (the managed Redis' password)")
+            except ApiError as e:
+                if e.status != 409:
+                    raise
+                secret = await self.kube.get("Secret", namespace, name)  # made meanwhile: that one it is
+        data = (secret or {}).get("data") or {}
+        if render.PASSWORD_KEY not in data:
+            raise render.RenderError(
+                f"Secret {name} has no key {render.PASSWORD_KEY!r}: delete it to get a new one"
+            )
+        return base64.b64decode(data[render.PASSWORD_KEY]).decode()
+
+    async def _store_children(self, rendered: render.Rendered) -> dict[str, dict[str, Any] | None]:
+        """The managed Redis' StatefulSets and Job as they are now (their status says how far it got)."""
+        out: dict[str, dict[str, Any] | None] = {}
+        for m in render.store_workloads(rendered.manifests):
+            meta = m["metadata"]
+            try:
+                out[f"{m['kind']}/{meta['name']}"] = await self.kube.get(
+                    m["kind"], meta["namespace"], meta["name"]
+                )
+            except ApiError:
+                out[f"{m['kind']}/{meta['name']}"] = None
+        return out
 
     async def _has_service_monitor(self) -> bool:
         checked, present = self.monitor_kind
@@ -239,27 +295,24 @@ class Operator:
                     await self._event(fleet, "Deleted", f"Deleted {kind} {obj['metadata']['name']}")
 
     async def _nodeinfo(
-        self, url: str, password: str | None, fleet: dict[str, Any]
+        self, fleet: dict[str, Any], store: dict[str, Any], passwords: tuple[str | None, str | None]
     ) -> tuple[dict[str, dict[str, str]] | None, str]:
-        """What each broker pod reports in Redis: applied config hash, connections, sessions."""
+        """What each broker pod reports in Redis: applied config hash, load, the store's primary."""
+        meta = fleet["metadata"]
         replicas = int((fleet.get("spec") or {}).get("replicas", 3))
-        sts = render.names(fleet["metadata"]["name"])["statefulset"]
+        sts = render.names(meta["name"])["statefulset"]
         pods = [f"{sts}-{i}" for i in range(replicas)]
-        url = render.with_password(url, password)
-        client = self.redis.get(url)
-        if client is None:
-            client = self.redis[url] = aioredis.from_url(
-                url, socket_timeout=2, socket_connect_timeout=2, decode_responses=True
-            )
+        key = (meta["namespace"], meta["name"])
         try:
-            async with client.pipeline(transaction=False) as pipe:
-                for pod in pods:
-                    pipe.hgetall(keys.nodeinfo(pod))
-                replies = await pipe.execute()
+            reader = self.readers.get(key)
+            if reader is None or reader.key != ReportReader.key_of(store, *passwords):
+                if reader is not None:
+                    await reader.close()
+                reader = self.readers[key] = ReportReader(store, *passwords, name=render.MANAGER)
+            return await reader.read(pods), ""
         except Exception as e:  # redis errors, DNS, timeouts: reported, never fatal
             metrics.RECONCILE_ERRORS.labels("nodeinfo").inc()
             return None, str(e) or type(e).__name__
-        return {pod: info for pod, info in zip(pods, replies, strict=True) if info}, ""
 
     async def _patch_status(self, obj: dict[str, Any], status: dict[str, Any]) -> None:
         meta = obj["metadata"]
@@ -319,9 +372,9 @@ class Operator:
 
     async def close(self) -> None:
         await self.kube.close()
-        for client in self.redis.values():
+        for reader in self.readers.values():
             with contextlib.suppress(Exception):
-                await client.aclose()
+                await reader.close()
 
 
 def _op(memo: kopf.Memo) -> Operator:
@@ -435,6 +488,7 @@ def _owned_child(labels: dict[str, str], **_: Any) -> bool:
 @kopf.on.event("", "v1", "services", labels=CHILD_LABELS, when=_owned_child)
 @kopf.on.event("", "v1", "configmaps", labels=CHILD_LABELS, when=_owned_child)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS, when=_owned_child)
+@kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS, when=_owned_child)
 async def child_event(type: str, namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
     """A child changed (its status, or someone edited or deleted it): reconcile its fleet."""
     if type is None:  # the initial listing: the fleets' own resume handlers cover it

@@ -32,6 +32,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "Event": ("api/v1", "events", True),
     "Pod": ("api/v1", "pods", True),
     "StatefulSet": ("apis/apps/v1", "statefulsets", True),
+    "Job": ("apis/batch/v1", "jobs", True),
     "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets", True),
     "ServiceMonitor": ("apis/monitoring.coreos.com/v1", "servicemonitors", True),
     "BrokerFleet": ("apis/fleetmq.io/v1alpha1", "brokerfleets", True),
@@ -221,6 +222,11 @@ class Kube:
         return await self.request(  # type: ignore[no-any-return]
             "PATCH", path, obj, content_type="application/apply-patch+yaml", params=params
         )
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create `obj`; ApiError 409 if it exists (for what must be made once and never overwritten)."""
+        meta = obj["metadata"]
+        return await self.request("POST", path_of(obj["kind"], meta.get("namespace")), obj)  # type: ignore[no-any-return]
 
     async def patch_status(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> Any:
         """Merge-patch .status (status subresource): explicit, never through kopf's handler results."""

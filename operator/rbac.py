@@ -53,7 +53,11 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": _WRITE},
     ),
     (
-        "children: one disruption budget per fleet",
+        "children: the Job that forms a managed Redis Cluster",
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": _WRITE},
+    ),
+    (
+        "children: disruption budgets of the brokers, Redis servers and sentinels",
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _WRITE},
     ),
     (
@@ -65,8 +69,9 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
     ),
     (
-        "read the password of redis.secretRef (to reach the fleet's Redis for the pods' reports)",
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+        "read the passwords of redis.secretRef (to reach the fleet's Redis for the pods' reports); create the "
+        "managed Redis' password once (never updated, so no update or patch)",
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
     ),
     (
         "Kubernetes Events for what the operator does",

@@ -13,14 +13,21 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 from fleetmq.broker.config import BrokerConfig, format_validation_error
 from pydantic import ValidationError
 
-from .crds import API_VERSION, BrokerFleetSpec, MqttZoneSpec
+from .crds import (
+    API_VERSION,
+    BrokerFleetSpec,
+    GuaranteedResources,
+    MqttZoneSpec,
+    RedisSpec,
+    SchedulingSpec,
+)
 
 MANAGER = "fleetmq-operator"
 PAUSED = "fleetmq.io/paused"
@@ -30,6 +37,7 @@ L_COMPONENT = "app.kubernetes.io/component"
 L_MANAGED = "app.kubernetes.io/managed-by"
 L_FLEET = "fleetmq.io/fleet"
 L_ZONE = "fleetmq.io/zone"
+L_REDIS_MODE = "fleetmq.io/redis-mode"  # on the managed Redis' StatefulSet: the topology its data is in
 A_CONFIG_HASH = "fleetmq.io/config-hash"
 A_ZONE_GENERATIONS = "fleetmq.io/zone-generations"
 A_HISTORY = "fleetmq.io/config-history"
@@ -39,6 +47,17 @@ CONFIG_KEY = "broker.yaml"
 CONFIG_DIR = "/etc/fleetmq"
 HISTORY_LEN = 16
 REDIS_PORT = 6379
+SENTINEL_PORT = 26379
+PASSWORD_KEY = "password"
+# in broker pods: the Redis password (of the managed Redis or redis.secretRef), an external sentinels' own
+REDIS_AUTH_DIR = f"{CONFIG_DIR}/redis"
+SENTINEL_AUTH_DIR = f"{CONFIG_DIR}/redis-sentinel"
+# in the managed Redis' pods
+SCRIPT = "redis.sh"
+SCRIPT_TEXT = (Path(__file__).parent / SCRIPT).read_text()
+SCRIPTS_DIR = "/scripts"
+REDIS_SECRET_DIR = "/etc/redis-auth"
+MAXMEMORY_SHARE = 0.7  # of the container's memory: the rest is for the forks of AOF rewrites and syncs
 
 
 class RenderError(Exception):
@@ -89,8 +108,35 @@ def names(fleet: str) -> dict[str, str]:
         "headless": dns_name(fleet, "headless"),
         "pdb": dns_name(fleet),
         "monitor": dns_name(fleet),
-        "redis": dns_name(fleet, "redis", limit=52),
+        "redis": dns_name(fleet, "redis", limit=52),  # StatefulSet, its Service and PodDisruptionBudget
+        "sentinel": dns_name(fleet, "redis-sentinel", limit=52),
+        "redis_auth": dns_name(fleet, "redis-auth"),
+        "redis_scripts": dns_name(fleet, "redis-scripts"),
     }
+
+
+def pod_address(namespace: str, statefulset: str, i: int, port: int) -> str:
+    """HOST:PORT of one pod of a StatefulSet whose headless Service has the StatefulSet's name."""
+    return f"{statefulset}-{i}.{statefulset}.{namespace}.svc:{port}"
+
+
+def redis_addresses(fleet: str, namespace: str, spec: BrokerFleetSpec) -> list[str]:
+    """Every managed Redis server (pod 0 first)."""
+    return [
+        pod_address(namespace, names(fleet)["redis"], i, REDIS_PORT) for i in range(redis_pods(spec.redis))
+    ]
+
+
+def sentinel_addresses(fleet: str, namespace: str, spec: BrokerFleetSpec) -> list[str]:
+    return [
+        pod_address(namespace, names(fleet)["sentinel"], i, SENTINEL_PORT)
+        for i in range(spec.redis.sentinels)
+    ]
+
+
+def redis_pods(redis: RedisSpec) -> int:
+    """Redis servers of the managed Redis: each primary (a shard of a cluster) and its replicas."""
+    return (redis.shards if redis.mode == "cluster" else 1) * (redis.replicas_per_primary + 1)
 
 
 def selector_labels(fleet: str, component: str = "broker") -> dict[str, str]:
@@ -200,20 +246,34 @@ def listener_name(zone: str, listener: str) -> str:
     return f"{zone}/{listener}"
 
 
-def redis_url(fleet_name: str, namespace: str, spec: BrokerFleetSpec) -> str:
-    if spec.redis.managed:
-        return f"redis://{names(fleet_name)['redis']}.{namespace}.svc:{REDIS_PORT}/0"
-    assert spec.redis.url is not None
-    return spec.redis.url
-
-
-def with_password(url: str, password: str | None) -> str:
-    """The URL the brokers use: the password of redis.secretRef put into the user's URL."""
-    if not password:
-        return url
-    parts = urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f":{password}@{host}"))
+def store_config(fleet_name: str, namespace: str, spec: BrokerFleetSpec) -> dict[str, Any]:
+    """The broker config's store: where the fleet's Redis is and how to reach it (DESIGN.md's contract).
+    Passwords are files mounted from Secrets (REDIS_AUTH_DIR, SENTINEL_AUTH_DIR), never in the config."""
+    redis = spec.redis
+    password_file = f"{REDIS_AUTH_DIR}/{PASSWORD_KEY}"
+    store: dict[str, Any] = {"kind": "redis"}
+    if redis.managed:
+        if redis.mode == "sentinel":
+            nodes = sentinel_addresses(fleet_name, namespace, spec)
+            store["sentinel"] = {"nodes": nodes, "master": fleet_name, "password_file": password_file}
+        elif redis.mode == "cluster":
+            store["cluster"] = {"nodes": redis_addresses(fleet_name, namespace, spec)}
+        else:
+            store["url"] = f"redis://{names(fleet_name)['redis']}.{namespace}.svc:{REDIS_PORT}/0"
+        store["password_file"] = password_file
+    else:
+        if redis.url is not None:
+            store["url"] = redis.url
+        if redis.sentinel is not None:
+            store["sentinel"] = {"nodes": list(redis.sentinel.nodes), "master": redis.sentinel.master}
+            if redis.sentinel.secretRef is not None:
+                store["sentinel"]["password_file"] = f"{SENTINEL_AUTH_DIR}/{PASSWORD_KEY}"
+        if redis.cluster is not None:
+            store["cluster"] = {"nodes": list(redis.cluster.nodes)}
+        if redis.secretRef is not None:
+            store["password_file"] = password_file
+    store["wait_replicas"] = redis.wait_replicas
+    return store
 
 
 def broker_config(fleet: dict[str, Any], zones: list[Zone]) -> dict[str, Any]:
@@ -242,11 +302,7 @@ def broker_config(fleet: dict[str, Any], zones: list[Zone]) -> dict[str, Any]:
                     entry |= {"cafile": f"{base}/ca.crt", "verify_peer": True}
             listeners.append(entry)
     return {
-        "store": {
-            "kind": "redis",
-            "url": redis_url(meta["name"], meta.get("namespace", "default"), spec),
-            "wait_replicas": spec.redis.waitReplicas,
-        },
+        "store": store_config(meta["name"], meta.get("namespace", "default"), spec),
         "zones": zone_cfg,
         "listeners": listeners,
         "metrics": {"bind": f"0.0.0.0:{spec.metrics.port}"},
@@ -294,9 +350,12 @@ def render(
     hist = dict(list(hist.items())[-HISTORY_LEN:])
     out = Rendered(config, digest, generations, hist)
     spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
+    # An existing Redis' password, changed in its Secret, takes new broker pods; the managed Redis' is
+    # generated once and never changed by the operator (its servers read it only at start, too).
+    hashed_password = None if spec.redis.managed else redis_password
     out.manifests = [
         config_map(fleet, config, digest, zones, hist),
-        statefulset(fleet, spec, zones, restart_hash(config, redis_password)),
+        statefulset(fleet, spec, zones, restart_hash(config, hashed_password)),
         headless_service(fleet, spec),
         pdb(fleet),
         *client_services(fleet, spec, zones),
@@ -340,17 +399,50 @@ def config_map(
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {CONFIG_KEY: text}}
 
 
-def _affinity(fleet_name: str, spec: BrokerFleetSpec) -> dict[str, Any]:
-    term = {
-        "labelSelector": {"matchLabels": selector_labels(fleet_name)},
-        "topologyKey": spec.scheduling.topologyKey,
-    }
-    if spec.scheduling.antiAffinity == "required":
-        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
-    if spec.scheduling.antiAffinity == "preferred":
+def placement(fleet_name: str, component: str, scheduling: SchedulingSpec) -> dict[str, Any]:
+    """Pod spec fields that spread the fleet's pods of one kind over nodes (anti-affinity) and zones."""
+    match = {"labelSelector": {"matchLabels": selector_labels(fleet_name, component)}}
+    out: dict[str, Any] = {
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+             **match}
+        ]
+    }  # fmt: skip
+    term = {**match, "topologyKey": scheduling.topologyKey}
+    if scheduling.antiAffinity == "required":
+        out["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    elif scheduling.antiAffinity == "preferred":
         preferred = [{"weight": 100, "podAffinityTerm": term}]
-        return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
-    return {}
+        out["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+    if scheduling.nodeSelector:
+        out["nodeSelector"] = dict(scheduling.nodeSelector)
+    return out
+
+
+def _secret_file_volume(name: str, secret: str, key: str, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A volume with one key of a Secret as the file `password` in `path`, and its read-only mount."""
+    volume = {"name": name, "secret": {"secretName": secret, "items": [{"key": key, "path": PASSWORD_KEY}]}}
+    return volume, {"name": name, "mountPath": path, "readOnly": True}
+
+
+def _redis_auth_volumes(
+    fleet_name: str, spec: BrokerFleetSpec
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The Redis password files a broker reads (store.password_file, store.sentinel.password_file)."""
+    redis = spec.redis
+    out = []
+    if redis.managed:
+        out.append(
+            _secret_file_volume("redis-auth", names(fleet_name)["redis_auth"], PASSWORD_KEY, REDIS_AUTH_DIR)
+        )
+    elif redis.secretRef is not None:
+        out.append(
+            _secret_file_volume("redis-auth", redis.secretRef.name, redis.secretRef.key, REDIS_AUTH_DIR)
+        )
+    if redis.sentinel is not None and redis.sentinel.secretRef is not None:
+        ref = redis.sentinel.secretRef
+        out.append(_secret_file_volume("redis-sentinel-auth", ref.name, ref.key, SENTINEL_AUTH_DIR))
+    return out
 
 
 def _secret_volumes(zones: list[Zone]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -374,9 +466,10 @@ def statefulset(
     name = fleet["metadata"]["name"]
     n = names(name)
     volumes, mounts = _secret_volumes(zones)
-    env: list[dict[str, Any]] = [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
-    ]
+    for volume, mount in _redis_auth_volumes(name, spec):
+        volumes.append(volume)
+        mounts.append(mount)
+    env: list[dict[str, Any]] = [POD_NAME_ENV]
     args = [
         "--config",
         f"{CONFIG_DIR}/{CONFIG_KEY}",
@@ -385,13 +478,6 @@ def statefulset(
         "--log-level",
         spec.logLevel,
     ]
-    if spec.redis.secretRef is not None and spec.redis.url:
-        ref = spec.redis.secretRef
-        env += [
-            {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}},
-            {"name": "FLEETMQ_REDIS_URL", "value": with_password(spec.redis.url, "$(REDIS_PASSWORD)")},
-        ]
-        args += ["--redis-url", "$(FLEETMQ_REDIS_URL)"]
     probe = {"port": "metrics", "scheme": "HTTP"}
     container = {
         "name": "broker",
@@ -426,19 +512,8 @@ def statefulset(
         "securityContext": restricted_pod(BROKER_UID),
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": n["config"]}}, *volumes],
-        "topologySpreadConstraints": [
-            {
-                "maxSkew": 1,
-                "topologyKey": "topology.kubernetes.io/zone",
-                "whenUnsatisfiable": "ScheduleAnyway",
-                "labelSelector": {"matchLabels": selector_labels(name)},
-            }
-        ],
+        **placement(name, "broker", spec.scheduling),
     }
-    if affinity := _affinity(name, spec):
-        pod_spec["affinity"] = affinity
-    if spec.scheduling.nodeSelector:
-        pod_spec["nodeSelector"] = dict(spec.scheduling.nodeSelector)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -500,13 +575,14 @@ def client_services(fleet: dict[str, Any], spec: BrokerFleetSpec, zones: list[Zo
     return out
 
 
-def pdb(fleet: dict[str, Any]) -> dict[str, Any]:
-    name = fleet["metadata"]["name"]
+def pdb(fleet: dict[str, Any], name: str | None = None, component: str = "broker") -> dict[str, Any]:
+    """At most one pod of a kind down at a time by choice (drains, upgrades): brokers, Redis, sentinels."""
+    fleet_name = fleet["metadata"]["name"]
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _meta(fleet, names(name)["pdb"]),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(name)}},
+        "metadata": _meta(fleet, name or names(fleet_name)["pdb"], component),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(fleet_name, component)}},
     }
 
 
@@ -532,6 +608,7 @@ RESTRICTED_CONTAINER: dict[str, Any] = {
 }
 BROKER_UID = 10001  # the image's fleetmq user (Dockerfile)
 REDIS_UID = 999  # the redis user of the official image
+POD_NAME_ENV = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
 
 
 def restricted_pod(uid: int) -> dict[str, Any]:
@@ -544,63 +621,303 @@ def restricted_pod(uid: int) -> dict[str, Any]:
     }
 
 
-def redis_manifests(fleet: dict[str, Any], spec: BrokerFleetSpec) -> list[dict[str, Any]]:
-    """A single-replica Redis with AOF, for fleets that ask the operator to run one."""
-    name = fleet["metadata"]["name"]
-    rname = names(name)["redis"]
-    sel = selector_labels(name, "redis")
-    container: dict[str, Any] = {
-        "name": "redis",
+# ------------------------------------------------------------------------------------ the managed Redis
+# Servers, sentinels and the Job forming a Redis Cluster all run redis.sh (the ConfigMap <fleet>-redis-scripts)
+# from the Redis image, with the password from the Secret <fleet>-redis-auth (created once by the operator)
+# as a file. Servers keep their append-only file (and a cluster node its nodes.conf) on a claim of their own.
+SETUP_RESOURCES = GuaranteedResources(cpu="50m", memory="64Mi")
+
+
+def quantity_bytes(quantity: int | str) -> int | None:
+    """Bytes of a Kubernetes memory quantity ("256Mi", "1G", "1e9", 1024); None if it is not one."""
+    text = str(quantity).strip()
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}  # fmt: skip
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            text, scale = text[: -len(suffix)], factor
+            break
+    else:
+        scale = 1
+    try:
+        return int(float(text) * scale)
+    except ValueError:
+        return None
+
+
+def redis_auth_secret(fleet: dict[str, Any], password: str) -> dict[str, Any]:
+    """The managed Redis' password: created once (the operator never applies it again), owned by the fleet."""
+    meta = _meta(fleet, names(fleet["metadata"]["name"])["redis_auth"], "redis")
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
+            "stringData": {PASSWORD_KEY: password}}  # fmt: skip
+
+
+def _env(**values: str | int) -> list[dict[str, Any]]:
+    return [{"name": k, "value": str(v)} for k, v in values.items()]
+
+
+def _exec_probe(command: str, period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
+    return {
+        "exec": {"command": ["sh", f"{SCRIPTS_DIR}/{SCRIPT}", command]},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def _redis_volumes(fleet_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What every managed Redis container mounts: the script, the password, a private dir for configs."""
+    n = names(fleet_name)
+    volumes = [
+        {"name": "scripts", "configMap": {"name": n["redis_scripts"], "defaultMode": 0o555}},
+        {"name": "auth", "secret": {"secretName": n["redis_auth"], "defaultMode": 0o440}},
+        {"name": "conf", "emptyDir": {}},
+    ]
+    mounts = [
+        {"name": "scripts", "mountPath": SCRIPTS_DIR, "readOnly": True},
+        {"name": "auth", "mountPath": REDIS_SECRET_DIR, "readOnly": True},
+        {"name": "conf", "mountPath": "/conf"},
+    ]
+    return volumes, mounts
+
+
+def _redis_pod_spec(
+    fleet: dict[str, Any], spec: BrokerFleetSpec, component: str, container: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    """A pod of the managed Redis: restricted, spread over nodes, with the script, password and conf dir."""
+    fleet_name = fleet["metadata"]["name"]
+    volumes, mounts = _redis_volumes(fleet_name)
+    container = {
+        **container,
         "image": spec.redis.image,
-        "args": ["--appendonly", "yes", "--save", ""],
-        "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
-        "readinessProbe": {"exec": {"command": ["redis-cli", "ping"]}, "periodSeconds": 5},
-        "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 10},
-        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "volumeMounts": [*mounts, *container.get("volumeMounts", [])],
         "securityContext": RESTRICTED_CONTAINER,
     }
-    sts_spec: dict[str, Any] = {
-        "replicas": 1,
-        "serviceName": rname,
-        "selector": {"matchLabels": sel},
-        "template": {
-            "metadata": {"labels": labels(name, "redis")},
-            "spec": {
-                "automountServiceAccountToken": False,
-                # the image's own redis user: its entrypoint runs redis-server directly when not root
-                "securityContext": restricted_pod(REDIS_UID),
-                "containers": [container],
-            },
+    return {
+        "automountServiceAccountToken": False,
+        # the image's own redis user: its entrypoint is not used, redis.sh execs redis-server
+        "securityContext": restricted_pod(REDIS_UID),
+        "containers": [container],
+        "volumes": [*volumes, *extra.pop("volumes", [])],
+        **placement(fleet_name, component, spec.redis.scheduling),
+        **extra,
+    }
+
+
+def _redis_statefulset(
+    fleet: dict[str, Any], name: str, component: str, replicas: int, pod: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    fleet_name = fleet["metadata"]["name"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(fleet, name, component),
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "selector": {"matchLabels": selector_labels(fleet_name, component)},
+            "updateStrategy": {"type": "RollingUpdate"},  # one pod at a time, each waiting for readiness
+            "template": {"metadata": {"labels": labels(fleet_name, component)}, "spec": pod},
+            **extra,
         },
     }
-    if spec.redis.storage:
-        sts_spec["volumeClaimTemplates"] = [
-            {
-                "metadata": {"name": "data"},
-                "spec": {
-                    "accessModes": ["ReadWriteOnce"],
-                    "resources": {"requests": {"storage": spec.redis.storage}},
-                },
-            }
-        ]
+
+
+def _service(
+    fleet: dict[str, Any], name: str, component: str, ports: dict[str, int], *, headless: bool
+) -> dict[str, Any]:
+    """A Service of the managed Redis; headless ones give every pod a DNS name before it is ready."""
+    spec: dict[str, Any] = {
+        "selector": selector_labels(fleet["metadata"]["name"], component),
+        "ports": [{"name": k, "port": v, "targetPort": k, "protocol": "TCP"} for k, v in ports.items()],
+    }
+    if headless:
+        spec |= {"clusterIP": "None", "publishNotReadyAddresses": True}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(fleet, name, component), "spec": spec}
+
+
+def _server_env(fleet: dict[str, Any], spec: BrokerFleetSpec) -> list[dict[str, Any]]:
+    """What redis.sh needs to start a server of this fleet (its own address comes from its pod name)."""
+    meta = fleet["metadata"]
+    fleet_name, ns = meta["name"], meta.get("namespace", "default")
+    redis = spec.redis
+    values: dict[str, str | int] = {
+        "REDIS_MODE": redis.mode,
+        "REDIS_PASSWORD_FILE": f"{REDIS_SECRET_DIR}/{PASSWORD_KEY}",
+        "REDIS_APPENDFSYNC": redis.appendfsync,
+    }
+    maxmemory = quantity_bytes(redis.resources.memory)
+    if maxmemory:
+        values["REDIS_MAXMEMORY"] = int(maxmemory * MAXMEMORY_SHARE)
+    if redis.mode != "standalone":
+        redis_name = names(fleet_name)["redis"]
+        values["REDIS_SELF"] = f"$(POD_NAME).{redis_name}.{ns}.svc:{REDIS_PORT}"
+        values["REDIS_NODES"] = " ".join(redis_addresses(fleet_name, ns, spec))
+    if redis.mode == "sentinel":
+        values |= {
+            "SENTINEL_NODES": " ".join(sentinel_addresses(fleet_name, ns, spec)),
+            "SENTINEL_MASTER": fleet_name,
+        }
+    return [POD_NAME_ENV, *_env(**values)]
+
+
+def redis_servers(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any]:
+    """The StatefulSet of the managed Redis servers, in every mode."""
+    redis = spec.redis
+    name = names(fleet["metadata"]["name"])["redis"]
+    ports = [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}]
+    if redis.mode == "cluster":
+        ports.append({"name": "cluster-bus", "containerPort": REDIS_PORT + 10000, "protocol": "TCP"})
+    ready = _exec_probe("ready", period=5, failures=2)
+    if redis.mode == "cluster":  # its readiness also finds peers whose address changed (redis.sh heal)
+        ready = _exec_probe("ready", period=10, failures=2, timeout=20)
+    container: dict[str, Any] = {
+        "name": "redis",
+        "command": ["sh", f"{SCRIPTS_DIR}/{SCRIPT}", "server"],
+        "env": _server_env(fleet, spec),
+        "ports": ports,
+        "resources": redis.resources.requirements(),
+        "startupProbe": _exec_probe("live", period=5, failures=120),  # a large append-only file loads first
+        "livenessProbe": _exec_probe("live", period=10, failures=6),
+        "readinessProbe": ready,
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+    }
+    extra: dict[str, Any] = {}
+    if redis.mode == "sentinel":
+        container["lifecycle"] = {
+            "preStop": {"exec": {"command": ["sh", f"{SCRIPTS_DIR}/{SCRIPT}", "prestop"]}}
+        }
+        extra["terminationGracePeriodSeconds"] = 40  # the handover takes up to 20 s
+    sts_extra: dict[str, Any] = {}
+    if redis.mode != "standalone":  # a cluster forms only once every node runs; replicas need not wait
+        sts_extra["podManagementPolicy"] = "Parallel"
+    if redis.storage:
+        claim: dict[str, Any] = {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": redis.storage}},
+        }
+        if redis.storageClassName:
+            claim["storageClassName"] = redis.storageClassName
+        meta = {"name": "data", "labels": labels(fleet["metadata"]["name"], "redis")}
+        sts_extra["volumeClaimTemplates"] = [{"metadata": meta, "spec": claim}]
+        # the data goes with the fleet (its StatefulSet is deleted with it), not with a pod or a scale-down
+        sts_extra["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Delete", "whenScaled": "Retain"}
     else:
-        sts_spec["template"]["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
+        extra["volumes"] = [{"name": "data", "emptyDir": {}}]
+    pod = _redis_pod_spec(fleet, spec, "redis", container, **extra)
+    sts = _redis_statefulset(fleet, name, "redis", redis_pods(spec.redis), pod, **sts_extra)
+    sts["metadata"]["labels"][L_REDIS_MODE] = redis.mode
+    return sts
+
+
+def check_redis_topology(spec: BrokerFleetSpec, existing: dict[str, Any] | None) -> None:
+    """RenderError, applying nothing, when the managed Redis' StatefulSet holds data of another topology
+    (one an earlier operator made, a single server without this label): the running fleet is left as it
+    is rather than half turned into a topology its sessions are not in."""
+    if existing is None or not spec.redis.managed:
+        return
+    found = (existing["metadata"].get("labels") or {}).get(L_REDIS_MODE)
+    if found != spec.redis.mode:
+        was = f"mode {found}" if found else "a single server (made before redis.mode existed)"
+        raise RenderError(
+            f"redis.mode: StatefulSet {existing['metadata']['name']} runs {was}, not mode {spec.redis.mode}: "
+            "sessions are not moved between Redis topologies; the fleet keeps running as it is; delete the "
+            "BrokerFleet and create it again for the new topology"
+        )
+
+
+def redis_sentinels(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any]:
+    """The sentinels: pods of their own, so a failing Redis node never takes a sentinel's vote with it and
+    their number (odd) is independent of the servers'."""
+    meta = fleet["metadata"]
+    fleet_name, ns = meta["name"], meta.get("namespace", "default")
+    name = names(fleet_name)["sentinel"]
+    env = [
+        POD_NAME_ENV,
+        *_env(
+            REDIS_PASSWORD_FILE=f"{REDIS_SECRET_DIR}/{PASSWORD_KEY}",
+            SENTINEL_SELF=f"$(POD_NAME).{name}.{ns}.svc:{SENTINEL_PORT}",
+            SENTINEL_NODES=" ".join(sentinel_addresses(fleet_name, ns, spec)),
+            SENTINEL_MASTER=fleet_name,
+            REDIS_NODES=" ".join(redis_addresses(fleet_name, ns, spec)),
+        ),
+    ]
+    container = {
+        "name": "sentinel",
+        "command": ["sh", f"{SCRIPTS_DIR}/{SCRIPT}", "sentinel"],
+        "env": env,
+        "ports": [{"name": "sentinel", "containerPort": SENTINEL_PORT, "protocol": "TCP"}],
+        "resources": spec.redis.sentinelResources.requirements(),
+        "livenessProbe": _exec_probe("sentinel-live", period=10, failures=6),
+        "readinessProbe": _exec_probe("sentinel-ready", period=5, failures=2),
+    }
+    pod = _redis_pod_spec(fleet, spec, "redis-sentinel", container)
+    return _redis_statefulset(
+        fleet, name, "redis-sentinel", spec.redis.sentinels, pod, podManagementPolicy="Parallel"
+    )
+
+
+def cluster_create_job(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any]:
+    """The Job that forms the Redis Cluster once all its nodes answer (redis.sh cluster-create: nothing to
+    do when it is formed). Named after its template, so a changed one (a new image) is a new Job."""
+    meta = fleet["metadata"]
+    fleet_name, ns = meta["name"], meta.get("namespace", "default")
+    container = {
+        "name": "create",
+        "command": ["sh", f"{SCRIPTS_DIR}/{SCRIPT}", "cluster-create"],
+        "env": _env(
+            REDIS_PASSWORD_FILE=f"{REDIS_SECRET_DIR}/{PASSWORD_KEY}",
+            REDIS_NODES=" ".join(redis_addresses(fleet_name, ns, spec)),
+            CLUSTER_REPLICAS=spec.redis.replicas_per_primary,
+        ),
+        "resources": SETUP_RESOURCES.requirements(),
+    }
+    pod = _redis_pod_spec(fleet, spec, "redis-setup", container, restartPolicy="OnFailure")
+    template = {"metadata": {"labels": labels(fleet_name, "redis-setup")}, "spec": pod}
+    name = dns_name(fleet_name, "redis-cluster", _digest(template)[:8])
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(fleet, name, "redis-setup"),
+        "spec": {"backoffLimit": 20, "template": template},
+    }
+
+
+def redis_manifests(fleet: dict[str, Any], spec: BrokerFleetSpec) -> list[dict[str, Any]]:
+    """Everything of the managed Redis but its password Secret (see redis_auth_secret)."""
+    fleet_name = fleet["metadata"]["name"]
+    n = names(fleet_name)
+    mode = spec.redis.mode
+    ports = {"redis": REDIS_PORT} | ({"cluster-bus": REDIS_PORT + 10000} if mode == "cluster" else {})
+    scripts = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(fleet, n["redis_scripts"], "redis"),
+               "data": {SCRIPT: SCRIPT_TEXT}}  # fmt: skip
+    out = [
+        scripts,
+        redis_servers(fleet, spec),
+        _service(fleet, n["redis"], "redis", ports, headless=mode != "standalone"),
+        pdb(fleet, n["redis"], "redis"),
+    ]
+    if mode == "sentinel":
+        out += [
+            redis_sentinels(fleet, spec),
+            _service(fleet, n["sentinel"], "redis-sentinel", {"sentinel": SENTINEL_PORT}, headless=True),
+            pdb(fleet, n["sentinel"], "redis-sentinel"),
+        ]
+    elif mode == "cluster":
+        out.append(cluster_create_job(fleet, spec))
+    return out
+
+
+STORE_COMPONENTS = ("redis", "redis-sentinel", "redis-setup")
+
+
+def store_workloads(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The managed Redis' StatefulSets and Job among rendered manifests."""
     return [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": _meta(fleet, rname, "redis"),
-            "spec": sts_spec,
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": _meta(fleet, rname, "redis"),
-            "spec": {
-                "selector": sel,
-                "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis", "protocol": "TCP"}],
-            },
-        },
+        m
+        for m in manifests
+        if m["kind"] in ("StatefulSet", "Job")
+        and m["metadata"]["labels"].get(L_COMPONENT) in STORE_COMPONENTS
     ]
 
 

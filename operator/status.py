@@ -8,10 +8,14 @@ zone it runs. Conditions follow the Kubernetes conventions: lastTransitionTime m
 from __future__ import annotations
 
 import datetime
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .render import Rejection, Rendered, names, selector_string
+from pydantic import ValidationError
+
+from .crds import RedisSpec
+from .render import Rejection, Rendered, names, redis_pods, selector_string
 
 STATEFULSET_ROLLING = "rolling"
 # Why a container of the fleet's pods cannot run, when a person has to act (a wrong image, a crash loop, a
@@ -70,6 +74,8 @@ class Observed:
     apply_error: str = ""
     rejected: dict[str, Rejection] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)  # the fleet's pods (brokers, managed Redis)
+    # the managed Redis' StatefulSets and Job ("Kind/name" -> object; None: not there)
+    store_children: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
 
 def pod_problems(pods: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -112,6 +118,87 @@ def pod_generations(
     return out
 
 
+def _store_mode(redis: RedisSpec) -> str:
+    if redis.managed:
+        return redis.mode
+    return "sentinel" if redis.sentinel else ("cluster" if redis.cluster else "standalone")
+
+
+def _store_pods(redis: RedisSpec, observed: Observed) -> tuple[int, int, bool]:
+    """Ready and wanted pods of the managed Redis (servers and sentinels), and whether its cluster (mode
+    cluster) is formed, from its StatefulSets' and Job's status."""
+    wanted = redis_pods(redis) + (redis.sentinels if redis.mode == "sentinel" else 0)
+    ready = 0
+    formed = redis.mode != "cluster"
+    for key, obj in observed.store_children.items():
+        status = (obj or {}).get("status") or {}
+        if key.startswith("StatefulSet/"):
+            ready += int(status.get("readyReplicas") or 0)
+        elif key.startswith("Job/"):
+            formed = formed or int(status.get("succeeded") or 0) > 0
+    return ready, wanted, formed
+
+
+def store_status(
+    fleet: dict[str, Any], observed: Observed, pods: list[str]
+) -> tuple[dict[str, Any], tuple[bool | None, str, str]]:
+    """status.store and the StoreReady condition (status, reason, message): the managed Redis' pods, and
+    what the brokers report of it: the primary they write to, failovers they saw, replicas in sync."""
+    try:
+        redis = RedisSpec.model_validate((fleet.get("spec") or {}).get("redis") or {"managed": True})
+    except ValidationError as e:
+        return {}, (None, "InvalidSpec", str(e))
+    reports = [info for pod in pods if (info := (observed.nodeinfo or {}).get(pod))]
+    primaries = Counter(r["store_primary"] for r in reports if r.get("store_primary"))
+    in_sync = [n for r in reports if (n := _int(r.get("store_replicas_in_sync"))) is not None and n >= 0]
+    store: dict[str, Any] = {
+        "mode": _store_mode(redis),
+        "managed": redis.managed,
+        "primary": primaries.most_common(1)[0][0] if primaries else None,
+        "failovers": max((_int(r.get("store_failovers")) or 0 for r in reports), default=0),
+        "replicasInSync": min(in_sync) if in_sync else None,
+        "readyPods": None,
+        "wantedPods": None,
+    }
+    notes = ""
+    if len(primaries) > 1:
+        notes = "; brokers name different primaries: " + ", ".join(
+            f"{a} ({n})" for a, n in primaries.most_common()
+        )
+    elif store["primary"]:
+        notes = f"; brokers write to {store['primary']}"
+    if store["replicasInSync"] is not None:
+        notes += f"; {store['replicasInSync']} replica(s) in sync"
+    behind = store["replicasInSync"] is not None and store["replicasInSync"] < redis.wait_replicas
+    if not redis.managed:
+        if observed.nodeinfo is None:
+            return store, (False, "Unreachable", f"cannot reach the Redis: {observed.nodeinfo_error}")
+        if behind:
+            return store, (
+                False,
+                "ReplicasNotInSync",
+                f"acks wait for {redis.wait_replicas} replica(s){notes}",
+            )
+        return store, (True, "Reachable", f"the brokers' Redis answers{notes}")
+    ready, wanted, formed = _store_pods(redis, observed)
+    store |= {"readyPods": ready, "wantedPods": wanted}
+    pods_msg = f"{ready}/{wanted} Redis pods ready"
+    if ready < wanted:
+        return store, (False, "PodsNotReady", pods_msg + notes)
+    if not formed:
+        return store, (False, "ClusterForming", f"{pods_msg}; the Redis Cluster is not formed yet (its Job)")
+    if behind:
+        return store, (False, "ReplicasNotInSync", f"{pods_msg}; acks wait for {redis.wait_replicas}{notes}")
+    return store, (True, "Ready", pods_msg + notes)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def fleet_status(
     fleet: dict[str, Any],
     rendered: Rendered | None,
@@ -151,6 +238,8 @@ def fleet_status(
                 }
             )
     status["pods"] = reports
+    status["store"], (store_ok, store_reason, store_msg) = store_status(fleet, observed, pods)
+    conds = set_condition(conds, "StoreReady", store_ok, store_reason, store_msg, gen, timestamp)
     status["connections"] = sum(r["connections"] for r in reports)
     status["sessions"] = sum(r["sessions"] for r in reports)
     applied_pods = 0

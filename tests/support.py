@@ -119,13 +119,16 @@ _NO_SETINFO: dict[str, None] = (
 )
 
 
-def _redis(port: int, *, decode: bool, timeout: float, raw: bool) -> redis.Redis:
+def _redis(
+    port: int, *, decode: bool, timeout: float, raw: bool, password: str | None = None, host: str = HOST
+) -> redis.Redis:
     """A redis.Redis with its own pool (closed with it): RESP2, no retries, no CLIENT SETINFO (nothing but
     the caller's commands reaches the server, so INFO commandstats counts only those). `raw`: replies as
     Redis sends them (no redis-py response callbacks; status replies as str)."""
     pool = redis.ConnectionPool(
-        host=HOST,
+        host=host,
         port=port,
+        password=password,
         protocol=2,  # no HELLO; RESP2 replies (HGETALL a flat array), as the tests read them
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
@@ -168,7 +171,10 @@ class RedisServer:
     """One redis-server on 127.0.0.1, data and log in `data_dir`; by default an AOF with fsync always (what
     the broker acks is on disk), `appendonly=False` for none. `config`: more `--name value` arguments.
 
-    The port is chosen once (a free port unless given) and kept across stop()/kill()/start()."""
+    The port is chosen once (a free port unless given) and kept across stop()/kill()/start(). `password`:
+    what its clients here authenticate with (a subclass that starts it otherwise sets it on the server)."""
+
+    password: str | None = None
 
     def __init__(
         self,
@@ -235,6 +241,10 @@ class RedisServer:
             *extra,
         ]  # fmt: skip
 
+    def env(self) -> dict[str, str] | None:
+        """The process' environment (None: this process' own)."""
+        return None
+
     # -- lifecycle
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -264,7 +274,7 @@ class RedisServer:
     def _spawn(self) -> None:
         with open(self.data_dir / "redis.stdout", "ab") as out:
             self.proc = subprocess.Popen(
-                self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env()
             )
         self.paused = False
         if self not in LIVE_REDIS:
@@ -338,19 +348,31 @@ class RedisServer:
     def client(self, *, decode: bool = False, timeout: float = 5.0) -> redis.Redis:
         """A redis.Redis on this server with redis-py's usual replies (INFO parsed into dicts, SET -> True),
         no retries; close it (or use it as a context manager)."""
-        return _redis(self.port, decode=decode, timeout=timeout, raw=False)
+        return _redis(
+            self.port, decode=decode, timeout=timeout, raw=False, password=self.password, host=self.host
+        )
 
     def command(self, *args: Any, decode: bool = False, timeout: float = 5.0) -> Any:
         """One command on a fresh connection: command("HGETALL", key). Replies as Redis sends them: status
         replies -> str, integers -> int, bulk strings -> bytes (str with decode=True), nil -> None,
         arrays -> list. An error reply raises RedisReplyError (errors nested in arrays, e.g. from EXEC, are
         returned as RedisReplyError); no connection, a timeout or -LOADING raise OSError."""
-        with _as_oserror(), _redis(self.port, decode=decode, timeout=timeout, raw=True) as r:
+        with (
+            _as_oserror(),
+            _redis(
+                self.port, decode=decode, timeout=timeout, raw=True, password=self.password, host=self.host
+            ) as r,
+        ):
             return r.execute_command(*args)
 
     def pipeline(self, *commands: tuple[Any, ...], decode: bool = False, timeout: float = 5.0) -> list[Any]:
         """Several commands on one connection in order (MULTI/EXEC work); errors are returned, not raised."""
-        with _as_oserror(), _redis(self.port, decode=decode, timeout=timeout, raw=True) as r:
+        with (
+            _as_oserror(),
+            _redis(
+                self.port, decode=decode, timeout=timeout, raw=True, password=self.password, host=self.host
+            ) as r,
+        ):
             pipe = r.pipeline(transaction=False)
             for c in commands:
                 pipe.execute_command(*c)

@@ -390,6 +390,13 @@ def test_pipeline_cronjob_runs_export_then_report_on_one_volume(helm):
         True,
     )
     assert export["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "redis", "key": "password"}
+    # the managed Redis by default: the password the operator generated for it
+    default = find(helm.template({"pipeline": {"enabled": True, "fleet": "edge"}}, namespace="mq"), "CronJob")
+    (export,) = default["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"]
+    assert export["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "edge-redis-auth", "key": "password"}
+    assert cli.export_parser().parse_args(export["args"][1:]).redis_url == (
+        "redis://:$(REDIS_PASSWORD)@edge-redis.mq.svc:6379/0"
+    )
     r = report.parser().parse_args(rep["args"][1:])
     assert (r.in_dir, r.out_dir, r.window) == ("/data", "/data/report", "5m")
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]

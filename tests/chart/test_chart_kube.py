@@ -166,7 +166,11 @@ def test_helm_install_operator_as_chart_serviceaccount_reconciles_example_then_u
     crds_before = cp.kubectl("get", "crd", "brokerfleets.fleetmq.io", check=False).returncode == 0
     metrics, liveness = free_port(), free_port()
     values = {
-        "examples": {"enabled": True, "fleet": {"spec": {"replicas": 2, "redis": {"managed": True}}}},
+        # the managed Redis on emptyDirs: no volume provisioner in the test cluster
+        "examples": {
+            "enabled": True,
+            "fleet": {"spec": {"replicas": 2, "redis": {"managed": True, "storage": ""}}},
+        },
         "operator": {
             "replicas": 2,
             "watchNamespaces": [ns],
@@ -222,6 +226,9 @@ def test_helm_install_operator_as_chart_serviceaccount_reconciles_example_then_u
             ("poddisruptionbudget", "edge"),
             ("statefulset", "edge-redis"),
             ("service", "edge-redis"),
+            ("statefulset", "edge-redis-sentinel"),
+            ("service", "edge-redis-sentinel"),
+            ("secret", "edge-redis-auth"),
         ]
         for kind, name in children:
             obj = wait_for(lambda k=kind, n=name: get(cp, k, n, ns), msg=f"{kind} {name}")
@@ -236,8 +243,8 @@ def test_helm_install_operator_as_chart_serviceaccount_reconciles_example_then_u
             obj = get(cp, kind, name, ns) or {}
             return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
 
-        conds = wait_for(lambda: (c := conditions("brokerfleet", "edge")) and len(c) == 4 and c, msg="status")
-        assert set(conds) == {"Ready", "Progressing", "ConfigApplied", "Degraded"}
+        conds = wait_for(lambda: (c := conditions("brokerfleet", "edge")) and len(c) == 5 and c, msg="status")
+        assert set(conds) == {"Ready", "Progressing", "ConfigApplied", "Degraded", "StoreReady"}
         assert all(c["observedGeneration"] == fleet["metadata"]["generation"] for c in conds.values())
         assert conds["Degraded"]["status"] == "False"
         wait_for(

@@ -34,13 +34,16 @@ def test_cross_node_delivery_and_takeover_on_a_cluster(fleet, redis_cluster):
     a, b = fleet(2, None, {"store": redis_cluster.store()})
     topic = uid("cl/")
     subs = []
-    for i in range(6):  # sessions in several slots, so on several shards
+    primaries = sorted(port for _, port in redis_cluster.shards())
+    for i in range(6):  # two sessions on each shard
         cid = uid(f"cls{i}-")
+        while redis_cluster.primary_of(keys.session_keys(cid)[keys.META]).port != primaries[i % 3]:
+            cid = uid(f"cls{i}-")
         c, _ = raw_connect(a, cid, 5)
         c.subscribe([(topic, 2)])
         subs.append((cid, c))
     shards = {redis_cluster.primary_of(keys.session_keys(cid)[keys.META]).port for cid, _ in subs}
-    assert len(shards) > 1, "the sessions all landed on one shard; pick other client ids"
+    assert len(shards) == 3, shards
     wait_route(b, subs[0][1], topic)
     for _, c in subs[1:]:
         c.recv_all(0.3)

@@ -1,4 +1,4 @@
-"""What every node reports to the operator in Redis (`fmq:nodeinfo:<node>`): the hash of the config it
+"""What every node reports to the operator in Redis (`fmq:nodeinfo:{<node>}`): the hash of the config it
 applied, its connections and sessions."""
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ import pytest
 
 from .conftest import fleet, wait_for, zone
 
+ONE_REDIS = "redis: set exactly one of managed: true, url, sentinel or cluster"
+
 
 def test_explain_shows_the_broker_models_descriptions(k):
     # the apiserver publishes a new CRD's OpenAPI a moment after it is established
@@ -46,14 +48,29 @@ def test_defaults_are_filled_by_the_apiserver(k):
         (zone(listeners=[{"name": "Bad_Name", "port": 1883}]), "spec.listeners[0].name"),
         (zone(authentication={"allowAnonymous": False}), "allowAnonymous: false needs usersSecretRef"),
         (zone(acl=[{"permission": "maybe", "filter": "#"}]), 'Unsupported value: "maybe"'),
-        (fleet(redis={"managed": True, "url": "redis://x:6379/0"}), "set exactly one of managed: true or url"),
-        (fleet(redis={"managed": False}), "set exactly one of managed: true or url"),
+        (fleet(redis={"managed": True, "url": "redis://x:6379/0"}), ONE_REDIS),
+        (fleet(redis={"managed": False}), ONE_REDIS),
+        (fleet(redis={"url": "redis://x:6379/0", "cluster": {"nodes": ["c:6379"]}}), ONE_REDIS),
         (fleet(replicas=-1), "should be greater than or equal to 0"),
+        (fleet(redis={"managed": True, "mode": "quorum"}), 'Unsupported value: "quorum"'),
+        (fleet(redis={"managed": True, "sentinels": 4}), "redis.sentinels must be odd"),
+        (fleet(redis={"managed": True, "replicas": 0}), "redis.replicas must be at least 1 with mode sentinel"),
+        (fleet(redis={"managed": True, "mode": "standalone", "replicas": 1}), "redis.replicas must be 0 with mode standalone"),
+        (fleet(redis={"managed": True, "mode": "cluster", "shards": 2}), "spec.redis.shards: Invalid value: 2"),
+        (fleet(redis={"managed": True, "waitReplicas": 3}), "redis.waitReplicas cannot exceed redis.replicas"),
+        (fleet(redis={"managed": True, "secretRef": {"name": "pw"}}), "redis.secretRef is the password of an existing Redis"),
+        (fleet(redis={"managed": True, "appendfsync": "no"}), 'Unsupported value: "no"'),
+        (fleet(redis={"managed": True, "storage": "lots"}), "spec.redis.storage"),
+        (fleet(redis={"sentinel": {"nodes": ["no-port"], "master": "m"}}), "spec.redis.sentinel.nodes[0]"),
+        (fleet(redis={"managed": True, "resources": {"cpu": "a lot"}}), "spec.redis.resources.cpu"),
     ],
     ids=[
         "inflight-range", "duration-pattern", "protocol-enum", "tls-needs-secret", "listener-names-unique",
         "ports-unique", "listener-name-pattern", "anonymous-needs-users", "acl-enum", "redis-both",
-        "redis-neither", "replicas-range",
+        "redis-neither", "redis-url-and-cluster", "replicas-range", "redis-mode-enum", "sentinels-odd",
+        "sentinel-needs-replicas", "standalone-no-replicas", "shards-range", "wait-replicas-exist",
+        "managed-no-secret-ref", "appendfsync-enum", "storage-quantity", "sentinel-node-address",
+        "redis-resources-quantity",
     ],
 )  # fmt: skip
 def test_bad_specs_are_refused_with_a_useful_message(k, obj, message):
@@ -65,3 +82,52 @@ def test_bad_specs_are_refused_with_a_useful_message(k, obj, message):
 def test_unknown_fields_are_refused_by_strict_validation(k):
     out = k("apply", "--validate=strict", "-f", "-", input=json.dumps(zone(sesion={})), check=False)
     assert out.returncode != 0 and 'unknown field "spec.sesion"' in out.stderr
+
+
+def test_the_redis_topology_of_an_existing_fleet_cannot_change(k):
+    """Sessions are not moved between Redis topologies: the API server refuses the change, naming the field."""
+    k.apply(fleet(redis={"managed": True, "mode": "cluster"}))
+    f = k.get("brokerfleet", "edge")
+    redis = f["spec"]["redis"]
+    assert (redis["mode"], redis["shards"], redis["storage"], redis["appendfsync"]) == (
+        "cluster",
+        3,
+        "1Gi",
+        "everysec",
+    )
+    assert redis["resources"] == {"cpu": "250m", "memory": "256Mi"}
+    assert redis["sentinelResources"] == {"cpu": "50m", "memory": "64Mi"}
+    assert "replicas" not in redis and "waitReplicas" not in redis  # they follow the mode (the operator's)
+    refused = [
+        ({"managed": True, "mode": "sentinel"}, "redis.mode cannot change on an existing fleet: moving sessions "
+         "between Redis topologies is not supported; create a new fleet"),
+        ({"managed": True, "mode": "standalone"}, "redis.mode cannot change on an existing fleet"),
+        ({"managed": False, "url": "redis://db:6379/0"}, "redis.managed cannot change on an existing fleet"),
+        ({"managed": True, "mode": "cluster", "shards": 4}, "redis.shards and redis.replicas cannot change"),
+        ({"managed": True, "mode": "cluster", "replicas": 2}, "redis.shards and redis.replicas cannot change"),
+        ({"managed": True, "mode": "cluster", "storage": "2Gi"}, "redis.storage and redis.storageClassName cannot"),
+        ({"managed": True, "mode": "cluster", "storageClassName": "fast"}, "redis.storage and redis.storageClassName"),
+    ]  # fmt: skip
+    for redis_spec, message in refused:
+        out = k.apply(fleet(redis=redis_spec), check=False)
+        assert out.returncode != 0 and message in out.stderr, (redis_spec, out.stderr)
+        assert "spec.redis" in out.stderr
+    # what can change: resources, the image, the fsync policy, waitReplicas within the replicas
+    k.apply(fleet(redis={"managed": True, "mode": "cluster", "replicas": 1, "appendfsync": "always",
+                         "resources": {"cpu": "1", "memory": "1Gi"}, "waitReplicas": 1}))  # fmt: skip
+    assert k.get("brokerfleet", "edge")["spec"]["redis"]["appendfsync"] == "always"
+
+
+def test_sentinel_fleet_may_change_its_replicas_and_sentinels_and_an_existing_redis_its_address(k):
+    k.apply(fleet(name="a", redis={"managed": True}))
+    k.apply(fleet(name="a", redis={"managed": True, "replicas": 3, "sentinels": 5}))
+    assert k.get("brokerfleet", "a")["spec"]["redis"]["sentinels"] == 5
+    k.apply(fleet(name="b", redis={"url": "redis://db:6379/0"}))
+    k.apply(fleet(name="b", redis={"sentinel": {"nodes": ["s1:26379", "s2:26379"], "master": "m"}}))
+    k.apply(fleet(name="b", redis={"cluster": {"nodes": ["c1:6379"]}, "secretRef": {"name": "pw"}}))
+    # a development fleet without persistent volumes
+    k.apply(fleet(name="c", redis={"managed": True, "mode": "standalone", "storage": ""}))
+    assert k.get("brokerfleet", "c")["spec"]["redis"]["storage"] == ""
+    k.apply(
+        fleet(name="c", redis={"managed": True, "mode": "standalone", "storage": "", "image": "redis:7.2"})
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 
+import yaml
 from fleetmq.broker.config import BrokerConfig
 from fleetmq.operator import render
 
@@ -71,7 +72,7 @@ def test_fleet_and_zone_become_owned_children_with_status(k, run_operator):
     st = wait_for(lambda: (k.get("brokerfleet", "edge").get("status") or {}).get("conditions") and
                   k.get("brokerfleet", "edge")["status"], msg="fleet status")  # fmt: skip
     conds = {c["type"]: c for c in st["conditions"]}
-    assert set(conds) == {"Ready", "Progressing", "ConfigApplied", "Degraded"}
+    assert set(conds) == {"Ready", "Progressing", "ConfigApplied", "Degraded", "StoreReady"}
     for c in conds.values():
         assert (
             c["observedGeneration"] == f["metadata"]["generation"] and c["lastTransitionTime"] and c["reason"]
@@ -79,6 +80,8 @@ def test_fleet_and_zone_become_owned_children_with_status(k, run_operator):
     assert conds["Degraded"]["status"] == "False"
     assert conds["Ready"]["status"] == "False"  # no pod reports the config yet
     assert conds["ConfigApplied"]["reason"] == "ReportsUnavailable"  # redis://127.0.0.1:1 is not there
+    assert (conds["StoreReady"]["status"], conds["StoreReady"]["reason"]) == ("False", "Unreachable")
+    assert st["store"]["mode"] == "standalone" and st["store"]["managed"] is False
     assert st["selector"] == render.selector_string("edge")
     assert st["zones"]["external"]["generation"] == 1 and st["zoneCount"] == 1
     events = json.loads(k("get", "events", "-o", "json").stdout)["items"]
@@ -290,28 +293,33 @@ def test_redis_choices_and_service_monitor(k, run_operator, control_plane):
     assert k.get("service", "edge-redis")["spec"]["ports"][0]["port"] == 6379
     mon = wait_for(lambda: k.get("servicemonitor", "edge"), msg="service monitor")
     assert mon["spec"]["endpoints"][0]["port"] == "metrics"
-    assert "edge-redis" in config_of(k)["store"]["url"]
+    assert config_of(k)["store"]["sentinel"]["master"] == "edge"
 
-    # an external Redis with a password Secret: the password reaches the pods, not the ConfigMap
-    k.apply({**fleet(redis={"url": "redis://db.example:6379/0", "secretRef": {"name": "redis-pw"}}),
-             "spec": {**fleet()["spec"], "redis": {"managed": False, "url": "redis://db.example:6379/0",
-                                                   "secretRef": {"name": "redis-pw"}},
-                      "metrics": {"serviceMonitor": False}}})  # fmt: skip
-    degraded = wait_for(lambda: (c := k.condition("brokerfleet", "edge", "Degraded")).get("reason") == "ConfigInvalid"
+    # an existing Redis with a password Secret: the password reaches the pods as a file, not the ConfigMap
+    k.apply(fleet("ext", redis={"url": "redis://db.example:6379/0", "secretRef": {"name": "redis-pw"}},
+                  metrics={"serviceMonitor": False}))  # fmt: skip
+    degraded = wait_for(lambda: (c := k.condition("brokerfleet", "ext", "Degraded")).get("reason") == "ConfigInvalid"
                         and c, msg="missing secret reported")  # fmt: skip
     assert "redis-pw" in degraded["message"]
     k("create", "secret", "generic", "redis-pw", "--from-literal=password=s3cret")
-    wait_for(lambda: "db.example" in config_of(k)["store"]["url"], msg="external redis rendered")
-    assert "s3cret" not in json.dumps(k.get("configmap", "edge-config"))
-    env = {
-        e["name"]: e for e in k.get("statefulset", "edge")["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
-    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "redis-pw"
-    wait_for(lambda: k.get("statefulset", "edge-redis") is None, msg="managed redis pruned")
-    wait_for(lambda: k.get("servicemonitor", "edge") is None, msg="service monitor pruned")
-    wait_for(
-        lambda: k.condition("brokerfleet", "edge", "Degraded").get("status") == "False", msg="not degraded"
+    cm = wait_for(lambda: k.get("configmap", "ext-config"), msg="external redis rendered")
+    store = yaml.safe_load(cm["data"][render.CONFIG_KEY])["store"]
+    assert (
+        store["url"] == "redis://db.example:6379/0"
+        and store["password_file"] == "/etc/fleetmq/redis/password"
     )
+    assert "s3cret" not in json.dumps(cm)
+    pod = k.get("statefulset", "ext")["spec"]["template"]["spec"]
+    assert {"name": "redis-auth", "secret": {"secretName": "redis-pw", "items": [
+        {"key": "password", "path": "password"}], "defaultMode": 420}} in pod["volumes"]  # fmt: skip
+    assert k.get("statefulset", "ext-redis") is None and k.get("secret", "ext-redis-auth") is None
+    wait_for(
+        lambda: k.condition("brokerfleet", "ext", "Degraded").get("status") == "False", msg="not degraded"
+    )
+    k("delete", "brokerfleet", "edge", "--wait=true", "--timeout=30s")
+    if control_plane.controllers:  # its children go with it, the managed Redis' included
+        wait_for(lambda: k.get("statefulset", "edge-redis") is None, msg="managed redis collected")
+        wait_for(lambda: k.get("servicemonitor", "edge") is None, msg="service monitor collected")
 
 
 def test_operator_metrics_count_reconciles(k, run_operator):

@@ -1,20 +1,23 @@
-"""Every pod the operator creates (brokers, managed Redis, with TLS and users Secrets mounted) passes the
-"restricted" Pod Security Standard, as enforced by the real kube-apiserver."""
+"""Every pod the operator creates (brokers, the managed Redis' servers, sentinels and cluster Job in each
+mode, with TLS, users and password Secrets mounted) passes the "restricted" Pod Security Standard, as
+enforced by the real kube-apiserver."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from fleetmq.operator import render
 
 from .conftest import fleet, zone
 
 
-def test_rendered_pods_are_admitted_under_restricted(control_plane, kube_namespace):
+@pytest.mark.parametrize("mode", ["sentinel", "cluster", "standalone"])
+def test_rendered_pods_are_admitted_under_restricted(control_plane, kube_namespace, mode):
     control_plane.kubectl(
         "label", "namespace", kube_namespace, "pod-security.kubernetes.io/enforce=restricted", "--overwrite"
     )
-    f = fleet(redis={"managed": True})
+    f = fleet(redis={"managed": True, "mode": mode})
     f["metadata"] |= {"namespace": kube_namespace, "uid": "u-1", "generation": 1}
     z = zone(
         listeners=[{"name": "mqtts", "port": 8883, "protocol": "tls", "tlsSecretRef": {"name": "tls"}}],
@@ -27,13 +30,19 @@ def test_rendered_pods_are_admitted_under_restricted(control_plane, kube_namespa
     }
     accepted, rejected = render.select_zones(f, [z])
     assert not rejected
-    sets = [m for m in render.render(f, accepted).manifests if m["kind"] == "StatefulSet"]
-    assert {s["metadata"]["name"] for s in sets} == {"edge", "edge-redis"}
+    sets = [m for m in render.render(f, accepted).manifests if m["kind"] in ("StatefulSet", "Job")]
+    expected = {"edge", "edge-redis"} | ({"edge-redis-sentinel"} if mode == "sentinel" else set())
+    assert {s["metadata"]["name"] for s in sets if s["kind"] == "StatefulSet"} == expected
+    assert len(sets) == len(expected) + (mode == "cluster")  # the Job forming the cluster
     for sts in sets:
-        template = sts["spec"]["template"]
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": sts["metadata"]["name"] + "-0"},
-               "spec": template["spec"]}  # fmt: skip
+        name = sts["metadata"]["name"] + "-0"
+        spec = dict(sts["spec"]["template"]["spec"])
+        claims = [c["metadata"]["name"] for c in sts["spec"].get("volumeClaimTemplates", [])]
+        # what the StatefulSet controller adds for each claim template
+        spec["volumes"] = [*spec.get("volumes", []),
+                           *({"name": c, "persistentVolumeClaim": {"claimName": f"{c}-{name}"}} for c in claims)]  # fmt: skip
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
         out = control_plane.kubectl(
             "-n", kube_namespace, "apply", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False
         )
-        assert out.returncode == 0 and "violate" not in out.stderr, (sts["metadata"]["name"], out.stderr)
+        assert out.returncode == 0 and "violate" not in out.stderr, (name, out.stderr)

@@ -67,9 +67,12 @@ def test_config_is_the_broker_contract_and_hash_matches_what_brokers_compute():
 def test_every_child_is_owned_by_the_fleet_and_labelled():
     r = rendered(fleet(redis={"managed": True}), zone("external"), service_monitor=True)
     kinds = sorted(m["kind"] for m in r.manifests)
+    # brokers: config, StatefulSet, headless Service, zone Service, budget, monitor; the managed Redis
+    # (sentinel mode): its script, servers and sentinels with a Service and a budget each
     assert kinds == sorted(
-        ["ConfigMap", "StatefulSet", "StatefulSet", "Service", "Service", "Service", "PodDisruptionBudget",
-         "ServiceMonitor"]
+        ["ConfigMap", "StatefulSet", "Service", "Service", "PodDisruptionBudget", "ServiceMonitor",
+         "ConfigMap", "StatefulSet", "Service", "PodDisruptionBudget", "StatefulSet", "Service",
+         "PodDisruptionBudget"]
     )  # fmt: skip
     for m in r.manifests:
         (owner,) = m["metadata"]["ownerReferences"]
@@ -83,7 +86,9 @@ def test_every_child_is_owned_by_the_fleet_and_labelled():
         }
         assert m["metadata"]["labels"][render.L_MANAGED] == render.MANAGER
         assert m["metadata"]["namespace"] == "mq"
-    assert "edge-redis.mq.svc" in r.config["store"]["url"]
+    assert (
+        r.config["store"]["sentinel"]["nodes"][0] == "edge-redis-sentinel-0.edge-redis-sentinel.mq.svc:26379"
+    )
 
 
 def test_statefulset_pods_probe_drain_and_spread():
@@ -118,7 +123,8 @@ def test_zone_acl_and_listener_changes_leave_the_pod_template_alone():
     assert after.config_hash != before.config_hash
     assert broker_sts(after)["spec"]["template"] == broker_sts(before)["spec"]["template"]
     assert sorted(s["metadata"]["name"] for s in by_kind(after, "Service")) == [
-        "edge-external-mqtt", "edge-external-ws", "edge-headless", "edge-internal-mqtt", "edge-redis"
+        "edge-external-mqtt", "edge-external-ws", "edge-headless", "edge-internal-mqtt", "edge-redis",
+        "edge-redis-sentinel",
     ]  # fmt: skip
     ws = next(s for s in by_kind(after, "Service") if s["metadata"]["name"] == "edge-external-ws")
     assert ws["spec"]["ports"] == [{"name": "ws", "port": 8083, "targetPort": 8083, "protocol": "TCP"}]
@@ -134,18 +140,21 @@ def test_start_only_settings_and_image_change_the_pod_template():
     assert "version" not in json.dumps(base["metadata"]).lower()
 
 
-def test_redis_secret_password_goes_into_the_url_the_brokers_use():
-    f = fleet(redis={"url": "redis://db.example:6379/2", "secretRef": {"name": "redis-auth"}})
+def test_an_existing_redis_password_is_a_file_mounted_from_its_secret():
+    f = fleet(redis={"url": "redis://db.example:6379/2", "secretRef": {"name": "redis-auth", "key": "pw"}})
     r = rendered(f, zone("external"), redis_password="s3cret")
-    c = broker_sts(r)["spec"]["template"]["spec"]["containers"][0]
-    env = {e["name"]: e for e in c["env"]}
-    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "redis-auth", "key": "password"}
-    assert env["FLEETMQ_REDIS_URL"]["value"] == "redis://:$(REDIS_PASSWORD)@db.example:6379/2"
+    pod = broker_sts(r)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert r.config["store"] == {"kind": "redis", "url": "redis://db.example:6379/2",
+                                 "password_file": "/etc/fleetmq/redis/password", "wait_replicas": 0}  # fmt: skip
+    assert {"name": "redis-auth", "secret": {"secretName": "redis-auth", "items": [
+        {"key": "pw", "path": "password"}]}} in pod["volumes"]  # fmt: skip
+    assert {"name": "redis-auth", "mountPath": "/etc/fleetmq/redis", "readOnly": True} in c["volumeMounts"]
     assert "s3cret" not in json.dumps(r.manifests)
-    with_pw = BrokerConfig.model_validate(
-        r.config | {"store": r.config["store"] | {"url": "redis://:s3cret@db.example:6379/2"}}
-    )
-    assert with_pw.config_hash() == r.config_hash
+    assert [e["name"] for e in c["env"]] == ["POD_NAME"] and "--redis-url" not in c["args"]
+    # a changed password takes new broker pods (they read it at start)
+    other = rendered(f, zone("external"), redis_password="other")
+    assert broker_sts(other)["spec"]["template"] != broker_sts(r)["spec"]["template"]
 
 
 def test_tls_listener_and_users_secret_are_mounted():
@@ -159,7 +168,7 @@ def test_tls_listener_and_users_secret_are_mounted():
     assert r.config["zones"]["secure"]["users_file"] == "/etc/fleetmq/users/secure/users"
     pod = broker_sts(r)["spec"]["template"]["spec"]
     secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-    assert secrets == {"edge-tls", "edge-users"}
+    assert secrets == {"edge-tls", "edge-users", "edge-redis-auth"}  # and the managed Redis' password
 
 
 def test_port_conflict_rejects_the_younger_zone_only():

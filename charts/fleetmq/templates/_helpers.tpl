@@ -87,13 +87,13 @@ neither (no test pod). */}}
 
 {{/* What both pipeline containers share: the password, the volumes, the restricted security context. */}}
 {{- define "fleetmq.pipeline.container" -}}
-{{- with .p.redisPasswordSecretRef.name -}}
+{{- with .pw.name -}}
 env:
   - name: REDIS_PASSWORD
     valueFrom:
       secretKeyRef:
         name: {{ . }}
-        key: {{ $.p.redisPasswordSecretRef.key | default "password" }}
+        key: {{ $.pw.key | default "password" }}
 {{ end -}}
 resources:
   {{- toYaml .p.resources | nindent 2 }}

@@ -1,0 +1,345 @@
+"""The managed Redis' start script (operator/redis.sh) run for real, without Kubernetes: each "pod" is a
+process on loopback started by the script with the environment its container gets, the password in a
+file, the machine's redis-server and redis-cli.
+
+Sentinel: three servers and three sentinels form a primary with two replicas; the primary killed, the
+sentinels promote a replica and the old primary, started again through the script, rejoins as a replica
+of the new one; a sentinel started afresh finds the current primary; a stopping primary hands over first
+(prestop); a broker's StoreConnections reaches it all through the config the operator renders.
+Cluster: six servers, the create step forms 3 shards with a replica each, a second run does nothing, a
+killed primary's replica takes over and the restarted node rejoins from its nodes.conf.
+
+FLEETMQ_REDIS_SH_PATH=DIR runs the script with the sh, sed, grep, timeout... found in DIR (say, busybox's
+applets linked there beside redis-server and redis-cli: what redis:7-alpine has) instead of /usr/bin:/bin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import redis
+from fleetmq.broker.config import RedisStoreConfig
+from fleetmq.broker.redisclient import StoreConnections
+from fleetmq.operator import render
+
+from tests.support import HOST, RedisServer, free_port, wait_until
+
+pytestmark = pytest.mark.redis
+
+SCRIPT = Path(render.__file__).with_name("redis.sh")
+SH_PATH = os.environ.get("FLEETMQ_REDIS_SH_PATH", "/usr/bin:/bin")
+PASSWORD = "s3cret-for-the-test"
+MASTER = "edge"
+
+
+class ScriptedRedis(RedisServer):
+    """One Redis "pod": `redis.sh <role>` with the container's environment (the script execs the server,
+    so this process is the server)."""
+
+    def __init__(self, data_dir: Path, port: int, role: str, env: dict[str, str]):
+        self.role, self.environment = role, env
+        self.password = PASSWORD
+        super().__init__(data_dir, port, autostart=False)
+
+    def argv(self) -> list[str]:
+        return ["sh", str(SCRIPT), self.role]
+
+    def env(self) -> dict[str, str]:
+        return {"PATH": SH_PATH, **self.environment}
+
+    @property
+    def host(self) -> str:
+        return self.environment.get("REDIS_LOCAL", HOST)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def run_script(command: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", str(SCRIPT), command],
+        env={"PATH": SH_PATH, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def role(server: RedisServer) -> list:
+    return server.command("ROLE", decode=True)
+
+
+@pytest.fixture
+def password_file(tmp_path) -> Path:
+    path = tmp_path / "auth" / "password"
+    path.parent.mkdir()
+    path.write_text(PASSWORD)
+    return path
+
+
+# ------------------------------------------------------------------------------------------- sentinel
+class SentinelDeployment:
+    """What the sentinel mode's two StatefulSets run: 3 Redis servers and 3 sentinels."""
+
+    def __init__(self, base: Path, password_file: Path, servers: int = 3, sentinels: int = 3):
+        self.base = base
+        self.server_ports = [free_port() for _ in range(servers)]
+        self.sentinel_ports = [free_port() for _ in range(sentinels)]
+        self.common = {
+            "REDIS_PASSWORD_FILE": str(password_file),
+            "REDIS_MODE": "sentinel",
+            "REDIS_BIND": HOST,
+            "REDIS_NODES": " ".join(f"{HOST}:{p}" for p in self.server_ports),
+            "SENTINEL_NODES": " ".join(f"{HOST}:{p}" for p in self.sentinel_ports),
+            "SENTINEL_MASTER": MASTER,
+            "SENTINEL_DOWN_AFTER_MS": "1000",
+            "SENTINEL_FAILOVER_TIMEOUT_MS": "6000",
+        }
+        self.servers = [
+            ScriptedRedis(base / f"redis-{i}", port, "server", self.server_env(i))
+            for i, port in enumerate(self.server_ports)
+        ]
+        self.sentinels = [
+            ScriptedRedis(base / f"sentinel-{i}", port, "sentinel", self.sentinel_env(i))
+            for i, port in enumerate(self.sentinel_ports)
+        ]
+
+    def server_env(self, i: int) -> dict[str, str]:
+        port = self.server_ports[i]
+        return {
+            **self.common,
+            "REDIS_SELF": f"{HOST}:{port}",
+            "REDIS_PORT": str(port),
+            "REDIS_DATA_DIR": str(self.base / f"redis-{i}"),  # the PersistentVolumeClaim
+            "REDIS_CONF_DIR": str(self.base / f"conf-redis-{i}"),  # the pod's emptyDir
+        }
+
+    def sentinel_env(self, i: int) -> dict[str, str]:
+        port = self.sentinel_ports[i]
+        return {
+            **self.common,
+            "SENTINEL_SELF": f"{HOST}:{port}",
+            "SENTINEL_PORT": str(port),
+            "REDIS_CONF_DIR": str(self.base / f"conf-sentinel-{i}"),
+        }
+
+    def named_primary(self, sentinel: RedisServer) -> str | None:
+        reply = sentinel.command("SENTINEL", "get-master-addr-by-name", MASTER, decode=True)
+        return f"{reply[0]}:{reply[1]}" if reply else None
+
+    def primaries(self) -> set[str | None]:
+        return {self.named_primary(s) for s in self.sentinels if s.alive()}
+
+    def server_at(self, address: str) -> ScriptedRedis:
+        return next(s for s in self.servers if s.address == address)
+
+    def probe(self, command: str, server: ScriptedRedis) -> int:
+        return run_script(command, server.environment, timeout=30).returncode
+
+    def stop(self) -> None:
+        for p in [*self.sentinels, *self.servers]:
+            p.stop()
+
+
+@pytest.fixture
+def sentinel_deployment(tmp_path, password_file):
+    d = SentinelDeployment(tmp_path, password_file)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def test_sentinel_bootstrap_failover_and_rejoin(sentinel_deployment, tmp_path, password_file):
+    d = sentinel_deployment
+    # the pods start in any order (Parallel): replicas first, then pod 0, then the sentinels
+    for server in reversed(d.servers):
+        server.start()
+    for sentinel in d.sentinels:
+        sentinel.start()
+    first, *replicas = d.servers
+    wait_until(lambda: role(first)[0] == "master" and len(role(first)[2]) == 2, timeout=20, msg="2 replicas")
+    for r in replicas:
+        assert role(r)[:2] == ["slave", HOST] and role(r)[2] == first.port
+    wait_until(lambda: d.primaries() == {first.address}, timeout=20, msg="sentinels name pod 0")
+
+    def knows_all(s: RedisServer) -> bool:
+        info = s.command("SENTINEL", "master", MASTER, decode=True)
+        fields = dict(zip(info[::2], info[1::2], strict=True))
+        return fields["num-slaves"] == "2" and fields["num-other-sentinels"] == "2"
+
+    wait_until(lambda: all(knows_all(s) for s in d.sentinels), timeout=30, msg="sentinels see everyone")
+    for server in d.servers:
+        wait_until(lambda s=server: d.probe("ready", s) == 0, timeout=20, msg=f"{server.address} ready")
+        assert d.probe("live", server) == 0
+    for sentinel in d.sentinels:
+        assert d.probe("sentinel-ready", sentinel) == 0 and d.probe("sentinel-live", sentinel) == 0
+
+    # the password is required by servers and sentinels alike, and is in no config a probe could leak
+    for p in [first, d.sentinels[0]]:
+        with redis.Redis(host=HOST, port=p.port) as anonymous, pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+    for conf in tmp_path.glob("conf-*/*.conf"):
+        assert conf.stat().st_mode & 0o077 == 0, f"{conf} is readable by others"
+
+    first.command("SET", "fmq:{c}:m", "kept")
+    assert first.command("WAIT", "2", "5000") == 2
+
+    # the primary dies: the sentinels promote a replica; pod 0, started again, follows the new primary
+    first.kill()
+    (promoted, *_) = wait_until(lambda: d.primaries() - {first.address, None}, timeout=30, msg="a failover")
+    new = d.server_at(promoted)  # (the other sentinels may name pod 0 for a moment longer)
+    assert new is not first and role(new)[0] == "master"
+    first.start()
+    assert role(first)[0] == "slave" and role(first)[2] == new.port, role(first)
+    wait_until(lambda: first.command("GET", "fmq:{c}:m") == b"kept", timeout=20, msg="pod 0 in sync")
+    assert "replica of" in first.log() and f"{HOST}:{new.port}" in first.log()
+    wait_until(lambda: d.probe("ready", first) == 0, timeout=20, msg="pod 0 ready again")
+
+    # a sentinel starting afresh (its pod replaced) asks the others: it watches the new primary, not pod 0
+    d.sentinels[0].kill()
+    for f in Path(d.sentinels[0].environment["REDIS_CONF_DIR"]).glob("*"):
+        f.unlink()
+    d.sentinels[0].start()
+    assert d.named_primary(d.sentinels[0]) == new.address
+    wait_until(lambda: d.probe("sentinel-ready", d.sentinels[0]) == 0, timeout=20, msg="sentinel ready")
+
+    # a broker reaches the primary through the sentinels with the password files of the rendered config
+    cfg = RedisStoreConfig(
+        kind="redis",
+        sentinel={
+            "nodes": [s.address for s in d.sentinels],
+            "master": MASTER,
+            "password_file": str(password_file),
+        },
+        password_file=str(password_file),
+        wait_replicas=1,
+    )
+
+    async def through_the_broker_client() -> tuple[bytes, list[str]]:
+        conns = StoreConnections(cfg, "test")
+        try:
+            value = await conns.redis.get("fmq:{c}:m")
+            return value, conns.primaries()
+        finally:
+            await conns.close()
+
+    assert asyncio.run(through_the_broker_client()) == (b"kept", [new.address])
+
+    # a primary being stopped (preStop) asks the sentinels to promote a replica before it goes
+    wait_until(lambda: all(d.probe("ready", s) == 0 for s in d.servers), timeout=30, msg="all in sync")
+    out = run_script("prestop", new.environment)
+    assert out.returncode == 0, out.stderr
+    assert role(new)[0] == "slave", out.stderr
+    wait_until(lambda: d.primaries() - {new.address, None}, timeout=20, msg="the planned failover")
+    assert (
+        d.probe("prestop", d.servers[1] if new is not d.servers[1] else d.servers[2]) == 0
+    )  # replicas: no-op
+
+
+# ------------------------------------------------------------------------------------------- cluster
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+def test_cluster_create_once_failover_and_rejoin(tmp_path, password_file):
+    ports = [free_cluster_port() for _ in range(6)]
+    nodes = " ".join(f"{HOST}:{p}" for p in ports)
+    common = {
+        "REDIS_PASSWORD_FILE": str(password_file),
+        "REDIS_MODE": "cluster",
+        "REDIS_BIND": HOST,
+        "REDIS_NODES": nodes,
+        "CLUSTER_NODE_TIMEOUT_MS": "1000",
+        "CLUSTER_REPLICAS": "1",
+    }
+    servers = [
+        ScriptedRedis(
+            tmp_path / f"redis-{i}",
+            port,
+            "server",
+            {
+                **common,
+                "REDIS_SELF": f"{HOST}:{port}",
+                "REDIS_PORT": str(port),
+                "REDIS_CONF_DIR": str(tmp_path / f"conf-{i}"),
+                "REDIS_DATA_DIR": str(tmp_path / f"redis-{i}"),
+            },
+        )
+        for i, port in enumerate(ports)
+    ]
+    try:
+        for s in servers:
+            s.start()
+        assert all(run_script("ready", s.environment).returncode == 1 for s in servers)  # not formed yet
+        out = run_script("cluster-create", common, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        for s in servers:
+            assert "cluster_state:ok" in s.command("CLUSTER", "INFO", decode=True)
+            assert run_script("ready", s.environment).returncode == 0
+        roles = [role(s)[0] for s in servers]
+        assert sorted(roles) == ["master"] * 3 + ["slave"] * 3
+        again = run_script("cluster-create", common)
+        assert again.returncode == 0 and "the cluster is formed" in again.stderr, again.stderr
+
+        from redis.cluster import ClusterNode, RedisCluster
+
+        client = RedisCluster(
+            startup_nodes=[ClusterNode(HOST, p) for p in ports], password=PASSWORD, decode_responses=True
+        )
+        try:
+            for i in range(30):
+                client.set(f"fmq:{{client-{i}}}:m", str(i))
+            primary = next(s for s in servers if role(s)[0] == "master" and s.dbsize() > 0)
+            replica_of_it = next(s for s in servers if role(s)[0] == "slave" and role(s)[2] == primary.port)
+            assert primary.command("WAIT", "1", "5000") == 1
+
+            primary.kill()
+            wait_until(lambda: role(replica_of_it)[0] == "master", timeout=30, msg="the replica takes over")
+            primary.start()  # from its nodes.conf: it rejoins, as a replica of the node that replaced it
+            wait_until(lambda: role(primary)[0] == "slave" and role(primary)[2] == replica_of_it.port,
+                       timeout=30, msg="the old primary rejoins as a replica")  # fmt: skip
+            wait_until(lambda: run_script("ready", primary.environment).returncode == 0, timeout=30,
+                       msg="rejoined node ready")  # fmt: skip
+            assert [client.get(f"fmq:{{client-{i}}}:m") for i in range(30)] == [str(i) for i in range(30)]
+        finally:
+            client.close()
+
+        # every pod comes back at once, each with a new address (its DNS name, here its REDIS_NODES entry,
+        # follows; nodes.conf still has the old ones): the readiness probes introduce the nodes again
+        for s in servers:
+            s.stop()
+        moved = [f"127.0.0.{10 + i}:{p}" for i, p in enumerate(ports)]
+        for s, address in zip(servers, moved, strict=True):
+            ip = address.rpartition(":")[0]
+            s.environment |= {
+                "REDIS_NODES": " ".join(moved),
+                "REDIS_SELF": address,
+                "REDIS_BIND": ip,
+                "REDIS_LOCAL": ip,
+            }
+            s.start()
+
+        def probes_pass() -> bool:  # what the kubelet does every few seconds
+            return all(run_script("ready", s.environment).returncode == 0 for s in servers)
+
+        wait_until(probes_pass, timeout=60, interval=1, msg="the cluster whole again at the new addresses")
+    finally:
+        for s in servers:
+            s.stop()
