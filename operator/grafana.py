@@ -890,7 +890,7 @@ def store() -> Dashboard:
     d.add(
         timeseries(
             "Event log records",
-            "Events appended to the fleet's Redis Stream per second (written), and those dropped rather than "
+            "Events appended to the fleet's Redis Streams per second (written), and those dropped rather than "
             "slowing delivery down when sends fail or fall behind. Exported while event_log is enabled.",
             [Target(rate("fleetmq_event_log_records_total", FLEET, "outcome"), "{{outcome}}")],
             "ops",
