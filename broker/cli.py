@@ -39,7 +39,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--event-log",
         action="store_true",
-        help="append delivery events to the fleet's Redis Stream (the pipeline's input; see event_log:)",
+        help="append delivery events to the fleet's Redis Streams (the pipeline's input; see event_log:)",
     )
     p.add_argument(
         "--workers",

@@ -152,7 +152,7 @@ class MetricsConfig(_Model):
 
 class EventLogConfig(_Model):
     enabled: bool = Field(
-        False, description="Append events to the fleet's Redis Stream (read by the pipeline)"
+        False, description="Append events to the fleet's Redis Streams (read by the pipeline)"
     )
     max_len: int = Field(1_000_000, ge=1, description="Approximate length the stream is trimmed to")
     sample: float = Field(
@@ -169,9 +169,12 @@ class EventLogConfig(_Model):
         "(zone_config records carry the rate in force) so the log never slows delivery; 0 = no cap",
     )
     fleet: str = Field(
-        "fleetmq", min_length=1, description="Fleet name; the stream is the Redis key fmq:eventlog:<fleet>"
+        "fleetmq",
+        min_length=1,
+        pattern=r"^[^{}]+$",
+        description="Fleet name; the log is the Redis streams fmq:eventlog:<fleet>:{<tag>}, one a partition",
     )
-    redis_url: str | None = Field(None, description="Redis holding the stream (default: the session store's)")
+    redis_url: str | None = Field(None, description="Redis holding the streams (default: the session store's)")
 
 
 class BrokerConfig(_Model):
@@ -227,7 +230,7 @@ class BrokerConfig(_Model):
     def _check_event_log(self) -> BrokerConfig:
         if self.event_log.enabled and self.event_log.redis_url is None and self.store.kind != "redis":
             raise ValueError(
-                "event_log.redis_url: the event log is a Redis Stream: set event_log.redis_url or use the "
+                "event_log.redis_url: the event log is Redis Streams: set event_log.redis_url or use the "
                 "Redis session store"
             )
         return self

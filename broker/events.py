@@ -1,16 +1,26 @@
-"""The event log: flat delivery records appended to a Redis Stream per fleet, the PySpark pipeline's input.
+"""The event log: flat delivery records appended to a fleet's Redis Streams, the PySpark pipeline's input.
 
-The data path only formats one string and appends it to a list (``EventLog.emit``: no I/O, no logging); a
-background task sends the buffer every ``interval`` seconds, or as soon as it holds ``batch`` records, as one
-EVAL whose script splits each record and XADDs it (``MAXLEN ~ max_len``): one round trip, one argument
-per record and one reply per batch, where a pipeline of XADDs costs the event loop about ten times more
-packing and a reply to parse per record. The stream gets its own connection so a slow batch never delays
-session-store writes.
+The log is ``keys.EVENT_PARTITIONS`` streams (``keys.event_streams``) whose slots sit evenly over a Redis
+Cluster's primaries, so no one slot carries the fleet's event traffic. A record goes to its message's
+partition (msg_id: a message's publish_in, deliver, ack and retransmit records, written by any node, share
+a stream, each node's in the order it wrote them), or, when it has no message, its client's (connect,
+disconnect, takeover...); zone_config records go to their node's. On a single Redis (or Sentinel's
+primary) all partitions live on the one server: the same code path.
 
-Overload: the buffer holds at most ``max_buffer`` records; past that, and for batches that cannot be sent
-while Redis is slow or down, records are dropped and counted (``dropped``), never waited for. A batch whose
-send failed is retried while it fits in the buffer, so an outcome-unknown send may store a record twice;
-the unique ``eid`` lets readers drop the copy.
+The data path only formats one tuple and appends it to a list (``EventLog.emit``: no I/O, no logging); a
+background task sends the buffer every ``interval`` seconds, or as soon as it holds ``batch`` records: one
+EVAL per partition the batch touches, whose script splits each record and XADDs it (``MAXLEN ~`` the
+partition's share of ``max_len``), and the EVALs of the partitions one shard serves pipelined in a single
+round trip, the shards in parallel: one argument per record and one reply per partition, where a pipeline
+of XADDs costs the event loop about ten times more packing and a reply to parse per record. The log has
+its own connection to each shard, so a slow batch never delays session-store writes. An EVAL a cluster
+shard redirects (MOVED: its slot moved, so it did not run) is sent again once the map is read again
+(``StoreConnections.refresh``).
+
+Overload: the buffer holds at most ``max_buffer`` records; past that, and for records whose send failed
+while Redis (a shard) is slow or down, records are dropped and counted (``dropped``), never waited for.
+The records of a failed send are retried while they fit in the buffer, so an outcome-unknown send may
+store a record twice; the unique ``eid`` lets readers drop the copy.
 
 Sampling (``sample`` < 1) keeps the per-message events (``SAMPLED_EVENTS``) of a deterministic subset of
 message ids, the same subset on every node, so a sampled message keeps its publish_in, deliver, ack and
@@ -29,8 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import hiredis
-from redis.asyncio import ConnectionPool
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import RedisError, ResponseError
 
 from . import keys
@@ -45,6 +54,7 @@ from .eventschema import (
     sample_threshold,
     sampled,
 )
+from .redisclient import Shard, StoreConnections, redirected
 
 if TYPE_CHECKING:
     from .config import EventLogConfig
@@ -83,6 +93,17 @@ end
 return stored
 """
 _VALUE_TYPES = (str, int, float)
+#: sends of one batch to the shard a cluster's map names, while shards answer MOVED (the map is changing)
+_REDIRECT_TRIES = 4
+
+
+def partition(msg_id: int, client: str) -> int:
+    """A record's partition: its message's if it has one (msg_id >= 0; a node numbers its messages in
+    sequence, so they spread evenly, sampled or not), else its client's (``client``: a client_hash)."""
+    if isinstance(msg_id, int) and msg_id >= 0:
+        return msg_id % keys.EVENT_PARTITIONS
+    return int(client[:8], 16) % keys.EVENT_PARTITIONS
+
 
 #: how often the overload cap re-estimates the offered rate (short: a burst is cut within this long)
 ADAPT_INTERVAL = 0.25
@@ -90,12 +111,12 @@ _CLIENT_CACHE_MAX = 100_000
 
 
 class EventLog:
-    """One node's writer to its fleet's event stream. ``await start()``, ``emit(...)`` from the data path,
+    """One node's writer to its fleet's event log. ``await start()``, ``emit(...)`` from the data path,
     ``await stop()`` to send what is buffered (within ``timeout``) and close."""
 
     def __init__(
         self,
-        redis: str | ConnectionPool,
+        redis: str | StoreConnections,
         *,
         fleet: str,
         node: str,
@@ -119,9 +140,10 @@ class EventLog:
             )
         if interval <= 0 or timeout <= 0 or config_interval <= 0:
             raise ValueError("event log interval, timeout and config_interval must be > 0")
-        self.key = keys.event_stream(fleet)
+        self.streams = keys.event_streams(fleet)
         self.node = node
         self.max_len = max_len
+        self._partition_len = -(-max_len // keys.EVENT_PARTITIONS)  # (rounded up: the whole keeps max_len)
         self.sample = sample
         self._threshold = sample_threshold(sample)
         if max_rate < 0:
@@ -140,16 +162,18 @@ class EventLog:
         self.max_buffer = max_buffer
         self.timeout = timeout
         self.config_interval = config_interval
-        if isinstance(redis, ConnectionPool):  # (the session store's, following its primary)
-            self._pool = redis
+        # the store's shards (following its primaries), or a Redis of the log's own
+        if isinstance(redis, StoreConnections):
+            self._conns, self._own = redis, False
         else:
             try:
-                self._pool = ConnectionPool.from_url(
-                    redis, socket_timeout=timeout, socket_connect_timeout=timeout
-                )
+                self._conns, self._own = StoreConnections.of_url(redis, f"fleetmq:{node}"), True
             except ValueError as e:
                 raise ValueError(f"event log redis url {redis!r}: {e}") from e
-        self._conn: AbstractConnection | None = None
+        # by shard address: the log's own pool there and its one connection
+        self._pools: dict[str, ConnectionPool] = {}
+        self._links: dict[str, AbstractConnection] = {}
+        self._node_partition = partition(-1, client_hash(node))
         self.run = os.urandom(6).hex()  # eid prefix: unique per log instance, so eids never repeat
         self._seq = itertools.count(1)
         self._buf: list[tuple[Any, ...]] = []
@@ -163,14 +187,16 @@ class EventLog:
         self._closing = False
         self._sending = 0
         #: records stored in Redis (confirmed by a reply), dropped (overload, Redis down, bad values; a send
-        #: that timed out may still have been stored), and failed sends (their records retried or dropped)
+        #: that timed out may still have been stored), failed sends (their records retried or dropped), and
+        #: round trips (one per shard a batch touches)
         self.written = 0
         self.dropped = 0
         self.errors = 0
+        self.round_trips = 0
 
     @classmethod
     def from_config(
-        cls, config: EventLogConfig, *, redis: str | ConnectionPool, fleet: str, node: str, **kwargs: Any
+        cls, config: EventLogConfig, *, redis: str | StoreConnections, fleet: str, node: str, **kwargs: Any
     ) -> EventLog | None:
         """The log a node's config asks for, or None when it is disabled."""
         if not config.enabled:
@@ -274,6 +300,8 @@ class EventLog:
     async def start(self) -> None:
         """Start the background flush task (idempotent)."""
         if self._task is None or self._task.done():
+            if self._own:
+                await self._conns.open()
             self._config_due = 0.0
             self._task = asyncio.get_running_loop().create_task(self._run(), name="fleetmq-eventlog")
 
@@ -298,11 +326,15 @@ class EventLog:
         self.dropped += len(self._buf)
         self._buf.clear()
         self._closing = False
-        if self._conn is not None:
+        for conn in self._links.values():
             with contextlib.suppress(Exception):
-                await self._conn.disconnect()
-            self._conn = None
-        await self._pool.disconnect()
+                await conn.disconnect()
+        self._links.clear()
+        for pool in self._pools.values():
+            await pool.disconnect()
+        self._pools.clear()
+        if self._own:
+            await self._conns.close()
 
     async def _run(self) -> None:
         backoff = 0.0
@@ -339,70 +371,190 @@ class EventLog:
         ]
 
     async def flush(self, *, retry: bool = True) -> None:
-        """Send everything buffered now, batch by batch. After a failed send (or a cancel) the unsent records
-        go back to the buffer, as far as it has room (retry=False: none do); the rest are counted dropped."""
+        """Send everything buffered now, batch by batch; once a shard fails, the rest of its records are not
+        sent this time (the other shards' are). The records of failed sends (and of the batch a cancel cut
+        off) go back to the buffer, as far as it has room (retry=False: none do); the rest are counted
+        dropped."""
         pending, self._buf = self._buf, []
         self._sending = len(pending)
+        unsent: list[tuple[Any, ...]] = []
+        down: set[str] = set()  # the shards that failed in this flush
         i = 0
-        ok = False
         try:
             if self._configs:  # rare (start, reload, every config_interval): its own round trip
-                self.written += await self._send(_CONFIG_RECORD, self._configs)
-                self._configs = []
+                configs = {self._node_partition: self._configs}
+                stored, self._configs = await self._send(_CONFIG_RECORD, configs, down)  # (kept if unsent)
+                self.written += stored
             while i < len(pending):
                 chunk = pending[i : i + self.batch]
-                stored = await self._send(_RECORD, chunk)
-                self.written += stored
-                self.dropped += len(chunk) - stored  # malformed records the script skipped
+                stored, failed = await self._send(_RECORD, self._partitioned(chunk), down)
                 i += len(chunk)
-            ok = True
-        except (RedisError, OSError, TimeoutError) as e:
-            self.errors += 1
-            if not self._failing:
-                self._failing = True
-                log.warning(
-                    "event log: cannot write to Redis (%s); buffering up to %d events", e, self.max_buffer
-                )
+                self.written += stored
+                self.dropped += len(chunk) - stored - len(failed)  # malformed records the script skipped
+                unsent += failed
         finally:
             self._sending = 0
-            if not ok:
-                rest = pending[i:] if retry else []
-                self.dropped += len(pending) - i - len(rest)
-                overflow = len(rest) + len(self._buf) - self.max_buffer
+            rest = unsent + pending[i:]
+            if rest:
+                keep = rest if retry else []
+                self.dropped += len(rest) - len(keep)
+                overflow = len(keep) + len(self._buf) - self.max_buffer
                 if overflow > 0:
                     self.dropped += overflow
-                    rest = rest[overflow:]
-                self._buf[:0] = rest
-        if ok and self._failing:
+                    keep = keep[overflow:]
+                self._buf[:0] = keep
+        if self._failing and not unsent and not self._configs:
             self._failing = False
             log.warning("event log: writing to Redis again (%d events dropped so far)", self.dropped)
 
-    async def _send(self, layout: tuple[str, ...], records: list[tuple[Any, ...]]) -> int:
-        """One round trip: an EVAL of the records; returns how many Redis stored (a record with a value that
-        is not a str, int or float is left out)."""
+    @staticmethod
+    def _partitioned(records: list[tuple[Any, ...]]) -> dict[int, list[tuple[Any, ...]]]:
+        groups: dict[int, list[tuple[Any, ...]]] = {}
+        for rec in records:  # (_RECORD: rec[4] is the client, rec[5] the msg_id)
+            p = partition(rec[5], rec[4])
+            group = groups.get(p)
+            if group is None:
+                groups[p] = [rec]
+            else:
+                group.append(rec)
+        return groups
+
+    async def _send(
+        self, layout: tuple[str, ...], groups: dict[int, list[tuple[Any, ...]]], down: set[str]
+    ) -> tuple[int, list[tuple[Any, ...]]]:
+        """Each partition's records as one EVAL, those of one shard pipelined in one round trip, the shards
+        in parallel, except to shards in ``down`` (those that failed, to which this adds). Returns how many
+        records Redis stored and those of the partitions not sent or whose send failed (Redis refused it,
+        or its outcome is unknown); a record with a value that is not a str, int or float is in neither.
+        EVALs a shard redirected (they did not run) go again where the map, read again, says."""
+        evals: dict[int, bytes] = {}
+        for p, records in groups.items():
+            evals[p], groups[p] = self._eval(layout, p, records)
+        stored = 0
+        failed: list[int] = []
+        todo = list(evals)
+        for attempt in range(_REDIRECT_TRIES):
+            by_shard: dict[str, tuple[Shard, list[int]]] = {}
+            for p in todo:
+                shard = self._conns.shard_for(self.streams[p])
+                if shard.address in down:
+                    failed.append(p)
+                else:
+                    by_shard.setdefault(shard.address, (shard, []))[1].append(p)
+            results = await asyncio.gather(
+                *(self._round_trip(shard, [evals[p] for p in ps]) for shard, ps in by_shard.values()),
+                return_exceptions=True,
+            )
+            todo = []
+            lost = busy = False
+            for (shard, ps), result in zip(by_shard.values(), results, strict=True):
+                if not isinstance(result, list):
+                    if not isinstance(result, RedisError | OSError | TimeoutError):
+                        raise result
+                    self._failed(result, shard)
+                    failed += ps
+                    down.add(shard.address)
+                    lost = True
+                    continue
+                for p, reply in zip(ps, result, strict=True):
+                    if redirected(reply):
+                        todo.append(p)
+                        busy = busy or not str(reply).startswith("MOVED ")
+                    elif isinstance(reply, ResponseError):  # (OOM, READONLY...): it did not run
+                        self._failed(reply, shard)
+                        failed.append(p)
+                    else:
+                        stored += int(reply)
+            if not (todo or lost) or not self._conns.sharded:
+                break
+            # a shard redirected (its slots moved) or went away (a replica may be taking over)
+            if not await self._refresh() or not todo or attempt == _REDIRECT_TRIES - 1:
+                break
+            if busy:  # TRYAGAIN, CLUSTERDOWN: a failover or a migration under way
+                await asyncio.sleep(0.1 * (attempt + 1))
+        if todo:
+            self._failed(RedisError(f"still redirected after {_REDIRECT_TRIES} sends"))
+            failed += todo
+        return stored, [rec for p in failed for rec in groups[p]]
+
+    async def _refresh(self) -> bool:
+        """Read the cluster's map again and close the connections to servers no longer primaries."""
+        try:
+            await self._conns.refresh()
+        except (RedisError, OSError) as e:
+            log.warning("event log: cannot read the Redis Cluster's map: %s", e)
+            return False
+        current = {s.address for s in self._conns.shards}
+        for address in [a for a in self._pools if a not in current]:
+            conn = self._links.pop(address, None)
+            pool = self._pools.pop(address)
+            with contextlib.suppress(Exception):
+                if conn is not None:
+                    await conn.disconnect()
+                await pool.disconnect()
+        return True
+
+    def _eval(
+        self, layout: tuple[str, ...], p: int, records: list[tuple[Any, ...]]
+    ) -> tuple[bytes, list[tuple[Any, ...]]]:
+        """The EVAL of one partition's records, and the records it holds (those with sendable values)."""
         # EVAL rather than EVALSHA: the script is small next to a batch and Redis caches it by its sha, so
-        # there is no NOSCRIPT to recover from after a Redis restart
-        args: list[Any] = ["EVAL", _XADD_BATCH, 1, self.key, self.max_len, self.node, self.run, len(layout)]
+        # there is no NOSCRIPT to recover from after a Redis restart or a failover
+        args: list[Any] = [
+            "EVAL", _XADD_BATCH, 1, self.streams[p], self._partition_len, self.node, self.run, len(layout)
+        ]  # fmt: skip
         args += layout
         for rec in records:
             args += rec
         try:
-            packed = hiredis.pack_command(tuple(args))
+            return hiredis.pack_command(tuple(args)), records
         except TypeError:  # a bad value (None...): leave its records out rather than lose the batch
             del args[8 + len(layout) :]
+            records = [
+                rec
+                for rec in records
+                if all(isinstance(v, _VALUE_TYPES) and not isinstance(v, bool) for v in rec)
+            ]
             for rec in records:
-                if all(isinstance(v, _VALUE_TYPES) and not isinstance(v, bool) for v in rec):
-                    args += rec
-            packed = hiredis.pack_command(tuple(args))
-        conn = self._conn
+                args += rec
+            return hiredis.pack_command(tuple(args)), records
+
+    async def _round_trip(self, shard: Shard, commands: list[bytes]) -> list[Any]:
+        """One shard's EVALs, sent together on the log's own connection there, every reply read (an error
+        reply in its command's place) within ``timeout``."""
+        conn = self._links.get(shard.address)
         if conn is None:
+            pool = self._pools.get(shard.address)
+            if pool is None:
+                pool = self._pools[shard.address] = self._conns.new_pool(shard)
             # redis-py leaves make_connection unannotated; it returns the pool's connection class
-            conn = self._conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
+            conn = self._links[shard.address] = pool.make_connection()  # type: ignore[no-untyped-call]
         try:
-            await conn.send_packed_command(packed, check_health=False)
-            return int(await conn.read_response())
-        except ResponseError:
-            raise  # an error reply (OOM, WRONGTYPE...) was read in full: the connection stays usable
+            async with asyncio.timeout(self.timeout):
+                await conn.send_packed_command(commands, check_health=False)
+                replies: list[Any] = []
+                for _ in commands:
+                    try:
+                        replies.append(await conn.read_response())
+                    except ResponseError as e:  # read in full: the connection stays usable
+                        replies.append(e)
         except BaseException:
+            self._links.pop(shard.address, None)
             await conn.disconnect()  # a reply may still be on its way: never reuse this socket
             raise
+        self.round_trips += 1
+        return replies
+
+    def _failed(self, error: BaseException, shard: Shard | None = None) -> None:
+        self.errors += 1
+        if not self._failing:
+            self._failing = True
+            where = (
+                f" {shard.address}" if shard and self._conns.sharded else ""
+            )  # (a url may hold a password)
+            log.warning(
+                "event log: cannot write to Redis%s (%s); buffering up to %d events",
+                where,
+                error,
+                self.max_buffer,
+            )

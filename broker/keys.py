@@ -2,8 +2,8 @@
 
 A session's keys share the hash tag ``{client_id}`` so that they live in one Redis Cluster slot and one
 script can change them together; everything else is fleet-wide, spread over slots where it is busy
-(retained messages in buckets). Other programs read some of these (the operator a node's report, the
-pipeline the event stream), so they import this module, not the broker.
+(retained messages in buckets, the event log in partitions). Other programs read some of these (the operator a node's report, the
+pipeline the event log), so they import this module, not the broker.
 """
 
 from __future__ import annotations
@@ -150,11 +150,35 @@ def reap_lock(node_id: str) -> str:
     return f"{PREFIX}:reap:{{{node_id}}}"
 
 
-#: prefix of a fleet's event stream (``fmq:events`` is the pub/sub channel above, hence another name)
+#: prefix of a fleet's event log (``fmq:events`` is the pub/sub channel above, hence another name)
 EVENT_STREAM_PREFIX = f"{PREFIX}:eventlog:"
+#: the streams a fleet's event log is split into: enough that each primary of a cluster gets its share of
+#: the fleet's busiest writes, few enough that a batch still takes few EVALs and a reader few calls
+EVENT_PARTITIONS = 16
+
+
+@functools.cache
+def event_streams(fleet: str) -> tuple[str, ...]:
+    """The fleet's event log: EVENT_PARTITIONS streams ``fmq:eventlog:<fleet>:{<tag>}``, partition p's tag
+    landing in slot (2p + 1) * SLOTS / (2 * EVENT_PARTITIONS), so the partitions sit evenly over the slot
+    range and any even split of it (a Redis Cluster's) gives each primary its share. None takes the name
+    of the single stream of old (``event_stream``): that name hashes to a slot picked by the fleet's name,
+    and a reader of it alone would quietly see a sixteenth of the events."""
+    event_stream(fleet)  # (checks the name)
+    if "{" in fleet or "}" in fleet:
+        raise ValueError(f"a fleet name has no braces (it goes in front of a hash tag), got {fleet!r}")
+    tags = _slot_tags()
+    step = SLOTS // EVENT_PARTITIONS
+    return tuple(
+        f"{EVENT_STREAM_PREFIX}{fleet}:{{{tags[p * step + step // 2]}}}" for p in range(EVENT_PARTITIONS)
+    )
 
 
 def event_stream(fleet: str) -> str:
+    """The fleet's event log as it was before partitions, one stream: readers drain what older brokers left
+    there."""
     if not fleet:
-        raise ValueError(f"the event log needs a fleet name (the stream is {EVENT_STREAM_PREFIX}<fleet>)")
+        raise ValueError(
+            f"the event log needs a fleet name (its streams are {EVENT_STREAM_PREFIX}<fleet>:...)"
+        )
     return EVENT_STREAM_PREFIX + fleet

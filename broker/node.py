@@ -13,7 +13,6 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from redis.asyncio.connection import ConnectionPool
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
@@ -23,6 +22,7 @@ from .cm import ChannelManager
 from .config import BrokerConfig
 from .events import EventLog
 from .metrics import Metrics
+from .redisclient import StoreConnections
 from .redisstore import RedisStore
 from .retained import Retained
 from .router import Router
@@ -49,10 +49,10 @@ class Node:
         self.events: EventLog | None = None
         if config.event_log.enabled:
             log_cfg = config.event_log
-            where: str | ConnectionPool | None = config.event_log_url()
+            where: str | StoreConnections | None = config.event_log_url()
             if where is None:  # the session store's Redis (config validation saw to it that there is one)
                 assert isinstance(self.store, RedisStore)
-                where = self.store.conns.new_pool()
+                where = self.store.conns
             self.events = EventLog.from_config(
                 log_cfg, redis=where, fleet=log_cfg.fleet, node=self.node_id, offered=self._message_events
             )

@@ -29,7 +29,7 @@ from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from . import keys
 from .config import RedisStoreConfig
@@ -88,6 +88,11 @@ class ClusterMapError(RedisError):
 
 class StoreConnections:
     """The shards of the store's Redis and the channels its messages travel on (keys.Channels)."""
+
+    @classmethod
+    def of_url(cls, url: str, name: str) -> StoreConnections:
+        """One Redis server (not the store's: the event log's own, say)."""
+        return cls(RedisStoreConfig(kind="redis", url=url), name)
 
     def __init__(self, cfg: RedisStoreConfig, name: str) -> None:
         self.config = cfg
@@ -248,9 +253,10 @@ class StoreConnections:
             self._primaries = (current,)
         return list(self._primaries)
 
-    def new_pool(self) -> ConnectionPool:
-        """A separate pool to the (first) primary: the event log's own connection."""
-        pool = self._shards[0].redis.connection_pool
+    def new_pool(self, shard: Shard) -> ConnectionPool:
+        """A separate pool to a shard's primary, for connections of one's own (the event log's): a slow
+        batch there never delays the store's writes."""
+        pool = shard.redis.connection_pool
         if self.sentinel is not None:
             assert self.config.sentinel is not None
             kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
@@ -263,6 +269,15 @@ class StoreConnections:
         clients = {id(s.redis): s.redis for s in self._shards} | {id(c): c for c in self._clients.values()}
         for client in clients.values():
             await client.aclose()
+
+
+#: error replies that say a command did not run where it was sent (the cluster's map changed, or is changing):
+#: send it again once the map is read again
+REDIRECTS = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
+
+
+def redirected(reply: Any) -> bool:
+    return isinstance(reply, ResponseError) and str(reply).startswith(REDIRECTS)
 
 
 async def command(client: aioredis.Redis, *args: Any) -> Any:

@@ -33,7 +33,7 @@ from . import keys, wire
 from .config import RedisStoreConfig
 from .journal import JournalChanges
 from .message import Delivery, Message, Will
-from .redisclient import Shard, StoreConnections
+from .redisclient import Shard, StoreConnections, redirected
 from .router import Subscription
 from .session import Session
 from .store import (
@@ -503,14 +503,6 @@ class _Call:
     add: Callable[[Pipeline], Any]
 
 
-#: replies that say a command did not run where it was sent (the cluster's map changed): sent again
-_REDIRECTS = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
-
-
-def _redirected(reply: Any) -> bool:
-    return isinstance(reply, ResponseError) and str(reply).startswith(_REDIRECTS)
-
-
 class RedisStore(SessionStore):
     durable = True
 
@@ -602,7 +594,7 @@ class RedisStore(SessionStore):
                 assert isinstance(got, list)
                 for i, reply in zip(idx, got, strict=True):
                     replies[i] = reply
-                    if _redirected(reply):
+                    if redirected(reply):
                         todo.append(i)
             if not todo:
                 return replies

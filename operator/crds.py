@@ -555,7 +555,7 @@ EventLogSpec = derive(
     "EventLogSpec",
     EventLogConfig,
     {"enabled": "enabled", "max_len": "maxLen", "sample": "sample", "max_rate": "maxRate"},
-    "The brokers' event log (a Redis Stream read by the pipeline). Changes restart the pods.",
+    "The brokers' event log (Redis Streams read by the pipeline). Changes restart the pods.",
 )
 
 

@@ -885,12 +885,55 @@ def store() -> Dashboard:
             ],
         )
     )
+    d.row("Topology: primaries, replicas, failovers")
+    d.add(
+        timeseries(
+            "Primaries written to",
+            "The store's primaries (legend: topology and address) and how many pods write to each. A Sentinel "
+            "failover or a cluster shard's promoted replica shows as a new primary.",
+            [
+                Target(
+                    f"count by (topology, primary) (fleetmq_store_info{{{FLEET}}})",
+                    "{{topology}} {{primary}}",
+                )
+            ],
+        )
+    )
+    d.add(
+        timeseries(
+            "Replicas in sync",
+            "Replicas of the store's primary online and at most 1 s behind, as each pod last saw them (the "
+            "fewest over a cluster's shards). 0 on a replicated store: a failover now loses the writes only "
+            "the primary has, and with wait_replicas 1 writes are refused (alert FleetmqStoreNoReplicaInSync).",
+            [Target(f"min by (pod) (fleetmq_store_replicas_in_sync{{{FLEET}}})", "{{pod}}")],
+        )
+    )
+    d.add(
+        timeseries(
+            "Failovers seen",
+            "Times each pod found the store's primary moved (Sentinel) or a shard's slots served by another "
+            "primary (Cluster), in each interval (alert FleetmqStoreFailoverStorm).",
+            [Target(f"sum by (pod) (increase(fleetmq_store_failovers_total{{{FLEET}}}[{RATE}]))", "{{pod}}")],
+        )
+    )
+    d.add(
+        timeseries(
+            "Retries and round trips by shard",
+            "Store operations run again on a fresh connection (retries, per pod), and round trips per second "
+            "to each shard: on a Redis Cluster the shards should carry about equal shares.",
+            [
+                Target(rate("fleetmq_store_retries_total", FLEET, "pod"), "retries {{pod}}"),
+                Target(rate("fleetmq_store_round_trips_total", FLEET, "shard"), "{{shard}}"),
+            ],
+            "ops",
+        )
+    )
     d.row("Event log (the pipeline's input)")
     off = "event log disabled"
     d.add(
         timeseries(
             "Event log records",
-            "Events appended to the fleet's Redis Stream per second (written), and those dropped rather than "
+            "Events appended to the fleet's Redis Streams per second (written), and those dropped rather than "
             "slowing delivery down when sends fail or fall behind. Exported while event_log is enabled.",
             [Target(rate("fleetmq_event_log_records_total", FLEET, "outcome"), "{{outcome}}")],
             "ops",
@@ -1111,6 +1154,27 @@ def alert_groups() -> dict[str, Any]:
             "{{ $labels.pod }} of {{ $labels.namespace }}/{{ $labels.job }} had {{ $value | humanize }} failed "
             "session-store operations in 5 minutes: publishes are not acked and new persistent sessions are "
             "refused while Redis fails.",
+        ),
+        alert(
+            "FleetmqStoreNoReplicaInSync",
+            f"min by ({POD_KEYS}) (fleetmq_store_replicas_in_sync) == 0 and on ({POD_KEYS}) "
+            f'group by ({POD_KEYS}) (fleetmq_store_info{{topology!="standalone"}})',
+            "2m",
+            "critical",
+            "The session store's primary has no replica in sync",
+            "{{ $labels.pod }} of {{ $labels.namespace }}/{{ $labels.job }} sees no replica of its store's "
+            "primary online and in sync: a failover now loses what only the primary holds, and with "
+            "wait_replicas 1 publishes are not acked. Check the Redis pods (a replica down, or lagging).",
+        ),
+        alert(
+            "FleetmqStoreFailoverStorm",
+            "max by (namespace, job) (increase(fleetmq_store_failovers_total[15m])) > 3",
+            "0m",
+            "warning",
+            "The session store fails over again and again",
+            "Pods of {{ $labels.namespace }}/{{ $labels.job }} saw the store's primary move "
+            "{{ $value | humanize }} times in 15 minutes: each failover refuses writes for seconds. Check the "
+            "Redis pods' restarts, their nodes, and Sentinel's down-after setting.",
         ),
         alert(
             "FleetmqTakeoverStorm",

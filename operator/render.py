@@ -306,7 +306,7 @@ def broker_config(fleet: dict[str, Any], zones: list[Zone]) -> dict[str, Any]:
         "zones": zone_cfg,
         "listeners": listeners,
         "metrics": {"bind": f"0.0.0.0:{spec.metrics.port}"},
-        # the stream is fmq:eventlog:<fleet> in the fleet's Redis, where the pipeline reads it
+        # the streams are fmq:eventlog:<fleet>:{<tag>} in the fleet's Redis, where the pipeline reads them
         "event_log": {
             "enabled": spec.eventLog.enabled,
             "max_len": spec.eventLog.max_len,

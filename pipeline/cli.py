@@ -1,4 +1,4 @@
-"""``fleetmq-pipeline``: ``export`` (Redis Stream -> Parquet) and ``report`` (the Spark job)."""
+"""``fleetmq-pipeline``: ``export`` (Redis Streams -> Parquet) and ``report`` (the Spark job)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fleetmq.broker.zones import parse_duration
 
 USAGE = """fleetmq-pipeline COMMAND ...
 
-  export   move a fleet's events from its Redis Stream to Parquet files (crash-safe, no duplicates)
+  export   move a fleet's events from its Redis Streams to Parquet files (crash-safe, no duplicates)
   report   zone KPIs, recommended settings, a Markdown report and an MqttZone patch (Spark)
 
 `fleetmq-pipeline COMMAND --help` for the options of one."""
@@ -23,10 +23,14 @@ def export_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="fleetmq-pipeline export",
-        description="Move a fleet's events (stream fmq:eventlog:<fleet>) to Parquet files partitioned by date "
+        description="Move a fleet's events (streams fmq:eventlog:<fleet>:...) to Parquet files partitioned by date "
         "and zone; entries are acknowledged only once their file is in place.",
     )
-    p.add_argument("--redis-url", required=True, help="redis://host:6379/0, the fleet's Redis")
+    p.add_argument(
+        "--redis-url",
+        required=True,
+        help="redis://host:6379/0, the fleet's Redis (any node of a Redis Cluster)",
+    )
     p.add_argument("--fleet", required=True, help="the fleet's name (its BrokerFleet)")
     p.add_argument("--out", required=True, help="output folder; files go to OUT/events/date=.../zone=.../")
     p.add_argument("--batch", type=int, default=10_000, help="entries per read and per file set (10000)")

@@ -1,12 +1,13 @@
-"""The exporter: events from a fleet's Redis Stream to Parquet files, losing and duplicating nothing.
+"""The exporter: events from a fleet's Redis Streams to Parquet files, losing and duplicating nothing.
 
-It reads with a consumer group, so Redis remembers what was handed out and not yet acknowledged (the
+The log is several streams (pipeline.streams), each read on its own with the same consumer group. It reads
+with a consumer group, so Redis remembers what was handed out and not yet acknowledged (the
 pending entries). A batch becomes one file per (date, zone), written under a temporary name, fsynced and
 renamed into place; only then are its entries XACKed. A crash before the rename leaves a temporary file
 (ignored by readers, removed at the next start); a crash after it leaves the entries pending, and the next
 run reads its pending entries first (XREADGROUP from id 0) and writes them again under the same names
-(``part-<first id>-<last id>``, the stream ids of the file's own rows), replacing the files with the same
-rows. Within a batch duplicate eids (a writer's resend) are dropped; the Spark job deduplicates anyway.
+(``part-<partition>-<first id>-<last id>``: the stream's short name and the stream ids of the file's own
+rows; the stream of old keeps ``part-<first id>-<last id>``), replacing the files with the same rows. Within a batch duplicate eids (a writer's resend) are dropped; the Spark job deduplicates anyway.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from fleetmq.broker.keys import event_stream
 
 from .schema import EVENTS_DIR, FILE_COLUMNS, arrow_schema, escape_partition, parse_entry, utc_date
+from .streams import Client, connect, log_keys, part_name
 
 log = logging.getLogger("fleetmq.pipeline.export")
 
@@ -39,6 +40,9 @@ PAUSE_POINTS = ("before_rename", "after_rename")
 
 class ExportError(Exception):
     """The exporter cannot run (Redis unreachable, not a stream, unwritable output)."""
+
+
+Entries = list[tuple[str, dict[str, str] | None]]
 
 
 @dataclass
@@ -71,7 +75,8 @@ class Exporter:
     ) -> None:
         if batch < 1:
             raise ValueError(f"--batch must be >= 1, got {batch}")
-        self.key = event_stream(fleet)
+        self.fleet = fleet
+        self.keys = log_keys(fleet)
         self.out = Path(out)
         self.group = group
         self.consumer = consumer
@@ -80,48 +85,73 @@ class Exporter:
         self.flush_interval = flush_interval
         self.claim_idle_ms = claim_idle_ms
         try:
-            self.redis = redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=30)
+            redis.connection.parse_url(redis_url)
         except ValueError as e:
             raise ExportError(f"--redis-url {redis_url!r}: {e}") from e
+        self.url = redis_url
+        self._redis: Client | None = None
+        self._keys: list[str] = []  # the streams being read (the stream of old only if it exists)
         self.stats = ExportStats()
         self._pause_at = os.environ.get(PAUSE_AT_ENV) or None
         if self._pause_at is not None and self._pause_at not in PAUSE_POINTS:
             raise ExportError(f"{PAUSE_AT_ENV}={self._pause_at!r}: expected one of {', '.join(PAUSE_POINTS)}")
 
     # -- the loop ---------------------------------------------------------------------------------------
+    @property
+    def redis(self) -> Client:
+        if self._redis is None:
+            try:
+                self._redis = connect(self.url, decode_responses=True, socket_timeout=30)
+            except (redis.RedisError, OSError) as e:
+                raise ExportError(f"cannot reach Redis for the {self.fleet} fleet's event log: {e}") from e
+        return self._redis
+
     def run(self, *, once: bool, stop_after: float | None = None) -> ExportStats:
-        """Export until the stream is drained (once) or forever (follow; ``stop_after`` seconds for tests)."""
-        self._prepare()
-        # what an earlier run (or a dead consumer) took but did not acknowledge comes first
-        while entries := self._read("0"):
-            self._export(entries)
-        deadline = None if stop_after is None else time.monotonic() + stop_after
-        while deadline is None or time.monotonic() < deadline:
-            entries = self._collect(once)
-            if entries:
-                self._export(entries)
-            elif once:
-                break
+        """Export until the streams are drained (once) or forever (follow; ``stop_after`` seconds for tests)."""
+        try:
+            self._prepare()
+            # what an earlier run (or a dead consumer) took but did not acknowledge comes first; once: then
+            # what each stream has now, a batch at a time
+            for key in self._keys:
+                for last_id in ("0", ">") if once else ("0",):
+                    while entries := self._read(key, last_id):
+                        self._export(key, entries)
+            deadline = None if stop_after is None else time.monotonic() + stop_after
+            while not once and (deadline is None or time.monotonic() < deadline):
+                for key, entries in self._collect(deadline).items():
+                    self._export(key, entries)
+        finally:
+            if self._redis is not None:
+                self._redis.close()
+                self._redis = None
         return self.stats
 
     def _prepare(self) -> None:
-        try:
-            self.redis.xgroup_create(self.key, self.group, id="0", mkstream=True)
-            log.info("created consumer group %s on %s", self.group, self.key)
-        except redis.ResponseError as e:
-            if "BUSYGROUP" not in str(e):
-                raise ExportError(f"cannot create consumer group {self.group} on {self.key}: {e}") from e
-        except redis.RedisError as e:
-            raise ExportError(f"cannot reach Redis for {self.key}: {e}") from e
+        """A consumer group on every partition stream, and on the stream of old if there is one."""
+        self._keys = []
+        for key in self.keys:
+            try:
+                legacy = not part_name(self.fleet, key)
+                if legacy and not self.redis.exists(key):
+                    continue
+                self.redis.xgroup_create(key, self.group, id="0", mkstream=True)
+                log.info("created consumer group %s on %s", self.group, key)
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise ExportError(f"cannot create consumer group {self.group} on {key}: {e}") from e
+            except redis.RedisError as e:
+                raise ExportError(f"cannot reach Redis for {key}: {e}") from e
+            self._keys.append(key)
         self._remove_temporaries()
-        self._claim_abandoned()
+        for key in self._keys:
+            self._claim_abandoned(key)
 
-    def _claim_abandoned(self) -> None:
+    def _claim_abandoned(self, key: str) -> None:
         """Entries another consumer of the group took and left pending (a renamed exporter) become ours."""
         start = "0-0"
         while True:
             reply = self.redis.xautoclaim(
-                self.key, self.group, self.consumer, self.claim_idle_ms, start_id=start, count=self.batch
+                key, self.group, self.consumer, self.claim_idle_ms, start_id=start, count=self.batch
             )
             start = reply[0]
             if reply[1]:
@@ -132,32 +162,33 @@ class Exporter:
             if start in ("0-0", b"0-0"):
                 return
 
-    def _read(self, last_id: str, block: int | None = None) -> list[tuple[str, dict[str, str] | None]]:
-        reply = self.redis.xreadgroup(
-            self.group, self.consumer, {self.key: last_id}, count=self.batch, block=block
-        )
+    def _read(self, key: str, last_id: str, count: int | None = None) -> Entries:
+        reply = self.redis.xreadgroup(self.group, self.consumer, {key: last_id}, count=count or self.batch)
         return list(reply[0][1]) if reply else []
 
-    def _collect(self, once: bool) -> list[tuple[str, dict[str, str] | None]]:
-        """New entries up to one batch; in follow mode wait up to flush_interval to fill it."""
-        if once:
-            return self._read(">")
-        entries: list[tuple[str, dict[str, str] | None]] = []
+    def _collect(self, until: float | None) -> dict[str, Entries]:
+        """New entries, up to one batch a stream: reads round the streams until a batch is full or
+        ``flush_interval`` has passed, pausing ``block_ms`` after a round that found nothing (one blocking
+        read cannot wait on keys of several cluster slots)."""
+        got: dict[str, Entries] = {}
         deadline = time.monotonic() + self.flush_interval
-        while len(entries) < self.batch and (left := deadline - time.monotonic()) > 0:
-            got = self.redis.xreadgroup(
-                self.group,
-                self.consumer,
-                {self.key: ">"},
-                count=self.batch - len(entries),
-                block=max(1, min(self.block_ms, int(left * 1000))),
-            )
-            if got:
-                entries.extend(got[0][1])
-        return entries
+        if until is not None:
+            deadline = min(deadline, until)
+        while (left := deadline - time.monotonic()) > 0:
+            found = False
+            for key in self._keys:
+                have = got.setdefault(key, [])
+                if len(have) < self.batch and (entries := self._read(key, ">", self.batch - len(have))):
+                    have += entries
+                    found = True
+            if any(len(v) >= self.batch for v in got.values()):
+                break
+            if not found:
+                time.sleep(min(self.block_ms / 1000, left))
+        return {k: v for k, v in got.items() if v}
 
     # -- one batch --------------------------------------------------------------------------------------
-    def _export(self, entries: list[tuple[str, dict[str, str] | None]]) -> None:
+    def _export(self, key: str, entries: Entries) -> None:
         groups: dict[tuple[str | None, str | None], list[dict[str, Any]]] = defaultdict(list)
         seen: set[str] = set()
         for stream_id, fields in entries:
@@ -175,7 +206,10 @@ class Exporter:
                     continue
                 seen.add(eid)
             groups[(utc_date(row["ts_ms"]), row["zone"])].append(row)
-        written = [self._write(date, zone, rows) for (date, zone), rows in sorted(groups.items(), key=str)]
+        part = part_name(self.fleet, key)
+        written = [
+            self._write(part, date, zone, rows) for (date, zone), rows in sorted(groups.items(), key=str)
+        ]
         if written:
             self._fsync_dirs(
                 {p.parent for p in written} | {p.parent.parent for p in written} | {self.out / EVENTS_DIR}
@@ -183,7 +217,7 @@ class Exporter:
         self._pause("after_rename")
         ids = [stream_id for stream_id, _ in entries]
         for chunk in _chunks(ids, 1000):
-            self.redis.xack(self.key, self.group, *chunk)
+            self.redis.xack(key, self.group, *chunk)
         self.stats.entries += len(entries)
         self.stats.rows += sum(len(rows) for rows in groups.values())
         self.stats.files += len(written)
@@ -191,14 +225,14 @@ class Exporter:
         self.stats.paths.extend(str(p) for p in written)
         log.info("exported %d entries as %d files", len(entries), len(written))
 
-    def _write(self, date: str | None, zone: str | None, rows: list[dict[str, Any]]) -> Path:
+    def _write(self, part: str, date: str | None, zone: str | None, rows: list[dict[str, Any]]) -> Path:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         folder = self.out / EVENTS_DIR / f"date={escape_partition(date)}" / f"zone={escape_partition(zone)}"
         folder.mkdir(parents=True, exist_ok=True)
         first, last = rows[0]["stream_id"], rows[-1]["stream_id"]
-        final = folder / f"part-{first}-{last}.parquet"
+        final = folder / (f"part-{part}-{first}-{last}.parquet" if part else f"part-{first}-{last}.parquet")
         tmp = folder / f".{final.name}.{os.getpid()}.tmp"  # a leading dot: Spark and pyarrow skip it
         table = pa.Table.from_pydict({c: [r[c] for r in rows] for c in FILE_COLUMNS}, schema=arrow_schema())
         with open(tmp, "wb") as f:

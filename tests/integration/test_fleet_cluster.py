@@ -5,7 +5,9 @@ sharded pub/sub; a shard's primary killed is replaced by its replica and the fle
 from __future__ import annotations
 
 import time
+from collections import Counter
 
+import pyarrow.parquet as pq
 import pytest
 from fleetmq.broker import keys
 
@@ -191,3 +193,57 @@ def test_a_shard_primary_killed_under_qos1_qos2_load_loses_nothing_acknowledged(
                 problems.append(f"{s.cid}: first deliveries of {p.tag} out of order")
     assert not problems, "\n".join(problems)
     assert all(n.metric("fleetmq_store_failovers_total") >= 1 for n in nodes)
+
+
+def test_the_event_log_spreads_over_the_shards_follows_a_failover_and_exports_whole(
+    fleet, redis_cluster, tmp_path
+):
+    """The event log's partitions sit on every primary in even shares, the records of a message flow spread
+    over them, a shard's failover is followed without a node restart, and the exporter, given one node's
+    URL, reads every partition (Parquet rows = the streams' records, none twice)."""
+    from fleetmq.pipeline.export import Exporter
+
+    rc = redis_cluster
+    a, b = fleet(2, None, {"store": rc.store(), "event_log": {"enabled": True, "fleet": "cl", "max_rate": 0}})
+    streams = keys.event_streams("cl")
+    shares = Counter(rc.primary_of(k).port for k in streams)
+    assert set(shares) == {p.port for p in rc.primaries()} and set(shares.values()) <= {5, 6}, shares
+    topic = uid("clev/")
+    sub, _ = raw_connect(a, uid("clevs-"), 5)
+    sub.subscribe([(topic, 1)])
+    wait_route(b, sub, topic)
+    pub, _ = raw_connect(b, uid("clevp-"), 5, clean=True)
+
+    def publish(first: int, n: int) -> None:
+        for i in range(first, first + n):
+            pub.publish(topic, seq_payload("e", i), qos=1)
+            assert pub.expect(PUBACK)
+        view = AppView()
+        ack_loop(sub, view, until=first + n - 1, timeout=15, tag="e")
+
+    def records() -> list[dict[str, str]]:
+        out = []
+        for key in streams:
+            for _id, fields in rc.primary_of(key).command("XRANGE", key, "-", "+", decode=True) or []:
+                out.append(dict(zip(fields[::2], fields[1::2], strict=True)))
+        return out
+
+    def published() -> int:
+        return sum(r["event"] == "publish_in" and r.get("qos") == "1" for r in records())  # (not probes)
+
+    publish(0, 100)
+    wait_until(lambda: published() == 100, timeout=10, msg="the first 100 messages' records")
+    busy = Counter(rc.primary_of(k).port for k in streams if rc.primary_of(k).command("XLEN", k))
+    assert len(busy) == 3, f"records on {len(busy)} primaries only"
+    doomed = rc.primaries()[0]
+    doomed.kill()
+    rc.wait_failover(doomed)
+    doomed.start()
+    rc.wait_synced()
+    publish(100, 100)
+    wait_until(lambda: published() == 200, timeout=15, msg="the records after the failover")
+    assert [n.alive() for n in (a, b)] == [True, True]
+    stats = Exporter(rc.servers[-1].url, "cl", tmp_path).run(once=True)
+    rows = [r for f in (tmp_path / "events").rglob("*.parquet") for r in pq.read_table(f).to_pylist()]
+    want = {r["eid"] for r in records()}
+    assert len(rows) == stats.rows == len({r["eid"] for r in rows}) and {r["eid"] for r in rows} == want

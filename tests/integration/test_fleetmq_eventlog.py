@@ -1,11 +1,12 @@
 """The broker's event log (`--event-log` / event_log:): what a real broker writes to its fleet's Redis
-Stream for a scenario with a full window, queue drops, acks and a takeover."""
+Streams for a scenario with a full window, queue drops, acks and a takeover."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+from fleetmq.broker import keys
 
 from tests.integration.harness import uid
 from tests.integration.mqttraw import PUBACK, PUBLISH, RawClient, ack
@@ -16,8 +17,12 @@ pytestmark = pytest.mark.redis
 
 
 def stream(redis_server, fleet: str) -> list[dict[str, str]]:
-    entries = redis_server.command("XRANGE", f"fmq:eventlog:{fleet}", "-", "+", decode=True) or []
-    return [dict(zip(fields[::2], fields[1::2], strict=True)) for _id, fields in entries]
+    """The fleet's log, every partition, in the order the node wrote it (eids number its records)."""
+    out = []
+    for key in keys.event_streams(fleet):
+        for _id, fields in redis_server.command("XRANGE", key, "-", "+", decode=True) or []:
+            out.append(dict(zip(fields[::2], fields[1::2], strict=True)))
+    return sorted(out, key=lambda e: int(e["eid"].rpartition("-")[2]))
 
 
 def test_events_of_a_full_window_drops_acks_and_takeover(fleet, redis_server):

@@ -67,6 +67,35 @@ CASES = {
         "4m",
         {"FleetmqStoreErrors": [{"severity": "critical", **FLEET, "pod": "edge-1"}]},
     ),
+    "no replica in sync on a sentinel store fires per pod after 2 minutes, a standalone store never": (
+        [
+            (_sel("fleetmq_store_replicas_in_sync", pod="edge-0"), "2 2 0 0 0 0 0 0"),
+            (_sel("fleetmq_store_info", pod="edge-0", topology="sentinel", primary="10.0.0.1:6379"), "1x8"),
+            (_sel("fleetmq_store_replicas_in_sync", pod="edge-1"), "1 1 1 1 1 1 1 1"),
+            (_sel("fleetmq_store_info", pod="edge-1", topology="sentinel", primary="10.0.0.1:6379"), "1x8"),
+            ('fleetmq_store_replicas_in_sync{namespace="dev", job="d-headless", pod="d-0"}', "0x8"),
+            (
+                'fleetmq_store_info{namespace="dev", job="d-headless", pod="d-0", topology="standalone", '
+                'primary="10.0.0.9:6379"}',
+                "1x8",
+            ),
+        ],
+        "6m",
+        {"FleetmqStoreNoReplicaInSync": [{"severity": "critical", **FLEET, "pod": "edge-0"}]},
+    ),
+    "one failover is not a storm": (
+        [(_sel("fleetmq_store_failovers_total", pod="edge-0"), "0 0 1 1 1 1 1 1 1 1")],
+        "8m",
+        {"FleetmqStoreFailoverStorm": []},
+    ),
+    "failover after failover is": (
+        [
+            (_sel("fleetmq_store_failovers_total", pod="edge-0"), "0 1 2 3 4 5 6 6 6 6"),
+            (_sel("fleetmq_store_failovers_total", pod="edge-1"), "0 1 2 3 4 5 6 6 6 6"),
+        ],
+        "8m",
+        {"FleetmqStoreFailoverStorm": [{"severity": "warning", **FLEET}]},
+    ),
     "roaming clients are not a takeover storm": (
         [
             (_sel("fleetmq_session_events_total", pod="edge-0", zone="ext", event="takenover"), "0+30x30"),

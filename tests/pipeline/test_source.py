@@ -1,4 +1,4 @@
-"""The optional Spark Python data source reading the Redis Stream directly, batch and streaming."""
+"""The optional Spark Python data source reading the event log's Redis Streams directly, batch and streaming."""
 
 from __future__ import annotations
 

@@ -41,6 +41,9 @@ def _broker_metrics() -> Metrics:
     m.zone("default")
     m.store_ops["commit"].observe(0.001)
     m.event_log = lambda: (0, 0, 0)  # its counters exist while the event log is on
+    m.store_topology = lambda: ("sentinel", ["10.0.0.1:6379"], 0, 0)  # those of a Redis store
+    m.store_replicas_in_sync = lambda: 2
+    m.store_round_trips = lambda: {"10.0.0.1:6379": 1}
     m.config_info = {"default": "abc"}
     m.gauges = lambda: {
         "connections": {"default": 1},

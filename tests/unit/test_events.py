@@ -6,10 +6,13 @@ import asyncio
 import time
 
 import pytest
-from fleetmq.broker.events import EventLog
+from fleetmq.broker import keys
+from fleetmq.broker.events import EventLog, partition
 from fleetmq.broker.eventschema import (
     ACK,
+    CONNECT,
     DELIVER,
+    DISCONNECT,
     DROP,
     FIELDS,
     PUBLISH_IN,
@@ -18,15 +21,28 @@ from fleetmq.broker.eventschema import (
     sample_threshold,
     sampled,
 )
-from fleetmq.broker.keys import event_stream as stream_key
 from fleetmq.broker.zones import ZoneSettings
 
 pytestmark = pytest.mark.redis
 
 
+def partitions(rs, fleet: str = "f") -> list[list[dict[str, str]]]:
+    """Every partition stream's entries, in stream order."""
+    out = []
+    for key in keys.event_streams(fleet):
+        raw = rs.command("XRANGE", key, "-", "+", decode=True)
+        out.append([dict(zip(fv[::2], fv[1::2], strict=True)) for _, fv in raw])
+    return out
+
+
 def entries(rs, fleet: str = "f") -> list[dict[str, str]]:
-    raw = rs.command("XRANGE", stream_key(fleet), "-", "+", decode=True)
-    return [dict(zip(fv[::2], fv[1::2], strict=True)) for _, fv in raw]
+    """Every entry of the fleet's log, in the order each writer emitted them (eid = <run>-<seq>)."""
+    every = [e for p in partitions(rs, fleet) for e in p]
+    return sorted(every, key=lambda e: (e["eid"].split("-")[0], int(e["eid"].split("-")[1])))
+
+
+def stored(rs, fleet: str = "f") -> int:
+    return sum(rs.pipeline(*(("XLEN", k) for k in keys.event_streams(fleet))))
 
 
 async def until(cond, timeout: float = 5.0) -> None:
@@ -80,22 +96,62 @@ async def test_a_thousand_events_take_a_few_round_trips(redis_server):
     await until(lambda: ev.written == 1000)
     stats = redis_server.commandstats()
     assert stats["xadd"] == 1000
-    assert stats["eval"] <= 3, stats  # two full batches (maybe a third split by the timer), not 1000 calls
-    assert redis_server.command("XLEN", stream_key("f")) == 1000
+    # two full batches (maybe a third split by the timer), each one EVAL per partition in one round trip
+    assert ev.round_trips <= 3 and stats["eval"] <= ev.round_trips * keys.EVENT_PARTITIONS, stats
+    # message ids 1..1000 take the partitions in turn
+    assert sorted(len(p) for p in partitions(redis_server)) == [62] * 8 + [63] * 8
     await ev.stop()
 
 
-async def test_maxlen_trims_approximately(redis_server):
+async def test_records_go_to_their_message_s_partition_else_their_client_s(redis_server):
+    """A message's events share a stream (whatever node wrote them), in the order they were written; a
+    client's session events share one; a node's zone_config records go to the node's."""
+    a = EventLog(redis_server.url, fleet="f", node="n1")
+    b = EventLog(redis_server.url, fleet="f", node="n2")
+    a.set_zones({"z": ZoneSettings()})
+    await a.start()
+    await b.start()
+    await until(lambda: a.written == 1)  # the zone_config record
+    for m in range(100, 140):
+        a.emit(PUBLISH_IN, "z", "pub", m, "t", 1, 1, 10)
+        b.emit(DELIVER, "z", f"sub{m % 3}", m, "t", 1, 1, 10, "", 1, 0)
+        b.emit(ACK, "z", f"sub{m % 3}", m, "", 1, 1)
+    for c in ("sub0", "sub1", "sub2", "pub"):
+        b.emit(CONNECT, "z", c)
+        b.emit(DISCONNECT, "z", c, reason="normal")
+    await a.stop()
+    await b.stop()
+    by_partition = partitions(redis_server)
+    assert sum(map(len, by_partition)) == 40 * 3 + 8 + 1
+    for p, records in enumerate(by_partition):
+        for r in records:
+            if "msg_id" in r:
+                assert int(r["msg_id"]) % keys.EVENT_PARTITIONS == p
+            elif r["event"] == ZONE_CONFIG:
+                assert p == partition(-1, client_hash("n1"))
+            else:
+                assert p == partition(-1, r["client"])
+        for m in {r["msg_id"] for r in records if "msg_id" in r}:
+            mine = [r["event"] for r in records if r.get("msg_id") == m and r["node"] == "n2"]
+            assert mine == ["deliver", "ack"]
+    assert sum(1 for records in by_partition if records) > keys.EVENT_PARTITIONS // 2
+
+
+async def test_maxlen_trims_each_partition_to_its_share(redis_server):
     ev = EventLog(redis_server.url, fleet="f", node="n1", max_len=1000)
     await ev.start()
     for i in range(10_000):
         ev.emit(DELIVER, "z", "c", i + 1)
     await ev.stop()
     assert ev.written == 10_000
-    # MAXLEN ~ frees whole stream nodes (100 entries by default): never below 1000, never far above
-    assert 1000 <= redis_server.command("XLEN", stream_key("f")) < 1200
-    last = redis_server.command("XREVRANGE", stream_key("f"), "+", "-", "COUNT", 1, decode=True)
-    assert dict(zip(last[0][1][::2], last[0][1][1::2], strict=True))["msg_id"] == "10000"
+    # MAXLEN ~ frees whole stream nodes (100 entries by default): each partition keeps at least its share,
+    # never far above; together never below 1000
+    share = -(-1000 // keys.EVENT_PARTITIONS)
+    lengths = [len(p) for p in partitions(redis_server)]
+    assert all(share <= n < share + 100 for n in lengths), lengths
+    assert sum(lengths) >= 1000
+    last = partitions(redis_server)[10_000 % keys.EVENT_PARTITIONS][-1]
+    assert last["msg_id"] == "10000"
 
 
 async def test_redis_down_drops_with_a_counter_and_never_blocks(redis_server):
@@ -131,7 +187,7 @@ async def test_redis_down_drops_with_a_counter_and_never_blocks(redis_server):
     await ev.stop()
     t.cancel()
     assert ev.written + ev.dropped == 5001
-    assert redis_server.command("XLEN", stream_key("f")) == ev.written
+    assert stored(redis_server) == ev.written
     assert ev.written >= 1 + 1000  # what the buffer held while Redis was away is sent on its return
 
 

@@ -23,17 +23,8 @@ LAYERS: list[set[str]] = [
     {"redisstore"},
     {"channel", "store"},
     {"session", "zone"},
-    {
-        "inflight",
-        "mqueue",
-        "journal",
-        "retained",
-        "wire",
-        "telemetry",
-        "negotiation",
-        "events",
-        "redisclient",
-    },
+    {"events"},  # the event log writes through the store's connections (redisclient)
+    {"inflight", "mqueue", "journal", "retained", "wire", "telemetry", "negotiation", "redisclient"},
     {"message", "auth", "metrics", "router", "config"},
     {"codec", "topic", "zones", "keepalive", "limiter", "eventschema", "keys", "websocket", "__init__"},
 ]
