@@ -108,14 +108,17 @@ test: deps envtest tools typecheck
 bench: deps
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
-# The fleet under faults (chaos/, README "Chaos testing"): 3 nodes on one redis-server (AOF, appendfsync
-# always), MQTT 3.1.1 and 5 clients at QoS 1 and 2, a seeded nemesis, then a checker; exit 1 on any
-# violation. The default is a few minutes; the long campaign is e.g.
-#   make chaos CHAOS_ARGS="--seed 101 --runs 7 --duration 600"
+# The fleet under faults (chaos/, README "Faults: make chaos"): 3 nodes, MQTT 3.1.1 and 5 clients at QoS 1
+# and 2, a seeded nemesis, then a checker; exit 1 on any violation. One run per store form in
+# CHAOS_STORES: one redis-server (AOF, appendfsync always) behind proxies, a primary with 2 replicas and 3
+# sentinels, a Redis Cluster of 3 shards (each with the faults that apply to it). The default takes about
+# ten minutes; a long campaign is e.g.
+#   make chaos CHAOS_STORES=redis CHAOS_ARGS="--seed 101 --runs 7 --duration 600"
+CHAOS_STORES ?= redis sentinel cluster
 CHAOS_ARGS ?= --seed 1 --duration 180
 .PHONY: chaos
 chaos: deps
-	$(BIN)/python -m chaos $(CHAOS_ARGS)
+	@set -e; for store in $(CHAOS_STORES); do $(BIN)/python -m chaos --store $$store $(CHAOS_ARGS); done
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -22,7 +22,7 @@ from typing import Any
 
 from redis import RedisError
 
-from bench import crash, driver, procs, report
+from bench import crash, driver, procs, report, stores
 from bench.brokers import (
     BROKERS,
     REPO,
@@ -50,6 +50,7 @@ FLEET_ROWS = [
     "takeover",
     "crash-takeover",
     "eventlog-pt2pt-q1",
+    "store-pt2pt-q1",
 ]
 # the same point-to-point flow, every client over TLS 1.2+ (both brokers on one certificate)
 TLS_ROWS = ["tls-pt2pt-q0", "tls-pt2pt-q1"]
@@ -207,6 +208,8 @@ def run_fleet_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace
         return [run_crash_row(fleet, args)]
     elif key.startswith("eventlog-"):
         return [run_event_log_row(key, fleet, binary, args)]
+    elif key.startswith("store-"):
+        return [run_store_row(key, fleet, binary, args)]
     else:
         scenario, q = key.rsplit("-q", 1)
         wanted = ("a",) if scenario == "redis-pt2pt" else ("a", "b")
@@ -361,6 +364,97 @@ def run_event_log_row(key: str, fleet: Fleet, binary: Path, args: argparse.Names
     finally:
         a.stop()
         a.event_log = False
+
+
+STORE_REPS = 3  # rounds of the four store variants, interleaved
+#: the cluster's balance: persistent subscribers on one publisher's topic (sessions over the slots)
+BALANCE_SUBSCRIBERS = 300
+
+
+def run_store_row(key: str, fleet: Fleet, binary: Path, args: argparse.Namespace) -> Row:
+    """Persistent-session pt2pt on node a with its sessions on the bench's single Redis, on Sentinel's
+    primary with 2 replicas (wait_replicas 0, then 1: every ack waits for a replica), and on a Redis Cluster
+    of 3 shards; then the cluster's balance: keys and commands per primary under a fan-out to
+    BALANCE_SUBSCRIBERS persistent sessions."""
+    scenario, q = key.rsplit("-q", 1)
+    workdir = fleet.redis.data_dir.parent / "stores"
+    row = Row(scenario, int(q))
+    deployments: list[stores.Deployment] = []
+    try:
+        sen, clu = stores.sentinel(workdir), None
+        deployments.append(sen)
+        clu = stores.cluster(workdir)
+        deployments.append(clu)
+    except BrokerError as e:
+        row.cells["single redis"] = Cell(error=str(e))
+        for d in deployments:
+            d.stop()
+        return row
+    nodes: dict[str, FleetNode] = {
+        "sentinel w0": stores.StoreNode(workdir, "sentinel-w0", sen.store),
+        "sentinel w1": stores.StoreNode(workdir, "sentinel-w1", {**sen.store, "wait_replicas": 1}),
+        "cluster 3 shards": stores.StoreNode(workdir, "cluster", clu.store),
+    }
+
+    def flow(node: FleetNode, cpu: Callable[[], dict[str, int]], dead: Callable[[], str | None]) -> Cell:
+        return _measured(
+            lambda pids: driver.run_flow(
+                binary, node.port, "pt2pt", int(q), duration=args.duration, warmup=args.warmup,
+                window=args.window, payload=args.payload, clean=False, cpu_pids=pids,
+            ),
+            cpu(),
+            None,
+            dead,
+        )  # fmt: skip
+
+    def variant(name: str) -> Callable[[], Cell]:
+        def run() -> Cell:
+            for other, n in nodes.items():
+                if other != name:
+                    n.stop()
+            if name == "single redis":
+                err = fleet.ensure(("a",))
+                if err:
+                    return Cell(error=err)
+                return flow(fleet.nodes["a"], lambda: fleet.cpu_pids(("a",)), lambda: fleet.dead(("a",)))
+            fleet.nodes["a"].stop()
+            node = nodes[name]
+            if not node.alive():
+                try:
+                    node.start()
+                except BrokerError as e:
+                    return Cell(error=str(e))
+            return flow(
+                node, lambda: {"node a": node.pid}, lambda: None if node.alive() else node.exit_reason()
+            )
+
+        return run
+
+    try:
+        run_interleaved(key, row, {name: variant(name) for name in ["single redis", *nodes]}, STORE_REPS)
+        node = nodes["cluster 3 shards"]
+        if node.alive():
+            before = stores.shard_snapshot(clu)
+            try:
+                res = driver.run_flow(
+                    binary, node.port, "fanout", int(q), duration=args.duration, warmup=args.warmup,
+                    window=args.window, payload=args.payload, clean=False, subs=BALANCE_SUBSCRIBERS,
+                )  # fmt: skip
+                res["balance"] = stores.balance(before, stores.shard_snapshot(clu))
+                row.cells["cluster balance"] = Cell(result=res)
+                b = res["balance"]
+                log(
+                    f"{key:20} cluster balance: {BALANCE_SUBSCRIBERS} subscribers, keys ±{b['keys_spread']:.0%}"
+                    f" {b['keys']}, commands ±{b['ops_spread']:.0%} {b['ops']}"
+                )
+            except driver.LoadgenError as e:
+                row.cells["cluster balance"] = Cell(error=str(e))
+    finally:
+        for n in nodes.values():
+            n.stop()
+        for d in deployments:
+            d.stop()
+    return row
 
 
 ACL_REPS = 5  # rounds of the three ACL variants, interleaved

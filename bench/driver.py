@@ -87,12 +87,14 @@ def run_flow(
     clean: bool = True,
     tls_ca: str | None = None,
     cpu_pids: dict[str, int] | None = None,
+    subs: int | None = None,
 ) -> dict[str, Any]:
     """Run one throughput/latency scenario; returns the loadgen's JSON result.
 
     sub_port: subscribers connect there (another fleet node) instead of `port`.
     clean=False: persistent sessions (clean_session=0) for publishers and subscribers.
     tls_ca: every client speaks TLS to `port`, verifying the broker against this CA file.
+    subs: subscribers (the loadgen's default by mode otherwise).
     cpu_pids: {name: pid} whose user + system CPU seconds in the measured window come back as
     ``window_cpu_s`` (read by the loadgen from /proc at the window's edges).
     """
@@ -108,6 +110,8 @@ def run_flow(
         cmd.append("-clean=false")
     if tls_ca is not None:
         cmd += ["-tls-ca", tls_ca]
+    if subs is not None:
+        cmd += ["-subs", str(subs)]
     if cpu_pids:
         cmd += ["-cpu-pids", ",".join(f"{name}={pid}" for name, pid in cpu_pids.items())]
     return _run(cmd, timeout=duration + warmup + 60)

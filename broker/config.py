@@ -174,7 +174,9 @@ class EventLogConfig(_Model):
         pattern=r"^[^{}]+$",
         description="Fleet name; the log is the Redis streams fmq:eventlog:<fleet>:{<tag>}, one a partition",
     )
-    redis_url: str | None = Field(None, description="Redis holding the streams (default: the session store's)")
+    redis_url: str | None = Field(
+        None, description="Redis holding the streams (default: the session store's)"
+    )
 
 
 class BrokerConfig(_Model):

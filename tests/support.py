@@ -487,6 +487,7 @@ class ReplicatedRedis:
         sentinels: int = 3,
         master: str = "fleetmq",
         down_after_ms: int = 2000,
+        appendonly: bool = True,
         appendfsync: str = "always",
     ):
         base = Path(base_dir)
@@ -494,12 +495,11 @@ class ReplicatedRedis:
         self.servers: list[RedisServer] = []
         self.sentinels: list[SentinelServer] = []
         try:
-            primary = RedisServer(base / "redis-0", appendfsync=appendfsync)
+            disk = {"appendonly": appendonly, "appendfsync": appendfsync}
+            primary = RedisServer(base / "redis-0", **disk)
             self.servers.append(primary)
             for i in range(1, replicas + 1):
-                self.servers.append(
-                    RedisServer(base / f"redis-{i}", appendfsync=appendfsync, replicaof=primary)
-                )
+                self.servers.append(RedisServer(base / f"redis-{i}", replicaof=primary, **disk))
             self.wait_synced(replicas)
             for i in range(sentinels):
                 self.sentinels.append(
@@ -599,6 +599,7 @@ class RedisCluster:
         shards: int = 3,
         replicas: int = 1,
         node_timeout_ms: int = 2000,
+        appendonly: bool = True,
         appendfsync: str = "always",
     ):
         base = Path(base_dir)
@@ -608,6 +609,7 @@ class RedisCluster:
                 self.servers.append(
                     RedisServer(
                         base / f"node-{i}",
+                        appendonly=appendonly,
                         appendfsync=appendfsync,
                         config={
                             "cluster-enabled": "yes",

@@ -19,6 +19,7 @@ from fleetmq.operator import rbac
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 OPERATOR_NS = "fleetmq-system"
+OPERATOR_SA = "fleetmq-operator-under-test"  # (see operator_kubeconfig)
 
 
 def wait_for(
@@ -70,11 +71,13 @@ def crds_installed(control_plane) -> None:
 
 @pytest.fixture(scope="session")
 def operator_kubeconfig(control_plane, crds_installed) -> Path:
-    """A kubeconfig with a token of the operator's ServiceAccount, bound only by operator/rbac.yaml."""
+    """A kubeconfig with a token of the operator's ServiceAccount, bound only by operator/rbac.yaml. Its
+    cluster-wide objects get a name of their own: the chart tests `helm install` a release whose
+    ClusterRole is rbac.NAME on the same API server, in whatever order the tests run."""
     if control_plane.kubectl("get", "namespace", OPERATOR_NS, check=False).returncode != 0:
         control_plane.create_namespace(OPERATOR_NS)
-    control_plane.kubectl("apply", "-f", "-", input=rbac.render_yaml(OPERATOR_NS))
-    return control_plane.serviceaccount_kubeconfig(f"{OPERATOR_NS}/{rbac.NAME}")
+    control_plane.kubectl("apply", "-f", "-", input=rbac.render_yaml(OPERATOR_NS, OPERATOR_SA))
+    return control_plane.serviceaccount_kubeconfig(f"{OPERATOR_NS}/{OPERATOR_SA}")
 
 
 @pytest.fixture
