@@ -125,6 +125,7 @@ class Result:
     seconds: float
     publisher_reconnects: int
     subscriber_reconnects: int
+    longest_stall_s: float = 0.0  # the longest time between two acknowledged publishes
 
     @property
     def lost(self) -> set[int]:
@@ -141,7 +142,7 @@ class Result:
             f"{self.total} QoS{self.qos} messages in {self.seconds:.1f}s, {len(self.acked)} acked; brokers deleted "
             f"{self.deleted}; publisher reconnects {self.publisher_reconnects}, subscriber reconnects "
             f"{self.subscriber_reconnects}; {len(self.lost)} acked messages lost {sorted(self.lost)[:10]}, "
-            f"{self.duplicates} duplicates"
+            f"{self.duplicates} duplicates; acks stalled {self.longest_stall_s:.1f}s at most"
         )
 
     __repr__ = __str__
@@ -155,7 +156,11 @@ def load_with_deletions(
     total: int = 3000,
     drain_timeout: float = 180.0,
     qos: int = 1,
+    faults: dict[int, Callable[[], str]] | None = None,
 ) -> Result:
+    """`total` messages from a publisher to a persistent subscriber, each on a broker of its own; by default
+    the subscriber's broker is deleted at a third and the publisher's at two thirds. `faults`: instead, at
+    message n, call faults[n] (it names what it broke)."""
     names = list(endpoints)
     received: list[int] = []
     lock = threading.Lock()
@@ -173,17 +178,19 @@ def load_with_deletions(
     time.sleep(1)  # the subscription is in place
 
     victims = {total // 3: sub, 2 * total // 3: pub}  # first the subscriber's broker, then the publisher's
+    if faults is None:
+        faults = {n: (lambda v=v: (delete(v.broker), v.broker)[1]) for n, v in victims.items()}
     acked: set[int] = set()
     deleted: list[str] = []
     seq = 0
-    t0 = time.monotonic()
+    t0 = last_ack = time.monotonic()
+    stall = 0.0
     try:
         while seq < total:
             if sub.lost.is_set():
                 sub.reconnect()
-            if (victim := victims.pop(seq, None)) is not None:
-                delete(victim.broker)
-                deleted.append(victim.broker)
+            if (fault := faults.pop(seq, None)) is not None:
+                deleted.append(fault())
             try:
                 assert pub.c is not None
                 info = pub.c.publish(topic, str(seq).encode(), qos=qos)
@@ -194,6 +201,8 @@ def load_with_deletions(
             if ok:
                 acked.add(seq)  # PUBACK (QoS 1) / PUBCOMP (QoS 2): the fleet owns the message
                 seq += 1
+                now = time.monotonic()
+                stall, last_ack = max(stall, now - last_ack), now
             else:
                 pub.reconnect()  # and publish the same message again
         seconds = time.monotonic() - t0
@@ -209,4 +218,6 @@ def load_with_deletions(
         close(pub.c)
         close(sub.c)
     with lock:
-        return Result(total, acked, list(received), deleted, seconds, pub.reconnects, sub.reconnects, qos)
+        return Result(
+            total, acked, list(received), deleted, seconds, pub.reconnects, sub.reconnects, stall, qos
+        )

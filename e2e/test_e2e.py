@@ -9,8 +9,9 @@
 - a zone change (maxInflight, an ACL rule) applied live: same pods, the connected client sees the new limit;
 - an image change rolling one pod at a time while clients stay served;
 - a real Prometheus scraping every pod through its endpoints: every dashboard query has data;
-- the managed Redis' primary pod deleted (mode sentinel, the default): a replica takes over and the
-  sessions survive; a standalone Redis' pod deleted: its PersistentVolumeClaim keeps them;
+- the managed Redis' primary pod deleted (mode sentinel, the default) under QoS 1 load: nothing
+  acknowledged lost, no broker restarted; deleted again with a message queued for an offline session: a
+  replica takes over and the session keeps it; a standalone Redis' pod deleted: its claim keeps it;
 - `helm uninstall` after deleting the fleets leaves nothing of the chart or the operator.
 """
 
@@ -733,6 +734,36 @@ def _delete_redis_and_wait(c: Cluster, fleet: str, ns: str) -> None:
     wait_for(lambda: [p for p in c.pods(sel, ns) if p["metadata"]["uid"] != old["metadata"]["uid"]
                       and p["metadata"]["name"] == old["metadata"]["name"]
                       and p["status"].get("phase") == "Running"], timeout=180, msg="a new Redis pod")  # fmt: skip
+
+
+def test_managed_redis_primary_deleted_under_load_loses_nothing_acknowledged(cluster: Cluster, endpoints):
+    """Mode sentinel (the default, waitReplicas 1): the primary's pod deleted halfway through 2,000 QoS 1
+    messages from a publisher on one broker pod to a persistent subscriber on another; a replica takes over,
+    the brokers follow without a restart, and every acknowledged message arrives."""
+    c = cluster
+    per_pod: dict[str, Endpoint] = {pod: c.endpoint(f"pod/{pod}", 11883) for pod in BROKERS}
+    endpoints += per_pod.values()
+    before = broker_state(c)
+    primary = _store(c, FLEET, APP_NS)["primary"]
+
+    def delete_primary() -> str:
+        pod = primary.split(".")[0]
+        c.kubectl("delete", "pod", pod, "-n", APP_NS, "--wait=false")
+        return pod
+
+    result = load_with_deletions(
+        per_pod,
+        lambda _pod: None,
+        f"e2e/redis/{uuid.uuid4().hex[:6]}",
+        total=2000,
+        faults={1000: delete_primary},
+    )
+    print(result)
+    assert len(result.acked) == result.total and not result.lost, result
+    assert broker_state(c) == before, "brokers restarted: they must follow a failover"
+    wait_for(lambda: _store(c, FLEET, APP_NS).get("primary") not in (None, primary), timeout=60,
+             msg="another primary in the status")  # fmt: skip
+    wait_for(lambda: fleet_ready(c), timeout=300, msg="fleet Ready again")
 
 
 def test_managed_redis_pod_deleted_has_the_documented_outcome(cluster: Cluster, endpoints):
