@@ -219,20 +219,54 @@ sentinel_ready() { # enough sentinels reachable to agree on a failover
 
 # A primary being stopped asks the sentinels to promote a replica first and waits (up to 20 s) until it is
 # one itself, so a rolling update costs the brokers a planned switch rather than a detected failure.
+# caught_up: wait (2 s at most) until every replica has all this primary has written
+caught_up() {
+	i=0
+	while [ $i -lt 20 ]; do
+		info=$(cli "$(self)" INFO replication)
+		offset=$(echo "$info" | field master_repl_offset)
+		behind=0
+		for o in $(echo "$info" | sed -n 's/^slave[0-9]*:.*offset=\([0-9]*\).*/\1/p'); do
+			[ "$o" -lt "${offset:-0}" ] && behind=1
+		done
+		[ $behind -eq 0 ] && return 0
+		sleep 0.1
+		i=$((i + 1))
+	done
+}
+
+# A stopping primary hands over to a replica first. Writes stop before the switch: a replica promoted while
+# the primary still takes writes would miss those another replica acknowledged (a broker's WAIT), and they
+# would be gone once that replica resynchronised from the new primary. The primary pauses writes, lets its
+# replicas catch up, asks a sentinel to fail over, becomes a replica of the new primary itself (the paused
+# writes then fail with READONLY instead of landing here), and only then lets clients go on.
 prestop() {
 	[ "$REDIS_MODE" = sentinel ] || exit 0
 	[ "$(cli "$(self)" ROLE | head -n 1)" = master ] || exit 0
+	cli "$(self)" CLIENT PAUSE 30000 WRITE >/dev/null
+	caught_up
 	for s in $SENTINEL_NODES; do
+		old=$(cli "$s" SENTINEL get-master-addr-by-name "$SENTINEL_MASTER" | tr -d '\r' | tr '\n' ' ')
 		if [ "$(cli "$s" SENTINEL FAILOVER "$SENTINEL_MASTER")" = OK ]; then
 			log "asked sentinel $s to fail over"
 			i=0
-			while [ $i -lt 40 ] && [ "$(cli "$(self)" ROLE | head -n 1)" = master ]; do
+			while [ $i -lt 40 ]; do
+				new=$(cli "$s" SENTINEL get-master-addr-by-name "$SENTINEL_MASTER" | tr -d '\r' | tr '\n' ' ')
+				if [ -n "${new% }" ] && [ "$new" != "$old" ]; then
+					# shellcheck disable=SC2086  # host and port
+					set -- $new
+					cli "$(self)" REPLICAOF "$1" "$2" >/dev/null
+					log "now a replica of $1:$2"
+					break
+				fi
 				sleep 0.5
 				i=$((i + 1))
 			done
+			cli "$(self)" CLIENT UNPAUSE >/dev/null
 			exit 0
 		fi
 	done
+	cli "$(self)" CLIENT UNPAUSE >/dev/null
 	log "no sentinel would fail over"
 }
 

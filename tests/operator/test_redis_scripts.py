@@ -19,6 +19,7 @@ import asyncio
 import os
 import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,50 @@ def test_sentinel_bootstrap_failover_and_rejoin(sentinel_deployment, tmp_path, p
     assert (
         d.probe("prestop", d.servers[1] if new is not d.servers[1] else d.servers[2]) == 0
     )  # replicas: no-op
+
+
+def test_a_stopping_primary_hands_over_without_losing_an_acknowledged_write(sentinel_deployment):
+    """A writer sends to the primary and counts a write acknowledged when WAIT 1 says a replica has it (what
+    a broker with waitReplicas 1 does) while the primary's preStop hands over. Every acknowledged write must
+    be on the new primary: found when a replica was promoted while the old primary still took writes that
+    the other replica acknowledged (the real node's e2e lost one acked message that way)."""
+    d = sentinel_deployment
+    for server in d.servers:
+        server.start()
+    for sentinel in d.sentinels:
+        sentinel.start()
+    first = d.servers[0]
+    wait_until(lambda: role(first)[0] == "master" and len(role(first)[2]) == 2, timeout=20, msg="2 replicas")
+    wait_until(lambda: d.primaries() == {first.address}, timeout=20, msg="sentinels name pod 0")
+    acked: list[int] = []
+    stop = threading.Event()
+
+    def write() -> None:
+        with redis.Redis(host=HOST, port=first.port, password=PASSWORD, socket_timeout=10) as r:
+            n = 0
+            while not stop.is_set():
+                try:
+                    r.rpush("acked", n)
+                    if r.execute_command("WAIT", 1, 1000) >= 1:
+                        acked.append(n)
+                except redis.RedisError:  # READONLY once it is a replica: nothing more lands here
+                    return
+                n += 1
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    wait_until(lambda: len(acked) > 200, timeout=10, msg="writes flowing")
+    out = run_script("prestop", first.environment, timeout=60)
+    assert out.returncode == 0, out.stderr
+    stop.set()
+    writer.join(15)
+    new = d.server_at(d.named_primary(d.sentinels[0]))
+    assert new is not first and role(first)[0] == "slave", out.stderr
+    wait_until(lambda: all(role(r)[0] == "master" or r.info("replication").get("master_link_status") == "up"
+                           for r in d.servers), timeout=20, msg="every replica linked")  # fmt: skip
+    stored = {int(v) for v in new.command("LRANGE", "acked", 0, -1, decode=True)}
+    lost = [n for n in acked if n not in stored]
+    assert not lost, f"{len(lost)} of {len(acked)} acknowledged writes lost in the handover: {lost[:10]}"
 
 
 # ------------------------------------------------------------------------------------------- cluster
