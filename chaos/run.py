@@ -185,18 +185,53 @@ class Fleet:
             return []
         return [r for r in self.redis if r.alive() and not r.paused and await r.role() == "master"]
 
+    @staticmethod
+    async def _caught_up(primary: Redis, timeout: float = 2.0) -> None:
+        """Until every replica of `primary` has its whole replication stream (or `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = dict(
+                line.split(":", 1)
+                for line in str(await primary.command("INFO", "replication")).split()
+                if ":" in line
+            )
+            offset = int(info.get("master_repl_offset", "0"))
+            offsets = [int(dict(kv.split("=") for kv in v.split(","))["offset"]) for k, v in info.items()
+                       if k.startswith("slave") and k[5:].isdigit()]  # fmt: skip
+            if all(o >= offset for o in offsets):
+                return
+            await asyncio.sleep(0.05)
+
     async def replicas(self) -> list[Redis]:
         return [r for r in self.redis if r.alive() and not r.paused and await r.role() == "slave"]
 
     async def failover(self, pick: float) -> str:
-        """A graceful switch of a primary to one of its replicas (SENTINEL FAILOVER, CLUSTER FAILOVER)."""
+        """A planned switch of a primary to one of its replicas. On Sentinel, as a fleet's managed Redis does
+        it when its primary's pod stops (operator/redis.sh prestop): writes paused on the primary, replicas
+        caught up, SENTINEL FAILOVER, the old primary made a replica of the new one, writes let go (a bare
+        SENTINEL FAILOVER loses what a replica acknowledged while the primary took writes after another
+        replica's promotion). On a cluster, CLUSTER FAILOVER on a replica (Redis pauses the primary itself)."""
         try:
             if self.sentinels:
                 live = [x for x in self.sentinels if x.alive() and not x.paused]
-                if not live:
-                    return "no sentinel"
-                await live[0].command("SENTINEL", "FAILOVER", Sentinel.MASTER)
-                return f"asked {live[0].name}"
+                primaries = await self.primaries()
+                if not live or not primaries or not primaries[0].alive() or primaries[0].paused:
+                    return "no sentinel or no primary"
+                old = primaries[0]
+                await old.command("CLIENT", "PAUSE", "30000", "WRITE")
+                try:
+                    await self._caught_up(old)
+                    await live[0].command("SENTINEL", "FAILOVER", Sentinel.MASTER)
+                    deadline = time.monotonic() + 20
+                    while time.monotonic() < deadline:
+                        port = await live[0].primary_port()
+                        if port is not None and port != old.port:
+                            await old.command("REPLICAOF", HOST, str(port))
+                            return f"asked {live[0].name}; :{old.port} now a replica of :{port}"
+                        await asyncio.sleep(0.2)
+                    return f"asked {live[0].name}; no switch within 20 s"
+                finally:
+                    await old.command("CLIENT", "UNPAUSE")
             replicas = await self.replicas()
             if not replicas:
                 return "no replica"

@@ -322,9 +322,12 @@ def fleet_status(
     else:
         conds = set_condition(conds, "Degraded", False, "AsExpected", "", gen, timestamp)
 
-    # Ready: all pods ready and on the rendered config
-    if ready >= replicas and config_ok:
+    # Ready: all pods ready and on the rendered config, and the store takes what acks wait for (brokers
+    # whose Redis has no replica in sync yet refuse persistent sessions: not a fleet to send clients to)
+    if ready >= replicas and config_ok and store_ok:
         conds = set_condition(conds, "Ready", True, "Ready", f"{ready}/{replicas} pods ready", gen, timestamp)
+    elif ready >= replicas and config_ok:
+        conds = set_condition(conds, "Ready", False, "StoreNotReady", store_msg, gen, timestamp)
     else:
         reason = "PodsNotReady" if ready < replicas else "ConfigPending"
         msg = f"{ready}/{replicas} pods ready" + "".join(f"; {m}" for _, m in stuck if ready < replicas)

@@ -227,6 +227,14 @@ def test_status_maps_pod_hashes_to_zone_generations():
     info["edge-1"]["config_hash"] = r2.config_hash
     st2 = fleet_status(f | {"status": st}, r2, "", Observed(statefulset=sts, nodeinfo=info))
     conds2 = {c["type"]: c for c in st2["conditions"]}
+    # every pod on the config, but the managed Redis' pods not ready: the store is not, so neither the fleet
+    assert (conds2["Ready"]["status"], conds2["Ready"]["reason"]) == ("False", "StoreNotReady")
+    assert conds2["Ready"]["message"] == conds2["StoreReady"]["message"]
+    redis = {f"StatefulSet/edge-{n}": {"status": {"readyReplicas": 3}} for n in ("redis", "redis-sentinel")}
+    st2 = fleet_status(
+        f | {"status": st}, r2, "", Observed(statefulset=sts, nodeinfo=info, store_children=redis)
+    )
+    conds2 = {c["type"]: c for c in st2["conditions"]}
     assert conds2["Ready"]["status"] == "True" and conds2["Degraded"]["status"] == "False"
     assert conds2["Degraded"]["lastTransitionTime"] == conds["Degraded"]["lastTransitionTime"]
     zs = zone_status(zone("external", gen=2), fleet_found=True, rejection=None, fleet_status_=st2,
