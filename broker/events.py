@@ -54,7 +54,7 @@ from .eventschema import (
     sample_threshold,
     sampled,
 )
-from .redisclient import Shard, StoreConnections, redirected
+from .redisclient import Shard, StoreConnections, in_transition, redirected
 
 if TYPE_CHECKING:
     from .config import EventLogConfig
@@ -459,7 +459,7 @@ class EventLog:
                 for p, reply in zip(ps, result, strict=True):
                     if redirected(reply):
                         todo.append(p)
-                        busy = busy or not str(reply).startswith("MOVED ")
+                        busy = busy or in_transition(reply)
                     elif isinstance(reply, ResponseError):  # (OOM, READONLY...): it did not run
                         self._failed(reply, shard)
                         failed.append(p)

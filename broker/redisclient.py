@@ -29,7 +29,13 @@ from redis.asyncio.connection import ConnectionPool
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    RedisError,
+    TryAgainError,
+)
 
 from . import keys
 from .config import RedisStoreConfig
@@ -272,12 +278,18 @@ class StoreConnections:
 
 
 #: error replies that say a command did not run where it was sent (the cluster's map changed, or is changing):
-#: send it again once the map is read again
-REDIRECTS = ("MOVED ", "ASK ", "TRYAGAIN", "CLUSTERDOWN")
+#: send it again once the map is read again. redis-py parses them into these classes, MOVED's and ASK's
+#: without their prefix (str() is "SLOT HOST:PORT"), so a reply is told by its class, never its text.
+REDIRECTS = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 
 def redirected(reply: Any) -> bool:
-    return isinstance(reply, ResponseError) and str(reply).startswith(REDIRECTS)
+    return isinstance(reply, REDIRECTS)
+
+
+def in_transition(reply: Any) -> bool:
+    """A redirect that says to wait a moment first (a failover or a slot migration under way)."""
+    return isinstance(reply, TryAgainError | ClusterDownError)
 
 
 async def command(client: aioredis.Redis, *args: Any) -> Any:

@@ -33,7 +33,7 @@ from . import keys, wire
 from .config import RedisStoreConfig
 from .journal import JournalChanges
 from .message import Delivery, Message, Will
-from .redisclient import Shard, StoreConnections, redirected
+from .redisclient import Shard, StoreConnections, in_transition, redirected
 from .router import Subscription
 from .session import Session
 from .store import (
@@ -601,7 +601,7 @@ class RedisStore(SessionStore):
             if attempt < 3:
                 self.retries += 1
                 await self.conns.refresh()
-                if str(replies[todo[0]]).startswith(("TRYAGAIN", "CLUSTERDOWN")):
+                if in_transition(replies[todo[0]]):
                     await asyncio.sleep(0.1 * (attempt + 1))
         return replies  # (still redirected: the callers see the error replies)
 
