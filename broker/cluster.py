@@ -541,11 +541,16 @@ class Cluster:
             await _close(pubsub)
 
     async def _pump(self, pubsub: PubSub) -> None:
-        """Dispatch what one shard's stream brings until it breaks (raises)."""
+        """Dispatch what one shard's stream brings until it breaks (raises). A sharded channel this node
+        never left being unsubscribed means its slot moved (a failover, a migration): the shard no longer
+        carries its wakes, so the stream counts as broken (subscribed again where the map says, resynced)."""
         while True:
             msg = await pubsub.get_message(timeout=1.0)
-            if msg is not None:
-                self._dispatch(msg)
+            if msg is None:
+                continue
+            if msg["type"] == "sunsubscribe":
+                raise ConnectionError(f"Redis moved the slot of {msg['channel']!r} elsewhere")
+            self._dispatch(msg)
 
     def _stream_broke(self) -> None:
         """Wakes for this node's sessions may be lost from now until the stream is back and resynced
