@@ -21,6 +21,7 @@ from tests.integration.test_fleet_support import (
     Publisher,
     Subscriber,
     ack_loop,
+    drain,
     first_occurrences,
     parse_seq,
     raw_connect,
@@ -163,22 +164,7 @@ def test_a_shard_primary_killed_under_qos1_qos2_load_loses_nothing_acknowledged(
 
     wait_until(acked_after_kill, timeout=30, interval=0.05, msg="every publisher acknowledged again")
     time.sleep(2.0)
-    for p in pubs:
-        p.stop()
-    for p in pubs:
-        p.join(15)
-        assert p.error is None, p.error
-
-    def settled() -> bool:
-        return all(not (p.acked - set(s.delivered(p.tag))) for s in subs for p in pubs)
-
-    wait_until(settled, timeout=30, interval=0.2, msg="every acknowledged message delivered")
-    time.sleep(0.5)
-    for s in subs:
-        s.stop()
-    for s in subs:
-        s.join(10)
-        assert s.error is None, s.error
+    drain(pubs, subs, timeout=30)
     print(
         f"\ncluster shard failover: primary :{doomed.port} killed, its replica took over after "
         f"{t_failover - t_kill:.1f}s, the old primary back as its replica after {t_back - t_kill:.1f}s; "

@@ -18,6 +18,7 @@ from tests.integration.test_fleet_support import (
     Publisher,
     Subscriber,
     ack_loop,
+    drain,
     first_occurrences,
     parse_seq,
     raw_connect,
@@ -76,22 +77,7 @@ def test_primary_killed_under_qos1_qos2_load_loses_nothing_acknowledged(fleet, r
     wait_until(acked_after_kill, timeout=30, interval=0.05, msg="every publisher acknowledged again")
     first_ack = max(min(t for t in p.ack_time.values() if t > t_kill) for p in pubs)
     time.sleep(2.0)
-    for p in pubs:
-        p.stop()
-    for p in pubs:
-        p.join(15)
-        assert p.error is None, p.error
-
-    def settled() -> bool:
-        return all(not (p.acked - set(s.delivered(p.tag))) for s in subs for p in pubs)
-
-    wait_until(settled, timeout=20, interval=0.2, msg="every acknowledged message delivered")
-    time.sleep(0.5)
-    for s in subs:
-        s.stop()
-    for s in subs:
-        s.join(10)
-        assert s.error is None, s.error
+    drain(pubs, subs, timeout=20)
     print(
         f"\nsentinel failover: primary :{old.port} killed; sentinels named :{new.port} after "
         f"{t_failover - t_kill:.1f}s; first acknowledged publish of every publisher {first_ack - t_kill:.1f}s "

@@ -23,6 +23,7 @@ from tests.integration.mqttraw import (
     MalformedError,
     RawClient,
 )
+from tests.support import wait_until
 
 SESSION_EXPIRY = 300  # v5 persistent sessions in these tests
 
@@ -420,3 +421,24 @@ __all__ = [
     "seq_payload",
     "session_keys",
 ]
+
+
+def drain(pubs: list, subs: list, *, timeout: float = 30.0) -> None:
+    """Stop the publishers, wait until every subscriber has every message acknowledged to them, then stop
+    the subscribers; each thread must end without an error."""
+    for p in pubs:
+        p.stop()
+    for p in pubs:
+        p.join(15)
+        assert p.error is None, p.error
+
+    def settled() -> bool:
+        return all(not (p.acked - set(s.delivered(p.tag))) for s in subs for p in pubs)
+
+    wait_until(settled, timeout=timeout, interval=0.2, msg="every acknowledged message delivered")
+    time.sleep(0.5)
+    for s in subs:
+        s.stop()
+    for s in subs:
+        s.join(10)
+        assert s.error is None, s.error
