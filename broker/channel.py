@@ -715,8 +715,16 @@ class Channel:
         """
         acl = self.acl
         session = self.session
-        if d.msg.receipt is not None and session is not None:
-            session.accept(d.msg.receipt)  # (the store dropped any repeat; what it took, this one knows)
+        if (
+            d.msg.receipt is not None
+            and session is not None
+            and not session.accept(d.msg.receipt, stored=True)
+        ):
+            # A publisher's resend, routed here under the same receipt before the store learnt that this
+            # session got it (its commit was on the way when the store queued this copy): a repeat.
+            if d.order >= 0:
+                session.forget(d)  # the pull journaled it
+            return
         if acl is not None and acl.guards_read and not acl.can_read(d.msg.topic):
             if session is not None and d.order >= 0:
                 session.forget(d)  # the pull journaled it

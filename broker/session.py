@@ -371,14 +371,15 @@ class Session:
         number = self.receipts.get(packet_id)
         return (self.incarnation, number) if number else None
 
-    def accept(self, receipt: tuple[str, int]) -> bool:
+    def accept(self, receipt: tuple[str, int], stored: bool = False) -> bool:
         """Whether a message with this receipt is new to this session (and remember that it is not
-        any more); False for a repeat, which a publisher's resend routes again."""
+        any more); False for a repeat, which a publisher's resend routes again. `stored`: the store
+        accepted it already (a pull), so the journal has nothing to add."""
         incarnation, number = receipt
         if number <= self.seen.get(incarnation, 0):
             return False
         self.seen[incarnation] = number
-        if self.journal is not None:
+        if self.journal is not None and not stored:
             self.journal.seen(incarnation, number)
         return True
 

@@ -264,3 +264,59 @@ def test_a_graceful_shard_failover_keeps_wakes_flowing_to_a_connected_subscriber
     ack_loop(sub, view, until=5, timeout=10, tag="f")
     assert [parse_seq(p) for p in view.delivered] == [("f", i) for i in range(5)]
     assert [n.alive() for n in (a, b)] == [True, True]
+
+
+def _kill_pubsub_of(rc, node_id: str) -> None:
+    """Close a node's event streams on every primary (it stops listening; a paused node stays so)."""
+    for r in rc.primaries():
+        for line in r.command("CLIENT", "LIST", "TYPE", "pubsub", decode=True).splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if fields.get("name") == f"fleetmq:{node_id}":
+                r.command("CLIENT", "KILL", "ID", fields["id"])
+
+
+def test_a_resend_routed_here_before_the_stores_copy_arrives_is_delivered_once(fleet, redis_cluster):
+    """A QoS 2 message and its publisher's resend, both under one receipt, race to a subscriber's session:
+    node a routed the original through Redis, but the subscriber's shard held the write back; meanwhile
+    the publisher, unacknowledged, resent on node b, which routed it straight to the subscriber connected
+    there. When the shard let go, the original was queued (the store had not yet heard that the session
+    got this receipt) and b pulled it: the subscriber got the message twice, seven milliseconds apart
+    (chaos --store cluster, seed 42, at a CLUSTER FAILOVER). A pulled delivery whose receipt the session
+    already accepted is a repeat."""
+    rc = redis_cluster
+    a, b = fleet(2, None, {"store": rc.store()})
+    busy = {rc.primary_of(keys.alive(f"node-{i}")).port for i in range(2)}  # heartbeats, handovers
+    scid = uid("x2rs-")
+    while rc.primary_of(keys.session_keys(scid)[keys.META]).port in busy:
+        scid = uid("x2rs-")
+    shard = rc.primary_of(keys.session_keys(scid)[keys.META])
+    pcid = uid("x2rp-")
+    while rc.primary_of(keys.session_keys(pcid)[keys.META]) is shard:
+        pcid = uid("x2rp-")
+    topic = uid("x2r/")
+    sub, _ = raw_connect(b, scid, 5)
+    sub.subscribe([(topic, 2)])
+    wait_route(a, sub, topic)
+    pub, _ = raw_connect(a, pcid, 5)
+    shard.command("CLIENT", "PAUSE", "20000", "WRITE")
+    try:
+        pub.send(mqttraw.publish(topic, seq_payload("r", 1), qos=2, packet_id=42, version=5))
+        time.sleep(0.5)  # a's routing of it waits on the subscriber's shard
+        a.pause()
+        _kill_pubsub_of(rc, "node-0")  # a no longer listens: b takes the publisher over without it
+        pub.close()
+        pub, ack = raw_connect(b, pcid, 5, timeout=10)
+        assert ack.session_present
+        pub.send(mqttraw.publish(topic, seq_payload("r", 1), qos=2, packet_id=42, dup=True, version=5))
+        time.sleep(0.5)  # b routes the resend to the subscriber; storing that waits on the shard too
+    finally:
+        shard.command("CLIENT", "UNPAUSE")
+        a.resume()
+    rec = pub.expect(PUBREC, timeout=10)
+    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
+    pub.expect(PUBCOMP, timeout=10)
+    view = AppView()
+    ack_loop(sub, view, quiet=3.0, timeout=15)
+    assert [parse_seq(p) for p in view.delivered] == [("r", 1)], (
+        "a QoS 2 message reached the subscriber twice"
+    )

@@ -40,6 +40,7 @@ from fleetmq.broker.codec import (
     encode,
 )
 from fleetmq.broker.config import load_config
+from fleetmq.broker.message import Delivery, Message
 from fleetmq.broker.node import Node
 
 # -----------------------------------------------------------------------------------------------
@@ -1100,3 +1101,25 @@ async def test_offline_queue_limit_drops_oldest(clock):
     again = Client(node, clock, MQTT311)
     await again.connect("dev", clean_start=False)
     assert [p.payload for p in again.publishes()] == [b"3", b"4"]
+
+
+async def test_a_stored_delivery_under_a_receipt_the_session_accepted_is_a_repeat(clock):
+    """Message.receipt: a publisher's resend may reach a session straight from the node (routed again
+    under its receipt) before the copy another node routed through the store is pulled; the pulled copy
+    is then a repeat, and a QoS 2 message must not be sent twice (chaos --store cluster, seed 42)."""
+    node = make_node()
+    sub = Client(node, clock, MQTT5)
+    await sub.connect("sub", clean_start=False, properties={Prop.SESSION_EXPIRY_INTERVAL: 300})
+    sub.subscribe("t", qos=2)
+
+    def copy(n: int) -> Delivery:
+        msg = Message.from_publish("t", f"m{n}".encode(), 2, False, None, "pub")
+        msg.receipt = ("inc1", n)
+        return Delivery(msg, 2, False, None)
+
+    session = node.cm.session_of("sub")
+    assert session is not None and session.accept(("inc1", 1))  # the resend, routed here first
+    node.cm.deliver_stored("sub", session.epoch, [copy(1), copy(2)])  # the store's copy, and a newer one
+    await settle()
+    assert [p.payload for p in sub.publishes()] == [b"m2"]
+    assert session.seen == {"inc1": 2}
