@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .bridges import BridgeConfig, check_bridges
 from .zones import DEFAULT_ZONES, ZoneSettings, zone_defaults
 
 
@@ -188,6 +189,7 @@ class BrokerConfig(_Model):
     listeners: list[ListenerConfig] = Field(default_factory=list)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     event_log: EventLogConfig = Field(default_factory=EventLogConfig)
+    bridges: list[BridgeConfig] = Field(default_factory=list, description="Bridges to remote brokers")
 
     @field_validator("zones", mode="before")
     @classmethod
@@ -227,6 +229,17 @@ class BrokerConfig(_Model):
             names.add(listener.name)
             binds.add(listener.address)
         return self
+
+    @model_validator(mode="after")
+    def _check_bridges(self) -> BrokerConfig:
+        check_bridges(self.bridges, self.fleet)
+        return self
+
+    @property
+    def fleet(self) -> str:
+        """The fleet's name: its event log's, and the one bridges use at remotes (client ids, loop
+        prevention's path)."""
+        return self.event_log.fleet
 
     @model_validator(mode="after")
     def _check_event_log(self) -> BrokerConfig:

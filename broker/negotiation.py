@@ -73,7 +73,8 @@ def negotiate(p: Connect, zone: ZoneSettings, new_client_id: Callable[[], str]) 
             assigned = version >= MQTT5
         else:
             return Refusal(RC.CLIENT_IDENTIFIER_NOT_VALID, "client_id_invalid")
-    if len(client_id) > zone.max_clientid_len:
+    if len(client_id) > zone.max_clientid_len or client_id.startswith("$"):
+        # ('$' ids are the broker's own sessions, such as a bridge's "$bridge:<name>")
         return Refusal(RC.CLIENT_IDENTIFIER_NOT_VALID, "client_id_invalid")
     if props.get(Prop.AUTHENTICATION_METHOD) is not None:
         return Refusal(RC.BAD_AUTHENTICATION_METHOD, "bad_authentication_method")

@@ -244,6 +244,17 @@ async def test_connect_v311_empty_client_id(clock):
     assert refused.io.closed
 
 
+@pytest.mark.parametrize(("version", "code"), [(MQTT5, RC.CLIENT_IDENTIFIER_NOT_VALID), (MQTT311, 2)])
+async def test_client_ids_starting_with_dollar_are_the_brokers_own(clock, version, code):
+    """A bridge's session is "$bridge:<name>": no client may take it over."""
+    node = make_node()
+    c = Client(node, clock, version)
+    c.send(Connect("$bridge:cloud", proto_level=version, clean_start=False))
+    await settle()
+    [ack] = c.received()
+    assert ack.reason_code == code and c.io.closed
+
+
 async def test_connect_v5_session_expiry_capped_by_zone(clock):
     c = Client(make_node(session_expiry_interval="1h"), clock, MQTT5)
     ack = await c.connect("dev1", properties={Prop.SESSION_EXPIRY_INTERVAL: 100000})

@@ -26,7 +26,9 @@ LAYERS: list[set[str]] = [
     {"events"},  # the event log writes through the store's connections (redisclient)
     {"inflight", "mqueue", "journal", "retained", "wire", "telemetry", "negotiation", "redisclient"},
     {"message", "auth", "metrics", "router", "config"},
-    {"codec", "topic", "zones", "keepalive", "limiter", "eventschema", "keys", "websocket", "__init__"},
+    {"bridges"},  # bridges' settings, built like zones' (zones.Duration, topic filters, templates)
+    {"codec", "topic", "zones", "keepalive", "limiter", "eventschema", "keys", "websocket", "__init__"}
+    | {"topicmap", "backoff", "bridgeloop"},
 ]
 RANK = {module: len(LAYERS) - i for i, layer in enumerate(LAYERS) for module in layer}
 
