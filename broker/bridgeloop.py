@@ -33,6 +33,15 @@ def _hops(props: UserProperties) -> int:
     return 0
 
 
+def _marked(props: UserProperties, path: list[str], visited: str, hops: int) -> UserProperties:
+    if visited not in path:
+        path = [*path, visited]
+    out = [(k, v) for k, v in props if k not in (PATH, HOP_COUNT)]
+    out.append((PATH, ",".join(path)))
+    out.append((HOP_COUNT, str(hops)))
+    return out
+
+
 def egress(props: UserProperties, fleet: str, remote: str, hop_limit: int) -> UserProperties | None:
     """The user properties to forward to `remote` with (this fleet added to the path, the hop counted), or
     None when forwarding would close a loop: the remote is on the path already, or the hop limit is
@@ -43,12 +52,13 @@ def egress(props: UserProperties, fleet: str, remote: str, hop_limit: int) -> Us
     hops = _hops(props)
     if hop_limit and hops > 0 and hops >= hop_limit:
         return None
-    if fleet not in path:
-        path.append(fleet)
-    out = [(k, v) for k, v in props if k not in (PATH, HOP_COUNT)]
-    out.append((PATH, ",".join(path)))
-    out.append((HOP_COUNT, str(hops + 1)))
-    return out
+    return _marked(props, path, fleet, hops + 1)
+
+
+def ingress(props: UserProperties, remote: str) -> UserProperties:
+    """The user properties a message from `remote` is published here with: the remote on its path, the
+    bridge crossing counted."""
+    return _marked(props, _path(props), remote, _hops(props) + 1)
 
 
 def ingress_loops(props: UserProperties, fleet: str) -> bool:

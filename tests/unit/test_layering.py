@@ -19,8 +19,9 @@ LAYERS: list[set[str]] = [
     {"server", "workers"},
     {"connection", "http"},
     {"node"},  # the composition root: the one module that imports everything of the core
-    {"cm", "cluster"},  # (and bridge) they talk through Protocols (cm.Fleet, cluster.Sessions)
+    {"cm", "cluster"},  # they talk through Protocols (cm.Fleet, cluster.Sessions)
     {"redisstore"},
+    {"bridgelink"},  # speaks MQTT to a channel and a remote (bytes in, bytes out)
     {"channel", "store"},
     {"session", "zone"},
     {"events"},  # the event log writes through the store's connections (redisclient)
