@@ -611,17 +611,21 @@ class Channel:
         self.host.after_commit(release)
 
     def _publish_once_received(self, msg: Message, packet_id: int) -> None:
-        """Route a QoS 2 message once its receipt is stored, then PUBREC once its routing is. It is
-        routed even if the client left meanwhile: it was received, and its resend will find that."""
+        """Route a QoS 2 message once its receipt is stored, then PUBREC once its routing is. Only while
+        the session is still this connection's: if the commit found it another node's (fenced), the
+        receipt was refused and its number is the new owner's to give, so routing under it would make
+        a later message look like a repeat of this one. Unacknowledged, the client sends it again, and
+        the resend is routed under the receipt if one was stored."""
         self._acks_pending += 1
 
         def received(ok: bool) -> None:
             self._acks_pending -= 1
+            session = self.session
+            if self.state != State.CONNECTED or session is None:
+                return  # left, taken over or fenced meanwhile
             if not ok:
-                if self.state == State.CONNECTED:
-                    if self.session is not None:
-                        self.session.release(packet_id)
-                    self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
+                session.release(packet_id)
+                self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
                 return
             matched, _ = self.host.publish(msg, self.zone_name)
             rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS

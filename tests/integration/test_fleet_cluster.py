@@ -320,3 +320,44 @@ def test_a_resend_routed_here_before_the_stores_copy_arrives_is_delivered_once(f
     assert [parse_seq(p) for p in view.delivered] == [("r", 1)], (
         "a QoS 2 message reached the subscriber twice"
     )
+
+
+def test_a_fenced_node_does_not_route_a_qos2_message_under_a_receipt_it_could_not_store(fleet, redis_cluster):
+    """Node a, stopped, still held a PUBLISH in its socket when its client's session moved to b. Resumed,
+    a numbered the message from its stale copy of the session (the number b gives the client's next
+    message), could not store that receipt (fenced), and routed the message all the same: the
+    subscriber took b's message, acknowledged to its publisher, for a repeat and dropped it (chaos
+    --store cluster, seed 42, 300 s: 34 acknowledged messages lost around a node pause). A message whose
+    receipt was refused is not routed; its client sends it again to the session's owner."""
+    rc = redis_cluster
+    a, b = fleet(2, None, {"store": rc.store()})
+    pcid, scid = _cids_on_other_shards(rc)
+    topic = uid("x2f/")
+    sub, _ = raw_connect(b, scid, 5)
+    sub.subscribe([(topic, 2)])
+    wait_route(a, sub, topic)
+    old, _ = raw_connect(a, pcid, 5)
+
+    def exactly_once(client, n: int, pid: int) -> None:
+        client.send(mqttraw.publish(topic, seq_payload("f", n), qos=2, packet_id=pid, version=5))
+        rec = client.expect(PUBREC, timeout=10)
+        client.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
+        client.expect(PUBCOMP, timeout=10)
+
+    exactly_once(old, 1, 1)
+    a.pause()
+    try:
+        old.send(
+            mqttraw.publish(topic, seq_payload("f", 2), qos=2, packet_id=2, version=5)
+        )  # waits in a's socket
+        new, ack = raw_connect(b, pcid, 5, timeout=15)  # a does not answer the handover: b fences it
+        assert ack.session_present
+    finally:
+        a.resume()
+    time.sleep(1.0)  # a reads #2, numbers it, and finds the session is b's now
+    exactly_once(new, 3, 3)
+    view = AppView()
+    ack_loop(sub, view, quiet=3.0, timeout=15)
+    got = [n for _tag, n in map(parse_seq, view.delivered)]
+    assert 3 in got, f"an acknowledged QoS 2 message was dropped as a repeat: the subscriber got {got}"
+    assert got == [1, 3], got
