@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .topic import valid_filter
 from .topicmap import TEMPLATE_PATTERN, Template
-from .zones import Duration
+from .zones import Duration, ZoneSettings
 
 _DEFAULT_PORTS = {"tcp": 1883, "tls": 8883, "ws": 80, "wss": 443}
 
@@ -217,6 +217,19 @@ class BridgeConfig(_Model):
 
     def client_id(self, fleet: str) -> str:
         return self.remote.client_id or f"{fleet}-{self.name}"
+
+    def zone(self) -> ZoneSettings:
+        """The settings of the bridge's session in the fleet: its window and queue are the bridge's (the
+        link reacts to a stuck remote itself: no timed resends), and it never expires."""
+        return ZoneSettings(
+            max_inflight=self.max_inflight,
+            max_mqueue_len=self.queue.max_length,
+            mqueue_store_qos0=self.queue.store_qos0,
+            retry_v5=False,
+            max_awaiting_rel=0,
+            session_expiry_interval=float(0xFFFFFFFF),
+            max_packet_size=268435455,
+        )
 
     @property
     def session_id(self) -> str:

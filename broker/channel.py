@@ -48,7 +48,7 @@ from .eventschema import DropReason
 from .keepalive import KeepAlive
 from .limiter import TokenBucket
 from .message import Delivery, Message
-from .negotiation import NEVER_EXPIRE, V3_CONNACK, Negotiated, Refusal, negotiate
+from .negotiation import INTERNAL, NEVER_EXPIRE, V3_CONNACK, Negotiated, Refusal, negotiate
 from .router import Subscription
 from .session import AwaitingRelFull, Session
 from .topic import parse_share, valid_filter
@@ -384,7 +384,7 @@ class Channel:
 
     def _on_connect(self, p: Connect) -> None:
         self.version = p.proto_level
-        result = negotiate(p, self.settings, self.host.new_client_id)
+        result = negotiate(p, self.settings, self.host.new_client_id, self.listener == INTERNAL)
         if isinstance(result, Refusal):
             return self.refuse(result.reason, result.why, result.reason_string)
         self.client_id = result.client_id

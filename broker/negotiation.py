@@ -62,7 +62,14 @@ class Negotiated:
     connack_props: dict[int, Any] = field(default_factory=dict)
 
 
-def negotiate(p: Connect, zone: ZoneSettings, new_client_id: Callable[[], str]) -> Negotiated | Refusal:
+#: The listener name of the broker's own in-process connections (a bridge's session, bridgelink), the only
+#: ones whose client ids may start with '$'.
+INTERNAL = "$internal"
+
+
+def negotiate(
+    p: Connect, zone: ZoneSettings, new_client_id: Callable[[], str], internal: bool = False
+) -> Negotiated | Refusal:
     version = p.proto_level
     props = p.properties
     client_id = p.client_id
@@ -73,7 +80,7 @@ def negotiate(p: Connect, zone: ZoneSettings, new_client_id: Callable[[], str]) 
             assigned = version >= MQTT5
         else:
             return Refusal(RC.CLIENT_IDENTIFIER_NOT_VALID, "client_id_invalid")
-    if len(client_id) > zone.max_clientid_len or client_id.startswith("$"):
+    if len(client_id) > zone.max_clientid_len or (client_id.startswith("$") and not internal):
         # ('$' ids are the broker's own sessions, such as a bridge's "$bridge:<name>")
         return Refusal(RC.CLIENT_IDENTIFIER_NOT_VALID, "client_id_invalid")
     if props.get(Prop.AUTHENTICATION_METHOD) is not None:

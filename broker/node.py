@@ -59,6 +59,10 @@ class Node:
         self.zones: dict[str, Zone] = {
             name: Zone(name, settings, self._telemetry(name)) for name, settings in config.zones.items()
         }
+        for bridge in config.bridges:  # each bridge's session has a zone of its own (BridgeConfig.zone)
+            self.zones[bridge.session_id] = Zone(
+                bridge.session_id, bridge.zone(), self._telemetry(bridge.session_id)
+            )
         self.committer = GroupCommitter(self.store, self.metrics)
         self.cm = ChannelManager(
             self.node_id,
