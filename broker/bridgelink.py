@@ -52,6 +52,7 @@ from .codec import (
     encode,
     encode_ack,
 )
+from .eventschema import BridgeDropReason as Drop
 from .topic import topic_matches
 from .topicmap import Template
 
@@ -93,7 +94,7 @@ class BridgeLink:
         self.remote_max_packet = 0  # 0: no limit announced
         self.forwarded = 0
         self.received = 0
-        self.dropped: Counter[str] = Counter()
+        self.dropped: Counter[Drop] = Counter()
         self.refused_subscriptions: list[str] = []
         self.window = min(cfg.max_inflight, 65535)  # the session's, at most the remote's Receive Maximum
         self._remote = Parser(version=self.version)
@@ -260,7 +261,7 @@ class BridgeLink:
         else:
             self._unacked.pop(pid, None)
             if p.reason_code >= 0x80:
-                self.dropped["remote_refused"] += 1
+                self.dropped[Drop.REMOTE_REFUSED] += 1
             else:
                 self.forwarded += 1
         self._send_local(p)
@@ -270,21 +271,21 @@ class BridgeLink:
         props = p.properties
         user = props.get(Prop.USER_PROPERTY) or []
         if bridgeloop.ingress_loops(user, self.fleet):
-            return self._drop_ingress(p, "loop", now)
+            return self._drop_ingress(p, Drop.LOOP, now)
         topic = None
         for topic_filter, template in self._ingress:
             if topic_matches(topic_filter, p.topic):
                 topic = template.render(p.topic)
                 break
         if topic is None:
-            return self._drop_ingress(p, "unmapped", now)
+            return self._drop_ingress(p, Drop.UNMAPPED, now)
         out = {k: v for k, v in props.items() if k in _REMOTE_PROPS}
         if self.version >= MQTT5:
             out[Prop.USER_PROPERTY] = bridgeloop.ingress(user, self.cfg.remote.peer)
         self.received += 1
         self._send_local(Publish(topic, p.payload, p.qos, p.retain, p.dup, p.packet_id, out))
 
-    def _drop_ingress(self, p: Publish, reason: str, now: float) -> None:
+    def _drop_ingress(self, p: Publish, reason: Drop, now: float) -> None:
         self.dropped[reason] += 1
         if p.qos == 1:
             self._ack_remote(Puback, p.packet_id, now)
@@ -387,11 +388,11 @@ class BridgeLink:
             self.session_lost = True  # (the remote gets it as new: it had lost its copy)
         route = self._forward_for(p.topic)
         if route is None:
-            return self._drop_egress(p, "excluded")
+            return self._drop_egress(p, Drop.EXCLUDED)
         _forward, template, extra = route
         mapped = template.render(p.topic)
         if mapped is None:
-            return self._drop_egress(p, "unmapped")
+            return self._drop_egress(p, Drop.UNMAPPED)
         props: dict[int, Any] = {}
         if self.version >= MQTT5:
             user = bridgeloop.egress(
@@ -401,12 +402,12 @@ class BridgeLink:
                 self.cfg.loop_prevention.hop_count_limit,
             )
             if user is None:
-                return self._drop_egress(p, "loop")
+                return self._drop_egress(p, Drop.LOOP)
             props = {k: v for k, v in p.properties.items() if k in _REMOTE_PROPS}
             props[Prop.USER_PROPERTY] = user + extra
         packet = encode(Publish(mapped, p.payload, p.qos, p.retain, p.dup, p.packet_id, props), self.version)
         if self.remote_max_packet and len(packet) > self.remote_max_packet:
-            return self._drop_egress(p, "too_large")
+            return self._drop_egress(p, Drop.TOO_LARGE)
         self._to_remote += packet
         self._last_sent = now
         if p.qos:
@@ -424,7 +425,7 @@ class BridgeLink:
                 return route
         return None
 
-    def _drop_egress(self, p: Publish, reason: str) -> None:
+    def _drop_egress(self, p: Publish, reason: Drop) -> None:
         """Not for the remote: the session learns it is done with it all the same."""
         self.dropped[reason] += 1
         if p.qos == 1:

@@ -116,6 +116,21 @@ class DropReason(StrEnum):
         return _DESCRIPTIONS[self]
 
 
+class BridgeDropReason(StrEnum):
+    """Why a bridge did not pass a message on: the ``reason`` label of
+    ``fleetmq_bridge_messages_dropped_total`` and of ``bridge_drop`` events."""
+
+    QUEUE_FULL = "queue_full"  # the bridge's queue was full (its overflow policy chose this one)
+    EXPIRED = "expired"  # its message expiry passed while it waited for the remote
+    LOOP = "loop"  # it went through the destination before (path, hop count)
+    TOO_LARGE = "too_large"  # larger than the remote's Maximum Packet Size
+    QOS0_OFFLINE = "qos0_offline"  # QoS 0 while the remote was away and storeQos0 is off
+    NOT_PERSISTED = "not_persisted"  # sent as QoS 0 (persist: false) and the link failed
+    EXCLUDED = "excluded"  # matched an exclude, or no forward any more (a changed config)
+    UNMAPPED = "unmapped"  # fewer topic levels than its destination template takes
+    REMOTE_REFUSED = "remote_refused"  # the remote acknowledged it with an error reason code
+
+
 _LOST = frozenset(
     {
         DropReason.QUEUE_FULL,
