@@ -69,6 +69,27 @@ _REMOTE_PROPS = (
 _SUB_PID = 1  # the one SUBSCRIBE each side gets, before any PUBLISH uses packet ids there
 
 
+def local_connect(cfg: BridgeConfig, window: int) -> Connect:
+    """The CONNECT of the bridge's session in the fleet: resumed (unless persist is off), never expiring,
+    with the window the remote allows."""
+    props: dict[int, Any] = {Prop.RECEIVE_MAXIMUM: window}
+    if cfg.persist:
+        props[Prop.SESSION_EXPIRY_INTERVAL] = LOCAL_EXPIRY
+    return Connect(
+        cfg.session_id, proto_level=MQTT5, clean_start=not cfg.persist, keepalive=0, properties=props
+    )
+
+
+def local_subscriptions(cfg: BridgeConfig) -> list[tuple[str, SubOpts]]:
+    """The bridge session's subscriptions: its forwards, capped at QoS 0 without persistence, No Local
+    (what comes in over the bridge does not go back out of it)."""
+    cap = 2 if cfg.persist else 0
+    return [
+        (f.filter, SubOpts(qos=min(f.max_qos, cap), no_local=True, retain_as_published=f.preserve_retain))
+        for f in cfg.forwards
+    ]
+
+
 class Phase:
     REMOTE_CONNECT = "remote-connect"  # CONNECT sent to the remote
     REMOTE_SUBSCRIBE = "remote-subscribe"  # its SUBSCRIBE sent
@@ -302,13 +323,7 @@ class BridgeLink:
 
     # -- the session's channel ---------------------------------------------------------------------
     def _connect_local(self) -> None:
-        props: dict[int, Any] = {Prop.RECEIVE_MAXIMUM: self.window}
-        if self.persist:
-            props[Prop.SESSION_EXPIRY_INTERVAL] = LOCAL_EXPIRY
-        self._send_local(
-            Connect(self.cfg.session_id, proto_level=MQTT5, clean_start=not self.persist, keepalive=0,
-                    properties=props)
-        )  # fmt: skip
+        self._send_local(local_connect(self.cfg, self.window))
         self.phase = Phase.LOCAL_CONNECT
 
     def local_data(self, data: bytes, now: float) -> None:
@@ -360,14 +375,7 @@ class BridgeLink:
         if not self._forwards:
             self._up(now)
             return
-        qos_cap = 2 if self.persist else 0
-        subs = [
-            (
-                f.filter,
-                SubOpts(qos=min(f.max_qos, qos_cap), no_local=True, retain_as_published=f.preserve_retain),
-            )
-            for f, _template, _props in self._forwards
-        ]
+        subs = local_subscriptions(self.cfg)
         self._send_local(Subscribe(_SUB_PID, subs))
         self.phase = Phase.LOCAL_SUBSCRIBE
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
+from functools import partial
 from typing import Any
 
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
+from .bridge import Bridge, Lease
 from .channel import Channel, ChannelIO
 from .cluster import Cluster
 from .cm import ChannelManager
@@ -46,6 +48,7 @@ class Node:
         self.router = Router()
         self.retained = Retained()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.bridges: list[Bridge] = []
         self.events: EventLog | None = None
         if config.event_log.enabled:
             log_cfg = config.event_log
@@ -159,6 +162,19 @@ class Node:
             self.retained.put(msg)
         if self.events is not None:
             await self.events.start()
+        self._start_bridges()
+
+    def _start_bridges(self) -> None:
+        redis = None
+        if isinstance(self.store, RedisStore):
+            conns = self.store.conns
+            redis = lambda key: conns.shard_for(key).redis  # noqa: E731
+        alive = self.cluster.listening if self.cluster is not None else None
+        for cfg in self.config.bridges:
+            lease = Lease(cfg, self.node_id, redis, alive)
+            bridge = Bridge(cfg, self.config.fleet, partial(self.channel, cfg.session_id), lease)
+            self.bridges.append(bridge)
+            bridge.start()
 
     async def _open_store(self) -> None:
         """Wait for the store rather than exit: a broker pod that starts before its Redis (a new fleet, a
@@ -175,6 +191,8 @@ class Node:
                 delay = min(delay * 2, STORE_RETRY_MAX)
 
     async def stop(self) -> None:
+        for bridge in self.bridges:
+            await bridge.stop()
         if self.cluster is not None:
             await self.cluster.stop()
         if self.events is not None:

@@ -242,13 +242,20 @@ def start_fleetmq(
     return bp
 
 
-def start_mosquitto(workdir: Path) -> BrokerProc:
+def start_mosquitto(workdir: Path, *, persistence: bool = False, port: int | None = None) -> BrokerProc:
+    """mosquitto on loopback; `persistence` keeps its sessions and queues in workdir across restarts
+    (a remote broker of a bridge), `port` reuses one (a restart)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     name = uid("mosquitto-")
     conf = workdir / f"{name}.conf"
+    persist = (
+        f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\n"
+        if persistence
+        else "persistence false\n"
+    )
     conf.write_text(
-        f"listener {port} {HOST}\nallow_anonymous true\npersistence false\n"
+        f"listener {port} {HOST}\nallow_anonymous true\n{persist}"
         "log_dest stderr\nlog_type all\nmax_queued_messages 10000\n"
     )
     log_path = workdir / f"{name}.log"

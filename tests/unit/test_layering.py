@@ -19,6 +19,7 @@ LAYERS: list[set[str]] = [
     {"server", "workers"},
     {"connection", "http"},
     {"node"},  # the composition root: the one module that imports everything of the core
+    {"bridge"},  # a bridge's link on the node that leads it (a channel of the node, a lease in the store)
     {"cm", "cluster"},  # they talk through Protocols (cm.Fleet, cluster.Sessions)
     {"redisstore"},
     {"bridgelink"},  # speaks MQTT to a channel and a remote (bytes in, bytes out)

@@ -1,0 +1,412 @@
+"""Bridges at run time: on the node that leads a bridge, its link to the remote broker (bridgelink),
+connected, relayed and reconnected.
+
+Exactly one node of a fleet forwards a bridge. Leadership is a lease in the store, in the bridge
+session's slot (``fmq:{$bridge:<name>}:lease``, the leader's node id with a short TTL that it renews);
+nodes other than the preferred one (rendezvous hashing over the live nodes) wait a lease period longer
+before they try, so placement spreads over the fleet, and a healthy leader is never displaced. The lease
+only decides who connects: the bridge's session is claimed like any client's, so a stale leader that
+lost its lease is fenced by the session's epoch before it can store or acknowledge anything. A leader
+that cannot renew in time stops forwarding. Without a shared store (the memory store) the node always
+leads.
+
+The remote connection is tcp or tls (asyncio streams); the in-process side is a Channel of the node
+whose IO hands bytes to the link on the next loop turn (never re-entering the channel).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from . import keys
+from .backoff import Backoff
+from .bridgelink import BridgeLink, Phase, local_connect, local_subscriptions
+from .bridges import BridgeConfig
+from .channel import Channel, ChannelIO
+from .codec import MQTT5, Connack, Disconnect, Parser, Publish, Suback, Subscribe, Unsubscribe, encode
+from .negotiation import INTERNAL
+from .redisclient import read_secret
+
+log = logging.getLogger("fleetmq.bridge")
+
+LEASE_TTL = 5.0  # seconds a leader's lease lasts unless renewed
+RENEW_EVERY = 1.0
+CONNECT_TIMEOUT = 10.0
+
+#: makes the in-process channel of a bridge's session: (its IO, peer, listener) -> channel
+NewChannel = Callable[[ChannelIO, str, str], Channel]
+
+
+def lease_key(bridge: BridgeConfig) -> str:
+    return f"fmq:{{{bridge.session_id}}}:lease"
+
+
+def preferred(bridge: str, nodes: list[str]) -> str | None:
+    """The node a bridge should run on when it is free: rendezvous hashing, so a node joining or leaving
+    moves only its share of the bridges."""
+    if not nodes:
+        return None
+    return max(nodes, key=lambda n: hashlib.sha256(f"{bridge}\0{n}".encode()).digest())
+
+
+class Lease:
+    """Leadership of one bridge. `hold` is awaited until this node leads; `lost` is set when it stops."""
+
+    _RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+    _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+    def __init__(
+        self,
+        bridge: BridgeConfig,
+        node_id: str,
+        redis: Callable[[str], Any] | None,
+        alive: Callable[[str], Awaitable[bool]] | None = None,
+    ) -> None:
+        self.key = lease_key(bridge)
+        self._alive = alive  # whether a node is up (cluster.Cluster.listening)
+        self.name = bridge.name
+        self.node_id = node_id
+        self._client = redis  # the Redis client holding a key (None: no shared store, this node always leads)
+        self.lost = asyncio.Event()
+
+    @property
+    def _redis(self) -> Any:
+        assert self._client is not None
+        return self._client(self.key)
+
+    async def _first(self) -> bool:
+        """Whether this node is the bridge's preferred one among the fleet's registered nodes."""
+        assert self._client is not None
+        members = await self._client(keys.NODES).smembers(keys.NODES)
+        return preferred(self.name, sorted(m.decode() for m in members)) in (None, self.node_id)
+
+    async def hold(self) -> None:
+        """Return once this node holds the lease: a free one (the preferred node first), or one whose
+        holder crashed (its event stream is gone: `alive` says no), taken at once."""
+        self.lost.clear()
+        if self._client is None:
+            return
+        ttl = int(LEASE_TTL * 1000)
+        while True:
+            try:
+                holder = (await self._redis.get(self.key) or b"").decode()
+                if holder == self.node_id:
+                    return  # ours still (a restart within the TTL)
+                if holder and self._alive is not None and not await self._alive(holder):
+                    log.info("bridge %s: its leader %s is gone; taking the bridge over", self.name, holder)
+                    await self._redis.eval(self._RELEASE, 1, self.key, holder)
+                    holder = ""
+                elif not holder and not await self._first():
+                    await asyncio.sleep(LEASE_TTL)  # the preferred node goes first
+                if not holder and await self._redis.set(self.key, self.node_id, nx=True, px=ttl):
+                    return
+            except Exception as e:  # the store away: keep trying
+                log.debug("bridge %s: lease: %s", self.name, e)
+            await asyncio.sleep(RENEW_EVERY)
+
+    async def keep(self) -> None:
+        """Renew until renewal fails for a lease period; then `lost` is set and this returns."""
+        if self._client is None:
+            await asyncio.Event().wait()  # forever
+        ttl = int(LEASE_TTL * 1000)
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(RENEW_EVERY)
+            try:
+                if await self._redis.eval(self._RENEW, 1, self.key, self.node_id, ttl):
+                    last = time.monotonic()
+                    continue
+                log.warning("bridge %s: another node leads it now", self.name)
+                break
+            except Exception as e:
+                if time.monotonic() - last >= LEASE_TTL - RENEW_EVERY:
+                    log.warning("bridge %s: cannot renew its lease (%s); stopping", self.name, e)
+                    break
+        self.lost.set()
+
+    async def release(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._redis.eval(self._RELEASE, 1, self.key, self.node_id)
+
+
+class _LocalIO:
+    """The ChannelIO of the bridge session's in-process connection: what the channel writes goes to the
+    link on the next loop turn."""
+
+    def __init__(self, deliver: Callable[[bytes], None], on_close: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._deliver = deliver
+        self._on_close = on_close
+        self._buf: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if not self._buf:
+            self._loop.call_soon(self._flush)
+        self._buf.append(data)
+
+    def _flush(self) -> None:
+        data, self._buf = b"".join(self._buf), []
+        if data:
+            self._deliver(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._flush()
+            self.closed = True
+            self._loop.call_soon(self._on_close)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return self._loop.call_later(delay, callback)
+
+    def time(self) -> float:
+        return self._loop.time()
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class Bridge:
+    """One bridge on this node: leads it when the lease says so, and keeps its link up while it does."""
+
+    def __init__(
+        self,
+        cfg: BridgeConfig,
+        fleet: str,
+        new_channel: NewChannel,
+        lease: Lease,
+        rand: Callable[[], float] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.fleet = fleet
+        self._new_channel = new_channel
+        self.lease = lease
+        r = cfg.reconnect
+        kw = {"rand": rand} if rand is not None else {}
+        self.backoff = Backoff(r.initial_delay, r.max_delay, r.jitter, r.stable_after, **kw)
+        self.leader = False
+        self.connected = False
+        self.link: BridgeLink | None = None
+        self.links = 0  # connections made (successful CONNACKs)
+        self.attempts = 0
+        self.last_error: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        if not cfg.persist:
+            log.warning(
+                "bridge %s: persist is false: everything goes as QoS 0, and what the remote misses is lost",
+                cfg.name,
+            )
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.lease.release()
+
+    async def _run(self) -> None:
+        while not self._stopping:
+            await self.lease.hold()
+            self.leader = True
+            log.info("bridge %s: leading it on this node", self.cfg.name)
+            keeper = asyncio.get_running_loop().create_task(self.lease.keep())
+            try:
+                while self.cfg.persist and not self.lease.lost.is_set():
+                    trouble = await self._open_session()
+                    if trouble is None:
+                        break
+                    log.warning(
+                        "bridge %s: cannot open its session in the fleet (%s)", self.cfg.name, trouble
+                    )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.lease.lost.wait(), self.backoff.next_delay())
+                while not self.lease.lost.is_set():
+                    why = await self._connect_once()
+                    self.last_error = why
+                    if self.lease.lost.is_set():
+                        break
+                    delay = self.backoff.next_delay()
+                    log.info("bridge %s: %s; reconnecting in %.1fs", self.cfg.name, why, delay)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.lease.lost.wait(), delay)
+            finally:
+                keeper.cancel()
+                self.leader = False
+
+    async def _open_session(self) -> str | None:
+        """Open the bridge's session in the fleet with the forwards as its subscriptions (those of an
+        older config removed), and park it: from now on what is published for the remote is queued in
+        the store, whether the remote is reachable or not. None, or what went wrong."""
+        cfg = self.cfg
+        parser = Parser(version=MQTT5)
+        replies: asyncio.Queue[Any] = asyncio.Queue()
+        closed = asyncio.Event()
+
+        def from_channel(data: bytes) -> None:
+            for p in parser.feed(data):
+                if type(p) is not Publish:  # (what the session delivers waits for the link)
+                    replies.put_nowait(p)
+
+        io = _LocalIO(from_channel, closed.set)
+        ch = self._new_channel(io, f"bridge:{cfg.name}", INTERNAL)
+
+        async def reply() -> Any:
+            return await asyncio.wait_for(replies.get(), CONNECT_TIMEOUT)
+
+        try:
+            ch.data_received(encode(local_connect(cfg, cfg.max_inflight), MQTT5))
+            ack = await reply()
+            if type(ack) is not Connack or ack.reason_code:
+                return f"CONNACK {getattr(ack, 'reason_code', ack)!r}"
+            wanted = local_subscriptions(cfg)
+            session = ch.session
+            stale = [f for f in (session.subscriptions if session else ()) if f not in dict(wanted)]
+            if stale:
+                ch.data_received(encode(Unsubscribe(2, stale), MQTT5))
+                await reply()
+                log.info("bridge %s: forwards %s removed from its session", cfg.name, ", ".join(stale))
+            if wanted:
+                ch.data_received(encode(Subscribe(1, wanted), MQTT5))
+                suback = await reply()
+                if type(suback) is not Suback or any(rc >= 0x80 for rc in suback.reason_codes):
+                    return f"SUBACK {getattr(suback, 'reason_codes', suback)!r}"
+            ch.data_received(encode(Disconnect(0), MQTT5))
+            await asyncio.wait_for(closed.wait(), CONNECT_TIMEOUT)
+            return None
+        except TimeoutError:
+            return "the fleet did not answer in time"
+        finally:
+            io.closed = True
+            ch.connection_lost()
+
+    async def _connect_once(self) -> str:
+        """One connection to the remote, relayed until it ends; returns why it ended."""
+        cfg = self.cfg
+        host, port = cfg.remote.address
+        self.attempts += 1
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=_client_tls(cfg), server_hostname=_sni(cfg)),
+                CONNECT_TIMEOUT,
+            )
+        except (OSError, TimeoutError) as e:
+            return f"cannot connect to {host}:{port} ({e or type(e).__name__})"
+        loop = asyncio.get_running_loop()
+        try:
+            password = read_secret(cfg.remote.password_file)
+        except ValueError as e:
+            writer.close()
+            return str(e)
+        link = self.link = BridgeLink(cfg, self.fleet, password.encode() if password else None, loop.time())
+        ended = asyncio.Event()
+        channel: Channel | None = None
+        connected_at: float | None = None
+
+        def flush() -> None:
+            nonlocal channel, connected_at
+            out = link.take_remote()
+            if out and not writer.is_closing():
+                writer.write(out)
+            data = link.take_local()
+            if data and not io.closed:
+                if channel is None:  # the link's CONNECT: the session's connection opens now
+                    channel = self._new_channel(io, f"bridge:{cfg.name}", INTERNAL)
+                channel.data_received(data)
+            if connected_at is None and link.phase == Phase.UP:
+                connected_at = loop.time()
+                self.backoff.connected(connected_at)
+                self.connected = True
+                self.links += 1
+                log.info("bridge %s: connected to %s:%d", cfg.name, host, port)
+            if not link.live:
+                ended.set()
+
+        def from_local(data: bytes) -> None:
+            link.local_data(data, loop.time())
+            flush()
+
+        def local_closed() -> None:
+            if link.live:
+                link.close("the fleet closed the bridge's session")
+            ended.set()
+
+        io = _LocalIO(from_local, local_closed)
+        flush()
+
+        async def read_remote() -> None:
+            while link.live:
+                data = await reader.read(65536)
+                if not data:
+                    link.close("the remote closed the connection")
+                    break
+                link.remote_data(data, loop.time())
+                flush()
+            ended.set()
+
+        async def tick() -> None:
+            while True:
+                nxt = link.tick(loop.time())
+                flush()
+                if nxt is None:
+                    return
+                await asyncio.sleep(max(nxt - loop.time(), 0.01))
+
+        tasks = [loop.create_task(read_remote()), loop.create_task(tick())]
+        try:
+            await ended.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            if link.live:
+                link.close("stopped")
+            flush()
+            with contextlib.suppress(Exception):
+                await writer.drain()
+            writer.close()
+            io.closed = True
+            if channel is not None:  # (the session is parked: what comes for the remote queues in the store)
+                channel.connection_lost()
+            if connected_at is not None:
+                self.backoff.disconnected(loop.time())
+            self.connected = False
+            self.link = None
+        return link.closed or "ended"
+
+
+def _client_tls(cfg: BridgeConfig) -> ssl.SSLContext | None:
+    if cfg.remote.transport not in ("tls", "wss"):
+        return None
+    tls = cfg.remote.tls
+    ctx = ssl.create_default_context(cafile=tls.cafile if tls else None)
+    if tls is not None:
+        if not tls.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if tls.certfile and tls.keyfile:
+            ctx.load_cert_chain(tls.certfile, tls.keyfile)
+    return ctx
+
+
+def _sni(cfg: BridgeConfig) -> str | None:
+    if cfg.remote.transport not in ("tls", "wss"):
+        return None
+    tls = cfg.remote.tls
+    return (tls.server_name if tls else None) or cfg.remote.host
