@@ -22,6 +22,7 @@ import hashlib
 import logging
 import ssl
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ from .bridgelink import BridgeLink, Phase, local_connect, local_subscriptions
 from .bridges import BridgeConfig
 from .channel import Channel, ChannelIO
 from .codec import MQTT5, Connack, Disconnect, Parser, Publish, Suback, Subscribe, Unsubscribe, encode
+from .eventschema import BridgeCloseReason as Close
 from .negotiation import INTERNAL
 from .redisclient import read_secret
 
@@ -200,9 +202,15 @@ class Bridge:
         self.leader = False
         self.connected = False
         self.link: BridgeLink | None = None
-        self.links = 0  # connections made (successful CONNACKs)
-        self.attempts = 0
         self.last_error: str | None = None
+        # what links did, summed over the ended ones (report() adds the live one's)
+        self.forwarded = 0
+        self.received = 0
+        self.dropped: Counter[str] = Counter()
+        self.reconnects: Counter[str] = Counter()  # ended connections and failed attempts, by Close kind
+        self.leader_changes = 0  # times this node became the bridge's leader
+        self.sessions_lost = 0  # connections that found the remote had lost the bridge's session
+        self.channel: Channel | None = None  # the session's in-process connection, while the link is up
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         if not cfg.persist:
@@ -226,6 +234,7 @@ class Bridge:
         while not self._stopping:
             await self.lease.hold()
             self.leader = True
+            self.leader_changes += 1
             log.info("bridge %s: leading it on this node", self.cfg.name)
             keeper = asyncio.get_running_loop().create_task(self.lease.keep())
             try:
@@ -239,10 +248,11 @@ class Bridge:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.lease.lost.wait(), self.backoff.next_delay())
                 while not self.lease.lost.is_set():
-                    why = await self._connect_once()
+                    kind, why = await self._connect_once()
                     self.last_error = why
                     if self.lease.lost.is_set():
                         break
+                    self.reconnects[kind] += 1
                     delay = self.backoff.next_delay()
                     log.info("bridge %s: %s; reconnecting in %.1fs", self.cfg.name, why, delay)
                     with contextlib.suppress(TimeoutError):
@@ -297,24 +307,42 @@ class Bridge:
             io.closed = True
             ch.connection_lost()
 
-    async def _connect_once(self) -> str:
-        """One connection to the remote, relayed until it ends; returns why it ended."""
+    def report(self) -> dict[str, Any]:
+        """This node's view of the bridge, for metrics and the MqttBridge status."""
+        link, session = self.link, self.channel.session if self.channel is not None else None
+        dropped = Counter(self.dropped)
+        if link is not None:
+            dropped.update(link.dropped)
+        return {
+            "connected": self.connected,
+            "leader": self.leader,
+            "queue": len(session.mqueue) if session is not None else 0,
+            "inflight": len(session.inflight) if session is not None else 0,
+            "forwarded": self.forwarded + (link.forwarded if link else 0),
+            "received": self.received + (link.received if link else 0),
+            "dropped": dropped,
+            "reconnects": self.reconnects,
+            "leader_changes": self.leader_changes,
+            "sessions_lost": self.sessions_lost,
+        }
+
+    async def _connect_once(self) -> tuple[Close, str]:
+        """One connection to the remote, relayed until it ends; returns how and why it ended."""
         cfg = self.cfg
         host, port = cfg.remote.address
-        self.attempts += 1
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, port, ssl=_client_tls(cfg), server_hostname=_sni(cfg)),
                 CONNECT_TIMEOUT,
             )
         except (OSError, TimeoutError) as e:
-            return f"cannot connect to {host}:{port} ({e or type(e).__name__})"
+            return Close.CONNECT_ERROR, f"cannot connect to {host}:{port} ({e or type(e).__name__})"
         loop = asyncio.get_running_loop()
         try:
             password = read_secret(cfg.remote.password_file)
         except ValueError as e:
             writer.close()
-            return str(e)
+            return Close.CONNECT_ERROR, str(e)
         link = self.link = BridgeLink(cfg, self.fleet, password.encode() if password else None, loop.time())
         ended = asyncio.Event()
         channel: Channel | None = None
@@ -328,13 +356,12 @@ class Bridge:
             data = link.take_local()
             if data and not io.closed:
                 if channel is None:  # the link's CONNECT: the session's connection opens now
-                    channel = self._new_channel(io, f"bridge:{cfg.name}", INTERNAL)
+                    channel = self.channel = self._new_channel(io, f"bridge:{cfg.name}", INTERNAL)
                 channel.data_received(data)
             if connected_at is None and link.phase == Phase.UP:
                 connected_at = loop.time()
                 self.backoff.connected(connected_at)
                 self.connected = True
-                self.links += 1
                 log.info("bridge %s: connected to %s:%d", cfg.name, host, port)
             if not link.live:
                 ended.set()
@@ -345,7 +372,7 @@ class Bridge:
 
         def local_closed() -> None:
             if link.live:
-                link.close("the fleet closed the bridge's session")
+                link.close("the fleet closed the bridge's session", Close.FLEET)
             ended.set()
 
         io = _LocalIO(from_local, local_closed)
@@ -355,7 +382,7 @@ class Bridge:
             while link.live:
                 data = await reader.read(65536)
                 if not data:
-                    link.close("the remote closed the connection")
+                    link.close("the remote closed the connection", Close.REMOTE_CLOSED)
                     break
                 link.remote_data(data, loop.time())
                 flush()
@@ -387,8 +414,12 @@ class Bridge:
             if connected_at is not None:
                 self.backoff.disconnected(loop.time())
             self.connected = False
-            self.link = None
-        return link.closed or "ended"
+            self.link = self.channel = None
+            self.forwarded += link.forwarded
+            self.received += link.received
+            self.dropped.update(link.dropped)
+            self.sessions_lost += link.session_lost
+        return link.close_kind or Close.STOPPED, link.closed or "ended"
 
 
 def _client_tls(cfg: BridgeConfig) -> ssl.SSLContext | None:

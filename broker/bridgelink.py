@@ -52,6 +52,7 @@ from .codec import (
     encode,
     encode_ack,
 )
+from .eventschema import BridgeCloseReason as Close
 from .eventschema import BridgeDropReason as Drop
 from .topic import topic_matches
 from .topicmap import Template
@@ -110,6 +111,7 @@ class BridgeLink:
         self.persist = cfg.persist
         self.phase = Phase.REMOTE_CONNECT
         self.closed: str | None = None
+        self.close_kind: Close | None = None
         self.remote_present = False
         self.session_lost = False  # the remote had lost the session while the fleet had messages in flight
         self.remote_max_packet = 0  # 0: no limit announced
@@ -176,10 +178,12 @@ class BridgeLink:
     def _send_local(self, packet: Any) -> None:
         self._to_local += encode(packet, MQTT5)
 
-    def close(self, why: str) -> None:
-        """End the link: a v5 remote is told (normal disconnection keeps its session)."""
+    def close(self, why: str, kind: Close = Close.STOPPED) -> None:
+        """End the link (`kind`: a Close value, for metrics): a v5 remote is told (normal disconnection
+        keeps its session)."""
         if self.closed is not None:
             return
+        self.close_kind = kind
         if self.version >= MQTT5 and self.phase != Phase.REMOTE_CONNECT:
             self._to_remote += encode(Disconnect(0), MQTT5)
         self.closed = why
@@ -194,11 +198,11 @@ class BridgeLink:
         if self._unacked:
             oldest = min(self._unacked.values())
             if now - oldest >= self.cfg.ack_timeout:
-                self.close("ack_timeout")
+                self.close("no acknowledgement within ack_timeout", Close.ACK_TIMEOUT)
                 return None
         if keepalive:
             if now - self._last_recv >= 1.5 * keepalive:
-                self.close("keepalive_timeout")
+                self.close("the remote went silent past its keep alive", Close.KEEPALIVE_TIMEOUT)
                 return None
             if now - self._last_sent >= keepalive:
                 self._send_remote(Pingreq(), now)
@@ -215,7 +219,7 @@ class BridgeLink:
         except ProtocolError as e:
             for p in e.packets:
                 self._from_remote(p, now)
-            self.close(f"remote protocol error: {e}")
+            self.close(f"remote protocol error: {e}", Close.PROTOCOL_ERROR)
             return
         for p in packets:
             if not self.live:
@@ -227,7 +231,7 @@ class BridgeLink:
         phase = self.phase
         if phase == Phase.REMOTE_CONNECT:
             if kind is not Connack:
-                self.close(f"remote sent {kind.__name__} before CONNACK")
+                self.close(f"remote sent {kind.__name__} before CONNACK", Close.PROTOCOL_ERROR)
             else:
                 self._remote_connack(p, now)
             return
@@ -241,7 +245,7 @@ class BridgeLink:
         if kind is Pingresp or kind is Suback:
             return
         if kind is Disconnect:
-            self.close(f"remote disconnected (reason 0x{p.reason_code:02X})")
+            self.close(f"remote disconnected (reason 0x{p.reason_code:02X})", Close.REMOTE_CLOSED)
             return
         if kind in (Puback, Pubrec, Pubcomp):  # acks of egress
             self._remote_ack(p, now)
@@ -254,11 +258,11 @@ class BridgeLink:
             else:
                 self._ingress_pubrel(p, now)
             return
-        self.close(f"unexpected {kind.__name__} from the remote")
+        self.close(f"unexpected {kind.__name__} from the remote", Close.PROTOCOL_ERROR)
 
     def _remote_connack(self, p: Connack, now: float) -> None:
         if p.reason_code:
-            self.close(f"remote refused the connection (reason 0x{p.reason_code:02X})")
+            self.close(f"remote refused the connection (reason 0x{p.reason_code:02X})", Close.REFUSED)
             return
         self.remote_present = p.session_present
         self.remote_max_packet = p.properties.get(Prop.MAXIMUM_PACKET_SIZE, 0)
@@ -332,7 +336,7 @@ class BridgeLink:
         try:
             packets = self._local.feed(data)
         except ProtocolError as e:  # pragma: no cover - the fleet's own channel
-            self.close(f"local protocol error: {e}")
+            self.close(f"local protocol error: {e}", Close.FLEET)
             return
         for p in packets:
             if not self.live:
@@ -343,7 +347,9 @@ class BridgeLink:
         kind = type(p)
         if kind is Connack:
             if self.phase != Phase.LOCAL_CONNECT or p.reason_code:
-                self.close(f"the fleet refused the bridge's session (reason 0x{p.reason_code:02X})")
+                self.close(
+                    f"the fleet refused the bridge's session (reason 0x{p.reason_code:02X})", Close.FLEET
+                )
                 return
             self._subscribe_local(now)
             return
@@ -367,9 +373,9 @@ class BridgeLink:
             return
         if kind is Disconnect:
             why = "taken over" if p.reason_code == RC.SESSION_TAKEN_OVER else f"0x{p.reason_code:02X}"
-            self.close(f"the fleet closed the bridge's session ({why})")
+            self.close(f"the fleet closed the bridge's session ({why})", Close.FLEET)
             return
-        self.close(f"unexpected {kind.__name__} from the fleet")
+        self.close(f"unexpected {kind.__name__} from the fleet", Close.FLEET)
 
     def _subscribe_local(self, now: float) -> None:
         if not self._forwards:

@@ -131,6 +131,20 @@ class BridgeDropReason(StrEnum):
     REMOTE_REFUSED = "remote_refused"  # the remote acknowledged it with an error reason code
 
 
+class BridgeCloseReason(StrEnum):
+    """Why a bridge's connection to its remote ended or failed: the ``reason`` label of
+    ``fleetmq_bridge_reconnects_total`` and of ``bridge_reconnect`` events."""
+
+    CONNECT_ERROR = "connect_error"  # the remote could not be reached
+    REFUSED = "refused"  # it refused the connection (CONNACK reason)
+    REMOTE_CLOSED = "remote_closed"  # it closed the connection or sent DISCONNECT
+    ACK_TIMEOUT = "ack_timeout"  # it stopped acknowledging (ack_timeout)
+    KEEPALIVE_TIMEOUT = "keepalive_timeout"  # it went silent
+    PROTOCOL_ERROR = "protocol_error"
+    FLEET = "fleet"  # the bridge's session in the fleet went away (store trouble, another leader)
+    STOPPED = "stopped"  # this node stopped leading the bridge, or stopped
+
+
 _LOST = frozenset(
     {
         DropReason.QUEUE_FULL,

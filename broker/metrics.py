@@ -19,10 +19,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from .eventschema import DropReason
+from .eventschema import BridgeCloseReason, BridgeDropReason, DropReason
 
 #: every drop reason starts at 0, so a rate over it exists before the first drop
 DROP_REASONS = tuple(DropReason)
+BRIDGE_DROP_REASONS = tuple(BridgeDropReason)
+BRIDGE_CLOSE_REASONS = tuple(BridgeCloseReason)
 SESSION_EVENTS = ("created", "resumed", "takenover", "discarded", "expired")
 
 LATENCY_BUCKETS = (
@@ -118,6 +120,8 @@ class Metrics:
         self.store_ops: dict[str, Histogram] = defaultdict(lambda: Histogram(STORE_BUCKETS))
         self.takeover = Histogram(LATENCY_BUCKETS)
         self.gauges: Callable[[], dict[str, Any]] | None = None
+        # each bridge's report (bridge.Bridge.report) by name
+        self.bridges: Callable[[], dict[str, dict[str, Any]]] | None = None
         self.config_info: dict[str, str] = {}
 
     def zone(self, name: str) -> ZoneMetrics:
@@ -263,8 +267,46 @@ class _Collector(Collector):
         for op, h in sorted(m.store_ops.items()):
             st.add_metric([op], h.buckets(), h.sum)
         yield st
+        if m.bridges is not None:
+            yield from _bridge_families(m.bridges())
         tk = HistogramMetricFamily(
             "fleetmq_takeover_duration_seconds", "CONNECT to session resumed.", labels=[]
         )
         tk.add_metric([], m.takeover.buckets(), m.takeover.sum)
         yield tk
+
+
+def _bridge_families(reports: dict[str, dict[str, Any]]) -> Iterator[Metric]:
+    """fleetmq_bridge_* from this node's view of each bridge (DESIGN.md "Bridges")."""
+
+    def family(kind: type, name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
+        return kind(f"fleetmq_bridge_{name}", doc, labels=["bridge", *extra])
+
+    connected = family(GaugeMetricFamily, "connected", "1 while this node's link to the remote is up.")
+    leader = family(GaugeMetricFamily, "leader", "1 while this node forwards the bridge (holds its lease).")
+    queue = family(
+        GaugeMetricFamily, "queue_messages", "Messages queued for the remote (in this node's copy)."
+    )
+    inflight = family(
+        GaugeMetricFamily, "inflight_messages", "Messages sent to the remote, not yet acknowledged."
+    )
+    fwd = family(CounterMetricFamily, "messages_forwarded", "Messages the remote acknowledged (QoS 0: sent).")
+    rcv = family(CounterMetricFamily, "messages_received", "Messages from the remote published here.")
+    drop = family(CounterMetricFamily, "messages_dropped", "Messages not passed on, by reason.", ("reason",))
+    rec = family(CounterMetricFamily, "reconnects", "Ended or failed connections to the remote.", ("reason",))
+    lead = family(CounterMetricFamily, "leader_changes", "Times this node became the bridge's leader.")
+    lost = family(CounterMetricFamily, "session_lost", "Connections finding the remote had lost the session.")
+    for name, r in sorted(reports.items()):
+        connected.add_metric([name], int(r["connected"]))
+        leader.add_metric([name], int(r["leader"]))
+        queue.add_metric([name], r["queue"])
+        inflight.add_metric([name], r["inflight"])
+        fwd.add_metric([name], r["forwarded"])
+        rcv.add_metric([name], r["received"])
+        for reason in sorted(set(BRIDGE_DROP_REASONS) | set(r["dropped"])):
+            drop.add_metric([name, reason], r["dropped"].get(reason, 0))
+        for reason in sorted(set(BRIDGE_CLOSE_REASONS) | set(r["reconnects"])):
+            rec.add_metric([name, reason], r["reconnects"].get(reason, 0))
+        lead.add_metric([name], r["leader_changes"])
+        lost.add_metric([name], r["sessions_lost"])
+    yield from (connected, leader, queue, inflight, fwd, rcv, drop, rec, lead, lost)

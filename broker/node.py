@@ -175,6 +175,8 @@ class Node:
             bridge = Bridge(cfg, self.config.fleet, partial(self.channel, cfg.session_id), lease)
             self.bridges.append(bridge)
             bridge.start()
+        if self.bridges:
+            self.metrics.bridges = lambda: {b.cfg.name: b.report() for b in self.bridges}
 
     async def _open_store(self) -> None:
         """Wait for the store rather than exit: a broker pod that starts before its Redis (a new fleet, a

@@ -250,14 +250,11 @@ def start_mosquitto(workdir: Path, *, persistence: bool = False, port: int | Non
     name = uid("mosquitto-")
     conf = workdir / f"{name}.conf"
     persist = (
-        f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\n"
+        f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\nmax_queued_messages 1000000\n"
         if persistence
-        else "persistence false\n"
+        else "persistence false\nmax_queued_messages 10000\n"
     )
-    conf.write_text(
-        f"listener {port} {HOST}\nallow_anonymous true\n{persist}"
-        "log_dest stderr\nlog_type all\nmax_queued_messages 10000\n"
-    )
+    conf.write_text(f"listener {port} {HOST}\nallow_anonymous true\n{persist}log_dest stderr\nlog_type all\n")
     log_path = workdir / f"{name}.log"
     logf = open(log_path, "wb")  # noqa: SIM115
     proc = subprocess.Popen(

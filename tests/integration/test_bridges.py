@@ -9,6 +9,8 @@ import time
 
 import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from tests.integration.harness import MOSQUITTO, start_mosquitto, uid
 from tests.support import wait_until
@@ -26,14 +28,21 @@ def remote(tmp_path):
 class Collector:
     """A paho v5 subscriber at the remote: every message with its topic, QoS and user properties."""
 
-    def __init__(self, host: str, port: int, topic_filter: str) -> None:
+    def __init__(self, host: str, port: int, topic_filter: str, client_id: str | None = None) -> None:
+        """`client_id`: a persistent session (kept an hour), so what arrives while it is away waits."""
         self.got: list[tuple[str, bytes, int, dict[str, str]]] = []
         self.lock = threading.Lock()
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=uid("col-"), protocol=mqtt.MQTTv5)
+        self.c = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or uid("col-"), protocol=mqtt.MQTTv5
+        )
         self.c.on_message = self._on_message
         subscribed = threading.Event()
         self.c.on_subscribe = lambda *a: subscribed.set()
-        self.c.connect(host, port)
+        props = None
+        if client_id:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 3600
+        self.c.connect(host, port, clean_start=client_id is None, properties=props)
         self.c.loop_start()
         self.c.subscribe(topic_filter, qos=2)
         assert subscribed.wait(10)
@@ -103,3 +112,132 @@ def test_forwarding_maps_topics_caps_qos_adds_properties_over_one_connection(fle
     assert {q for _p, q, _props in capped} == {1} and len({p for p, _q, _props in capped}) == n
     log = remote.log_path.read_text()
     assert len(re.findall(r"New client connected .* as edge-cloud", log)) == 1, "one bridge connection"
+
+
+def _bridge(remote, **kw) -> dict:
+    cfg = {
+        "name": "cloud",
+        "remote": {"host": remote.host, "port": remote.port, "peer_id": "cloud"},
+        "forwards": [{"filter": "up/#", "destination": "site1/{#}"}],
+        "reconnect": {"initial_delay": "200ms", "max_delay": "2s", "stable_after": "5s"},
+    }
+    cfg.update(kw)
+    return cfg
+
+
+class TimedCollector(Collector):
+    def __init__(self, *a) -> None:
+        self.times: list[float] = []
+        super().__init__(*a)
+
+    def _on_message(self, _c, _u, m) -> None:
+        super()._on_message(_c, _u, m)
+        with self.lock:
+            self.times.append(time.monotonic())
+
+
+def _leader(redis_server, nodes):
+    holder = redis_server.command("GET", "fmq:{$bridge:cloud}:lease", decode=True)
+    return next(bp for bp in nodes if bp.config_path and f"node_id: {holder}" in bp.config_path.read_text())
+
+
+def _publish_all(client, topic: str, payloads: list[bytes], qos: int) -> None:
+    infos = [client.publish(topic, p, qos=qos) for p in payloads]
+    for info in infos:
+        info.wait_for_publish(120)
+
+
+def test_the_leader_killed_midway_loses_nothing_acknowledged_and_qos2_stays_exactly_once(
+    fleet, remote, redis_server
+):
+    """kill -9 of the forwarding node at message 5,000 of 10,000 QoS 1 + 10,000 QoS 2: every message
+    acknowledged to its publisher reaches the remote, QoS 2 exactly once, first arrivals in publish
+    order per topic, and forwarding resumes within 8 s."""
+    nodes = fleet(3, None, {"event_log": {"fleet": "edge"}, "bridges": [_bridge(remote)]})
+    col = TimedCollector(remote.host, remote.port, "site1/#")
+    wait_until(lambda: redis_server.command("GET", "fmq:{$bridge:cloud}:lease"), timeout=15, msg="a leader")
+    leader = _leader(redis_server, nodes)
+    others = [bp for bp in nodes if bp is not leader]
+    n = 10_000
+    pubs = [_publisher(bp) for bp in others]  # (a publisher on the leader would lose its connection too)
+    try:
+        threads = [
+            threading.Thread(target=_publish_all, args=(pubs[q - 1], f"up/q{q}", [f"{i:06d}".encode() for i in range(n)], q))
+            for q in (1, 2)
+        ]  # fmt: skip
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(col.got) >= n, timeout=60, msg="half of the messages at the remote")
+        killed_at = time.monotonic()
+        leader.kill()
+        for t in threads:
+            t.join(180)
+        wait_until(
+            lambda: {p for t, p, _q, _pr in col.got if t == "site1/up/q1"} >= {f"{i:06d}".encode() for i in range(n)}
+            and len({p for t, p, _q, _pr in col.got if t == "site1/up/q2"}) >= n,
+            timeout=90,
+            msg="every acknowledged message at the remote",
+        )  # fmt: skip
+        time.sleep(2.0)
+    finally:
+        for p in pubs:
+            p.loop_stop()
+            p.disconnect()
+        col.stop()
+    for q in (1, 2):
+        seq = [int(p) for t, p, _q, _pr in col.got if t == f"site1/up/q{q}"]
+        first = list(dict.fromkeys(seq))
+        assert first == sorted(first) and len(first) == n, f"QoS {q}: first arrivals out of order or missing"
+    q2 = [p for t, p, _q, _pr in col.got if t == "site1/up/q2"]
+    assert len(q2) == n, f"QoS 2 duplicates at the remote: {len(q2) - n}"
+    after = [t for t in col.times if t > killed_at]
+    gap = (after[0] - killed_at) if after else float("inf")
+    assert gap < 8.0, f"forwarding resumed {gap:.1f}s after the kill"
+
+
+def test_queued_with_the_remote_down_survives_every_node_restarting(fleet, tmp_path, redis_server):
+    """The remote down from the start: 5,000 QoS 1 + 5,000 QoS 2 are queued in the bridge's session;
+    every node restarted (SIGTERM, then again with kill -9); the remote started: all 10,000 arrive,
+    QoS 2 once, and the bridge's queue ends empty."""
+    # the remote's subscriber has a persistent session there, made before the remote goes down
+    rem = start_mosquitto(tmp_path / "remote", persistence=True)
+    Collector(rem.host, rem.port, "site1/#", client_id="col-restart").stop()
+    rem.stop()
+    nodes = fleet(3, None, {"event_log": {"fleet": "edge"}, "bridges": [_bridge(rem)]})
+    wait_until(lambda: redis_server.command("EXISTS", "fmq:{$bridge:cloud}:s"), timeout=15,
+               msg="the bridge's session in the store")  # fmt: skip
+    n = 5000
+    pubs = [_publisher(bp) for bp in nodes[:2]]
+    try:
+        threads = [
+            threading.Thread(target=_publish_all, args=(pubs[q - 1], f"up/q{q}", [f"{i:06d}".encode() for i in range(n)], q))
+            for q in (1, 2)
+        ]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        for p in pubs:
+            p.loop_stop()
+            p.disconnect()
+    for bp in nodes:
+        bp.restart()  # SIGTERM
+    for bp in nodes:
+        bp.kill()
+    for bp in nodes:
+        bp.restart()
+    rem = start_mosquitto(tmp_path / "remote", persistence=True, port=rem.port)
+    try:
+        col = Collector(rem.host, rem.port, "site1/#", client_id="col-restart")
+        wait_until(lambda: len({(t, p) for t, p, _q, _pr in col.got}) >= 2 * n, timeout=90,
+                   msg="every queued message at the remote")  # fmt: skip
+        time.sleep(2.0)
+        col.stop()
+    finally:
+        rem.stop()
+    for q in (1, 2):
+        got = {p for t, p, _q, _pr in col.got if t == f"site1/up/q{q}"}
+        assert got == {f"{i:06d}".encode() for i in range(n)}
+    assert len([1 for t, *_ in col.got if t == "site1/up/q2"]) == n, "QoS 2 duplicates"
+    assert redis_server.command("LLEN", "fmq:{$bridge:cloud}:q") == 0

@@ -184,7 +184,7 @@ async def test_keepalive_and_the_ack_watchdog():
     rig.clock.advance(4)
     assert rig.link.tick(rig.clock.now) is not None
     rig.clock.advance(1.5)
-    assert rig.link.tick(rig.clock.now) is None and rig.link.closed == "ack_timeout"
+    assert rig.link.tick(rig.clock.now) is None and rig.link.close_kind == "ack_timeout"
 
 
 async def test_a_dollar_client_id_is_refused_on_a_listener():
