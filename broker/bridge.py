@@ -31,7 +31,7 @@ from .backoff import Backoff
 from .bridgelink import BridgeLink, Phase, local_connect, local_subscriptions
 from .bridges import BridgeConfig
 from .channel import Channel, ChannelIO
-from .codec import MQTT5, Connack, Disconnect, Parser, Publish, Suback, Subscribe, Unsubscribe, encode
+from .codec import MQTT5, Connack, Disconnect, Parser, Publish, Pubrel, Suback, Subscribe, Unsubscribe, encode
 from .eventschema import BridgeCloseReason as Close
 from .negotiation import INTERNAL
 from .redisclient import read_secret
@@ -272,7 +272,7 @@ class Bridge:
 
         def from_channel(data: bytes) -> None:
             for p in parser.feed(data):
-                if type(p) is not Publish:  # (what the session delivers waits for the link)
+                if type(p) not in (Publish, Pubrel):  # (what the session sends waits for the link)
                     replies.put_nowait(p)
 
         io = _LocalIO(from_channel, closed.set)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any
 
@@ -152,17 +152,37 @@ class Node:
 
     # ---------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Open the store (waiting for it) and load the fleet's routes and retained messages from it."""
-        await self._open_store()
-        if self.cluster is not None:
-            await self.cluster.start()  # events first, so no route change falls between load and listen
-        for cid, topic_filter, sub in await self.store.load_routes():
-            self.router.add(cid, topic_filter, sub)
-        for msg in await self.store.load_retained():
-            self.retained.put(msg)
+        """Open the store and load the fleet's routes and retained messages from it. Each step waits for
+        the store rather than exit: a broker pod that starts before its Redis (a new fleet, a Redis
+        restarting, a failover under way) stays alive and unready instead of crash-looping, and serves
+        once it answers."""
+        await self._until_the_store_answers("opening the session store", self.store.open)
+        if self.cluster is not None:  # events first, so no route change falls between load and listen
+            await self._until_the_store_answers("joining the fleet", self.cluster.start)
+        await self._until_the_store_answers("loading routes and retained messages", self._load)
         if self.events is not None:
             await self.events.start()
         self._start_bridges()
+
+    async def _load(self) -> None:
+        routes = await self.store.load_routes()
+        retained = await self.store.load_retained()
+        for cid, topic_filter, sub in routes:
+            self.router.add(cid, topic_filter, sub)
+        for msg in retained:
+            self.retained.put(msg)
+
+    async def _until_the_store_answers(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
+        delay = STORE_RETRY_MIN
+        while True:
+            try:
+                await step()
+                return
+            except (OSError, RedisError) as e:
+                self.metrics.store_errors += 1
+                log.warning("%s failed (%s); retrying in %.1fs", what, e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, STORE_RETRY_MAX)
 
     def _start_bridges(self) -> None:
         redis = None
@@ -177,20 +197,6 @@ class Node:
             bridge.start()
         if self.bridges:
             self.metrics.bridges = lambda: {b.cfg.name: b.report() for b in self.bridges}
-
-    async def _open_store(self) -> None:
-        """Wait for the store rather than exit: a broker pod that starts before its Redis (a new fleet, a
-        Redis restarting) stays alive and unready instead of crash-looping, and serves once it answers."""
-        delay = STORE_RETRY_MIN
-        while True:
-            try:
-                await self.store.open()
-                return
-            except (OSError, RedisError) as e:
-                self.metrics.store_errors += 1
-                log.warning("session store unreachable at start (%s); retrying in %.1fs", e, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, STORE_RETRY_MAX)
 
     async def stop(self) -> None:
         for bridge in self.bridges:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import getpass
 import os
 import queue
 import signal
@@ -250,7 +251,9 @@ def start_mosquitto(workdir: Path, *, persistence: bool = False, port: int | Non
     name = uid("mosquitto-")
     conf = workdir / f"{name}.conf"
     persist = (
+        # (`user`: run as root, mosquitto drops to user mosquitto, which cannot write its file here)
         f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\nmax_queued_messages 1000000\n"
+        f"user {getpass.getuser()}\n"
         if persistence
         else "persistence false\nmax_queued_messages 10000\n"
     )

@@ -45,9 +45,7 @@ def test_node_started_before_its_redis_waits_for_it_alive_and_unready(tmp_path):
             wait_listeners=False,
         )
         try:
-            wait_until(
-                lambda: "session store unreachable at start" in bp.log(), timeout=10, msg="the log line"
-            )
+            wait_until(lambda: "opening the session store failed" in bp.log(), timeout=10, msg="the log line")
             assert bp.http_get("/healthz")[0] == 200
             assert bp.http_get("/readyz")[0] == 503
             time.sleep(1.5)  # a few more attempts: still alive, still waiting
@@ -66,6 +64,35 @@ def test_node_started_before_its_redis_waits_for_it_alive_and_unready(tmp_path):
             pub.expect(mqttraw.PUBACK)
             got = sub.expect(mqttraw.PUBLISH)
             assert got.payload == b"hello"
+        finally:
+            bp.stop()
+    finally:
+        rs.stop()
+
+
+def test_node_started_while_its_redis_is_a_replica_waits_instead_of_exiting(tmp_path):
+    """A node restarting during a failover finds its store answering but read-only (the old primary,
+    now a replica): joining the fleet failed, and the node exited with status 1, over and over (chaos
+    --store sentinel, seed 44: 70 exits). It waits for the store like one that does not answer yet."""
+    rs = RedisServer(tmp_path / "redis")
+    try:
+        rs.command("REPLICAOF", "127.0.0.1", "1")  # a replica of nobody: every write refused (READONLY)
+        bp = harness.start_fleetmq(
+            tmp_path / "node",
+            {"node_id": "during-failover", "store": {"kind": "redis", "url": rs.url}},
+            wait_listeners=False,
+        )
+        try:
+            wait_until(lambda: "joining the fleet failed" in bp.log(), timeout=15, msg="the log line")
+            time.sleep(1.5)
+            assert bp.proc.poll() is None, bp.log()
+            assert bp.http_get("/readyz")[0] == 503
+            rs.command("REPLICAOF", "NO", "ONE")  # the failover ends: writable again
+            wait_port(bp.host, bp.port, 15, bp.proc)
+            wait_until(lambda: bp.http_get("/readyz")[0] == 200, timeout=10, msg="ready once writable")
+            c, ack = raw_connect(bp, uid("s-"), 5)
+            assert ack.reason == 0
+            c.close()
         finally:
             bp.stop()
     finally:
