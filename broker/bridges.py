@@ -28,16 +28,9 @@ def _filter(value: str) -> str:
     return value
 
 
-#: The API server checks templates as Template.parse does (but for a range's order), naming the forms.
-_TEMPLATE_SCHEMA: dict[str, Any] = {
-    "x-kubernetes-validations": [
-        {
-            "rule": f"self.matches({TEMPLATE_PATTERN!r})",
-            "message": "a wildcard, a brace outside a placeholder or an unknown placeholder: use {#} (the whole "
-            "topic), {n} (level n, from 1), {n-m} or {n-#}",
-        }
-    ]
-}
+#: The API server checks templates as Template.parse does (but for a range's order): a pattern in the
+#: schema only (pydantic's own message would not say which placeholder is wrong; `_template` does).
+_TEMPLATE_SCHEMA: dict[str, Any] = {"pattern": TEMPLATE_PATTERN}
 
 
 def _template(value: str) -> str:
@@ -190,8 +183,12 @@ class BridgeConfig(_Model):
         min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Bridge name"
     )
     remote: BridgeRemote = Field(description=BridgeRemote.__doc__)
-    forwards: list[Forward] = Field(default_factory=list, description="Egress: local to remote")
-    subscriptions: list[Subscription] = Field(default_factory=list, description="Ingress: remote to local")
+    forwards: list[Forward] = Field(
+        default_factory=list, max_length=64, description="Egress: local to remote"
+    )
+    subscriptions: list[Subscription] = Field(
+        default_factory=list, max_length=64, description="Ingress: remote to local"
+    )
     persist: bool = Field(
         True,
         description="Keep QoS 1/2 messages in the store until the remote has them; false sends everything "

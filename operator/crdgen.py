@@ -18,7 +18,16 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from .crds import GROUP, VERSION, BrokerFleetSpec, BrokerFleetStatus, MqttZoneSpec, MqttZoneStatus
+from .crds import (
+    GROUP,
+    VERSION,
+    BrokerFleetSpec,
+    BrokerFleetStatus,
+    MqttBridgeSpec,
+    MqttBridgeStatus,
+    MqttZoneSpec,
+    MqttZoneStatus,
+)
 
 CRD_DIR = Path(__file__).resolve().parent.parent / "crds"
 CHART_CRD_DIR = CRD_DIR.parent / "charts" / "fleetmq" / "crds"
@@ -197,8 +206,26 @@ def crds() -> dict[str, dict[str, Any]]:
         description="An MQTT zone: listeners and the session, keep-alive, limit and access settings of "
         "their clients, served by a BrokerFleet.",
     )
+    bridge = _crd(
+        "MqttBridge",
+        "mqttbridges",
+        ["mb", "bridge"],
+        MqttBridgeSpec,
+        MqttBridgeStatus,
+        [
+            {"name": "Fleet", "type": "string", "jsonPath": ".spec.fleetRef.name"},
+            {"name": "Remote", "type": "string", "jsonPath": ".spec.remote.host"},
+            {"name": "Connected", "type": "string", "jsonPath": _cond("Connected")},
+            {"name": "Leader", "type": "string", "jsonPath": ".status.leader"},
+            {"name": "Queue", "type": "integer", "jsonPath": ".status.queueMessages"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        description="A bridge from a BrokerFleet to a remote MQTT broker: local topics forwarded there, remote "
+        "subscriptions published here, with the fleet's delivery guarantees.",
+    )
     return {
         "fleetmq.io_brokerfleets.yaml": fleet,
+        "fleetmq.io_mqttbridges.yaml": bridge,
         "fleetmq.io_mqttzones.yaml": zone,
         "kopf.dev_clusterkopfpeerings.yaml": _peering("ClusterKopfPeering", "Cluster"),
         "kopf.dev_kopfpeerings.yaml": _peering("KopfPeering", "Namespaced"),

@@ -9,8 +9,21 @@ their descriptions, defaults, ranges and enums, under camelCase names grouped as
 from __future__ import annotations
 
 import copy
+import functools
+import types
+import typing
 from typing import Annotated, Any, Literal
 
+from fleetmq.broker.bridges import (
+    BridgeConfig,
+    BridgeQueue,
+    BridgeRemote,
+    BridgeTls,
+    Forward,
+    LoopPrevention,
+    Reconnect,
+)
+from fleetmq.broker.bridges import Subscription as BridgeSubscription
 from fleetmq.broker.config import (
     EventLogConfig,
     ListenerConfig,
@@ -113,6 +126,50 @@ def derive(
         __config__=ConfigDict(extra="forbid", populate_by_name=True),
         __doc__=doc,
         **defs,
+    )
+    return model  # type: ignore[no-any-return]
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _retype(annotation: Any, nested: dict[type, type]) -> Any:
+    """`annotation` with broker models replaced by their CRD models (inside Optional and list too)."""
+    if isinstance(annotation, type) and annotation in nested:
+        return nested[annotation]
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        return Annotated[_retype(args[0], nested), *annotation.__metadata__]
+    if origin in (types.UnionType, typing.Union):
+        return functools.reduce(lambda a, b: a | b, (_retype(a, nested) for a in args))
+    if origin is list:
+        return list[_retype(args[0], nested)]  # type: ignore[misc]
+    return annotation
+
+
+def derive_all(
+    model_name: str,
+    source: type[BaseModel],
+    doc_: str,
+    nested: dict[type, type] | None = None,
+    skip: tuple[str, ...] = (),
+) -> type[BaseModel]:
+    """A camelCase model of every field of a broker model but `skip`, its nested broker models replaced
+    by their CRD models (`nested`); the broker model validates what it renders to."""
+    defs = {}
+    for name in source.model_fields:
+        if name in skip:
+            continue
+        annotation, info = derived_field(source, name, camel(name))
+        if nested:
+            annotation = _retype(annotation, nested)
+            if isinstance(info.default_factory, type) and info.default_factory in nested:
+                info.default_factory = nested[info.default_factory]
+        defs[name] = (annotation, info)
+    model = create_model(  # type: ignore[call-overload]
+        model_name, __config__=ConfigDict(extra="forbid", populate_by_name=True), __doc__=doc_, **defs
     )
     return model  # type: ignore[no-any-return]
 
@@ -282,6 +339,92 @@ class MqttZoneSpec(CrdModel):
         data["acl_default"] = self.aclDefault
         data["users_file"] = users_file
         return ZoneSettings.model_validate(data)
+
+
+# ------------------------------------------------------------------------------------------ MqttBridge
+ForwardSpec = derive_all("ForwardSpec", Forward, doc(Forward))
+BridgeSubscriptionSpec = derive_all("BridgeSubscriptionSpec", BridgeSubscription, doc(BridgeSubscription))
+BridgeQueueSpec = derive_all("BridgeQueueSpec", BridgeQueue, doc(BridgeQueue))
+ReconnectSpec = derive_all("ReconnectSpec", Reconnect, doc(Reconnect))
+LoopPreventionSpec = derive_all("LoopPreventionSpec", LoopPrevention, "Loop prevention across bridges.")
+_BridgeTlsBase = derive_all(
+    "BridgeTlsBase", BridgeTls, doc(BridgeTls), skip=("cafile", "certfile", "keyfile")
+)
+
+
+class BridgeTlsSpec(_BridgeTlsBase):  # type: ignore[misc,valid-type]
+    """TLS towards the remote (tls and wss transports)."""
+
+    secretRef: SecretRef | None = Field(
+        None,
+        description="Secret with ca.crt (the CA to verify the remote against; default: the system's) and, for "
+        "remotes that require a client certificate, tls.crt and tls.key.",
+    )
+
+
+_RemoteBase = derive_all(
+    "BridgeRemoteBase", BridgeRemote, doc(BridgeRemote), {BridgeTls: BridgeTlsSpec}, skip=("password_file",)
+)
+
+
+class BridgeRemoteSpec(_RemoteBase):  # type: ignore[misc,valid-type]
+    """The remote broker and the bridge's session there (always resumed: Clean Start 0)."""
+
+    passwordSecretRef: SecretKeyRef | None = Field(
+        None, description="Secret key holding the password at the remote (mounted into the broker pods)."
+    )
+
+
+_BridgeBase = derive_all(
+    "MqttBridgeBase",
+    BridgeConfig,
+    doc(BridgeConfig),
+    {
+        BridgeRemote: BridgeRemoteSpec,
+        Forward: ForwardSpec,
+        BridgeSubscription: BridgeSubscriptionSpec,
+        BridgeQueue: BridgeQueueSpec,
+        Reconnect: ReconnectSpec,
+        LoopPrevention: LoopPreventionSpec,
+    },
+    skip=("name",),
+)
+
+
+class MqttBridgeSpec(_BridgeBase):  # type: ignore[misc,valid-type]
+    """A bridge from a fleet to one remote MQTT broker: forwards (egress), subscriptions (ingress)."""
+
+    fleetRef: ObjectRef = Field(description="The BrokerFleet (same namespace) whose brokers run this bridge.")
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(has(self.forwards) && size(self.forwards) > 0) || "
+                    "(has(self.subscriptions) && size(self.subscriptions) > 0)",
+                    "message": "a bridge needs at least one forward or subscription",
+                }
+            ]
+        },
+    )
+
+    def bridge_config(
+        self, name: str, password_file: str | None = None, tls_dir: str | None = None
+    ) -> BridgeConfig:
+        """The broker's `bridges:` entry (snake_case, validated by the broker's model): the Secrets'
+        files where the operator mounts them."""
+        data = self.model_dump(exclude={"fleetRef"}, exclude_none=True)
+        remote = data["remote"]
+        remote.pop("passwordSecretRef", None)
+        remote["password_file"] = password_file
+        tls = remote.get("tls")
+        if tls is not None:
+            ref = tls.pop("secretRef", None)
+            if ref is not None and tls_dir is not None:
+                tls["cafile"] = f"{tls_dir}/ca.crt"
+        return BridgeConfig.model_validate({"name": name, **data})
 
 
 # ---------------------------------------------------------------------------------------- BrokerFleet
@@ -660,6 +803,24 @@ class BrokerFleetStatus(CrdModel):
     connections: int = Field(0, description="Client connections over all pods.")
     sessions: int = Field(0, description="Sessions over all pods.")
     store: StoreStatus | None = Field(None, description=doc(StoreStatus))
+
+
+class MqttBridgeStatus(CrdModel):
+    """Observed state of the bridge, from the broker pods' reports."""
+
+    observedGeneration: int | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    leader: str | None = Field(None, description="The broker pod forwarding the bridge.")
+    connected: bool = Field(False, description="Whether the leader's connection to the remote is up.")
+    queueMessages: int = Field(0, description="Messages waiting for the remote (the leader's count).")
+    forwarded: int = Field(
+        0, description="Messages the remote acknowledged, over all pods since they started."
+    )
+    dropped: dict[str, int] = Field(default_factory=dict, description="Messages not passed on, by reason.")
+    lastError: str | None = Field(None, description="Why the last connection to the remote ended or failed.")
 
 
 class MqttZoneStatus(CrdModel):

@@ -141,6 +141,17 @@ def fleet(name: str = "edge", **spec: Any) -> dict[str, Any]:
     }
 
 
+def bridge(name: str = "cloud", fleet_name: str = "edge", **spec: Any) -> dict[str, Any]:
+    spec.setdefault("remote", {"host": "mqtt.example.com"})
+    spec.setdefault("forwards", [{"filter": "up/#", "destination": "site1/{#}"}])
+    return {
+        "apiVersion": "fleetmq.io/v1alpha1",
+        "kind": "MqttBridge",
+        "metadata": {"name": name},
+        "spec": {"fleetRef": {"name": fleet_name}, **spec},
+    }
+
+
 def zone(name: str = "external", fleet_name: str = "edge", **spec: Any) -> dict[str, Any]:
     spec.setdefault("listeners", [{"name": "mqtt", "port": 1883}])
     return {

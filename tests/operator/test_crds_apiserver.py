@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .conftest import fleet, wait_for, zone
+from .conftest import bridge, fleet, wait_for, zone
 
 ONE_REDIS = "redis: set exactly one of managed: true, url, sentinel or cluster"
 
@@ -18,6 +18,15 @@ def test_explain_shows_the_broker_models_descriptions(k):
     assert "FIELD: maxInflight <integer>" in out
     out = k("explain", "brokerfleet.spec.redis").stdout
     assert "managed" in out and "secretRef" in out
+
+
+def test_bridge_defaults_and_columns(k):
+    k.apply(bridge())
+    b = k.get("mqttbridge", "cloud")
+    assert b["spec"]["forwards"][0]["maxQos"] == 2 and b["spec"]["queue"]["overflow"] == "dropOldest"
+    assert b["spec"]["reconnect"]["maxDelay"] == "120s" and b["spec"]["remote"]["transport"] == "tcp"
+    header = k("get", "mqttbridges").stdout.splitlines()[0].split()
+    assert header == ["NAME", "FLEET", "REMOTE", "CONNECTED", "LEADER", "QUEUE", "AGE"]
 
 
 def test_defaults_are_filled_by_the_apiserver(k):
@@ -63,6 +72,14 @@ def test_defaults_are_filled_by_the_apiserver(k):
         (fleet(redis={"managed": True, "storage": "lots"}), "spec.redis.storage"),
         (fleet(redis={"sentinel": {"nodes": ["no-port"], "master": "m"}}), "spec.redis.sentinel.nodes[0]"),
         (fleet(redis={"managed": True, "resources": {"cpu": "a lot"}}), "spec.redis.resources.cpu"),
+        (bridge(forwards=[{"filter": "up/#", "destination": "site/{x}"}]), "spec.forwards[0].destination"),
+        (bridge(subscriptions=[{"filter": "d/#", "destination": "a/+/b"}]), "spec.subscriptions[0].destination"),
+        (bridge(forwards=[]), "a bridge needs at least one forward or subscription"),
+        (bridge(remote={"host": "h", "transport": "quic"}), 'Unsupported value: "quic"'),
+        (bridge(remote={"host": "h", "mqttVersion": 3}), "spec.remote.mqttVersion"),
+        (bridge(queue={"overflow": "dropSome"}), 'Unsupported value: "dropSome"'),
+        (bridge(reconnect={"jitter": 2}), "spec.reconnect.jitter"),
+        (bridge(forwards=[{"filter": "up/#", "maxQos": 3}]), "spec.forwards[0].maxQos"),
     ],
     ids=[
         "inflight-range", "duration-pattern", "protocol-enum", "tls-needs-secret", "listener-names-unique",
@@ -70,7 +87,9 @@ def test_defaults_are_filled_by_the_apiserver(k):
         "redis-neither", "redis-url-and-cluster", "replicas-range", "redis-mode-enum", "sentinels-odd",
         "sentinel-needs-replicas", "standalone-no-replicas", "shards-range", "wait-replicas-exist",
         "managed-no-secret-ref", "appendfsync-enum", "storage-quantity", "sentinel-node-address",
-        "redis-resources-quantity",
+        "redis-resources-quantity", "bridge-placeholder", "bridge-wildcard-in-template", "bridge-no-traffic",
+        "bridge-transport-enum", "bridge-mqtt-version", "bridge-overflow-enum", "bridge-jitter-range",
+        "bridge-max-qos",
     ],
 )  # fmt: skip
 def test_bad_specs_are_refused_with_a_useful_message(k, obj, message):
