@@ -31,7 +31,19 @@ from .backoff import Backoff
 from .bridgelink import BridgeLink, Phase, local_connect, local_subscriptions
 from .bridges import BridgeConfig
 from .channel import Channel, ChannelIO
-from .codec import MQTT5, Connack, Disconnect, Parser, Publish, Pubrel, Suback, Subscribe, Unsubscribe, encode
+from .codec import (
+    MQTT5,
+    Connack,
+    Connect,
+    Disconnect,
+    Parser,
+    Publish,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsubscribe,
+    encode,
+)
 from .eventschema import BridgeCloseReason as Close
 from .negotiation import INTERNAL
 from .redisclient import read_secret
@@ -181,6 +193,43 @@ class _LocalIO:
         pass
 
 
+class _Session:
+    """A short in-process connection to a bridge's session, to set it up or end it: ask() sends a packet
+    and returns the fleet's reply (what the session delivers meanwhile waits for the link)."""
+
+    def __init__(self, new_channel: NewChannel, cfg: BridgeConfig) -> None:
+        self._parser = Parser(version=MQTT5)
+        self._replies: asyncio.Queue[Any] = asyncio.Queue()
+        self._closed = asyncio.Event()
+        self._io = _LocalIO(self._received, self._closed.set)
+        self._ch = new_channel(self._io, f"bridge:{cfg.name}", INTERNAL)
+
+    def _received(self, data: bytes) -> None:
+        for p in self._parser.feed(data):
+            if type(p) not in (Publish, Pubrel):
+                self._replies.put_nowait(p)
+
+    async def ask(self, packet: Any) -> Any:
+        self._ch.data_received(encode(packet, MQTT5))
+        return await asyncio.wait_for(self._replies.get(), CONNECT_TIMEOUT)
+
+    def subscriptions(self) -> list[str]:
+        session = self._ch.session
+        return list(session.subscriptions) if session is not None else []
+
+    async def close(self) -> None:
+        """DISCONNECT (normal: a persistent session is kept) and wait until the channel closed."""
+        self._ch.data_received(encode(Disconnect(0), MQTT5))
+        await asyncio.wait_for(self._closed.wait(), CONNECT_TIMEOUT)
+
+    async def __aenter__(self) -> _Session:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._io.closed = True
+        self._ch.connection_lost()
+
+
 class Bridge:
     """One bridge on this node: leads it when the lease says so, and keeps its link up while it does."""
 
@@ -261,51 +310,35 @@ class Bridge:
                 keeper.cancel()
                 self.leader = False
 
+    async def discard(self) -> None:
+        """The bridge was removed: end its session in the fleet (its queue and its routes go with it)."""
+        async with _Session(self._new_channel, self.cfg) as session:
+            await session.ask(Connect(self.cfg.session_id, proto_level=MQTT5, clean_start=True, keepalive=0))
+            await session.close()
+
     async def _open_session(self) -> str | None:
         """Open the bridge's session in the fleet with the forwards as its subscriptions (those of an
         older config removed), and park it: from now on what is published for the remote is queued in
         the store, whether the remote is reachable or not. None, or what went wrong."""
         cfg = self.cfg
-        parser = Parser(version=MQTT5)
-        replies: asyncio.Queue[Any] = asyncio.Queue()
-        closed = asyncio.Event()
-
-        def from_channel(data: bytes) -> None:
-            for p in parser.feed(data):
-                if type(p) not in (Publish, Pubrel):  # (what the session sends waits for the link)
-                    replies.put_nowait(p)
-
-        io = _LocalIO(from_channel, closed.set)
-        ch = self._new_channel(io, f"bridge:{cfg.name}", INTERNAL)
-
-        async def reply() -> Any:
-            return await asyncio.wait_for(replies.get(), CONNECT_TIMEOUT)
-
         try:
-            ch.data_received(encode(local_connect(cfg, cfg.max_inflight), MQTT5))
-            ack = await reply()
-            if type(ack) is not Connack or ack.reason_code:
-                return f"CONNACK {getattr(ack, 'reason_code', ack)!r}"
-            wanted = local_subscriptions(cfg)
-            session = ch.session
-            stale = [f for f in (session.subscriptions if session else ()) if f not in dict(wanted)]
-            if stale:
-                ch.data_received(encode(Unsubscribe(2, stale), MQTT5))
-                await reply()
-                log.info("bridge %s: forwards %s removed from its session", cfg.name, ", ".join(stale))
-            if wanted:
-                ch.data_received(encode(Subscribe(1, wanted), MQTT5))
-                suback = await reply()
-                if type(suback) is not Suback or any(rc >= 0x80 for rc in suback.reason_codes):
-                    return f"SUBACK {getattr(suback, 'reason_codes', suback)!r}"
-            ch.data_received(encode(Disconnect(0), MQTT5))
-            await asyncio.wait_for(closed.wait(), CONNECT_TIMEOUT)
-            return None
+            async with _Session(self._new_channel, cfg) as session:
+                ack = await session.ask(local_connect(cfg, cfg.max_inflight))
+                if type(ack) is not Connack or ack.reason_code:
+                    return f"CONNACK {getattr(ack, 'reason_code', ack)!r}"
+                wanted = local_subscriptions(cfg)
+                stale = [f for f in session.subscriptions() if f not in dict(wanted)]
+                if stale:
+                    await session.ask(Unsubscribe(2, stale))
+                    log.info("bridge %s: forwards %s removed from its session", cfg.name, ", ".join(stale))
+                if wanted:
+                    suback = await session.ask(Subscribe(1, wanted))
+                    if type(suback) is not Suback or any(rc >= 0x80 for rc in suback.reason_codes):
+                        return f"SUBACK {getattr(suback, 'reason_codes', suback)!r}"
+                await session.close()
+                return None
         except TimeoutError:
             return "the fleet did not answer in time"
-        finally:
-            io.closed = True
-            ch.connection_lost()
 
     def report(self) -> dict[str, Any]:
         """This node's view of the bridge, for metrics and the MqttBridge status."""

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from .bridge import Bridge, Lease
+from .bridges import BridgeConfig
 from .channel import Channel, ChannelIO
 from .cluster import Cluster
 from .cm import ChannelManager
@@ -49,6 +50,7 @@ class Node:
         self.retained = Retained()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.bridges: list[Bridge] = []
+        self._started = False  # (bridges start once the node has joined the fleet)
         self.events: EventLog | None = None
         if config.event_log.enabled:
             log_cfg = config.event_log
@@ -142,6 +144,29 @@ class Node:
         self.metrics.config_info = {name: self.config_hash for name in config.zones}
         if self.events is not None:
             self.events.set_zones(config.zones)
+        if self._started:
+            self.spawn(self._apply_bridges())
+
+    async def _apply_bridges(self) -> None:
+        """Bridges added, removed or changed in a new config: a changed one stops (parking its session,
+        which keeps what is queued) and starts again with its new settings."""
+        wanted = {b.name: b for b in self.config.bridges}
+        for bridge in list(self.bridges):
+            cfg = wanted.get(bridge.cfg.name)
+            if cfg is None or cfg != bridge.cfg:
+                self.bridges.remove(bridge)
+                leading = bridge.leader
+                await bridge.stop()
+                if cfg is None and leading:
+                    await bridge.discard()
+                log.info(
+                    "bridge %s: %s", bridge.cfg.name, "removed" if cfg is None else "changed: restarting it"
+                )
+        running = {b.cfg.name for b in self.bridges}
+        for cfg in self.config.bridges:
+            if cfg.name not in running:
+                self.zones[cfg.session_id] = Zone(cfg.session_id, cfg.zone(), self._telemetry(cfg.session_id))
+                self._start_bridge(cfg)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run a background task, keeping a reference so it is not garbage collected mid-flight."""
@@ -185,18 +210,21 @@ class Node:
                 delay = min(delay * 2, STORE_RETRY_MAX)
 
     def _start_bridges(self) -> None:
+        self._started = True
+        self.metrics.bridges = lambda: {b.cfg.name: b.report() for b in self.bridges}
+        for cfg in self.config.bridges:
+            self._start_bridge(cfg)
+
+    def _start_bridge(self, cfg: BridgeConfig) -> None:
         redis = None
         if isinstance(self.store, RedisStore):
             conns = self.store.conns
             redis = lambda key: conns.shard_for(key).redis  # noqa: E731
         alive = self.cluster.listening if self.cluster is not None else None
-        for cfg in self.config.bridges:
-            lease = Lease(cfg, self.node_id, redis, alive)
-            bridge = Bridge(cfg, self.config.fleet, partial(self.channel, cfg.session_id), lease)
-            self.bridges.append(bridge)
-            bridge.start()
-        if self.bridges:
-            self.metrics.bridges = lambda: {b.cfg.name: b.report() for b in self.bridges}
+        lease = Lease(cfg, self.node_id, redis, alive)
+        bridge = Bridge(cfg, self.config.fleet, partial(self.channel, cfg.session_id), lease)
+        self.bridges.append(bridge)
+        bridge.start()
 
     async def stop(self) -> None:
         for bridge in self.bridges:

@@ -287,3 +287,42 @@ def test_queued_with_the_remote_down_survives_every_node_restarting(fleet, tmp_p
         assert got == {f"{i:06d}".encode() for i in range(n)}
     assert len([1 for t, *_ in col.got if t == "site1/up/q2"]) == n, "QoS 2 duplicates"
     assert redis_server.command("LLEN", "fmq:{$bridge:cloud}:q") == 0
+
+
+def test_a_bridge_changed_live_forwards_under_its_new_destination_and_a_removed_one_stops(
+    fleet, remote, redis_server
+):
+    """The broker reloads its config file: a changed bridge restarts with its new settings (its session,
+    and what is queued in it, kept); a removed one stops forwarding, and its session ends."""
+    import yaml
+
+    (bp,) = fleet(1, None, {"event_log": {"fleet": "edge"}, "bridges": [_bridge(remote)]})
+    col = Collector(remote.host, remote.port, "#")
+    pub = _publisher(bp)
+
+    def rewrite(change) -> None:
+        cfg = yaml.safe_load(bp.config_path.read_text())
+        change(cfg)
+        bp.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+    def sent(topic: str, payload: bytes) -> bool:
+        return any(t == topic and p == payload for t, p, _q, _pr in col.got)
+
+    try:
+        pub.publish("up/a", b"1", qos=1).wait_for_publish(10)
+        wait_until(lambda: sent("site1/up/a", b"1"), timeout=15, msg="forwarded under site1/")
+        rewrite(lambda c: c["bridges"][0]["forwards"][0].update(destination="site2/{2-#}"))
+        wait_until(lambda: "bridge cloud: changed" in bp.log(), timeout=15, msg="the bridge restarted")
+        pub.publish("up/a", b"2", qos=1).wait_for_publish(10)
+        wait_until(lambda: sent("site2/a", b"2"), timeout=15, msg="forwarded under the new destination")
+        rewrite(lambda c: c.update(bridges=[]))
+        wait_until(lambda: "bridge cloud: removed" in bp.log(), timeout=15, msg="the bridge removed")
+        wait_until(lambda: not redis_server.command("EXISTS", "fmq:{$bridge:cloud}:m"), timeout=10,
+                   msg="the bridge's session ended")  # fmt: skip
+        pub.publish("up/a", b"3", qos=1).wait_for_publish(10)
+        time.sleep(2.0)
+        assert not any(p == b"3" for _t, p, _q, _pr in col.got)
+    finally:
+        pub.loop_stop()
+        pub.disconnect()
+        col.stop()
