@@ -24,6 +24,7 @@ from .crds import (
     API_VERSION,
     BrokerFleetSpec,
     GuaranteedResources,
+    MqttBridgeSpec,
     MqttZoneSpec,
     RedisSpec,
     SchedulingSpec,
@@ -71,6 +72,15 @@ class Zone:
     name: str
     generation: int
     spec: MqttZoneSpec
+
+
+@dataclass(frozen=True)
+class Bridge:
+    """An accepted MqttBridge, as it goes into the config."""
+
+    name: str
+    generation: int
+    spec: MqttBridgeSpec
 
 
 @dataclass(frozen=True)
@@ -233,9 +243,42 @@ def select_zones(
     return accepted, rejected
 
 
+def select_bridges(
+    bridge_objs: list[dict[str, Any]], last_applied: dict[str, Bridge] | None = None
+) -> tuple[list[Bridge], dict[str, Rejection]]:
+    """Which bridges of a fleet go into its config, and why the others do not: an invalid or paused
+    bridge keeps the version last applied, so a bad edit never stops a running bridge."""
+    last_applied = last_applied or {}
+    accepted: list[Bridge] = []
+    rejected: dict[str, Rejection] = {}
+    for obj in sorted(bridge_objs, key=_created):
+        meta = obj["metadata"]
+        name = meta["name"]
+        rejection = None
+        if paused(obj):
+            rejection = Rejection("Paused", "fleetmq.io/paused is set")
+        else:
+            try:
+                spec = MqttBridgeSpec.model_validate(obj.get("spec") or {})
+                spec.bridge_config(name)  # the broker's own rules (templates, QoS, reconnect delays)
+                accepted.append(Bridge(name, int(meta.get("generation") or 1), spec))
+            except ValidationError as e:
+                rejection = Rejection("InvalidSpec", format_validation_error(e))
+        if rejection is not None:
+            rejected[name] = rejection
+            if name in last_applied:
+                accepted.append(last_applied[name])
+    accepted.sort(key=lambda b: b.name)
+    return accepted, rejected
+
+
 # ---------------------------------------------------------------------------------------- config file
 def tls_dir(secret: str) -> str:
     return f"{CONFIG_DIR}/tls/{secret}"
+
+
+def bridge_dir(bridge: str) -> str:
+    return f"{CONFIG_DIR}/bridges/{bridge}"
 
 
 def users_dir(zone: str) -> str:
@@ -276,8 +319,8 @@ def store_config(fleet_name: str, namespace: str, spec: BrokerFleetSpec) -> dict
     return store
 
 
-def broker_config(fleet: dict[str, Any], zones: list[Zone]) -> dict[str, Any]:
-    """The broker config file (snake_case, the DESIGN.md contract) of a fleet and its zones."""
+def broker_config(fleet: dict[str, Any], zones: list[Zone], bridges: list[Bridge] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    """The broker config file (snake_case, the DESIGN.md contract) of a fleet, its zones and bridges."""
     meta = fleet["metadata"]
     spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
     zone_cfg: dict[str, Any] = {}
@@ -314,7 +357,19 @@ def broker_config(fleet: dict[str, Any], zones: list[Zone]) -> dict[str, Any]:
             "max_rate": spec.eventLog.max_rate,
             "fleet": meta["name"],
         },
+        "bridges": [bridge_config(b) for b in bridges],
     }
+
+
+def bridge_config(bridge: Bridge) -> dict[str, Any]:
+    """A bridge's entry in the config file, its Secrets' files where the pods mount them."""
+    remote = bridge.spec.remote
+    password = f"{bridge_dir(bridge.name)}/auth/password" if remote.passwordSecretRef is not None else None
+    tls = f"{bridge_dir(bridge.name)}/tls" if remote.tls is not None and remote.tls.secretRef else None
+    try:
+        return bridge.spec.bridge_config(bridge.name, password, tls).model_dump(mode="json")
+    except ValidationError as e:
+        raise RenderError(f"bridge {bridge.name}: {format_validation_error(e)}") from e
 
 
 def expected_hash(config: dict[str, Any]) -> str:
@@ -337,12 +392,13 @@ def render(
     fleet: dict[str, Any],
     zones: list[Zone],
     *,
+    bridges: list[Bridge] = (),  # type: ignore[assignment]
     history: dict[str, dict[str, int]] | None = None,
     redis_password: str | None = None,
     service_monitor: bool = False,
 ) -> Rendered:
     """Everything the operator applies for a fleet (raises RenderError, applying nothing, if invalid)."""
-    config = broker_config(fleet, zones)
+    config = broker_config(fleet, zones, bridges)
     digest = expected_hash(config)
     generations = {z.name: z.generation for z in zones}
     hist = {h: g for h, g in (history or {}).items() if h != digest}
@@ -355,7 +411,7 @@ def render(
     hashed_password = None if spec.redis.managed else redis_password
     out.manifests = [
         config_map(fleet, config, digest, zones, hist),
-        statefulset(fleet, spec, zones, restart_hash(config, hashed_password)),
+        statefulset(fleet, spec, zones, restart_hash(config, hashed_password), bridges),
         headless_service(fleet, spec),
         pdb(fleet),
         *client_services(fleet, spec, zones),
@@ -445,9 +501,22 @@ def _redis_auth_volumes(
     return out
 
 
-def _secret_volumes(zones: list[Zone]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _secret_volumes(
+    zones: list[Zone],
+    bridges: list[Bridge] = (),  # type: ignore[assignment]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
+    for i, bridge in enumerate(bridges):
+        remote, base = bridge.spec.remote, bridge_dir(bridge.name)
+        if remote.passwordSecretRef is not None:
+            ref = remote.passwordSecretRef
+            items = [{"key": ref.key, "path": "password"}]
+            volumes.append({"name": f"bridge-{i}", "secret": {"secretName": ref.name, "items": items}})
+            mounts.append({"name": f"bridge-{i}", "mountPath": f"{base}/auth", "readOnly": True})
+        if remote.tls is not None and remote.tls.secretRef is not None:
+            volumes.append({"name": f"bridge-tls-{i}", "secret": {"secretName": remote.tls.secretRef.name}})
+            mounts.append({"name": f"bridge-tls-{i}", "mountPath": f"{base}/tls", "readOnly": True})
     tls = sorted({lst.tlsSecretRef.name for z in zones for lst in z.spec.listeners if lst.tlsSecretRef})
     for i, secret in enumerate(tls):
         volumes.append({"name": f"tls-{i}", "secret": {"secretName": secret}})
@@ -461,11 +530,15 @@ def _secret_volumes(zones: list[Zone]) -> tuple[list[dict[str, Any]], list[dict[
 
 
 def statefulset(
-    fleet: dict[str, Any], spec: BrokerFleetSpec, zones: list[Zone], restart: str
+    fleet: dict[str, Any],
+    spec: BrokerFleetSpec,
+    zones: list[Zone],
+    restart: str,
+    bridges: list[Bridge] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
     name = fleet["metadata"]["name"]
     n = names(name)
-    volumes, mounts = _secret_volumes(zones)
+    volumes, mounts = _secret_volumes(zones, bridges)
     for volume, mount in _redis_auth_volumes(name, spec):
         volumes.append(volume)
         mounts.append(mount)

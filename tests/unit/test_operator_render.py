@@ -279,3 +279,59 @@ def test_pods_that_cannot_run_are_said_in_degraded_and_ready():
         {"state": {"waiting": {"reason": "ContainerCreating"}}}]}}]  # fmt: skip
     st = fleet_status(f, r, "", Observed(statefulset=sts, pods=pods))
     assert next(c for c in st["conditions"] if c["type"] == "Degraded")["status"] == "False"
+
+
+def mqtt_bridge(name: str, gen: int = 1, **spec) -> dict:
+    spec.setdefault("remote", {"host": "mqtt.example.com"})
+    spec.setdefault("forwards", [{"filter": "up/#", "destination": "site1/{#}"}])
+    return {
+        "apiVersion": "fleetmq.io/v1alpha1",
+        "kind": "MqttBridge",
+        "metadata": {
+            "name": name,
+            "namespace": "mq",
+            "generation": gen,
+            "creationTimestamp": "2024-01-01T00:00:00Z",
+        },
+        "spec": {"fleetRef": {"name": "edge"}, **spec},
+    }
+
+
+def test_bridges_go_into_the_config_with_their_secrets_mounted():
+    b = mqtt_bridge(
+        "cloud",
+        remote={"host": "mqtt.example.com", "transport": "tls", "username": "edge",
+                "passwordSecretRef": {"name": "cloud-pw", "key": "pw"}, "tls": {"secretRef": {"name": "cloud-ca"}}},
+        forwards=[{"filter": "up/#", "destination": "site1/{#}", "maxQos": 1}],
+        queue={"maxLength": 500, "overflow": "dropNew"},
+    )  # fmt: skip
+    bridges, rejected = render.select_bridges([b])
+    assert not rejected
+    r = render.render(fleet(), render.select_zones(fleet(), [zone("external")])[0], bridges=bridges)
+    cfg = BrokerConfig.model_validate(r.config | {"node_id": "edge-1"})
+    [bc] = cfg.bridges
+    assert (bc.name, bc.remote.address, bc.remote.username) == ("cloud", ("mqtt.example.com", 8883), "edge")
+    assert bc.remote.password_file == "/etc/fleetmq/bridges/cloud/auth/password"
+    assert bc.remote.tls is not None and bc.remote.tls.cafile == "/etc/fleetmq/bridges/cloud/tls/ca.crt"
+    assert (bc.forwards[0].max_qos, bc.queue.max_length, bc.queue.overflow) == (1, 500, "dropNew")
+    assert cfg.config_hash() == r.config_hash
+    pod = broker_sts(r)["spec"]["template"]["spec"]
+    vols = {v["secret"]["secretName"]: v for v in pod["volumes"] if "secret" in v}
+    assert vols["cloud-pw"]["secret"]["items"] == [{"key": "pw", "path": "password"}] and "cloud-ca" in vols
+    paths = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert {"/etc/fleetmq/bridges/cloud/auth", "/etc/fleetmq/bridges/cloud/tls"} <= paths
+
+
+def test_a_broken_bridge_is_rejected_naming_the_field_and_keeps_its_last_version():
+    good, _ = render.select_bridges([mqtt_bridge("cloud")])
+    last = {b.name: b for b in good}
+    bad = mqtt_bridge("cloud", gen=2, forwards=[{"filter": "up/#", "destination": "{3-1}"}])
+    accepted, rejected = render.select_bridges([bad], last)
+    assert rejected["cloud"].reason == "InvalidSpec"
+    assert (
+        "forwards.0.destination" in rejected["cloud"].message
+        and "ends before it starts" in rejected["cloud"].message
+    )
+    assert [(b.name, b.generation) for b in accepted] == [("cloud", 1)]
+    never, rejected = render.select_bridges([bad])
+    assert never == [] and "cloud" in rejected
