@@ -470,7 +470,10 @@ class ChannelManager:
             pch = channels.get(sender)
             if pch is not None and pch.session is not None and pch.session.journal is not None:
                 msg.sender_epoch = pch.session.epoch
-                if mqos == 2:
+                if mqos == 2 and msg.receipt is None:
+                    # (with a receipt, the message is received for good: its receipt is stored, and every
+                    # routing of it, this one or the resend's through the session's new owner, is
+                    # deduplicated under it; taking it back would leave the receipt seen and lose it)
                     here = self._unless_fenced(sender, msg)
         receipt = msg.receipt
         for cid, sub_qos, rap, sub_ids in targets:

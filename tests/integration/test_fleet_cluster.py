@@ -361,3 +361,62 @@ def test_a_fenced_node_does_not_route_a_qos2_message_under_a_receipt_it_could_no
     got = [n for _tag, n in map(parse_seq, view.delivered)]
     assert 3 in got, f"an acknowledged QoS 2 message was dropped as a repeat: the subscriber got {got}"
     assert got == [1, 3], got
+
+
+def test_a_qos2_message_received_for_good_is_not_taken_back_when_its_publisher_moves(fleet, redis_cluster):
+    """Node a stored a QoS 2 message's receipt, then learnt, committing its routing, that the publisher's
+    session had moved to b meanwhile; it took the message back from its local subscriber (as it must
+    where there are no receipts) but the subscriber had already marked the receipt seen, so the client's
+    resend through b was dropped as a repeat: the subscriber never got it (chaos --store cluster, seed 42,
+    300 s: 9 messages, each lost to the one subscriber on the publisher's node). With a stored receipt the
+    message is received for good: it stays, and the resend is the repeat."""
+    import threading
+
+    rc = redis_cluster
+    a, b = fleet(2, None, {"store": rc.store()})
+    busy = {rc.primary_of(keys.alive(f"node-{i}")).port for i in range(2)}
+    pcid = uid("x2m-p")
+    while rc.primary_of(keys.session_keys(pcid)[keys.META]).port in busy:
+        pcid = uid("x2m-p")
+    shard = rc.primary_of(keys.session_keys(pcid)[keys.META])
+    scid = uid("x2m-s")
+    while rc.primary_of(keys.session_keys(scid)[keys.META]) is shard:
+        scid = uid("x2m-s")
+    topic = uid("x2m/")
+    sub, _ = raw_connect(a, scid, 5)
+    sub.subscribe([(topic, 2)])
+    pub, _ = raw_connect(a, pcid, 5)
+    pub.send(mqttraw.publish(topic, seq_payload("m", 1), qos=2, packet_id=1, version=5))
+    assert pub.expect(PUBREC, timeout=10).packet_id == 1  # (its PUBREL comes later)
+    moved: list = []
+
+    def connect_to_b() -> None:
+        moved.append(raw_connect(b, pcid, 5, timeout=30))
+
+    # (every wait below stays under the 5 s Redis socket timeout and the heartbeat's lifetime)
+    shard.command("CLIENT", "PAUSE", "4000", "WRITE")
+    t0 = time.monotonic()
+    mover = threading.Thread(target=connect_to_b)
+    try:
+        pub.send(mqttraw.publish(topic, seq_payload("m", 2), qos=2, packet_id=2, version=5))
+        time.sleep(0.3)  # a's write of #2's receipt waits on the publisher's shard
+        a.pause()
+        _kill_pubsub_of(rc, "node-0")  # a no longer listens: b takes the publisher over without it
+        pub.send(mqttraw.ack(mqttraw.PUBREL, 1, version=5))  # waits in a's socket
+        mover.start()  # b's claim queues behind a's write on the publisher's shard
+        time.sleep(max(4.3 - (time.monotonic() - t0), 0))
+    finally:
+        a.resume()  # a: the receipt is stored, it routes #2, then finds the publisher fenced
+    mover.join(30)
+    new, ack = moved[0]
+    assert ack.session_present
+    new.send(mqttraw.publish(topic, seq_payload("m", 2), qos=2, packet_id=2, dup=True, version=5))
+    new.send(mqttraw.ack(mqttraw.PUBREL, 1, version=5))
+    done = {p.packet_id for p in [new.expect(PUBREC, timeout=15), new.expect(PUBCOMP, timeout=15)]}
+    assert done == {1, 2}
+    new.send(mqttraw.ack(mqttraw.PUBREL, 2, version=5))
+    new.expect(PUBCOMP, timeout=15)
+    view = AppView()
+    ack_loop(sub, view, quiet=3.0, timeout=20)
+    got = [n for _t, n in map(parse_seq, view.delivered)]
+    assert got == [1, 2], f"the subscriber on the publisher's old node got {got}"
