@@ -145,6 +145,20 @@ class Lease:
                     break
         self.lost.set()
 
+    async def queued(self, session_id: str) -> int | None:
+        """Messages the bridge's parked session holds in the store (queue and journal); None: unknown."""
+        if self._client is None:
+            return None
+        k = keys.session_keys(session_id)
+        redis = self._client(k[0])
+        with contextlib.suppress(Exception):
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.llen(k[2])
+                pipe.hlen(k[3])
+                q, i = await pipe.execute()
+            return int(q) + int(i)
+        return None
+
     async def release(self) -> None:
         if self._client is not None:
             with contextlib.suppress(Exception):
@@ -260,6 +274,7 @@ class Bridge:
         self.leader_changes = 0  # times this node became the bridge's leader
         self.sessions_lost = 0  # connections that found the remote had lost the bridge's session
         self.channel: Channel | None = None  # the session's in-process connection, while the link is up
+        self.stored = 0  # what the parked session holds in the store, as last counted
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         if not cfg.persist:
@@ -286,6 +301,7 @@ class Bridge:
             self.leader_changes += 1
             log.info("bridge %s: leading it on this node", self.cfg.name)
             keeper = asyncio.get_running_loop().create_task(self.lease.keep())
+            counter = asyncio.get_running_loop().create_task(self._count_stored())
             try:
                 while self.cfg.persist and not self.lease.lost.is_set():
                     trouble = await self._open_session()
@@ -308,6 +324,7 @@ class Bridge:
                         await asyncio.wait_for(self.lease.lost.wait(), delay)
             finally:
                 keeper.cancel()
+                counter.cancel()
                 self.leader = False
 
     async def discard(self) -> None:
@@ -340,16 +357,24 @@ class Bridge:
         except TimeoutError:
             return "the fleet did not answer in time"
 
+    async def _count_stored(self) -> None:
+        """While the link is down, count what waits in the store every few seconds (the queue gauge)."""
+        while True:
+            if self.channel is None and (n := await self.lease.queued(self.cfg.session_id)) is not None:
+                self.stored = n
+            await asyncio.sleep(5.0)
+
     def report(self) -> dict[str, Any]:
         """This node's view of the bridge, for metrics and the MqttBridge status."""
         link, session = self.link, self.channel.session if self.channel is not None else None
+        queue = len(session.mqueue) if session is not None else self.stored
         dropped = Counter(self.dropped)
         if link is not None:
             dropped.update(link.dropped)
         return {
             "connected": self.connected,
             "leader": self.leader,
-            "queue": len(session.mqueue) if session is not None else 0,
+            "queue": queue,
             "inflight": len(session.inflight) if session is not None else 0,
             "forwarded": self.forwarded + (link.forwarded if link else 0),
             "received": self.received + (link.received if link else 0),
@@ -357,6 +382,18 @@ class Bridge:
             "reconnects": self.reconnects,
             "leader_changes": self.leader_changes,
             "sessions_lost": self.sessions_lost,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """What the node reports of the bridge in its heartbeat (JSON-ready)."""
+        r = self.report()
+        return {
+            "leader": r["leader"],
+            "connected": r["connected"],
+            "queue": r["queue"],
+            "forwarded": r["forwarded"],
+            "dropped": dict(r["dropped"]),
+            "last_error": self.last_error,
         }
 
     async def _connect_once(self) -> tuple[Close, str]:

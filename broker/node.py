@@ -9,6 +9,7 @@ them, applies a changed config, and reads the gauges at scrape time. It knows no
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
@@ -122,7 +123,14 @@ class Node:
 
     def _report(self) -> dict[FieldT, EncodableT]:
         connections, sessions = self.cm.counts()
-        return {"config_hash": self.config_hash, "connections": connections, "sessions": sessions}
+        out: dict[FieldT, EncodableT] = {
+            "config_hash": self.config_hash,
+            "connections": connections,
+            "sessions": sessions,
+        }
+        if self.bridges:  # (the operator's MqttBridge status: which pod leads, connected, queue, drops)
+            out["bridges"] = json.dumps({b.cfg.name: b.summary() for b in self.bridges}, sort_keys=True)
+        return out
 
     def channel(self, zone: str, io: ChannelIO, peer: str = "", listener: str = "") -> Channel:
         """A channel for a new connection on a listener of `zone`."""

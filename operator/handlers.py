@@ -25,12 +25,13 @@ from . import metrics, render
 from .crds import GROUP, VERSION, BrokerFleetSpec, SecretKeyRef
 from .kube import ApiError, Credentials, Kube, load_kubeconfig
 from .reports import ReportReader
-from .status import Observed, fleet_status, pod_generations, zone_status
+from .status import Observed, bridge_status, fleet_status, pod_generations, zone_status
 
 log = logging.getLogger("fleetmq.operator")
 
 FLEETS = (GROUP, VERSION, "brokerfleets")
 ZONES = (GROUP, VERSION, "mqttzones")
+BRIDGES = (GROUP, VERSION, "mqttbridges")
 CHILD_LABELS = {render.L_MANAGED: render.MANAGER}
 PRUNED_KINDS = ("Service", "StatefulSet", "Job", "PodDisruptionBudget", "ConfigMap", "ServiceMonitor")
 
@@ -127,9 +128,19 @@ class Operator:
             for z in await kube.list("MqttZone", namespace)
             if ((z.get("spec") or {}).get("fleetRef") or {}).get("name") == name
         ]
+        bridge_objs = [
+            b
+            for b in await kube.list("MqttBridge", namespace)
+            if ((b.get("spec") or {}).get("fleetRef") or {}).get("name") == name
+        ]
         cm_name = render.names(name)["config"]
         current_cm = await kube.get("ConfigMap", namespace, cm_name)
         accepted, rejected = render.select_zones(fleet, zones, render.applied_zones(current_cm))
+        bridges, rejected_bridges = render.select_bridges(bridge_objs, render.applied_bridges(current_cm))
+        bridges, missing = await self._bridges_with_secrets(
+            namespace, bridges, render.applied_bridges(current_cm)
+        )
+        rejected_bridges |= missing
         self.zone_counts[(namespace, name)] = (len(accepted), len(rejected))
         metrics.ZONES.labels("accepted").set(sum(a for a, _ in self.zone_counts.values()))
         metrics.ZONES.labels("rejected").set(sum(r for _, r in self.zone_counts.values()))
@@ -150,6 +161,7 @@ class Operator:
                 history=render.history(current_cm),
                 redis_password=passwords[0],
                 service_monitor=await self._has_service_monitor(),
+                bridges=bridges,
             )
         except (render.RenderError, ValueError) as e:
             metrics.RECONCILE_ERRORS.labels("render").inc()
@@ -173,7 +185,63 @@ class Operator:
         await self._patch_status(fleet, status)
         metrics.set_fleet(namespace, name, status, replicas)
         await self._zone_statuses(fleet, zones, rejected, rendered, observed, status)
+        await self._bridge_statuses(bridge_objs, rejected_bridges, rendered, observed)
         return "error" if render_error or observed.apply_error else "ok"
+
+    async def _bridges_with_secrets(
+        self, namespace: str, bridges: list[render.Bridge], last: dict[str, render.Bridge]
+    ) -> tuple[list[render.Bridge], dict[str, render.Rejection]]:
+        """A bridge whose password or CA Secret is missing is rejected (naming the field) rather than
+        rendered: its mount would keep every broker pod from starting. Its last version keeps running."""
+        kept: list[render.Bridge] = []
+        rejected: dict[str, render.Rejection] = {}
+        for bridge in bridges:
+            problem = await self._bridge_secret_problem(namespace, bridge)
+            if problem is None:
+                kept.append(bridge)
+                continue
+            rejected[bridge.name] = render.Rejection("SecretMissing", problem)
+            previous = last.get(bridge.name)
+            if (
+                previous is not None
+                and previous != bridge
+                and await self._bridge_secret_problem(namespace, previous) is None
+            ):
+                kept.append(previous)
+        return kept, rejected
+
+    async def _bridge_secret_problem(self, namespace: str, bridge: render.Bridge) -> str | None:
+        remote = bridge.spec.remote
+        ref = remote.passwordSecretRef
+        if ref is not None:
+            secret = await self.kube.get("Secret", namespace, ref.name)
+            if secret is None or ref.key not in (secret.get("data") or {}):
+                return f"spec.remote.passwordSecretRef: Secret {ref.name} has no key {ref.key!r}"
+        tls = remote.tls
+        if (
+            tls is not None
+            and tls.secretRef is not None
+            and await self.kube.get("Secret", namespace, tls.secretRef.name) is None
+        ):
+            return f"spec.remote.tls.secretRef: Secret {tls.secretRef.name} not found"
+        return None
+
+    async def _bridge_statuses(
+        self,
+        bridge_objs: list[dict[str, Any]],
+        rejected: dict[str, render.Rejection],
+        rendered: render.Rendered | None,
+        observed: Observed,
+    ) -> None:
+        for obj in bridge_objs:
+            if render.paused(obj):
+                continue
+            st = bridge_status(obj, rejected.get(obj["metadata"]["name"]), rendered, observed)
+            before = {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions") or []}
+            await self._patch_status(obj, st)
+            accepted = next(c for c in st["conditions"] if c["type"] == "Accepted")
+            if accepted["status"] == "False" and before.get("Accepted") != "False":
+                await self._event(obj, accepted["reason"], accepted["message"], "Warning")
 
     async def _redis_passwords(
         self, fleet: dict[str, Any], spec: BrokerFleetSpec
@@ -474,6 +542,27 @@ async def zone_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> 
 
 @kopf.on.event(*ZONES, when=lambda type, **_: type == "DELETED")
 async def zone_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    fleet_name = (body.get("spec") or {}).get("fleetRef", {}).get("name")
+    if fleet_name:
+        await _op(memo).request(body.metadata.namespace, fleet_name)
+
+
+# -------------------------------------------------------------------------------------------- bridges
+@kopf.on.resume(*BRIDGES)
+@kopf.on.create(*BRIDGES)
+@kopf.on.update(*BRIDGES)
+async def bridge_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> None:
+    op = _op(memo)
+    previous = ((old or {}).get("spec") or {}).get("fleetRef", {}).get("name")
+    current = (body.get("spec") or {}).get("fleetRef", {}).get("name")
+    if previous and previous != current:
+        await op.request(body.metadata.namespace, previous)  # the old fleet drops the bridge
+    if current and await op.kube.get("BrokerFleet", body.metadata.namespace, current) is not None:
+        await op.request(body.metadata.namespace, current)
+
+
+@kopf.on.event(*BRIDGES, when=lambda type, **_: type == "DELETED")
+async def bridge_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     fleet_name = (body.get("spec") or {}).get("fleetRef", {}).get("name")
     if fleet_name:
         await _op(memo).request(body.metadata.namespace, fleet_name)

@@ -37,6 +37,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "ServiceMonitor": ("apis/monitoring.coreos.com/v1", "servicemonitors", True),
     "BrokerFleet": ("apis/fleetmq.io/v1alpha1", "brokerfleets", True),
     "MqttZone": ("apis/fleetmq.io/v1alpha1", "mqttzones", True),
+    "MqttBridge": ("apis/fleetmq.io/v1alpha1", "mqttbridges", True),
     "CustomResourceDefinition": ("apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
 }
 

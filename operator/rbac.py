@@ -28,7 +28,7 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         "watch the custom resources; kopf patches them (finalizer, last-handled annotations)",
         {
             "apiGroups": ["fleetmq.io"],
-            "resources": ["brokerfleets", "mqttzones"],
+            "resources": ["brokerfleets", "mqttbridges", "mqttzones"],
             "verbs": ["get", "list", "watch", "patch", "update"],
         },
     ),
@@ -36,7 +36,7 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         "status is patched explicitly",
         {
             "apiGroups": ["fleetmq.io"],
-            "resources": ["brokerfleets/status", "mqttzones/status"],
+            "resources": ["brokerfleets/status", "mqttbridges/status", "mqttzones/status"],
             "verbs": ["get", "patch", "update"],
         },
     ),

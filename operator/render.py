@@ -43,6 +43,7 @@ A_CONFIG_HASH = "fleetmq.io/config-hash"
 A_ZONE_GENERATIONS = "fleetmq.io/zone-generations"
 A_HISTORY = "fleetmq.io/config-history"
 A_ZONE_SPECS = "fleetmq.io/zone-specs"
+A_BRIDGE_SPECS = "fleetmq.io/bridge-specs"  # name -> [generation, MqttBridge spec] of the bridges rendered
 A_RESTART_HASH = "fleetmq.io/restart-hash"
 CONFIG_KEY = "broker.yaml"
 CONFIG_DIR = "/etc/fleetmq"
@@ -410,7 +411,7 @@ def render(
     # generated once and never changed by the operator (its servers read it only at start, too).
     hashed_password = None if spec.redis.managed else redis_password
     out.manifests = [
-        config_map(fleet, config, digest, zones, hist),
+        config_map(fleet, config, digest, zones, hist, bridges),
         statefulset(fleet, spec, zones, restart_hash(config, hashed_password), bridges),
         headless_service(fleet, spec),
         pdb(fleet),
@@ -439,8 +440,9 @@ def config_map(
     digest: str,
     zones: list[Zone],
     history: dict[str, dict[str, int]],
+    bridges: list[Bridge] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
-    """The config file, plus annotations saying which zone generations (and specs) it holds."""
+    """The config file, plus annotations saying which zone and bridge generations (and specs) it holds."""
     meta = _meta(fleet, names(fleet["metadata"]["name"])["config"])
     meta["annotations"] = {
         A_CONFIG_HASH: digest,
@@ -450,7 +452,14 @@ def config_map(
         ),
         A_HISTORY: json.dumps(history),
     }
-    text = "# Rendered by fleetmq-operator from the BrokerFleet and its MqttZones; do not edit.\n"
+    if bridges:
+        meta["annotations"][A_BRIDGE_SPECS] = json.dumps(
+            {b.name: [b.generation, b.spec.model_dump(mode="json", by_alias=True)] for b in bridges},
+            sort_keys=True,
+        )
+    text = (
+        "# Rendered by fleetmq-operator from the BrokerFleet, its MqttZones and MqttBridges; do not edit.\n"
+    )
     text += yaml.safe_dump(config, sort_keys=False)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {CONFIG_KEY: text}}
 
@@ -1015,6 +1024,20 @@ def applied_zones(config_map_obj: dict[str, Any] | None) -> dict[str, Zone]:
             except (ValidationError, ValueError):
                 continue
     return out
+
+
+def applied_bridges(config_map_obj: dict[str, Any] | None) -> dict[str, Bridge]:
+    """The bridges in a rendered ConfigMap, as MqttBridge specs, so a paused or broken bridge keeps running."""
+    try:
+        specs = json.loads(
+            ((config_map_obj or {}).get("metadata") or {}).get("annotations", {}).get(A_BRIDGE_SPECS, "{}")
+        )
+        return {
+            name: Bridge(name, int(gen), MqttBridgeSpec.model_validate(spec))
+            for name, (gen, spec) in specs.items()
+        }
+    except (ValidationError, ValueError, TypeError):
+        return {}
 
 
 def history(config_map_obj: dict[str, Any] | None) -> dict[str, dict[str, int]]:

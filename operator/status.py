@@ -7,7 +7,9 @@ zone it runs. Conditions follow the Kubernetes conventions: lastTransitionTime m
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -381,5 +383,68 @@ def zone_status(
         done = sum(1 for g in pod_gens.values() if g == gen)
         msg = f"{done}/{len(pod_gens)} pods run generation {gen}"
         conds = set_condition(conds, "Applied", False, "Pending", msg, gen, timestamp)
+    status["conditions"] = conds
+    return status
+
+
+def bridge_status(
+    bridge: dict[str, Any],
+    rejection: Rejection | None,
+    rendered: Any,
+    observed: Observed,
+    timestamp: str | None = None,
+) -> dict[str, Any]:
+    """The MqttBridge's status: Accepted (valid, its Secrets there), Connected (the pod leading it is
+    connected to the remote) and Degraded (no leader, or messages dropped), from the pods' reports."""
+    timestamp = timestamp or now()
+    meta = bridge["metadata"]
+    name, gen = meta["name"], meta.get("generation")
+    conds: list[dict[str, Any]] = list((bridge.get("status") or {}).get("conditions") or [])
+    status: dict[str, Any] = {"observedGeneration": gen}
+    if rejection is not None:
+        conds = set_condition(conds, "Accepted", False, rejection.reason, rejection.message, gen, timestamp)
+    elif rendered is None:
+        conds = set_condition(
+            conds, "Accepted", None, "FleetNotRendered", "the fleet's config has an error", gen, timestamp
+        )
+    else:
+        conds = set_condition(conds, "Accepted", True, "Accepted", "in the fleet's config", gen, timestamp)
+    reports: dict[str, dict[str, Any]] = {}
+    for pod, info in sorted((observed.nodeinfo or {}).items()):
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            report = json.loads(info.get("bridges") or "{}").get(name)
+            if report is not None:
+                reports[pod] = report
+    leader = next((pod for pod, r in reports.items() if r.get("leader")), None)
+    status["leader"] = leader
+    status["connected"] = bool(leader and reports[leader].get("connected"))
+    status["queueMessages"] = int(reports[leader].get("queue") or 0) if leader else 0
+    status["forwarded"] = sum(int(r.get("forwarded") or 0) for r in reports.values())
+    dropped: dict[str, int] = {}
+    for r in reports.values():
+        for reason, n in (r.get("dropped") or {}).items():
+            dropped[reason] = dropped.get(reason, 0) + int(n)
+    status["dropped"] = {k: v for k, v in sorted(dropped.items()) if v}
+    status["lastError"] = reports[leader].get("last_error") if leader else None
+    if not reports:
+        conds = set_condition(
+            conds, "Connected", None, "NoReports", "no broker pod reports the bridge yet", gen, timestamp
+        )
+    elif status["connected"]:
+        conds = set_condition(
+            conds, "Connected", True, "Connected", f"pod {leader} forwards it", gen, timestamp
+        )
+    else:
+        why = status["lastError"] or ("no pod leads it" if leader is None else "connecting")
+        conds = set_condition(conds, "Connected", False, "Disconnected", why, gen, timestamp)
+    problems = []
+    if reports and leader is None:
+        problems.append("no broker pod leads the bridge")
+    if status["dropped"]:
+        problems.append("dropped " + ", ".join(f"{n} {reason}" for reason, n in status["dropped"].items()))
+    if problems:
+        conds = set_condition(conds, "Degraded", True, "Degraded", "; ".join(problems), gen, timestamp)
+    else:
+        conds = set_condition(conds, "Degraded", False, "Healthy", "nothing dropped", gen, timestamp)
     status["conditions"] = conds
     return status

@@ -335,3 +335,35 @@ def test_a_broken_bridge_is_rejected_naming_the_field_and_keeps_its_last_version
     assert [(b.name, b.generation) for b in accepted] == [("cloud", 1)]
     never, rejected = render.select_bridges([bad])
     assert never == [] and "cloud" in rejected
+
+
+def test_bridge_status_from_the_pods_reports():
+    from fleetmq.operator.status import bridge_status
+
+    b = mqtt_bridge("cloud", gen=3)
+    bridges, _ = render.select_bridges([b])
+    r = render.render(fleet(), [], bridges=bridges)
+    assert render.applied_bridges(by_kind(r, "ConfigMap")[0]) == {"cloud": bridges[0]}
+    reports = {
+        "edge-0": {"bridges": json.dumps({"cloud": {"leader": False, "connected": False, "queue": 0,
+                                                    "forwarded": 5, "dropped": {"loop": 2}}})},
+        "edge-1": {"bridges": json.dumps({"cloud": {"leader": True, "connected": True, "queue": 7,
+                                                    "forwarded": 10, "dropped": {}, "last_error": None}})},
+    }  # fmt: skip
+    st = bridge_status(b, None, r, Observed(nodeinfo=reports), timestamp="t")
+    conds = {c["type"]: (c["status"], c["reason"]) for c in st["conditions"]}
+    assert (st["leader"], st["connected"], st["queueMessages"], st["forwarded"]) == ("edge-1", True, 7, 15)
+    assert conds == {"Accepted": ("True", "Accepted"), "Connected": ("True", "Connected"),
+                     "Degraded": ("True", "Degraded")}  # fmt: skip
+    assert st["dropped"] == {"loop": 2}
+    down = {"edge-1": {"bridges": json.dumps({"cloud": {"leader": True, "connected": False, "queue": 40,
+                                                        "forwarded": 0, "dropped": {}, "last_error": "refused"}})}}  # fmt: skip
+    st = bridge_status(b, render.Rejection("SecretMissing", "spec.remote.passwordSecretRef: ..."), r,
+                       Observed(nodeinfo=down), timestamp="t")  # fmt: skip
+    conds = {c["type"]: (c["status"], c["reason"], c["message"]) for c in st["conditions"]}
+    assert conds["Accepted"][:2] == ("False", "SecretMissing") and conds["Connected"] == (
+        "False",
+        "Disconnected",
+        "refused",
+    )
+    assert st["queueMessages"] == 40
