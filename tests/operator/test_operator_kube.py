@@ -13,7 +13,7 @@ import yaml
 from fleetmq.broker.config import BrokerConfig
 from fleetmq.operator import render
 
-from .conftest import fleet, wait_for, zone
+from .conftest import bridge, fleet, wait_for, zone
 
 CHILDREN = [
     ("configmap", "edge-config"),
@@ -449,3 +449,33 @@ def test_pods_roll_one_at_a_time_and_zone_changes_keep_them(k, run_operator, con
             f"rollout did not finish: {[(p['metadata']['name'], p['spec']['containers'][0]['image']) for p in pods()]}"
         )
     assert worst <= 1, f"{worst} pods were down at once"
+
+
+def test_bridges_are_rendered_and_a_missing_secret_is_reported(k, run_operator):
+    """An MqttBridge goes into its fleet's config; one whose password Secret does not exist is refused in
+    its conditions, naming the field, and keeps the pods' template alone; once the Secret exists it is
+    rendered, with the Secret mounted."""
+    run_operator()
+    k.apply(fleet())
+    k.apply(bridge("cloud", forwards=[{"filter": "up/#", "destination": "site1/{#}", "maxQos": 1}]))
+    wait_for(lambda: "bridges" in config_of(k) and [b["name"] for b in config_of(k)["bridges"]] == ["cloud"],
+             msg="the bridge rendered")  # fmt: skip
+    (b,) = config_of(k)["bridges"]
+    assert b["forwards"][0]["destination"] == "site1/{#}" and b["forwards"][0]["max_qos"] == 1
+    wait_for(lambda: k.condition("mqttbridge", "cloud", "Accepted").get("status") == "True", msg="accepted")
+    k.apply(bridge("locked", remote={"host": "h", "passwordSecretRef": {"name": "locked-pw"}}))
+    cond = wait_for(lambda: k.condition("mqttbridge", "locked", "Accepted").get("reason") == "SecretMissing"
+                    and k.condition("mqttbridge", "locked", "Accepted"), msg="missing Secret reported")  # fmt: skip
+    assert "spec.remote.passwordSecretRef" in cond["message"] and "locked-pw" in cond["message"]
+    assert [b["name"] for b in config_of(k)["bridges"]] == ["cloud"]
+    k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "locked-pw"},
+             "stringData": {"password": "s3cret"}})  # fmt: skip
+    k.patch("mqttbridge", "locked", {"spec": {"persist": True}})  # (a change: reconcile now)
+    wait_for(lambda: [b["name"] for b in config_of(k)["bridges"]] == ["cloud", "locked"], msg="rendered")
+    sts = k.get("statefulset", "edge")
+    assert any(
+        v.get("secret", {}).get("secretName") == "locked-pw"
+        for v in sts["spec"]["template"]["spec"]["volumes"]
+    )
+    k("delete", "mqttbridge", "cloud")
+    wait_for(lambda: [b["name"] for b in config_of(k)["bridges"]] == ["locked"], msg="deleted bridge dropped")
