@@ -141,7 +141,22 @@ class Session:
         self.received = journal.received = received
         self.seen.update(seen or {})
         dropped: list[Delivery] = []
-        for d in sorted(deliveries, key=lambda d: d.order):
+        repeats: list[Delivery] = []
+        # Two copies under one receipt: the store queued one while the session took the message straight
+        # from its publisher's node (Channel.deliver_stored), and removing it did not reach the store.
+        # The one the client was sent (a packet id) stays, so its resend is recognised; else the first.
+        kept: dict[tuple[str, int], Delivery] = {}
+        deliveries = sorted(deliveries, key=lambda d: d.order)
+        for d in sorted(deliveries, key=lambda d: d.packet_id == 0):
+            if (mr := d.msg.receipt) is not None:
+                if mr in kept:
+                    repeats.append(d)
+                else:
+                    kept[mr] = d
+        gone = {id(d) for d in repeats}
+        for d in deliveries:
+            if id(d) in gone:
+                continue
             if d.packet_id:
                 self.inflight.insert(d)
             else:
@@ -150,6 +165,7 @@ class Session:
             self.awaiting_rel[pid] = ts
             if receipt:
                 self.receipts[pid] = receipt
+        self._forget(repeats)
         return self._forget(dropped)
 
     def forget(self, d: Delivery) -> None:

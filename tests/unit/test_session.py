@@ -737,3 +737,31 @@ def test_restore_puts_sent_deliveries_back_in_the_window_and_the_rest_in_the_que
     assert inflight(s) == ["a", "b"] and queued(s) == ["d"] and names(dropped) == ["c"]
     assert (s.epoch, s.journal.epoch, s.next_pid, s.order, s.awaiting_rel) == (3, 3, 7, 4, {9: 1.0})
     assert s.journal.take().deliveries == {stored[2].msg.msg_id: None}  # the dropped one is forgotten
+
+
+def test_a_session_restored_with_two_copies_of_one_receipt_keeps_the_one_sent():
+    """The store may hold a message twice for a session, under one receipt: the copy another node queued,
+    pulled into the journal, while the session took the message straight from its publisher's node; the
+    pull's copy is dropped (Channel.deliver_stored) but that removal can be lost with a failed commit.
+    Restored, the session keeps the copy its client was sent and forgets the other (chaos --store cluster, seed 42)."""
+    from fleetmq.broker.message import Delivery, Message
+
+    def copy(order: int, pid: int, payload: bytes, receipt) -> Delivery:
+        msg = Message("t", payload, 2)
+        msg.receipt = receipt
+        d = Delivery(msg, 2, False, None)
+        d.order, d.packet_id = order, pid
+        return d
+
+    first, again, other = (
+        copy(1, 5, b"a", ("inc1", 7)),
+        copy(2, 6, b"a", ("inc1", 7)),
+        copy(3, 0, b"b", ("inc1", 8)),
+    )
+    s = Session("s", zone())
+    s.restore(
+        epoch=2, expiry_interval=60.0, next_pid=7, order=3, subscriptions=[], deliveries=[again, other, first],
+        awaiting_rel=[], sink=Sink(), seen={"inc1": 8},
+    )  # fmt: skip
+    assert [d.packet_id for d in s.inflight] == [5] and [d.msg.payload for d in s.mqueue] == [b"b"]
+    assert s.journal.take().deliveries == {again.msg.msg_id: None}  # the store forgets the repeat
