@@ -400,6 +400,8 @@ class Bridge:
         """One connection to the remote, relayed until it ends; returns how and why it ended."""
         cfg = self.cfg
         host, port = cfg.remote.address
+        if cfg.remote.transport in ("ws", "wss"):
+            return Close.CONNECT_ERROR, f"transport {cfg.remote.transport} is not supported yet (tcp, tls)"
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, port, ssl=_client_tls(cfg), server_hostname=_sni(cfg)),
