@@ -326,3 +326,75 @@ def test_a_bridge_changed_live_forwards_under_its_new_destination_and_a_removed_
         pub.loop_stop()
         pub.disconnect()
         col.stop()
+
+
+def test_two_fleets_bridged_both_ways_deliver_each_message_once_and_stop_the_loop(fleet, tmp_path):
+    """Fleet fa forwards shared/# to fleet fb and fb forwards shared/# to fa: a message published on either
+    reaches each subscriber once; going back where it came from is dropped (the path property) and
+    counted, and the forward counters stay flat once publishing stops."""
+    from tests.integration import harness
+    from tests.support import RedisServer
+
+    rb = RedisServer(tmp_path / "redis-b")
+    b_nodes = []
+    try:
+        (a,) = fleet(1, None, {"event_log": {"fleet": "fa"}})
+        b = harness.start_fleetmq(
+            tmp_path / "fb",
+            {"node_id": "fb-0", "store": {"kind": "redis", "url": rb.url}, "event_log": {"fleet": "fb"}},
+        )
+        b_nodes.append(b)
+
+        def to(peer, name: str) -> dict:
+            return {
+                "name": name,
+                "remote": {"host": peer.host, "port": peer.port, "peer_id": name},
+                "forwards": [{"filter": "shared/#"}],
+                "reconnect": {"initial_delay": "200ms", "max_delay": "1s"},
+            }
+
+        import yaml
+
+        for node, peer, name in ((a, b, "fb"), (b, a, "fa")):
+            cfg = yaml.safe_load(node.config_path.read_text())
+            cfg["bridges"] = [to(peer, name)]
+            node.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        for node, name in ((a, "fb"), (b, "fa")):
+            wait_until(lambda node=node, name=name: node.metric("fleetmq_bridge_connected", bridge=name) == 1,
+                       timeout=20, msg=f"bridge to {name} connected")  # fmt: skip
+        subs = {"fa": Collector(a.host, a.port, "shared/#"), "fb": Collector(b.host, b.port, "shared/#")}
+        pubs = {"fa": _publisher(a), "fb": _publisher(b)}
+        n = 200
+        try:
+            for i in range(n):
+                for origin, pub in pubs.items():
+                    pub.publish(f"shared/{origin}", f"{origin}:{i}".encode(), qos=1).wait_for_publish(10)
+            wait_until(
+                lambda: all(len(c.got) >= 2 * n for c in subs.values()), timeout=30, msg="every message"
+            )
+            time.sleep(2.0)
+            forwarded = {name: node.metric("fleetmq_bridge_messages_forwarded_total", bridge=name)
+                         for node, name in ((a, "fb"), (b, "fa"))}  # fmt: skip
+            time.sleep(10.0)
+            for fleet_name, c in subs.items():
+                payloads = [p for _t, p, _q, _pr in c.got]
+                assert len(payloads) == 2 * n == len(set(payloads)), (
+                    f"{fleet_name}: {len(payloads)} deliveries"
+                )
+            for node, name in ((a, "fb"), (b, "fa")):
+                assert (
+                    node.metric("fleetmq_bridge_messages_forwarded_total", bridge=name)
+                    == forwarded[name]
+                    == n
+                )
+                assert node.metric("fleetmq_bridge_messages_dropped_total", bridge=name, reason="loop") == n
+        finally:
+            for c in subs.values():
+                c.stop()
+            for p in pubs.values():
+                p.loop_stop()
+                p.disconnect()
+    finally:
+        for bp in b_nodes:
+            bp.stop()
+        rb.stop()
