@@ -398,3 +398,49 @@ def test_two_fleets_bridged_both_ways_deliver_each_message_once_and_stop_the_loo
         for bp in b_nodes:
             bp.stop()
         rb.stop()
+
+
+@pytest.mark.timeout(300)
+def test_ingress_survives_the_leader_killed_midway(fleet, remote, redis_server):
+    """1,000 QoS 1 and QoS 2 messages published on the remote, the leading node killed midway: all reach a
+    persistent subscriber of the fleet, QoS 2 once, and nothing is echoed back to the remote."""
+    bridge = _bridge(remote, forwards=[], subscriptions=[{"filter": "down/#", "destination": "local/{2-#}"}])
+    nodes = fleet(3, None, {"event_log": {"fleet": "edge"}, "bridges": [bridge]})
+    wait_until(lambda: redis_server.command("GET", "fmq:{$bridge:cloud}:lease"), timeout=15, msg="a leader")
+    leader = _leader(redis_server, nodes)
+    home = next(bp for bp in nodes if bp is not leader)
+    local = Collector(home.host, home.port, "local/#", client_id=uid("app-"))
+    echo = Collector(remote.host, remote.port, "#")
+    wait_until(lambda: nodes[0].metric("fleetmq_bridge_connected", bridge="cloud")
+               + nodes[1].metric("fleetmq_bridge_connected", bridge="cloud")
+               + nodes[2].metric("fleetmq_bridge_connected", bridge="cloud") == 1, timeout=20,
+               msg="the bridge connected")  # fmt: skip
+    pub = _publisher(remote)
+    n = 500
+    every = [f"{i:06d}".encode() for i in range(n)]
+    try:
+        infos = []
+        for i, payload in enumerate(every):
+            for q in (1, 2):
+                infos.append(pub.publish(f"down/q{q}", payload, qos=q))
+            if i == n // 2:
+                wait_until(lambda: len(local.got) >= n // 2, timeout=30, msg="half at the fleet")
+                leader.kill()
+        for info in infos:
+            info.wait_for_publish(60)
+        wait_until(
+            lambda: all(
+                {p for t, p, _q, _pr in local.got if t == f"local/q{q}"} >= set(every) for q in (1, 2)
+            ),
+            timeout=60,
+            msg="every message at the fleet's subscriber",
+        )
+        time.sleep(2.0)
+    finally:
+        pub.loop_stop()
+        pub.disconnect()
+        local.stop()
+        echo.stop()
+    q2 = [p for t, p, _q, _pr in local.got if t == "local/q2"]
+    assert len(q2) == n, f"QoS 2 duplicates at the fleet: {len(q2) - n}"
+    assert len(echo.got) == 2 * n, f"{len(echo.got) - 2 * n} messages echoed back to the remote"
