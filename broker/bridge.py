@@ -454,7 +454,10 @@ class Bridge:
             while link.live:
                 data = await reader.read(65536)
                 if not data:
-                    link.close("the remote closed the connection", Close.REMOTE_CLOSED)
+                    if link.phase == Phase.REMOTE_CONNECT:  # (an attempt that failed, not an outage)
+                        link.close("the remote closed the connection before CONNACK", Close.CONNECT_ERROR)
+                    else:
+                        link.close("the remote closed the connection", Close.REMOTE_CLOSED)
                     break
                 link.remote_data(data, loop.time())
                 flush()

@@ -68,6 +68,9 @@ _REMOTE_PROPS = (
     Prop.CORRELATION_DATA,
 )
 _SUB_PID = 1  # the one SUBSCRIBE each side gets, before any PUBLISH uses packet ids there
+#: how long the remote may take to answer CONNECT (and the SUBSCRIBE after it) before the attempt counts
+#: as failed: a remote that accepts connections but never answers must not stall the bridge
+CONNECT_TIMEOUT = 5.0
 
 
 def local_connect(cfg: BridgeConfig, window: int) -> Connect:
@@ -137,6 +140,7 @@ class BridgeLink:
         self._remote_drops: set[int] = set()
         self._last_sent = now
         self._last_recv = now
+        self._started = now
         props: dict[int, Any] = {}
         if self.version >= MQTT5:
             props[Prop.SESSION_EXPIRY_INTERVAL] = int(cfg.remote.session_expiry) if self.persist else 0
@@ -194,6 +198,13 @@ class BridgeLink:
         """Keep alive and the acknowledgement watchdog; returns when to tick next (None: closed)."""
         if self.closed is not None:
             return None
+        if (
+            self.phase in (Phase.REMOTE_CONNECT, Phase.REMOTE_SUBSCRIBE)
+            and now - self._started >= CONNECT_TIMEOUT
+        ):
+            what = "CONNACK" if self.phase == Phase.REMOTE_CONNECT else "SUBACK"
+            self.close(f"no {what} from the remote within {CONNECT_TIMEOUT:.0f}s", Close.CONNECT_ERROR)
+            return None
         keepalive = self.cfg.remote.keepalive
         if self._unacked:
             oldest = min(self._unacked.values())
@@ -206,7 +217,7 @@ class BridgeLink:
                 return None
             if now - self._last_sent >= keepalive:
                 self._send_remote(Pingreq(), now)
-        step = min(keepalive or self.cfg.ack_timeout, self.cfg.ack_timeout) / 4
+        step = min(keepalive or self.cfg.ack_timeout, self.cfg.ack_timeout, CONNECT_TIMEOUT) / 4
         return now + max(step, 0.05)
 
     # -- the remote --------------------------------------------------------------------------------

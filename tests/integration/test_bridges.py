@@ -81,7 +81,11 @@ class Tap:
             except OSError:
                 return
             self.opened.append(time.monotonic())
-            up = socket.create_connection((self.upstream.host, self.upstream.port))
+            try:
+                up = socket.create_connection((self.upstream.host, self.upstream.port))
+            except OSError:  # the remote is down: so is this connection
+                down.close()
+                continue
             threading.Thread(target=self._pump, args=(down, up, True), daemon=True).start()
             threading.Thread(target=self._pump, args=(up, down, False), daemon=True).start()
 
@@ -444,3 +448,70 @@ def test_ingress_survives_the_leader_killed_midway(fleet, remote, redis_server):
     q2 = [p for t, p, _q, _pr in local.got if t == "local/q2"]
     assert len(q2) == n, f"QoS 2 duplicates at the fleet: {len(q2) - n}"
     assert len(echo.got) == 2 * n, f"{len(echo.got) - 2 * n} messages echoed back to the remote"
+
+
+@pytest.mark.timeout(400)
+def test_a_flapping_remote_loses_nothing_and_reconnects_once_per_outage(fleet, tmp_path):
+    """The remote stopped and started 10 times (3 s down, 5 s up) while 20,000 QoS 1 + 20,000 QoS 2 are
+    published at 500/s: QoS 1 loses nothing, QoS 2 arrives once and is sent in order, the queue drains
+    within 10 s of the last outage, and the bridge reconnects once per outage (give or take one)."""
+    rem = start_mosquitto(tmp_path / "remote", persistence=True)
+    tap = Tap(rem)
+    col_id = uid("flap-")
+    Collector(rem.host, rem.port, "site1/#", client_id=col_id).stop()  # a session that waits at the remote
+    (bp,) = fleet(1, None, {"event_log": {"fleet": "edge"}, "bridges": [_bridge(tap)]})
+    n, rate = 20_000, 500
+    pub = _publisher(bp)
+    every = [f"{i:06d}".encode() for i in range(n)]
+    outages = 10
+    try:
+        wait_until(lambda: bp.metric("fleetmq_bridge_connected", bridge="cloud") == 1, timeout=20, msg="up")
+        stop = threading.Event()
+        done_at: list[float] = []
+
+        def publish() -> None:
+            t0 = time.monotonic()
+            infos = []
+            for i, payload in enumerate(every):
+                infos.append(pub.publish("up/q1", payload, qos=1))
+                infos.append(pub.publish("up/q2", payload, qos=2))
+                if (ahead := t0 + (2 * i + 2) / rate - time.monotonic()) > 0:
+                    time.sleep(ahead)
+            for info in infos:
+                info.wait_for_publish(120)
+            done_at.append(time.monotonic())
+            stop.set()
+
+        publisher = threading.Thread(target=publish)
+        publisher.start()
+        for _ in range(outages):
+            time.sleep(5.0)
+            rem.terminate()
+            time.sleep(3.0)
+            rem = start_mosquitto(tmp_path / "remote", persistence=True, port=rem.port)
+        last_outage_end = time.monotonic()
+        publisher.join(200)
+        assert stop.is_set(), "the publisher's messages were not all acknowledged"
+        col = Collector(rem.host, rem.port, "site1/#", client_id=col_id)
+        wait_until(lambda: bp.metric("fleetmq_bridge_queue_messages", bridge="cloud") == 0
+                   and bp.metric("fleetmq_bridge_inflight_messages", bridge="cloud") == 0,
+                   timeout=60, msg="the bridge's queue drained")  # fmt: skip
+        drained_after = time.monotonic() - max(last_outage_end, done_at[0])
+        assert drained_after <= 10.0, f"the queue drained {drained_after:.1f}s after the last outage"
+        wait_until(lambda: all({p for t, p, _q, _pr in col.got if t == f"site1/up/q{q}"} >= set(every)
+                               for q in (1, 2)), timeout=120, msg="everything at the remote")  # fmt: skip
+        time.sleep(2.0)
+        col.stop()
+    finally:
+        pub.loop_stop()
+        pub.disconnect()
+        tap.close()
+        rem.stop()
+    assert len([1 for t, *_ in col.got if t == "site1/up/q2"]) == n, "QoS 2 duplicates at the remote"
+    first = list(dict.fromkeys(int(p) for _t, topic, p, _d in tap.sent if topic == "site1/up/q2"))
+    assert first == sorted(first) and len(first) == n, "QoS 2 sent out of order"
+    reconnects = bp.metric("fleetmq_bridge_leader_changes_total", bridge="cloud")
+    assert reconnects == 1  # (one node: it led all along)
+    ended = sum(bp.metric("fleetmq_bridge_reconnects_total", bridge="cloud", reason=r)
+                for r in ("remote_closed", "keepalive_timeout", "ack_timeout", "protocol_error"))  # fmt: skip
+    assert abs(ended - outages) <= 1, f"{ended} connections ended for {outages} outages"

@@ -194,3 +194,16 @@ async def test_a_dollar_client_id_is_refused_on_a_listener():
     await asyncio.sleep(0)
     [ack] = c.received()
     assert ack.reason_code == 0x85
+
+
+async def test_a_remote_that_never_answers_connect_fails_the_attempt():
+    """A remote that accepts the connection and never answers (a broker starting or stopping) must not
+    stall the bridge until keep alive runs out: the attempt fails after CONNECT_TIMEOUT."""
+    from fleetmq.broker.bridgelink import CONNECT_TIMEOUT
+
+    rig = Rig()
+    rig.at_remote()
+    rig.clock.advance(CONNECT_TIMEOUT - 1)
+    assert rig.link.tick(rig.clock.now) is not None
+    rig.clock.advance(1)
+    assert rig.link.tick(rig.clock.now) is None and rig.link.close_kind == "connect_error"
