@@ -9,6 +9,7 @@ them, applies a changed config, and reads the gauges at scrape time. It knows no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -216,6 +217,11 @@ class Node:
                 log.warning("%s failed (%s); retrying in %.1fs", what, e, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, STORE_RETRY_MAX)
+                if isinstance(self.store, RedisStore):
+                    # (pooled connections may still point at a primary that is a replica now: Sentinel
+                    # and the cluster's map are asked again by fresh ones)
+                    with contextlib.suppress(Exception):
+                        await self.store.drop_idle_connections()
 
     def _start_bridges(self) -> None:
         self._started = True
