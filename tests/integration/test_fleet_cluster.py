@@ -266,6 +266,23 @@ def test_a_graceful_shard_failover_keeps_wakes_flowing_to_a_connected_subscriber
     assert [n.alive() for n in (a, b)] == [True, True]
 
 
+def _quiet_shard_and_another(rc, first: str, second: str, nodes: int = 2):
+    """A client id (prefix `first`) whose session's shard holds no node's own keys (heartbeats, handover
+    channels), so pausing that shard's writes stalls nothing but sessions; that shard; and a client id
+    (prefix `second`) on another shard."""
+    busy = {rc.primary_of(keys.alive(f"node-{i}")).port for i in range(nodes)}
+
+    def pick(prefix: str, ok) -> str:
+        cid = uid(prefix)
+        while not ok(rc.primary_of(keys.session_keys(cid)[keys.META])):
+            cid = uid(prefix)
+        return cid
+
+    one = pick(first, lambda server: server.port not in busy)
+    shard = rc.primary_of(keys.session_keys(one)[keys.META])
+    return one, shard, pick(second, lambda server: server is not shard)
+
+
 def _kill_pubsub_of(rc, node_id: str) -> None:
     """Close a node's event streams on every primary (it stops listening; a paused node stays so)."""
     for r in rc.primaries():
@@ -285,14 +302,7 @@ def test_a_resend_routed_here_before_the_stores_copy_arrives_is_delivered_once(f
     already accepted is a repeat."""
     rc = redis_cluster
     a, b = fleet(2, None, {"store": rc.store()})
-    busy = {rc.primary_of(keys.alive(f"node-{i}")).port for i in range(2)}  # heartbeats, handovers
-    scid = uid("x2rs-")
-    while rc.primary_of(keys.session_keys(scid)[keys.META]).port in busy:
-        scid = uid("x2rs-")
-    shard = rc.primary_of(keys.session_keys(scid)[keys.META])
-    pcid = uid("x2rp-")
-    while rc.primary_of(keys.session_keys(pcid)[keys.META]) is shard:
-        pcid = uid("x2rp-")
+    scid, shard, pcid = _quiet_shard_and_another(rc, "x2rs-", "x2rp-")
     topic = uid("x2r/")
     sub, _ = raw_connect(b, scid, 5)
     sub.subscribe([(topic, 2)])
@@ -374,14 +384,7 @@ def test_a_qos2_message_received_for_good_is_not_taken_back_when_its_publisher_m
 
     rc = redis_cluster
     a, b = fleet(2, None, {"store": rc.store()})
-    busy = {rc.primary_of(keys.alive(f"node-{i}")).port for i in range(2)}
-    pcid = uid("x2m-p")
-    while rc.primary_of(keys.session_keys(pcid)[keys.META]).port in busy:
-        pcid = uid("x2m-p")
-    shard = rc.primary_of(keys.session_keys(pcid)[keys.META])
-    scid = uid("x2m-s")
-    while rc.primary_of(keys.session_keys(scid)[keys.META]) is shard:
-        scid = uid("x2m-s")
+    pcid, shard, scid = _quiet_shard_and_another(rc, "x2m-p", "x2m-s")
     topic = uid("x2m/")
     sub, _ = raw_connect(a, scid, 5)
     sub.subscribe([(topic, 2)])
