@@ -608,25 +608,26 @@ class RedisStore(SessionStore):
     async def _send_shard(
         self, shard: Shard, calls: list[_Call], atomic: bool, may_repeat: bool, write: bool
     ) -> list[Any]:
-        """One pipeline to one shard: the calls (in MULTI/EXEC blocks if atomic), then WAIT."""
-        blocks: list[list[_Call]]
+        """One pipeline to one shard: the calls (in MULTI/EXEC blocks if atomic), then WAIT. The replies
+        come in the order of `calls`, whatever the order of the blocks."""
+        blocks: list[list[int]]  # indexes into calls
         if not atomic:
-            blocks = [[c] for c in calls]
+            blocks = [[i] for i in range(len(calls))]
         elif self.conns.sharded:
-            by_slot: dict[int, list[_Call]] = {}
-            for c in calls:
-                by_slot.setdefault(keys.slot_of(c.key), []).append(c)
+            by_slot: dict[int, list[int]] = {}
+            for i, c in enumerate(calls):
+                by_slot.setdefault(keys.slot_of(c.key), []).append(i)
             blocks = list(by_slot.values())
         else:
-            blocks = [calls]
+            blocks = [list(range(len(calls)))]
         wait = self.wait_replicas if write else 0
         for reload in (False, True):
             pipe: Pipeline = shard.redis.pipeline(transaction=False)
             for block in blocks:
                 if atomic:
                     pipe.execute_command("MULTI")
-                for c in block:
-                    c.add(pipe)
+                for i in block:
+                    calls[i].add(pipe)
                 if atomic:
                     pipe.execute_command("EXEC")
             if wait:
@@ -648,16 +649,17 @@ class RedisStore(SessionStore):
                 acked = raw_replies.pop()
                 if isinstance(acked, Exception) or int(acked) < wait:
                     raise NotReplicated(f"{acked} of {wait} Redis replicas confirmed the write in time")
-            out: list[Any] = []
+            out: list[Any] = [None] * len(calls)
             pos = 0
             for block in blocks:
                 if not atomic:
-                    out.append(raw_replies[pos])
+                    out[block[0]] = raw_replies[pos]
                     pos += 1
                     continue
                 got = raw_replies[pos : pos + len(block) + 2]
                 pos += len(block) + 2
-                out += self._exec_replies(got, len(block))
+                for i, reply in zip(block, self._exec_replies(got, len(block)), strict=True):
+                    out[i] = reply
             if not reload and any(isinstance(r, NoScriptError) for r in out):
                 # the scripts that failed did nothing; everything else in a batch is idempotent
                 log.info("Redis lost its scripts (restarted? failed over?); loading them again")

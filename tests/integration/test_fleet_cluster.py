@@ -423,3 +423,30 @@ def test_a_qos2_message_received_for_good_is_not_taken_back_when_its_publisher_m
     ack_loop(sub, view, quiet=3.0, timeout=20)
     got = [n for _t, n in map(parse_seq, view.delivered)]
     assert got == [1, 2], f"the subscriber on the publisher's old node got {got}"
+
+
+async def test_replies_of_a_round_trip_to_one_shard_come_back_to_their_calls(redis_cluster):
+    """One round trip to a shard runs a MULTI/EXEC block per slot; the replies came back block by block,
+    not call by call, so calls of two slots interleaved in a batch got each other's replies (a commit
+    then read `b'default'` as a number, and worse, could take a call's error for another's success: chaos
+    --store cluster, seeds 42-44, acknowledged messages lost to one subscriber)."""
+    from fleetmq.broker.config import RedisStoreConfig
+    from fleetmq.broker.redisstore import RedisStore, _Call
+
+    rc = redis_cluster
+    store = RedisStore.from_config(RedisStoreConfig.model_validate(rc.store()), "t")
+    await store.open()
+    try:
+        # two tags in different slots of one shard
+        first = "{t0}"
+        shard = rc.primary_of(first)
+        second = next(f"{{t{i}}}" for i in range(1, 1000)
+                      if rc.primary_of(f"{{t{i}}}") is shard and keys.slot_of(f"{{t{i}}}") != keys.slot_of(first))  # fmt: skip
+        names = [f"{first}a", f"{second}b", f"{first}c", f"{second}d"]
+        for name in names:
+            shard.command("SET", name, name)
+        calls = [_Call(name, lambda pipe, name=name: pipe.get(name)) for name in names]
+        replies = await store._send(calls, atomic=True, write=False)
+        assert [r.decode() for r in replies] == names
+    finally:
+        await store.close()
