@@ -303,8 +303,12 @@ class Cluster:
             self._handovers.pop(req, None)
 
     async def kick_stale(self, client_id: str, owner: str, epoch: int) -> None:
-        """Tell a former owner its connection of this client is over (it may have missed the handover)."""
-        await self._tell(owner, wire.kick(client_id, epoch))
+        """Tell a former owner its connection of this client is over (it may have missed the handover).
+        Best effort: a former owner that does not hear it finds out at its next write (fenced)."""
+        try:
+            await self._tell(owner, wire.kick(client_id, epoch))
+        except Exception as e:  # (a background task: its failure must be said, not left unretrieved)
+            log.info("could not tell node %s that %r moved: %s", owner, client_id, e)
 
     async def _tell(self, node_id: str, message: bytes) -> int:
         """Send another node a message on its channel; how many listened (0: its stream is gone)."""
@@ -314,7 +318,10 @@ class Cluster:
     def _on_handover(self, client_id: str, clean_start: bool, requester: str, req: str) -> None:
         async def run() -> None:
             await self.sessions.hand_over(client_id, clean_start)
-            await self._tell(requester, wire.handed_over(req))
+            try:
+                await self._tell(requester, wire.handed_over(req))
+            except Exception as e:  # the requester fences this node after its timeout instead
+                log.info("could not tell node %s that %r was handed over: %s", requester, client_id, e)
 
         self.spawn(run())
 
