@@ -56,6 +56,14 @@ class Collector:
         with self.lock:
             self.got.append((m.topic, m.payload, m.qos, props))
 
+    def payloads(self, topic: str) -> list[bytes]:
+        """What arrived on `topic`, in arrival order (repeats included)."""
+        with self.lock:
+            return [p for t, p, _q, _pr in self.got if t == topic]
+
+    def has_all(self, topic: str, payloads: list[bytes]) -> bool:
+        return set(self.payloads(topic)) >= set(payloads)
+
     def stop(self) -> None:
         self.c.loop_stop()
         self.c.disconnect()
@@ -224,9 +232,7 @@ def test_the_leader_killed_midway_loses_nothing_acknowledged_and_qos2_stays_exac
             t.join(300)
         assert not any(t.is_alive() for t in threads), "publishers not acknowledged"
         wait_until(
-            lambda: all(
-                {p for t, p, _q, _pr in col.got if t == f"site1/up/q{q}"} >= set(every) for q in (1, 2)
-            ),
+            lambda: all(col.has_all(f"site1/up/q{q}", every) for q in (1, 2)),
             timeout=120,
             msg="every acknowledged message at the remote",
         )
@@ -242,7 +248,7 @@ def test_the_leader_killed_midway_loses_nothing_acknowledged_and_qos2_stays_exac
         bad = next((i for i in range(1, len(first)) if first[i] < first[i - 1]), None)
         around = first[bad - 5 : bad + 12] if bad is not None else []
         assert bad is None and len(first) == n, f"QoS {q}: first sends out of order ({around}) or missing"
-    q2 = [p for t, p, _q, _pr in col.got if t == "site1/up/q2"]
+    q2 = col.payloads("site1/up/q2")
     assert len(q2) == n, f"QoS 2 duplicates at the remote: {len(q2) - n}"
     reopened = min(t for t in tap.opened if t > killed_at)  # the new leader's connection
     resumed = min((t for t, *_ in tap.sent if t > reopened), default=float("inf")) - killed_at
@@ -292,7 +298,7 @@ def test_queued_with_the_remote_down_survives_every_node_restarting(fleet, tmp_p
     finally:
         rem.stop()
     for q in (1, 2):
-        got = {p for t, p, _q, _pr in col.got if t == f"site1/up/q{q}"}
+        got = set(col.payloads(f"site1/up/q{q}"))
         assert got == {f"{i:06d}".encode() for i in range(n)}
     assert len([1 for t, *_ in col.got if t == "site1/up/q2"]) == n, "QoS 2 duplicates"
     assert redis_server.command("LLEN", "fmq:{$bridge:cloud}:q") == 0
@@ -438,9 +444,7 @@ def test_ingress_survives_the_leader_killed_midway(fleet, remote, redis_server):
         for info in infos:
             info.wait_for_publish(60)
         wait_until(
-            lambda: all(
-                {p for t, p, _q, _pr in local.got if t == f"local/q{q}"} >= set(every) for q in (1, 2)
-            ),
+            lambda: all(local.has_all(f"local/q{q}", every) for q in (1, 2)),
             timeout=60,
             msg="every message at the fleet's subscriber",
         )
@@ -450,7 +454,7 @@ def test_ingress_survives_the_leader_killed_midway(fleet, remote, redis_server):
         pub.disconnect()
         local.stop()
         echo.stop()
-    q2 = [p for t, p, _q, _pr in local.got if t == "local/q2"]
+    q2 = local.payloads("local/q2")
     assert len(q2) == n, f"QoS 2 duplicates at the fleet: {len(q2) - n}"
     assert len(echo.got) == 2 * n, f"{len(echo.got) - 2 * n} messages echoed back to the remote"
 
@@ -508,7 +512,7 @@ def test_a_flapping_remote_loses_nothing_and_reconnects_once_per_outage(fleet, t
                    timeout=60, msg="the bridge's queue drained")  # fmt: skip
         drained_after = time.monotonic() - max(last_outage_end, done_at[0])
         assert drained_after <= 10.0, f"the queue drained {drained_after:.1f}s after the last outage"
-        wait_until(lambda: all({p for t, p, _q, _pr in col.got if t == f"site1/up/q{q}"} >= set(every)
+        wait_until(lambda: all(col.has_all(f"site1/up/q{q}", every)
                                for q in (1, 2)), timeout=120, msg="everything at the remote")  # fmt: skip
         time.sleep(2.0)
     finally:
