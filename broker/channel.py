@@ -591,10 +591,13 @@ class Channel:
     def _send_ack(self, ptype: int, packet_id: int, rc: int) -> None:
         self.io.write(encode_ack(ptype, packet_id, rc if self.version >= MQTT5 else 0, self.version))
 
-    def _ack_after_commit(self, ptype: int, packet_id: int, rc: int, forget: bool = True) -> None:
+    def _ack_after_commit(self, ptype: int, packet_id: int, rc: int) -> None:
         """Publisher confirm: the ack waits until the message is stored for every persistent session.
-        If that fails, the client resends on its next connection; a QoS 2 receipt is forgotten then,
-        unless (`forget` False) it is stored and the resend must find it (Message.receipt)."""
+        If that fails, the client resends on its next connection. The session keeps what it recorded
+        (a QoS 2 packet id awaiting PUBREL, its receipt): a failed commit's outcome is unknown, and if
+        this session's own record was in it, the session resynchronises from the store anyway
+        (ChannelManager.resync); forgetting a record the store does hold would route the resend again
+        under a new receipt, a second copy for every subscriber."""
         self._acks_pending += 1
 
         def release(ok: bool) -> None:
@@ -604,8 +607,6 @@ class Channel:
             if ok:
                 self._send_ack(ptype, packet_id, rc)
             else:  # not stored, so not acknowledged: the client resends on its next connection
-                if ptype == PUBREC and forget and self.session is not None:
-                    self.session.release(packet_id)
                 self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
 
         self.host.after_commit(release)
@@ -622,14 +623,13 @@ class Channel:
             self._acks_pending -= 1
             session = self.session
             if self.state != State.CONNECTED or session is None:
-                return  # left, taken over or fenced meanwhile
-            if not ok:
-                session.release(packet_id)
+                return  # left, taken over, fenced or resynchronising meanwhile
+            if not ok:  # (the receipt stays: see _ack_after_commit)
                 self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
                 return
             matched, _ = self.host.publish(msg, self.zone_name)
             rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
-            self._ack_after_commit(PUBREC, packet_id, rc, forget=False)
+            self._ack_after_commit(PUBREC, packet_id, rc)
 
         self.host.after_commit(received)
 

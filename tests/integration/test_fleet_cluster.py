@@ -425,6 +425,56 @@ def test_a_qos2_message_received_for_good_is_not_taken_back_when_its_publisher_m
     assert got == [1, 2], f"the subscriber on the publisher's old node got {got}"
 
 
+def _replica_of(rc, primary):
+    """The replica that follows `primary`."""
+    return next(
+        r for r in rc.servers
+        if r is not primary and r.info("replication").get("master_port") == str(primary.port)
+    )  # fmt: skip
+
+
+def test_a_resend_caught_in_a_failed_commit_keeps_the_receipt_it_was_routed_under(fleet, redis_cluster):
+    """A publisher resent a QoS 2 message whose receipt was stored and whose routing had reached the
+    subscriber; the commit its PUBREC waited on (another session's write, which no replica confirmed in
+    time) failed, and the node released the packet id as if the message were not received: the release
+    deleted the stored receipt, so the next resend got a new number and reached every subscriber a
+    second time, and the messages numbered before it were dropped as repeats (chaos --store cluster,
+    seed 43, a replica SIGSTOPped past WAIT's timeout: #137 delivered twice, #138 never, 46 lost). A
+    failed commit's outcome is unknown: the receipt stays."""
+    rc = redis_cluster
+    (a,) = fleet(1, None, {"store": rc.store(wait_replicas=1, wait_timeout_ms=500)})
+    pcid, scid = _cids_on_other_shards(rc)
+    topic = uid("x2k/")
+    sub, _ = raw_connect(a, scid, 5)
+    sub.subscribe([(topic, 2)])
+    pub, _ = raw_connect(a, pcid, 5)
+    pub.send(mqttraw.publish(topic, seq_payload("k", 1), qos=2, packet_id=1, version=5))
+    assert pub.expect(PUBREC, timeout=10).packet_id == 1  # received for good (PUBREL withheld)
+    view = AppView()
+    view.on_publish(sub.expect(mqttraw.PUBLISH, timeout=10))
+    replica = _replica_of(rc, rc.primary_of(keys.session_keys(scid)[keys.META]))
+    replica.pause()
+    try:
+        sub.ack(view.publishes[0])  # the subscriber's PUBREC: a write whose WAIT will time out
+        time.sleep(0.05)
+        pub.send(mqttraw.publish(topic, seq_payload("k", 1), qos=2, packet_id=1, dup=True, version=5))
+        assert pub.expect(mqttraw.DISCONNECT, timeout=10).reason == 0x88
+    finally:
+        replica.resume()
+    rc.wait_synced()
+    pub, ack = raw_connect(a, pcid, 5, timeout=10)
+    assert ack.session_present
+    pub.send(mqttraw.publish(topic, seq_payload("k", 1), qos=2, packet_id=1, dup=True, version=5))
+    assert pub.expect(PUBREC, timeout=10).packet_id == 1
+    pub.send(mqttraw.ack(mqttraw.PUBREL, 1, version=5))
+    pub.expect(PUBCOMP, timeout=10)
+    sub, _ = raw_connect(a, scid, 5, timeout=10)  # (its session resynchronised: the write failed)
+    ack_loop(sub, view, quiet=3.0, timeout=15)
+    assert [parse_seq(p) for p in view.delivered] == [("k", 1)], (
+        "a QoS 2 message reached the subscriber twice"
+    )
+
+
 async def test_replies_of_a_round_trip_to_one_shard_come_back_to_their_calls(redis_cluster):
     """One round trip to a shard runs a MULTI/EXEC block per slot; the replies came back block by block,
     not call by call, so calls of two slots interleaved in a batch got each other's replies (a commit
