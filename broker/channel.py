@@ -722,7 +722,7 @@ class Channel:
         if (
             d.msg.receipt is not None
             and session is not None
-            and not session.accept(d.msg.receipt, stored=True)
+            and not session.admit(d.msg.receipt, d.order, stored=True)
         ):
             # A publisher's resend, routed here under the same receipt before the store learnt that this
             # session got it (its commit was on the way when the store queued this copy): a repeat.
@@ -989,7 +989,7 @@ class Channel:
         self._holding = False
         if session is None:
             return
-        session.caught_up()
+        session.caught_up()  # (repeats found now had not been sent)
         if self.state == State.CONNECTED:
             self._send_deliveries(*session.refill(self.io.time()))
 

@@ -481,7 +481,7 @@ class ChannelManager:
             retain = mretain and rap
             ch = channels.get(cid)
             if ch is not None and ch.session is not None:
-                if receipt is not None and not ch.session.accept(receipt):
+                if receipt is not None and not ch.session.admit(receipt):
                     continue  # a publisher's resend routed again: this session has it (the store too)
                 ch.deliver(msg, qos, retain, sub_ids)
                 if qos and ch.session.journal is not None:  # journaled: the publisher's ack awaits the commit

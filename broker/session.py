@@ -62,7 +62,7 @@ class Session:
         self.receive_maximum = receive_maximum  # the client's (MQTT 5), 0 = not announced
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight = Inflight(self._window())
-        self.mqueue = MQueue(zone.max_mqueue_len)
+        self.mqueue = MQueue(zone.max_mqueue_len, zone.mqueue_overflow == "dropNew")
         self.awaiting_rel: dict[int, float] = {}  # incoming QoS2 packet id -> time received
         # Receipts (Message.receipt), on a store without cross-slot transactions: this session's
         # incarnation in the store, the receipts it gave, those of its ids awaiting PUBREL, and the
@@ -190,6 +190,7 @@ class Session:
         self.zone = zone
         self.inflight.max_size = self._window()
         self.mqueue.max_len = zone.max_mqueue_len
+        self.mqueue.drop_new = zone.mqueue_overflow == "dropNew"
         return self._forget(self.mqueue.trim())
 
     def set_receive_maximum(self, value: int) -> None:
@@ -220,8 +221,20 @@ class Session:
             self.journal.put(d)
         return self._forget(mqueue.trim())
 
-    def caught_up(self) -> None:
-        self.held_from = None
+    def caught_up(self) -> list[Delivery]:
+        """What the store held is in. The receipts of what waited behind it (`admit`) are checked now, in
+        queue order; returns the repeats taken out (forgotten)."""
+        held, self.held_from = self.held_from, None
+        if held is None:
+            return []
+        repeats = [
+            d for d in self.mqueue
+            if d.order >= held and d.msg.receipt is not None and not self.accept(d.msg.receipt)
+        ]  # fmt: skip
+        if repeats:
+            gone = {id(d) for d in repeats}
+            self.mqueue.take(lambda d: id(d) in gone)
+        return self._forget(repeats)
 
     # -- outgoing QoS1/2 --------------------------------------------------------------------------
     def deliver(self, d: Delivery, now: float, hold: bool = False) -> tuple[Delivery | None, list[Delivery]]:
@@ -398,6 +411,17 @@ class Session:
         if self.journal is not None and not stored:
             self.journal.seen(incarnation, number)
         return True
+
+    def admit(self, receipt: tuple[str, int], order: int | None = None, stored: bool = False) -> bool:
+        """Whether to take a message with this receipt routed here now (`order` None) or pulled from the
+        store (at `order`); a repeat is not taken. While catching up (hold_back), one that waits behind
+        the held-back point is taken for now and checked by `caught_up`, in queue order: an older message
+        of its publisher may still be on its way from the store, and accepting the newer number first
+        would make the older one look like a repeat."""
+        held = self.held_from
+        if held is not None and (order is None or order >= held):
+            return True
+        return self.accept(receipt, stored)
 
     def release(self, packet_id: int) -> bool:
         """A PUBREL: forget the packet id. False if it was unknown (v5: PUBCOMP 0x92)."""
