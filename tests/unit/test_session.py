@@ -148,6 +148,21 @@ def test_enqueue_offline_drops_oldest():
     assert len(s.inflight) == 0
 
 
+def test_queue_full_with_drop_new_keeps_the_oldest_and_drops_the_newcomer():
+    """A bridge's `overflow: dropNew`: what was queued first stays (HiveMQ's and mosquitto's choice for
+    a bridge whose remote is away); a lowered limit drops the newest too."""
+    s = Session("c", zone(max_inflight=1, max_mqueue_len=2, mqueue_overflow="dropNew"))
+    ds = [dl(n) for n in range(1, 6)]
+    assert s.deliver(ds[0], 0.0) == (ds[0], [])
+    s.deliver(ds[1], 0.0)
+    s.deliver(ds[2], 0.0)
+    assert s.deliver(ds[3], 0.0) == (None, [ds[3]])
+    assert s.enqueue(ds[4]) == [ds[4]]
+    assert queued(s) == ["2", "3"]
+    assert names(s.apply_zone(zone(max_inflight=1, max_mqueue_len=1, mqueue_overflow="dropNew"))) == ["3"]
+    assert queued(s) == ["2"]
+
+
 def test_zero_max_inflight_is_unlimited():
     s = Session("c", zone(max_inflight=0, max_mqueue_len=1))
     for n in range(500):
@@ -715,6 +730,37 @@ def test_held_back_deliveries_wait_for_the_ones_reserved_ahead_of_them():
     s.caught_up()
     assert names(s.refill(0.0)[0]) == ["late"]
     assert inflight(s) == ["queued-before", "early", "late"]
+
+
+def test_while_catching_up_receipts_are_checked_in_queue_order_not_arrival_order():
+    """A subscriber's session opened on its publisher's node: one QoS 2 message was routed to it through
+    the store (the session was not here yet), the next straight here. Accepting the next one's receipt
+    on arrival made the first, pulled a moment later, look like a repeat: it was lost to every
+    subscriber opening then (chaos --store cluster, seed 43: #577, #677). Receipts queued behind the
+    held-back point are checked when the session has caught up, in queue order."""
+
+    def with_receipt(name: str, number: int) -> Delivery:
+        d = dl(name, 2)
+        d.msg.receipt = ("inc1", number)
+        return d
+
+    s = Session("c", zone(max_inflight=10))
+    s.enable_journal(Sink())
+    first = s.hold_back(5)
+    newer = with_receipt("newer", 2)
+    assert s.admit(("inc1", 2))
+    s.deliver(newer, 0.0)
+    older = with_receipt("older", 1)
+    older.order = first
+    assert s.admit(("inc1", 1), older.order, stored=True)
+    s.insert(older)
+    again = with_receipt("again", 1)  # the older one's resend, routed straight here as well
+    assert s.admit(("inc1", 1))
+    s.deliver(again, 0.0)
+    assert queued(s) == ["older", "newer", "again"]
+    assert s.caught_up() == [again]
+    assert queued(s) == ["older", "newer"] and s.seen == {"inc1": 2}
+    assert not s.admit(("inc1", 2))  # caught up: repeats are known at once again
 
 
 def test_restore_puts_sent_deliveries_back_in_the_window_and_the_rest_in_the_queue_in_order():
