@@ -225,9 +225,20 @@ class Node:
 
     def _start_bridges(self) -> None:
         self._started = True
-        self.metrics.bridges = lambda: {b.cfg.name: b.report() for b in self.bridges}
+        self.metrics.bridges = self._bridge_reports
         for cfg in self.config.bridges:
             self._start_bridge(cfg)
+
+    def _bridge_reports(self) -> dict[str, dict[str, Any]]:
+        """Each bridge's report, with what its session's queue dropped here (a full queue in this node's
+        copy, or in the store when this node routed to it: each node counts its own, Prometheus sums)."""
+        out = {}
+        for b in self.bridges:
+            r = out[b.cfg.name] = b.report()
+            zone = self.zones.get(b.cfg.session_id)
+            if zone is not None:
+                r["dropped"].update({str(k): v for k, v in zone.telemetry.counters.dropped.items() if v})
+        return out
 
     def _start_bridge(self, cfg: BridgeConfig) -> None:
         redis = None

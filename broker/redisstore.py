@@ -123,9 +123,9 @@ end
 -- Append packed deliveries to the queue q of the session with meta m, as any routing through the store
 -- does: wake its owner (on the channel `wakes` .. node) if the queue was empty (the owner drains the whole
 -- queue when woken, and wakes itself after a partial pull), keep the session's TTL, and trim an offline
--- session's queue to its limit (the oldest go). Returns how many were dropped and the session's zone.
+-- session's queue to its limit (the oldest go, or the new ones with 'qnew'). Returns how many were dropped and the session's zone.
 local function queue_push(m, q, wakes, cid, items)
-  local meta = redis.call('HMGET', m, 'maxq', 'zone', 'online', 'node')
+  local meta = redis.call('HMGET', m, 'maxq', 'zone', 'online', 'node', 'qnew')
   local online = meta[3] == '1'
   local before = redis.call('LLEN', q)
   for j = 1, #items, CHUNK_N do
@@ -141,7 +141,7 @@ local function queue_push(m, q, wakes, cid, items)
   local max = tonumber(meta[1] or '0')
   if max > 0 and not online and len > max then
     dropped = len - max
-    redis.call('LTRIM', q, dropped, -1)
+    if meta[5] == '1' then redis.call('LTRIM', q, 0, max - 1) else redis.call('LTRIM', q, dropped, -1) end
   end
   return dropped, meta[2] or 'default'
 end
@@ -917,6 +917,7 @@ class RedisStore(SessionStore):
             "next_pid": s.next_pid,
             "order": s.order,
             "maxq": z.max_mqueue_len,
+            "qnew": int(z.mqueue_overflow == "dropNew"),
             "qos0": int(z.mqueue_store_qos0),
             "online": 0,
             "node": "",

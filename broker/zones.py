@@ -68,7 +68,11 @@ class ZoneSettings(BaseModel):
     max_mqueue_len: int = Field(
         1000,
         ge=0,
-        description="Message Queue length per session. 0 = no limit. When full, the oldest message is dropped.",
+        description="Message Queue length per session. 0 = no limit. When full, one message goes (mqueue_overflow).",
+    )
+    mqueue_overflow: Literal["dropOldest", "dropNew"] = Field(
+        "dropOldest",
+        description="Which message goes when the Message Queue is full: the oldest (EMQX's way) or the new one.",
     )
     mqueue_store_qos0: bool = Field(True, description="Queue QoS0 messages for offline persistent sessions.")
     retry_interval: Duration = Field(
