@@ -452,7 +452,11 @@ class Bridge:
 
         async def read_remote() -> None:
             while link.live:
-                data = await reader.read(65536)
+                try:
+                    data = await reader.read(65536)
+                except OSError as e:  # (reset: a remote gone while we were writing to it)
+                    link.close(f"the connection to the remote failed ({e})", Close.REMOTE_CLOSED)
+                    break
                 if not data:
                     if link.phase == Phase.REMOTE_CONNECT:  # (an attempt that failed, not an outage)
                         link.close("the remote closed the connection before CONNACK", Close.CONNECT_ERROR)
