@@ -335,7 +335,12 @@ class Cluster:
         Redis does not answer in time, the stream is taken for broken and reset: every session here then
         holds its new deliveries until it has caught up."""
         streams = self._streams
-        if not streams or not self._stream_ready.is_set():
+        conns = self.store.conns
+        if (
+            not streams
+            or not self._stream_ready.is_set()
+            or not all(conns.on_primary(pubsub.connection) for _shard, pubsub in streams)
+        ):
             await self._pull_all()  # (no stream: whatever wakes were sent, pull every queue now)
             return
         n = next(self._req_ids)
@@ -550,9 +555,15 @@ class Cluster:
     async def _pump(self, pubsub: PubSub) -> None:
         """Dispatch what one shard's stream brings until it breaks (raises). A sharded channel this node
         never left being unsubscribed means its slot moved (a failover, a migration): the shard no longer
-        carries its wakes, so the stream counts as broken (subscribed again where the map says, resynced)."""
+        carries its wakes, so the stream counts as broken (subscribed again where the map says, resynced);
+        so does a Sentinel stream left on the old primary by a failover."""
+        checked = time.monotonic()
         while True:
             msg = await pubsub.get_message(timeout=1.0)
+            if (now := time.monotonic()) - checked >= 1.0:
+                checked = now
+                if not self.store.conns.on_primary(pubsub.connection):
+                    raise ConnectionError("the stream's Redis is not the primary any more (a failover)")
             if msg is None:
                 continue
             if msg["type"] == "sunsubscribe":

@@ -259,6 +259,15 @@ class StoreConnections:
             self._primaries = (current,)
         return list(self._primaries)
 
+    def on_primary(self, connection: Any) -> bool:
+        """Whether a long-lived connection (an event stream's) is still to the primary. On Sentinel, one
+        made before a failover stays with the old primary, now a replica: it still answers PINGs, but
+        what is published on the new primary reaches it late or never."""
+        if self.sentinel is None or connection is None or getattr(connection, "host", None) is None:
+            return True
+        primaries = self.primaries()
+        return not primaries or f"{connection.host}:{connection.port}" in primaries
+
     def new_pool(self, shard: Shard) -> ConnectionPool:
         """A separate pool to a shard's primary, for connections of one's own (the event log's): a slow
         batch there never delays the store's writes."""

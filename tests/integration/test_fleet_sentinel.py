@@ -5,6 +5,8 @@ the publisher hears of it, so killing the primary loses nothing acknowledged."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 
 import pytest
@@ -127,3 +129,36 @@ def test_a_persistent_session_resumes_on_another_node_after_a_failover(fleet, re
     view = AppView()
     ack_loop(back, view, until=5, timeout=10, tag="before")
     assert [parse_seq(p) for p in view.delivered] == [("before", i) for i in range(5)]
+
+
+async def test_an_event_stream_left_on_the_old_primary_by_a_failover_is_told_apart(replicated_redis):
+    """A node's event stream is one long-lived connection. Made just before a failover (Sentinel still
+    named the old primary), it stays there once that server is a replica: PINGs are answered, but the
+    wakes published on the new primary never come, and a session's queue waited in Redis while newer
+    messages were delivered straight to it (chaos --store sentinel, seed 44: 49 order violations). The
+    node tells such a stream apart once its writes have found the new primary, and opens it again."""
+    from fleetmq.broker.config import RedisStoreConfig
+    from fleetmq.broker.redisclient import StoreConnections
+    from redis.exceptions import RedisError
+
+    rr = replicated_redis
+    conns = StoreConnections(RedisStoreConfig(**rr.store()), "stream-test")
+    await conns.open()
+    pubsub = conns.redis.pubsub()
+    try:
+        await pubsub.subscribe("fmq:test")
+        assert conns.on_primary(pubsub.connection)
+        old = rr.primary()
+        rr.sentinels[0].command("SENTINEL", "FAILOVER", rr.master)
+        rr.wait_failover(old)
+        new = f"127.0.0.1:{rr.primary().port}"
+        deadline = time.monotonic() + 30
+        while conns.primaries() != [new]:  # the node's writes find the new primary (the old one refuses them)
+            assert time.monotonic() < deadline, "writes never reached the new primary"
+            with contextlib.suppress(RedisError):
+                await conns.redis.set("fmq:probe", "1")
+            await asyncio.sleep(0.2)
+        assert not conns.on_primary(pubsub.connection)
+    finally:
+        await pubsub.aclose()
+        await conns.close()
