@@ -304,6 +304,48 @@ def test_queued_with_the_remote_down_survives_every_node_restarting(fleet, tmp_p
     assert redis_server.command("LLEN", "fmq:{$bridge:cloud}:q") == 0
 
 
+@pytest.mark.parametrize(("overflow", "kept"), [("dropOldest", range(4000, 5000)), ("dropNew", range(1000))])
+def test_a_full_queue_drops_by_its_overflow_policy_and_counts_every_drop(
+    fleet, tmp_path, redis_server, overflow, kept
+):
+    """Queue length 1,000, the remote down, 5,000 published: dropOldest delivers 4,001-5,000, dropNew
+    1-1,000, and either counts 4,000 queue_full drops."""
+    rem = start_mosquitto(tmp_path / "remote", persistence=True)
+    Collector(rem.host, rem.port, "site1/#", client_id="col-bounded").stop()
+    rem.stop()
+    queue = {"max_length": 1000, "overflow": overflow}
+    nodes = fleet(2, None, {"event_log": {"fleet": "edge"}, "bridges": [_bridge(rem, queue=queue)]})
+    wait_until(lambda: redis_server.command("EXISTS", "fmq:{$bridge:cloud}:s"), timeout=15,
+               msg="the bridge's session in the store")  # fmt: skip
+    every = [f"{i:06d}".encode() for i in range(5000)]
+    pubs = [_publisher(bp) for bp in nodes]
+    try:
+        for i, pub in enumerate(pubs):  # over both nodes, one after the other: the order is known
+            _publish_all(pub, "up/q1", every[i * 2500 : (i + 1) * 2500], 1)
+    finally:
+        for p in pubs:
+            p.loop_stop()
+            p.disconnect()
+
+    def dropped() -> float:
+        return sum(bp.metric("fleetmq_bridge_messages_dropped_total", bridge="cloud", reason="queue_full")
+                   for bp in nodes)  # fmt: skip
+
+    assert dropped() == 4000
+    assert redis_server.command("LLEN", "fmq:{$bridge:cloud}:q") == 1000
+    rem = start_mosquitto(tmp_path / "remote", persistence=True, port=rem.port)
+    try:
+        col = Collector(rem.host, rem.port, "site1/#", client_id="col-bounded")
+        wanted = [every[i] for i in kept]
+        wait_until(lambda: col.has_all("site1/up/q1", wanted), timeout=60, msg="the kept messages")
+        time.sleep(1.0)
+        col.stop()
+    finally:
+        rem.stop()
+    assert sorted(set(col.payloads("site1/up/q1"))) == wanted  # (mosquitto may reorder in-flight ones)
+    assert dropped() == 4000
+
+
 def test_a_bridge_changed_live_forwards_under_its_new_destination_and_a_removed_one_stops(
     fleet, remote, redis_server
 ):
