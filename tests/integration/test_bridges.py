@@ -4,6 +4,8 @@ nodes run on a real redis-server; clients are paho."""
 from __future__ import annotations
 
 import contextlib
+import itertools
+import json
 import re
 import socket
 import threading
@@ -11,7 +13,7 @@ import time
 
 import paho.mqtt.client as mqtt
 import pytest
-from fleetmq.broker.codec import Parser, Publish
+from fleetmq.broker.codec import Connect, Parser, Publish
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -571,3 +573,101 @@ def test_a_flapping_remote_loses_nothing_and_reconnects_once_per_outage(fleet, t
     ended = sum(bp.metric("fleetmq_bridge_reconnects_total", bridge="cloud", reason=r)
                 for r in ("remote_closed", "keepalive_timeout", "ack_timeout", "protocol_error"))  # fmt: skip
     assert abs(ended - outages) <= 1, f"{ended} connections ended for {outages} outages"
+
+
+class Slammer:
+    """A remote that accepts each connection, reads its CONNECT, sends `reply` (if any) and closes it:
+    records (time, client id) of every attempt."""
+
+    def __init__(self, reply: bytes = b"") -> None:
+        self.reply = reply
+        self.attempts: list[tuple[float, str]] = []
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.host, self.port = self._srv.getsockname()[:2]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            now = time.monotonic()
+            with conn:
+                conn.settimeout(2.0)
+                parser, got = Parser(), []
+                with contextlib.suppress(OSError, ValueError):
+                    while not got and (data := conn.recv(4096)):
+                        got = [p for p in parser.feed(data) if isinstance(p, Connect)]
+                    if got and self.reply:
+                        conn.sendall(self.reply)
+                self.attempts.append((now, got[0].client_id if got else "?"))
+
+    def close(self) -> None:
+        self._srv.close()
+
+
+def test_reconnects_follow_the_backoff_schedule_with_jitter_and_not_in_lockstep(fleet, tmp_path):
+    """Ten bridges started together against a remote that accepts and closes: each one's gaps follow
+    min(initial * 2^(n-1), max) plus up to `jitter` of it; the ten do not retry in lockstep; when the
+    remote returns, each makes one connection."""
+    slam = Slammer()
+    reconnect = {"initial_delay": "200ms", "max_delay": "1600ms", "jitter": 0.5, "stable_after": "5s"}
+    bridges = [
+        {"name": f"b{i}", "remote": {"host": slam.host, "port": slam.port},
+         "forwards": [{"filter": f"up{i}/#", "destination": "site1/{#}"}], "reconnect": reconnect}
+        for i in range(10)
+    ]  # fmt: skip
+    (bp,) = fleet(1, None, {"event_log": {"fleet": "edge"}, "bridges": bridges})
+    try:
+        wait_until(lambda: all(sum(1 for _t, c in slam.attempts if c == f"edge-b{i}") >= 7 for i in range(10)),
+                   timeout=30, msg="seven attempts of each bridge")  # fmt: skip
+    finally:
+        slam.close()
+    gaps: dict[int, list[float]] = {}
+    for i in range(10):
+        times = [t for t, c in slam.attempts if c == f"edge-b{i}"][:7]
+        for n, (a, b) in enumerate(itertools.pairwise(times), start=1):
+            base = min(0.2 * 2 ** (n - 1), 1.6)
+            assert base - 0.01 <= b - a <= base * 1.5 + 0.2, f"b{i}: gap {n} was {b - a:.3f}s (base {base}s)"
+            gaps.setdefault(n, []).append(b - a)
+    for n in (3, 4, 5):  # (bases 0.8 s, 1.6 s, 1.6 s: a jitter of up to 0.4-0.8 s)
+        spread = max(gaps[n]) - min(gaps[n])
+        assert spread > 0.05, f"gap {n} of the ten bridges within {spread * 1000:.0f} ms: lockstep"
+    rem = start_mosquitto(tmp_path / "remote", port=slam.port)
+    try:
+        wait_until(lambda: all(bp.metric("fleetmq_bridge_connected", bridge=f"b{i}") == 1 for i in range(10)),
+                   timeout=30, msg="every bridge connected")  # fmt: skip
+        time.sleep(3.0)
+        log = rem.log_path.read_text(errors="replace")
+    finally:
+        rem.stop()
+    for i in range(10):
+        n = len(re.findall(rf"New client connected from \S+ as edge-b{i} ", log))
+        assert n == 1, f"bridge b{i} connected {n} times to the returning remote"
+
+
+def test_a_remote_refusing_the_credentials_shows_in_status_and_metrics_without_a_tight_loop(
+    fleet, redis_server
+):
+    """The remote answers CONNACK 0x86 (bad user name or password): the bridge is not connected, counts
+    each refusal, says why in its status (the node's heartbeat, which the MqttBridge status shows), and
+    retries on its backoff schedule, not in a loop."""
+    slam = Slammer(reply=bytes([0x20, 3, 0, 0x86, 0]))  # a v5 CONNACK: Bad User Name or Password
+    bridge = {"name": "cloud", "remote": {"host": slam.host, "port": slam.port, "username": "edge"},
+              "forwards": [{"filter": "up/#", "destination": "site1/{#}"}],
+              "reconnect": {"initial_delay": "200ms", "max_delay": "1600ms", "jitter": 0.25}}  # fmt: skip
+    (bp,) = fleet(1, None, {"event_log": {"fleet": "edge"}, "bridges": [bridge]})
+    try:
+        wait_until(lambda: slam.attempts, timeout=15, msg="a first attempt")
+        time.sleep(6.0)
+        attempts = len(slam.attempts)
+    finally:
+        slam.close()
+    # 6 s hold the delays 0.2 + 0.4 + 0.8 + 1.6 + 1.6 (+ up to a quarter each) after the first attempt
+    assert 4 <= attempts <= 7, f"{attempts} attempts in 6 s"
+    assert bp.metric("fleetmq_bridge_connected", bridge="cloud") == 0
+    assert bp.metric("fleetmq_bridge_reconnects_total", bridge="cloud", reason="refused") >= attempts - 1
+    info = redis_server.command("HGET", "fmq:nodeinfo:{node-0}", "bridges", decode=True)
+    status = json.loads(info)["cloud"]
+    assert status["connected"] is False and "0x86" in status["last_error"], status
