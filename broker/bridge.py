@@ -375,6 +375,7 @@ class Bridge:
             "connected": self.connected,
             "leader": self.leader,
             "queue": queue,
+            "queue_limit": self.cfg.queue.max_length,
             "inflight": len(session.inflight) if session is not None else 0,
             "forwarded": self.forwarded + (link.forwarded if link else 0),
             "received": self.received + (link.received if link else 0),

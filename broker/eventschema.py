@@ -131,6 +131,10 @@ class BridgeDropReason(StrEnum):
     REMOTE_REFUSED = "remote_refused"  # the remote acknowledged it with an error reason code
 
 
+#: Bridge drops that lose a message someone meant to pass on (loop and excluded are by design).
+BRIDGE_LOST = frozenset(set(BridgeDropReason) - {BridgeDropReason.LOOP, BridgeDropReason.EXCLUDED})
+
+
 class BridgeCloseReason(StrEnum):
     """Why a bridge's connection to its remote ended or failed: the ``reason`` label of
     ``fleetmq_bridge_reconnects_total`` and of ``bridge_reconnect`` events."""

@@ -287,6 +287,7 @@ def _bridge_families(reports: dict[str, dict[str, Any]]) -> Iterator[Metric]:
     queue = family(
         GaugeMetricFamily, "queue_messages", "Messages queued for the remote (in this node's copy)."
     )
+    limit = family(GaugeMetricFamily, "queue_limit_messages", "The bridge's queue.maxLength.")
     inflight = family(
         GaugeMetricFamily, "inflight_messages", "Messages sent to the remote, not yet acknowledged."
     )
@@ -300,6 +301,7 @@ def _bridge_families(reports: dict[str, dict[str, Any]]) -> Iterator[Metric]:
         connected.add_metric([name], int(r["connected"]))
         leader.add_metric([name], int(r["leader"]))
         queue.add_metric([name], r["queue"])
+        limit.add_metric([name], r["queue_limit"])
         inflight.add_metric([name], r["inflight"])
         fwd.add_metric([name], r["forwarded"])
         rcv.add_metric([name], r["received"])
@@ -309,4 +311,4 @@ def _bridge_families(reports: dict[str, dict[str, Any]]) -> Iterator[Metric]:
             rec.add_metric([name, reason], r["reconnects"].get(reason, 0))
         lead.add_metric([name], r["leader_changes"])
         lost.add_metric([name], r["sessions_lost"])
-    yield from (connected, leader, queue, inflight, fwd, rcv, drop, rec, lead, lost)
+    yield from (connected, leader, queue, limit, inflight, fwd, rcv, drop, rec, lead, lost)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from fleetmq.broker.eventschema import DropReason
+from fleetmq.broker.eventschema import BRIDGE_LOST, DropReason
 
 #: the drop reasons that lose a message the broker had accepted (the loss panels and alerts)
 LOST = [r.value for r in DropReason if r.lost]
@@ -636,7 +636,84 @@ def message_flow() -> Dashboard:
             "ops",
         )
     )
+    _bridges_row(d)
     return d
+
+
+def _bridges_row(d: Dashboard) -> None:
+    """Bridges to remote brokers: each pod reports its own view, so the leader's is the max (connected,
+    queue) and counters sum over pods."""
+    d.row("Bridges")
+    d.add(
+        timeseries(
+            "Bridges connected",
+            "1 while a pod of the fleet has the bridge connected to its remote (alert FleetmqBridgeDown).",
+            [Target(f"max by (bridge) (fleetmq_bridge_connected{{{FLEET}}})", "{{bridge}}")],
+            "short",
+        ),
+        w=8,
+    )
+    d.add(
+        timeseries(
+            "Bridge queues",
+            "Messages waiting for the remote, against each bridge's queue.maxLength (alert "
+            "FleetmqBridgeQueueFilling at 80%).",
+            [
+                Target(f"max by (bridge) (fleetmq_bridge_queue_messages{{{FLEET}}})", "{{bridge}}"),
+                Target(
+                    f"max by (bridge) (fleetmq_bridge_queue_limit_messages{{{FLEET}}})", "{{bridge}} limit"
+                ),
+            ],
+            "short",
+        ),
+        w=8,
+    )
+    d.add(
+        timeseries(
+            "Bridge traffic",
+            "Messages the remotes acknowledged (forwarded) and messages from them published here (received).",
+            [
+                Target(
+                    rate("fleetmq_bridge_messages_forwarded_total", FLEET, "bridge"), "{{bridge}} forwarded"
+                ),
+                Target(
+                    rate("fleetmq_bridge_messages_received_total", FLEET, "bridge"), "{{bridge}} received"
+                ),
+            ],
+            "ops",
+        ),
+        w=8,
+    )
+    d.add(
+        timeseries(
+            "Bridge drops",
+            "Messages a bridge did not pass on, by reason (loop and excluded are by design; alert "
+            "FleetmqBridgeDrops on the others).",
+            [
+                Target(
+                    rate("fleetmq_bridge_messages_dropped_total", FLEET, "bridge, reason"),
+                    "{{bridge}} {{reason}}",
+                )
+            ],
+            "ops",
+        )
+    )
+    d.add(
+        timeseries(
+            "Bridge reconnects",
+            "Connections to the remote that ended or failed, by reason, and leader changes (a pod taking the "
+            "bridge over).",
+            [
+                Target(
+                    rate("fleetmq_bridge_reconnects_total", FLEET, "bridge, reason"), "{{bridge}} {{reason}}"
+                ),
+                Target(
+                    rate("fleetmq_bridge_leader_changes_total", FLEET, "bridge"), "{{bridge}} leader change"
+                ),
+            ],
+            "ops",
+        )
+    )
 
 
 def windows_and_queues() -> Dashboard:
@@ -1109,6 +1186,7 @@ def alert(name: str, expr: str, for_: str, severity: str, summary: str, descript
 
 ZONE_KEYS = "namespace, job, zone"
 POD_KEYS = "namespace, job, pod"
+BRIDGE_KEYS = "namespace, job, bridge"
 
 
 def alert_groups() -> dict[str, Any]:
@@ -1206,6 +1284,39 @@ def alert_groups() -> dict[str, Any]:
             "and keeps running the previous one: see its log for the field path.",
         ),
     ]
+    lost = "|".join(sorted(BRIDGE_LOST))
+    bridge_where = "bridge {{ $labels.bridge }} of {{ $labels.namespace }}/{{ $labels.job }}"
+    bridges = [
+        alert(
+            "FleetmqBridgeDown",
+            f"max by ({BRIDGE_KEYS}) (fleetmq_bridge_connected) == 0",
+            "5m",
+            "critical",
+            "A bridge is not connected to its remote broker",
+            f"No pod of the fleet has {bridge_where} connected for 5 minutes: what it forwards queues in "
+            "Redis (up to queue.maxLength). Its MqttBridge status says why (Connected condition, the "
+            "leader's last error).",
+        ),
+        alert(
+            "FleetmqBridgeQueueFilling",
+            f"max by ({BRIDGE_KEYS}) (fleetmq_bridge_queue_messages) "
+            f"> 0.8 * max by ({BRIDGE_KEYS}) (fleetmq_bridge_queue_limit_messages)",
+            "5m",
+            "warning",
+            "A bridge's queue is over 80% full",
+            f"{{{{ $value | humanize }}}} messages wait for the remote of {bridge_where}: when its queue "
+            "is full, its overflow policy drops messages (counted as queue_full).",
+        ),
+        alert(
+            "FleetmqBridgeDrops",
+            f'sum by ({BRIDGE_KEYS}, reason) (increase(fleetmq_bridge_messages_dropped_total{{reason=~"{lost}"}}[5m])) > 0',
+            "0m",
+            "warning",
+            "A bridge drops messages",
+            f"{{{{ $value | humanize }}}} messages of {bridge_where} were not passed on in 5 minutes "
+            "({{ $labels.reason }}); loop and excluded drops are by design and not counted here.",
+        ),
+    ]
     fleet = [
         alert(
             "FleetmqBrokerDown",
@@ -1242,6 +1353,7 @@ def alert_groups() -> dict[str, Any]:
     return {
         "groups": [
             {"name": "fleetmq.broker", "rules": broker},
+            {"name": "fleetmq.bridges", "rules": bridges},
             {"name": "fleetmq.fleet", "rules": fleet},
         ]
     }

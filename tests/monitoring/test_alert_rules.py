@@ -112,6 +112,45 @@ CASES = {
         "25m",
         {"FleetmqTakeoverStorm": [{"severity": "warning", **FLEET, "zone": "ext"}]},
     ),
+    "a bridge no pod has connected fires after 5 minutes, one connected somewhere does not": (
+        [
+            (_sel("fleetmq_bridge_connected", pod="edge-0", bridge="cloud"), "1 1 0 0 0 0 0 0 0 0"),
+            (_sel("fleetmq_bridge_connected", pod="edge-1", bridge="cloud"), "0x10"),
+            (_sel("fleetmq_bridge_connected", pod="edge-0", bridge="backup"), "0x10"),
+            (_sel("fleetmq_bridge_connected", pod="edge-1", bridge="backup"), "1x10"),
+        ],
+        "9m",
+        {"FleetmqBridgeDown": [{"severity": "critical", **FLEET, "bridge": "cloud"}]},
+    ),
+    "a bridge queue over 80% of its limit fires, one at half does not": (
+        [
+            (
+                _sel("fleetmq_bridge_queue_messages", pod="edge-0", bridge="cloud"),
+                "100 500 850 900 950 990 990 990 990",
+            ),
+            (_sel("fleetmq_bridge_queue_limit_messages", pod="edge-0", bridge="cloud"), "1000x9"),
+            (_sel("fleetmq_bridge_queue_messages", pod="edge-0", bridge="backup"), "500x9"),
+            (_sel("fleetmq_bridge_queue_limit_messages", pod="edge-0", bridge="backup"), "1000x9"),
+        ],
+        "8m",
+        {"FleetmqBridgeQueueFilling": [{"severity": "warning", **FLEET, "bridge": "cloud"}]},
+    ),
+    "bridge drops that lose messages fire, loop drops do not": (
+        [
+            (
+                _sel(
+                    "fleetmq_bridge_messages_dropped_total", pod="edge-0", bridge="cloud", reason="queue_full"
+                ),
+                "0 0 0 40 80",
+            ),
+            (
+                _sel("fleetmq_bridge_messages_dropped_total", pod="edge-0", bridge="cloud", reason="loop"),
+                "0+100x5",
+            ),
+        ],
+        "4m",
+        {"FleetmqBridgeDrops": [{"severity": "warning", **FLEET, "bridge": "cloud", "reason": "queue_full"}]},
+    ),
     "a down pod of a fleet fires, a down target of another job does not": (
         [
             (

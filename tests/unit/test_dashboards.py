@@ -45,6 +45,11 @@ def _broker_metrics() -> Metrics:
     m.store_replicas_in_sync = lambda: 2
     m.store_round_trips = lambda: {"10.0.0.1:6379": 1}
     m.config_info = {"default": "abc"}
+    m.bridges = lambda: {  # a node with a bridge (bridge.Bridge.report)
+        "cloud": {"connected": True, "leader": True, "queue": 0, "queue_limit": 1000, "inflight": 0,
+                  "forwarded": 0, "received": 0, "dropped": {}, "reconnects": {}, "leader_changes": 1,
+                  "sessions_lost": 0}
+    }  # fmt: skip
     m.gauges = lambda: {
         "connections": {"default": 1},
         "sessions": {("default", "online"): 1, ("default", "offline"): 0},
