@@ -763,6 +763,22 @@ def test_while_catching_up_receipts_are_checked_in_queue_order_not_arrival_order
     assert not s.admit(("inc1", 2))  # caught up: repeats are known at once again
 
 
+def test_a_restored_delivery_s_receipt_counts_as_taken_even_if_not_recorded_yet():
+    """A message taken while its session caught up is recorded as seen only once the session has caught
+    up; the session moved before that, so its new owner restored the delivery without the record, and
+    the publisher's resend under the same receipt reached the subscriber a second time (chaos --store
+    cluster, seed 43 at 318de0c: #114, #115)."""
+    d = dl("taken", 2)
+    d.msg.receipt, d.order = ("inc1", 5), 3
+    s = Session("s", zone())
+    s.restore(
+        epoch=2, expiry_interval=60.0, next_pid=1, order=4, subscriptions=[], deliveries=[d],
+        awaiting_rel=[], sink=Sink(), incarnation="inc9", received=0, seen={"inc1": 3},
+    )  # fmt: skip
+    assert not s.admit(("inc1", 5)) and not s.admit(("inc1", 4))
+    assert s.admit(("inc1", 6))
+
+
 def test_restore_puts_sent_deliveries_back_in_the_window_and_the_rest_in_the_queue_in_order():
     stored = []
     for order, (name, pid) in enumerate([("a", 5), ("b", 6), ("c", 0), ("d", 0)]):
