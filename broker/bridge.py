@@ -47,6 +47,7 @@ from .codec import (
 from .eventschema import BridgeCloseReason as Close
 from .negotiation import INTERNAL
 from .redisclient import read_secret
+from .telemetry import Telemetry
 
 log = logging.getLogger("fleetmq.bridge")
 
@@ -254,8 +255,10 @@ class Bridge:
         new_channel: NewChannel,
         lease: Lease,
         rand: Callable[[], float] | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.cfg = cfg
+        self.telemetry = telemetry  # its session's zone's: the event log's bridge events
         self.fleet = fleet
         self._new_channel = new_channel
         self.lease = lease
@@ -318,6 +321,8 @@ class Bridge:
                     if self.lease.lost.is_set():
                         break
                     self.reconnects[kind] += 1
+                    if self.telemetry is not None:
+                        self.telemetry.bridge_reconnect(self.cfg.session_id, kind)
                     delay = self.backoff.next_delay()
                     log.info("bridge %s: %s; reconnecting in %.1fs", self.cfg.name, why, delay)
                     with contextlib.suppress(TimeoutError):
@@ -423,6 +428,9 @@ class Bridge:
 
         def flush() -> None:
             nonlocal channel, connected_at
+            if link.drops_pending and self.telemetry is not None:
+                for reason, n in Counter(link.take_drops()).items():
+                    self.telemetry.bridge_dropped(cfg.session_id, reason, n)
             out = link.take_remote()
             if out and not writer.is_closing():
                 writer.write(out)

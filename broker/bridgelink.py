@@ -121,6 +121,7 @@ class BridgeLink:
         self.forwarded = 0
         self.received = 0
         self.dropped: Counter[Drop] = Counter()
+        self._new_drops: list[Drop] = []  # since take_drops (for the event log)
         self.refused_subscriptions: list[str] = []
         self.window = min(cfg.max_inflight, 65535)  # the session's, at most the remote's Receive Maximum
         self._remote = Parser(version=self.version)
@@ -170,6 +171,19 @@ class BridgeLink:
     def take_local(self) -> bytes:
         out, self._to_local = bytes(self._to_local), bytearray()
         return out
+
+    @property
+    def drops_pending(self) -> bool:
+        return bool(self._new_drops)
+
+    def take_drops(self) -> list[Drop]:
+        """The reasons of the messages dropped since the last call, one per message."""
+        out, self._new_drops = self._new_drops, []
+        return out
+
+    def _drop(self, reason: Drop) -> None:
+        self.dropped[reason] += 1
+        self._new_drops.append(reason)
 
     def _send_remote(self, packet: Any, now: float) -> None:
         self._to_remote += encode(packet, self.version)
@@ -297,7 +311,7 @@ class BridgeLink:
         else:
             self._unacked.pop(pid, None)
             if p.reason_code >= 0x80:
-                self.dropped[Drop.REMOTE_REFUSED] += 1
+                self._drop(Drop.REMOTE_REFUSED)
             else:
                 self.forwarded += 1
         self._send_local(p)
@@ -322,7 +336,7 @@ class BridgeLink:
         self._send_local(Publish(topic, p.payload, p.qos, p.retain, p.dup, p.packet_id, out))
 
     def _drop_ingress(self, p: Publish, reason: Drop, now: float) -> None:
-        self.dropped[reason] += 1
+        self._drop(reason)
         if p.qos == 1:
             self._ack_remote(Puback, p.packet_id, now)
         elif p.qos == 2:
@@ -452,7 +466,7 @@ class BridgeLink:
 
     def _drop_egress(self, p: Publish, reason: Drop) -> None:
         """Not for the remote: the session learns it is done with it all the same."""
-        self.dropped[reason] += 1
+        self._drop(reason)
         if p.qos == 1:
             self._send_local(Puback(p.packet_id))
         elif p.qos == 2:

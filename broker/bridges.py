@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .eventschema import BRIDGE_ZONE_PREFIX
 from .topic import valid_filter
 from .topicmap import TEMPLATE_PATTERN, Template
 from .zones import Duration, ZoneSettings
@@ -232,7 +233,7 @@ class BridgeConfig(_Model):
     @property
     def session_id(self) -> str:
         """The bridge's session in the store: clients cannot connect with a '$' client id here."""
-        return f"$bridge:{self.name}"
+        return f"{BRIDGE_ZONE_PREFIX}{self.name}"
 
 
 def check_bridges(bridges: list[BridgeConfig], fleet: str) -> None:

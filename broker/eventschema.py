@@ -20,6 +20,12 @@ DROP = "drop"
 INFLIGHT_FULL = "inflight_full"
 KEEPALIVE_TIMEOUT = "keepalive_timeout"
 AWAITING_REL_TIMEOUT = "awaiting_rel_timeout"
+#: a bridge's connection to its remote ended or failed (reason: BridgeCloseReason; zone: the bridge's
+#: session, ``$bridge:<name>``, whose ``ack`` events are its forwarded messages and whose ``drop`` events
+#: carry a BridgeDropReason when the bridge, not its queue, dropped one)
+BRIDGE_RECONNECT = "bridge_reconnect"
+#: the zone (and client id) of a bridge's session: this prefix, then the bridge's name
+BRIDGE_ZONE_PREFIX = "$bridge:"
 #: written by the log itself at start, every ``config_interval`` and on ``set_zones``: a zone's limits
 ZONE_CONFIG = "zone_config"
 EVENTS = (
@@ -34,6 +40,7 @@ EVENTS = (
     INFLIGHT_FULL,
     KEEPALIVE_TIMEOUT,
     AWAITING_REL_TIMEOUT,
+    BRIDGE_RECONNECT,
     ZONE_CONFIG,
 )
 #: per-message events, sampled together by msg_id

@@ -247,7 +247,11 @@ class Node:
             redis = lambda key: conns.shard_for(key).redis  # noqa: E731
         alive = self.cluster.listening if self.cluster is not None else None
         lease = Lease(cfg, self.node_id, redis, alive)
-        bridge = Bridge(cfg, self.config.fleet, partial(self.channel, cfg.session_id), lease)
+        zone = self.zones.get(cfg.session_id)
+        telemetry = zone.telemetry if zone is not None else None
+        bridge = Bridge(
+            cfg, self.config.fleet, partial(self.channel, cfg.session_id), lease, telemetry=telemetry
+        )
         self.bridges.append(bridge)
         bridge.start()
 

@@ -15,6 +15,7 @@ from typing import Protocol
 from .eventschema import (
     ACK,
     AWAITING_REL_TIMEOUT,
+    BRIDGE_RECONNECT,
     CONNECT,
     DELIVER,
     DISCONNECT,
@@ -167,6 +168,18 @@ class Telemetry:
         if log is not None:
             for _ in range(n):
                 log.emit(DROP, self.zone, client_id, reason=reason, mqueue_len=mqueue_len)
+
+    def bridge_dropped(self, client_id: str, reason: str, n: int) -> None:
+        """Messages a bridge's link dropped (counted by the bridge itself: fleetmq_bridge_*)."""
+        log = self.log
+        if log is not None:
+            for _ in range(n):
+                log.emit(DROP, self.zone, client_id, reason=reason)
+
+    def bridge_reconnect(self, client_id: str, reason: str) -> None:
+        log = self.log
+        if log is not None:
+            log.emit(BRIDGE_RECONNECT, self.zone, client_id, reason=reason)
 
     def inflight_full(self, client_id: str, msg: Message, qos: int, s: Backlog | None) -> None:
         self.counters.inflight_full += 1

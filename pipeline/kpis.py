@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fleetmq.broker.eventschema import SAMPLED_EVENTS, DropReason
+from fleetmq.broker.eventschema import BRIDGE_RECONNECT, SAMPLED_EVENTS, DropReason
 from fleetmq.pipeline.tuning import P_SIZING, PERCENTILE_ACCURACY, PERCENTILES
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -166,6 +166,18 @@ def zone_kpis(
         .agg(F.map_from_entries(F.sort_array(F.collect_list(F.struct("reason", "count")))).alias("drops"))
     )
 
+    reconnects = (
+        ev.where(F.col("event") == BRIDGE_RECONNECT)
+        .groupBy(*KEYS, F.coalesce(F.col("reason"), F.lit("unknown")).alias("reason"))
+        .count()
+        .groupBy(*KEYS)
+        .agg(
+            F.map_from_entries(F.sort_array(F.collect_list(F.struct("reason", "count")))).alias(
+                "bridge_reconnects"
+            )
+        )
+    )
+
     published = (
         ev.where((F.col("event") == "publish_in") & F.col("msg_id").isNotNull())
         .groupBy("msg_id")
@@ -209,6 +221,7 @@ def zone_kpis(
         .join(rtt, list(KEYS), "left")
         .join(per_session, list(KEYS), "left")
         .join(drops, list(KEYS), "left")
+        .join(reconnects, list(KEYS), "left")
         .join(settings, "zone", "left")
         .select(
             "zone",
@@ -235,6 +248,9 @@ def zone_kpis(
             "drops_total",
             "drops_lost",
             F.coalesce("drops", F.create_map().cast("map<string,bigint>")).alias("drops"),
+            F.coalesce("bridge_reconnects", F.create_map().cast("map<string,bigint>")).alias(
+                "bridge_reconnects"
+            ),
             "takeovers",
             "keepalive_timeouts",
             "connects",

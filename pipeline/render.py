@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fleetmq.broker.eventschema import BRIDGE_ZONE_PREFIX
+
 from .tuning import INFLIGHT_HEADROOM, MQUEUE_HEADROOM, Recommendation
 
 API_VERSION = "fleetmq.io/v1alpha1"
@@ -48,9 +50,12 @@ def zone_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     deliveries = sum(r["deliveries"] for r in rows)
     retransmits = sum(r["retransmits"] for r in rows)
     drops: dict[str, int] = defaultdict(int)
+    reconnects: dict[str, int] = defaultdict(int)
     for r in rows:
         for reason, n in (r["drops"] or {}).items():
             drops[reason] += n
+        for reason, n in (r.get("bridge_reconnects") or {}).items():
+            reconnects[reason] += n
     return {
         "windows": len(rows),
         "publishes": sum(r["publishes"] for r in rows),
@@ -65,6 +70,8 @@ def zone_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "drops": dict(sorted(drops.items())),
         "takeovers": sum(r["takeovers"] for r in rows),
         "keepalive_timeouts": sum(r["keepalive_timeouts"] for r in rows),
+        "acks": sum(r["acks"] for r in rows),
+        "bridge_reconnects": dict(sorted(reconnects.items())),
     }
 
 
@@ -103,6 +110,22 @@ def markdown(
             f"| {s['inflight_full']} | {_fmt(s['queue_depth_p99'])} | {_fmt(s['offline_backlog_p99'])} | {drops} "
             f"| {s['takeovers']} | {s['keepalive_timeouts']} |"
         )
+    bridges = {z: zone_summary(zr) for z, zr in zones.items() if z.startswith(BRIDGE_ZONE_PREFIX)}
+    if bridges:
+        out += [
+            "",
+            "## Bridges",
+            "",
+            "A bridge's queue is its session in the fleet (zone `$bridge:<name>`): what the remote acknowledged is"
+            " that session's acks; drops are its queue's and the bridge's own (loop and excluded by design).",
+            "",
+            "| bridge | forwarded | drops | reconnects |",
+            "|---|---:|---|---|",
+        ]
+        for zone, s in bridges.items():
+            drops = ", ".join(f"{k} {v}" for k, v in s["drops"].items()) or "0"
+            again = ", ".join(f"{k} {v}" for k, v in s["bridge_reconnects"].items()) or "0"
+            out.append(f"| {zone.removeprefix(BRIDGE_ZONE_PREFIX)} | {s['acks']} | {drops} | {again} |")
     out += [
         "",
         "## Recommended zone settings",

@@ -197,3 +197,27 @@ def test_spark_percentiles_are_the_formula_module_s(spark):
     assert (
         got.where(F.col("g") == "d").first()["p99"] == sorted(groups["d"])[989]
     )  # rank ceil(0.99 * 999) = 990
+
+
+def test_a_bridge_reports_what_it_forwarded_dropped_and_why_it_reconnected(spark):
+    """A bridge's session is zone $bridge:<name>: its acks are what the remote acknowledged, its drops
+    those of its queue and of the bridge itself, and bridge_reconnect events why its link ended."""
+    from fleetmq.pipeline.render import markdown
+
+    z = "$bridge:cloud"
+    rows = [
+        event(0, "zone_config", zone=z, max_inflight=32, max_mqueue_len=1000, sample=1.0),
+        *[event(1000 + i, "ack", zone=z, client="b", msg_id=500 + i, qos=1) for i in range(5)],
+        event(2000, "drop", zone=z, client="b", reason="loop"),
+        event(2001, "drop", zone=z, client="b", reason="loop"),
+        event(2002, "drop", zone=z, client="b", reason="unmapped"),
+        event(3000, "bridge_reconnect", zone=z, client="b", reason="remote_closed"),
+        event(9000, "bridge_reconnect", zone=z, client="b", reason="connect_error"),
+        event(12000, "bridge_reconnect", zone=z, client="b", reason="connect_error"),
+    ]
+    got = zone_kpis(events_df(spark, rows), "60 seconds").collect()
+    [r] = [r.asDict() for r in got]
+    assert (r["zone"], r["acks"], r["drops"]) == (z, 5, {"loop": 2, "unmapped": 1})
+    assert r["bridge_reconnects"] == {"connect_error": 2, "remote_closed": 1}
+    text = markdown([r], [], window="60 seconds")
+    assert "| cloud | 5 | loop 2, unmapped 1 | connect_error 2, remote_closed 1 |" in text
