@@ -463,14 +463,14 @@ class Bridge:
             while link.live:
                 try:
                     data = await reader.read(65536)
+                    why = "the remote closed the connection"
                 except OSError as e:  # (reset: a remote gone while we were writing to it)
-                    link.close(f"the connection to the remote failed ({e})", Close.REMOTE_CLOSED)
-                    break
+                    data, why = b"", f"the connection to the remote failed ({e})"
                 if not data:
                     if link.phase == Phase.REMOTE_CONNECT:  # (an attempt that failed, not an outage)
-                        link.close("the remote closed the connection before CONNACK", Close.CONNECT_ERROR)
+                        link.close(f"{why} before CONNACK", Close.CONNECT_ERROR)
                     else:
-                        link.close("the remote closed the connection", Close.REMOTE_CLOSED)
+                        link.close(why, Close.REMOTE_CLOSED)
                     break
                 link.remote_data(data, loop.time())
                 flush()

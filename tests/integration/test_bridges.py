@@ -504,12 +504,6 @@ def test_ingress_survives_the_leader_killed_midway(fleet, remote, redis_server):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.xfail(
-    reason="open (issue 16): nothing is lost, QoS 2 arrives once and in order and the queue drains in time, "
-    "but some attempts through the test's relay get no CONNACK for 5 s, so the bridge misses up windows and "
-    "reconnects fewer times than there were outages (6-7 of 10)",
-    strict=False,
-)
 def test_a_flapping_remote_loses_nothing_and_reconnects_once_per_outage(fleet, tmp_path):
     """The remote stopped and started 10 times (3 s down, 5 s up) while 20,000 QoS 1 + 20,000 QoS 2 are
     published at 500/s: QoS 1 loses nothing, QoS 2 arrives once and is sent in order, the queue drains
