@@ -514,13 +514,13 @@ def _client_tls(cfg: BridgeConfig) -> ssl.SSLContext | None:
     if cfg.remote.transport not in ("tls", "wss"):
         return None
     tls = cfg.remote.tls
-    ctx = ssl.create_default_context(cafile=tls.cafile if tls else None)
-    if tls is not None:
-        if not tls.verify:
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        if tls.certfile and tls.keyfile:
-            ctx.load_cert_chain(tls.certfile, tls.keyfile)
+    cafile, certfile, keyfile = tls.files() if tls is not None else (None, None, None)
+    ctx = ssl.create_default_context(cafile=cafile)
+    if tls is not None and not tls.verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if certfile and keyfile:
+        ctx.load_cert_chain(certfile, keyfile)
     return ctx
 
 

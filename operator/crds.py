@@ -349,7 +349,7 @@ BridgeQueueSpec = derive_all("BridgeQueueSpec", BridgeQueue, doc(BridgeQueue))
 ReconnectSpec = derive_all("ReconnectSpec", Reconnect, doc(Reconnect))
 LoopPreventionSpec = derive_all("LoopPreventionSpec", LoopPrevention, "Loop prevention across bridges.")
 _BridgeTlsBase = derive_all(
-    "BridgeTlsBase", BridgeTls, doc(BridgeTls), skip=("cafile", "certfile", "keyfile")
+    "BridgeTlsBase", BridgeTls, doc(BridgeTls), skip=("cafile", "certfile", "keyfile", "secret_dir")
 )
 
 
@@ -424,7 +424,7 @@ class MqttBridgeSpec(_BridgeBase):  # type: ignore[misc,valid-type]
         if tls is not None:
             ref = tls.pop("secretRef", None)
             if ref is not None and tls_dir is not None:
-                tls["cafile"] = f"{tls_dir}/ca.crt"
+                tls["secret_dir"] = tls_dir  # (ca.crt, and tls.crt with tls.key, where the Secret has them)
         return BridgeConfig.model_validate({"name": name, **data})
 
 

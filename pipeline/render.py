@@ -70,7 +70,7 @@ def zone_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "drops": dict(sorted(drops.items())),
         "takeovers": sum(r["takeovers"] for r in rows),
         "keepalive_timeouts": sum(r["keepalive_timeouts"] for r in rows),
-        "acks": sum(r["acks"] for r in rows),
+        "acks": sum(r.get("acks") or 0 for r in rows),
         "bridge_reconnects": dict(sorted(reconnects.items())),
     }
 

@@ -665,3 +665,54 @@ def test_a_remote_refusing_the_credentials_shows_in_status_and_metrics_without_a
     info = redis_server.command("HGET", "fmq:nodeinfo:{node-0}", "bridges", decode=True)
     status = json.loads(info)["cloud"]
     assert status["connected"] is False and "0x86" in status["last_error"], status
+
+
+def test_a_remote_that_requires_a_client_certificate_gets_the_one_in_the_tls_secret(fleet, pki, tmp_path):
+    """The bridge's TLS Secret, mounted as a directory (ca.crt, tls.crt, tls.key), verifies the remote
+    and authenticates the bridge to a remote that requires a client certificate."""
+    import shutil
+    import ssl
+
+    secret = tmp_path / "tls-secret"
+    secret.mkdir()
+    shutil.copy(pki["ca"], secret / "ca.crt")
+    shutil.copy(pki["client"][0], secret / "tls.crt")
+    shutil.copy(pki["client"][1], secret / "tls.key")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(*pki["server"])
+    ctx.load_verify_locations(pki["ca"])
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    peers: list[str] = []
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                raw, _ = srv.accept()
+            except OSError:
+                return
+            try:
+                conn = ctx.wrap_socket(raw, server_side=True)
+                conn.recv(4096)  # its CONNECT
+                subject = dict(x[0] for x in conn.getpeercert()["subject"])
+                peers.append(subject["commonName"])
+                conn.sendall(bytes([0x20, 3, 0, 0, 0]))  # CONNACK: success, no properties
+                held.append(conn)
+            except (OSError, ssl.SSLError):
+                raw.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    bridge = {"name": "cloud",
+              "remote": {"host": "127.0.0.1", "port": port, "transport": "tls", "tls": {"secret_dir": str(secret)}},
+              "forwards": [{"filter": "up/#", "destination": "site1/{#}"}]}  # fmt: skip
+    try:
+        (bp,) = fleet(1, None, {"event_log": {"fleet": "edge"}, "bridges": [bridge]})
+        wait_until(lambda: bp.metric("fleetmq_bridge_connected", bridge="cloud") == 1, timeout=20,
+                   msg="the bridge connected over TLS with its client certificate")  # fmt: skip
+        assert peers[-1] == "client"
+    finally:
+        srv.close()
+        for c in held:
+            c.close()

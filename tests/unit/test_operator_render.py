@@ -312,7 +312,7 @@ def test_bridges_go_into_the_config_with_their_secrets_mounted():
     [bc] = cfg.bridges
     assert (bc.name, bc.remote.address, bc.remote.username) == ("cloud", ("mqtt.example.com", 8883), "edge")
     assert bc.remote.password_file == "/etc/fleetmq/bridges/cloud/auth/password"
-    assert bc.remote.tls is not None and bc.remote.tls.cafile == "/etc/fleetmq/bridges/cloud/tls/ca.crt"
+    assert bc.remote.tls is not None and bc.remote.tls.secret_dir == "/etc/fleetmq/bridges/cloud/tls"
     assert (bc.forwards[0].max_qos, bc.queue.max_length, bc.queue.overflow) == (1, 500, "dropNew")
     assert cfg.config_hash() == r.config_hash
     pod = broker_sts(r)["spec"]["template"]["spec"]
