@@ -48,6 +48,7 @@ from .eventschema import BridgeCloseReason as Close
 from .negotiation import INTERNAL
 from .redisclient import read_secret
 from .telemetry import Telemetry
+from .websocket import ClientWebSocket
 
 log = logging.getLogger("fleetmq.bridge")
 
@@ -406,8 +407,6 @@ class Bridge:
         """One connection to the remote, relayed until it ends; returns how and why it ended."""
         cfg = self.cfg
         host, port = cfg.remote.address
-        if cfg.remote.transport in ("ws", "wss"):
-            return Close.CONNECT_ERROR, f"transport {cfg.remote.transport} is not supported yet (tcp, tls)"
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, port, ssl=_client_tls(cfg), server_hostname=_sni(cfg)),
@@ -422,6 +421,19 @@ class Bridge:
             writer.close()
             return Close.CONNECT_ERROR, str(e)
         link = self.link = BridgeLink(cfg, self.fleet, password.encode() if password else None, loop.time())
+        ws = ClientWebSocket(host, cfg.remote.path) if cfg.remote.transport in ("ws", "wss") else None
+        early = bytearray()  # (ws: MQTT bytes waiting for the handshake)
+        if ws is not None:
+            writer.write(ws.handshake())
+
+        def to_remote(out: bytes) -> None:
+            if ws is None:
+                writer.write(out)
+            elif ws.open:
+                writer.write(ws.frame(out))
+            else:
+                early.extend(out)
+
         ended = asyncio.Event()
         channel: Channel | None = None
         connected_at: float | None = None
@@ -433,7 +445,7 @@ class Bridge:
                     self.telemetry.bridge_dropped(cfg.session_id, reason, n)
             out = link.take_remote()
             if out and not writer.is_closing():
-                writer.write(out)
+                to_remote(out)
             data = link.take_local()
             if data and not io.closed:
                 if channel is None:  # the link's CONNECT: the session's connection opens now
@@ -462,10 +474,26 @@ class Bridge:
         async def read_remote() -> None:
             while link.live:
                 try:
-                    data = await reader.read(65536)
+                    raw = await reader.read(65536)
                     why = "the remote closed the connection"
                 except OSError as e:  # (reset: a remote gone while we were writing to it)
-                    data, why = b"", f"the connection to the remote failed ({e})"
+                    raw, why = b"", f"the connection to the remote failed ({e})"
+                data = raw
+                if ws is not None:
+                    data, out = ws.receive(raw or None)
+                    if ws.open and early:
+                        out += ws.frame(bytes(early))
+                        early.clear()
+                    if out and not writer.is_closing():
+                        writer.write(out)
+                    if ws.closed:
+                        why = ws.error or why
+                        if data:
+                            link.remote_data(data, loop.time())
+                            flush()
+                        data = b""
+                    elif not data:
+                        continue  # (the handshake's answer, a ping)
                 if not data:
                     if link.phase == Phase.REMOTE_CONNECT:  # (an attempt that failed, not an outage)
                         link.close(f"{why} before CONNACK", Close.CONNECT_ERROR)

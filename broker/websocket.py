@@ -105,3 +105,25 @@ class WebSocket:
             return self._ws.send(event)
         except LocalProtocolError:  # the peer closed first: nothing more to say
             return b""
+
+
+class ClientWebSocket(WebSocket):
+    """The client side (a bridge's ws/wss remote): `handshake` first; MQTT bytes go out with `frame`
+    once `open`, and `receive` gives what the remote sent."""
+
+    __slots__ = ("host",)
+
+    def __init__(self, host: str, path: str) -> None:
+        super().__init__(path)
+        self.host = host
+        self._ws = WSConnection(ConnectionType.CLIENT)
+
+    def handshake(self) -> bytes:
+        return self._send(Request(host=self.host, target=self.path, subprotocols=["mqtt"]))
+
+    def _handle(self, event: Event, mqtt: list[bytes], out: list[bytes]) -> None:
+        if isinstance(event, RejectConnection):
+            self.error = f"the remote refused the websocket (HTTP {event.status_code})"
+            self.closed = True
+        elif not isinstance(event, AcceptConnection):
+            super()._handle(event, mqtt, out)

@@ -243,9 +243,12 @@ def start_fleetmq(
     return bp
 
 
-def start_mosquitto(workdir: Path, *, persistence: bool = False, port: int | None = None) -> BrokerProc:
+def start_mosquitto(
+    workdir: Path, *, persistence: bool = False, port: int | None = None, websockets: bool = False
+) -> BrokerProc:
     """mosquitto on loopback; `persistence` keeps its sessions and queues in workdir across restarts
-    (a remote broker of a bridge), `port` reuses one (a restart)."""
+    (a remote broker of a bridge), `port` reuses one (a restart); `websockets` adds a WebSocket
+    listener (its port in `ports["ws"]`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     name = uid("mosquitto-")
@@ -257,7 +260,12 @@ def start_mosquitto(workdir: Path, *, persistence: bool = False, port: int | Non
         if persistence
         else "persistence false\nmax_queued_messages 10000\n"
     )
-    conf.write_text(f"listener {port} {HOST}\nallow_anonymous true\n{persist}log_dest stderr\nlog_type all\n")
+    ws_port = free_port() if websockets else None
+    ws = f"listener {ws_port} {HOST}\nprotocol websockets\n" if ws_port else ""
+    conf.write_text(
+        f"per_listener_settings false\nlistener {port} {HOST}\n{ws}allow_anonymous true\n{persist}"
+        "log_dest stderr\nlog_type all\n"
+    )
     log_path = workdir / f"{name}.log"
     logf = open(log_path, "wb")  # noqa: SIM115
     proc = subprocess.Popen(
@@ -265,8 +273,9 @@ def start_mosquitto(workdir: Path, *, persistence: bool = False, port: int | Non
     )
     logf.close()
     bp = BrokerProc(
-        HOST, port, None, proc, log_path, "mosquitto", conf, {"mqtt": port}, [MOSQUITTO_BIN, "-c", str(conf)]
-    )
+        HOST, port, None, proc, log_path, "mosquitto", conf,
+        {"mqtt": port, **({"ws": ws_port} if ws_port else {})}, [MOSQUITTO_BIN, "-c", str(conf)],
+    )  # fmt: skip
     LIVE_BROKERS.append(bp)
     try:
         _wait_port(bp, port)

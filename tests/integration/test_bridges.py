@@ -716,3 +716,30 @@ def test_a_remote_that_requires_a_client_certificate_gets_the_one_in_the_tls_sec
         srv.close()
         for c in held:
             c.close()
+
+
+def test_a_bridge_forwards_over_websocket(fleet, tmp_path):
+    """A ws remote (mosquitto's WebSocket listener, path /mqtt): QoS 1 and 2 messages arrive once each."""
+    rem = start_mosquitto(tmp_path / "remote", websockets=True)
+    try:
+        col = Collector(rem.host, rem.port, "site1/#")
+        bridge = {"name": "cloud", "remote": {"host": rem.host, "port": rem.ports["ws"], "transport": "ws"},
+                  "forwards": [{"filter": "up/#", "destination": "site1/{#}"}]}  # fmt: skip
+        (bp,) = fleet(1, None, {"event_log": {"fleet": "edge"}, "bridges": [bridge]})
+        wait_until(lambda: bp.metric("fleetmq_bridge_connected", bridge="cloud") == 1, timeout=20,
+                   msg="the bridge connected over WebSocket")  # fmt: skip
+        every = [f"{i:06d}".encode() for i in range(200)]
+        pub = _publisher(bp)
+        try:
+            for q in (1, 2):
+                _publish_all(pub, f"up/q{q}", every, q)
+        finally:
+            pub.loop_stop()
+            pub.disconnect()
+        wait_until(lambda: all(col.has_all(f"site1/up/q{q}", every) for q in (1, 2)), timeout=30,
+                   msg="everything at the remote")  # fmt: skip
+        time.sleep(1.0)
+        col.stop()
+    finally:
+        rem.stop()
+    assert sorted(col.payloads("site1/up/q2")) == every, "QoS 2 lost or duplicated over WebSocket"
