@@ -240,6 +240,7 @@ class BridgeConfig(_Model):
         return ZoneSettings(
             max_inflight=self.max_inflight,
             max_mqueue_len=self.queue.max_length,
+            max_mqueue_bytes=self.queue.max_bytes,
             mqueue_overflow=self.queue.overflow,
             mqueue_store_qos0=self.queue.store_qos0,
             retry_v5=False,

@@ -9,7 +9,7 @@ deque's own.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .message import Delivery
 
@@ -50,3 +50,67 @@ class MQueue(deque[Delivery]):
             self.clear()
             self.extend(kept)
         return taken
+
+
+def size(d: Delivery) -> int:
+    """What a delivery counts for against a byte limit: its payload and topic."""
+    return len(d.msg.payload) + len(d.msg.topic)
+
+
+class BytesMQueue(MQueue):
+    """An MQueue bounded by bytes too (a bridge's `queue.maxBytes`, a zone's max_mqueue_bytes). Every way
+    a delivery enters or leaves keeps the count; zones without a byte limit use the plain MQueue, whose
+    refill pops stay the deque's own."""
+
+    __slots__ = ("bytes", "max_bytes")
+
+    def __init__(self, max_len: int = 0, drop_new: bool = False, max_bytes: int = 0) -> None:
+        super().__init__(max_len, drop_new)
+        self.max_bytes = max_bytes
+        self.bytes = 0
+
+    def append(self, d: Delivery) -> None:
+        super().append(d)
+        self.bytes += size(d)
+
+    def extend(self, ds: Iterable[Delivery]) -> None:
+        for d in ds:
+            self.append(d)
+
+    def insert(self, i: int, d: Delivery) -> None:
+        super().insert(i, d)
+        self.bytes += size(d)
+
+    def popleft(self) -> Delivery:
+        d = super().popleft()
+        self.bytes -= size(d)
+        return d
+
+    def pop(self) -> Delivery:  # type: ignore[override]
+        d = super().pop()
+        self.bytes -= size(d)
+        return d
+
+    def clear(self) -> None:
+        super().clear()
+        self.bytes = 0
+
+    def push(self, delivery: Delivery) -> list[Delivery]:
+        if self.drop_new and self.bytes + size(delivery) > self.max_bytes:
+            return [delivery]
+        return super().push(delivery)
+
+    def trim(self) -> list[Delivery]:
+        gone = super().trim()
+        pop = self.pop if self.drop_new else self.popleft
+        while self.bytes > self.max_bytes and self:
+            gone.append(pop())
+        return gone
+
+
+def for_zone(max_len: int, drop_new: bool, max_bytes: int, old: MQueue | None = None) -> MQueue:
+    """The queue a zone's settings call for, holding what `old` held (not trimmed yet: see `trim`)."""
+    q = BytesMQueue(max_len, drop_new, max_bytes) if max_bytes else MQueue(max_len, drop_new)
+    if old is not None:
+        q.extend(old)
+    return q

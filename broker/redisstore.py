@@ -83,6 +83,21 @@ local function hdel_list(key, list, first, n)
   end
   if #t > 0 then redis.call('HDEL', key, unpack(t)) end
 end
+-- The stored bytes of packed deliveries (what a queue's byte limit counts, meta field 'qb').
+local function sizes(items, from, to)
+  local n = 0
+  for k = from or 1, to or #items do n = n + #items[k] end
+  return n
+end
+-- Items taken off the front of queue q: its byte count goes down (and starts over once it is empty, so a
+-- count that drifted, or began after the queue did, heals).
+local function drained(m, q, items)
+  if redis.call('LLEN', q) == 0 then
+    redis.call('HDEL', m, 'qb')
+  else
+    redis.call('HINCRBY', m, 'qb', -sizes(items))
+  end
+end
 -- Move up to n (all if n <= 0) deliveries queued in q into the journal i, numbering them in order from
 -- `first` (positions the owner reserved for them: its later deliveries come after, whatever it stored
 -- since) or, without one, from the stored counter. The counter only grows.
@@ -92,6 +107,7 @@ local function move_queue(m, q, i, n, first)
   local start = first or stored
   if #items == 0 then return start, items end
   redis.call('LTRIM', q, #items, -1)
+  drained(m, q, items)
   local t = {}
   for k = 1, #items do
     t[#t + 1] = string.sub(items[k], 1, @ID_LEN@)
@@ -125,7 +141,7 @@ end
 -- queue when woken, and wakes itself after a partial pull), keep the session's TTL, and trim an offline
 -- session's queue to its limit (the oldest go, or the new ones with 'qnew'). Returns how many were dropped and the session's zone.
 local function queue_push(m, q, wakes, cid, items)
-  local meta = redis.call('HMGET', m, 'maxq', 'zone', 'online', 'node', 'qnew')
+  local meta = redis.call('HMGET', m, 'maxq', 'zone', 'online', 'node', 'qnew', 'maxb')
   local online = meta[3] == '1'
   local before = redis.call('LLEN', q)
   for j = 1, #items, CHUNK_N do
@@ -137,11 +153,29 @@ local function queue_push(m, q, wakes, cid, items)
   end
   local ttl = redis.call('PTTL', m)
   if ttl > 0 then redis.call('PEXPIRE', q, ttl) end
+  local qb = redis.call('HINCRBY', m, 'qb', sizes(items))
   local dropped = 0
   local max = tonumber(meta[1] or '0')
+  local drop_new = meta[5] == '1'
   if max > 0 and not online and len > max then
     dropped = len - max
-    if meta[5] == '1' then redis.call('LTRIM', q, 0, max - 1) else redis.call('LTRIM', q, dropped, -1) end
+    if drop_new then
+      qb = redis.call('HINCRBY', m, 'qb', -sizes(items, math.max(#items - dropped + 1, 1)))
+      redis.call('LTRIM', q, 0, max - 1)
+    else
+      qb = redis.call('HINCRBY', m, 'qb', -sizes(redis.call('LRANGE', q, 0, dropped - 1)))
+      redis.call('LTRIM', q, dropped, -1)
+    end
+    len = max
+  end
+  local maxb = tonumber(meta[6] or '0')
+  if maxb > 0 and not online then  -- then by bytes (meta 'qb'), as the overflow policy says
+    local room = drop_new and math.min(#items - dropped, len) or len
+    while qb > maxb and room > 0 do
+      local gone = drop_new and redis.call('RPOP', q) or redis.call('LPOP', q)
+      qb = redis.call('HINCRBY', m, 'qb', -#gone)
+      dropped, room = dropped + 1, room - 1
+    end
   end
   return dropped, meta[2] or 'default'
 end
@@ -342,7 +376,10 @@ if ARGV[3] == '1' then
   return {start, items}
 end
 local items = redis.call('LRANGE', KEYS[2], 0, n - 1)
-if #items > 0 then redis.call('LTRIM', KEYS[2], #items, -1) end
+if #items > 0 then
+  redis.call('LTRIM', KEYS[2], #items, -1)
+  drained(KEYS[1], KEYS[2], items)
+end
 return {-1, items}
 """
 
@@ -918,6 +955,7 @@ class RedisStore(SessionStore):
             "order": s.order,
             "maxq": z.max_mqueue_len,
             "qnew": int(z.mqueue_overflow == "dropNew"),
+            "maxb": z.max_mqueue_bytes,
             "qos0": int(z.mqueue_store_qos0),
             "online": 0,
             "node": "",

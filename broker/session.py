@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from .inflight import Inflight
 from .journal import Journal, JournalSink
 from .message import Delivery
-from .mqueue import MQueue
+from .mqueue import for_zone
 from .router import Subscription
 from .zones import ZoneSettings
 
@@ -62,7 +62,7 @@ class Session:
         self.receive_maximum = receive_maximum  # the client's (MQTT 5), 0 = not announced
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight = Inflight(self._window())
-        self.mqueue = MQueue(zone.max_mqueue_len, zone.mqueue_overflow == "dropNew")
+        self.mqueue = for_zone(zone.max_mqueue_len, zone.mqueue_overflow == "dropNew", zone.max_mqueue_bytes)
         self.awaiting_rel: dict[int, float] = {}  # incoming QoS2 packet id -> time received
         # Receipts (Message.receipt), on a store without cross-slot transactions: this session's
         # incarnation in the store, the receipts it gave, those of its ids awaiting PUBREL, and the
@@ -195,8 +195,9 @@ class Session:
         """Adopt new zone settings; return deliveries dropped because the queue limit shrank."""
         self.zone = zone
         self.inflight.max_size = self._window()
-        self.mqueue.max_len = zone.max_mqueue_len
-        self.mqueue.drop_new = zone.mqueue_overflow == "dropNew"
+        self.mqueue = for_zone(
+            zone.max_mqueue_len, zone.mqueue_overflow == "dropNew", zone.max_mqueue_bytes, self.mqueue
+        )
         return self._forget(self.mqueue.trim())
 
     def set_receive_maximum(self, value: int) -> None:

@@ -70,6 +70,12 @@ class ZoneSettings(BaseModel):
         ge=0,
         description="Message Queue length per session. 0 = no limit. When full, one message goes (mqueue_overflow).",
     )
+    max_mqueue_bytes: int = Field(
+        0,
+        ge=0,
+        description="Bytes the Message Queue holds at most (its messages' payloads and topics; in Redis, "
+        "as stored); 0 = no limit. Beyond it, messages go as mqueue_overflow says.",
+    )
     mqueue_overflow: Literal["dropOldest", "dropNew"] = Field(
         "dropOldest",
         description="Which message goes when the Message Queue is full: the oldest (EMQX's way) or the new one.",

@@ -55,6 +55,7 @@ CrdDuration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(D
 SESSION_FIELDS = {
     "max_inflight": "maxInflight",
     "max_mqueue_len": "maxMqueueLen",
+    "max_mqueue_bytes": "maxMqueueBytes",
     "mqueue_overflow": "mqueueOverflow",
     "mqueue_store_qos0": "mqueueStoreQos0",
     "retry_interval": "retryInterval",

@@ -118,3 +118,38 @@ async def test_a_journal_does_not_store_what_a_fenced_publisher_routed(redis_ser
         assert [wire.unpack_journal(v).msg.payload for v in journal.values()] == [b"ok"]
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(("overflow", "kept"), [("dropOldest", [b"%04d" % n for n in range(6, 10)]),
+                                                ("dropNew", [b"%04d" % n for n in range(4)])])  # fmt: skip
+async def test_an_offline_queue_is_bounded_by_bytes_as_its_overflow_policy_says(redis_server, overflow, kept):
+    """max_mqueue_bytes (a bridge's queue.maxBytes) in the store: the queue keeps what fits, the oldest
+    or the new ones going as the overflow policy says, every drop counted; the byte count drains with
+    the queue."""
+    from fleetmq.broker.session import Session
+    from fleetmq.broker.store import Enqueue, Save
+
+    store = RedisStore.from_url(redis_server.url, "n1")
+    await store.open()
+    try:
+        cid = f"bytes-{overflow}"
+        zone = ZoneSettings(max_mqueue_len=0, max_mqueue_bytes=1024, mqueue_overflow=overflow)
+        claimed = await store.claim(cid, zone, "default", False, expiry=60)
+        session = Session(cid, zone, "default", expiry_interval=60)
+        session.epoch = claimed.epoch
+        await store.commit([Save(session, 60)])  # parked: offline, its limits in the store
+        big = b"x" * 190  # with topic "t/x" and the packing, 240 bytes stored: 4 fit in 1024
+        dropped = 0
+        for n in range(10):
+            d = delivery(b"%04d" % n + big, 1, -1)
+            result = await store.commit([Enqueue(cid, d)])
+            dropped += sum(k for _z, _c, k in result.dropped)
+        q, meta = keys.session_keys(cid)[keys.QUEUE], keys.session_keys(cid)[keys.META]
+        got = [wire.unpack_delivery(r).msg.payload[:4] for r in await store.redis.lrange(q, 0, -1)]
+        assert got == kept and dropped == 6
+        assert 0 < int(await store.redis.hget(meta, "qb")) <= 1024
+        again = await store.claim(cid, zone, "default", False, expiry=60)
+        assert again.stored is not None and len(again.stored.deliveries) == 4
+        assert await store.redis.hget(meta, "qb") is None  # (the queue moved into the session: drained)
+    finally:
+        await store.close()

@@ -163,6 +163,36 @@ def test_queue_full_with_drop_new_keeps_the_oldest_and_drops_the_newcomer():
     assert queued(s) == ["2"]
 
 
+def test_a_byte_bound_queue_keeps_what_fits_by_its_overflow_policy():
+    """max_mqueue_bytes (a bridge's queue.maxBytes): each delivery counts its payload and topic; the
+    oldest go (or the newcomer, with dropNew) until the rest fits; a zone change brings the bound in or
+    takes it away without losing what is queued."""
+
+    def dl_sized(n: int) -> Delivery:
+        return Delivery(Message("t", b"%d" % n + b"x" * 98, 1), 1, False)  # 100 bytes with the topic
+
+    s = Session("c", zone(max_inflight=1, max_mqueue_len=0, max_mqueue_bytes=350))
+    s.deliver(dl_sized(0), 0.0)  # (in the window)
+    dropped = [d for n in range(1, 6) for d in s.deliver(dl_sized(n), 0.0)[1]]
+    assert [d.msg.payload[:1] for d in dropped] == [b"1", b"2"] and len(s.mqueue) == 3
+    assert s.mqueue.bytes == 300
+    new = Session(
+        "c", zone(max_inflight=1, max_mqueue_len=0, max_mqueue_bytes=250, mqueue_overflow="dropNew")
+    )
+    new.deliver(dl_sized(0), 0.0)
+    kept = [new.deliver(dl_sized(n), 0.0)[1] for n in range(1, 5)]
+    assert [len(k) for k in kept] == [0, 0, 1, 1] and [d.msg.payload[:1] for d in new.mqueue] == [b"1", b"2"]
+    assert (
+        new.apply_zone(zone(max_inflight=1, max_mqueue_len=0)) == []
+        and new.mqueue.__class__.__name__ == "MQueue"
+    )
+    assert [d.msg.payload[:1] for d in new.mqueue] == [b"1", b"2"]
+    gone = new.apply_zone(
+        zone(max_inflight=1, max_mqueue_len=0, max_mqueue_bytes=150, mqueue_overflow="dropNew")
+    )
+    assert [d.msg.payload[:1] for d in gone] == [b"2"] and new.mqueue.bytes == 100
+
+
 def test_zero_max_inflight_is_unlimited():
     s = Session("c", zone(max_inflight=0, max_mqueue_len=1))
     for n in range(500):
