@@ -31,8 +31,10 @@ from bench.brokers import (
     Fleetmq,
     FleetmqAllowList,
     FleetmqAt,
+    FleetmqBridge,
     FleetmqDenyRule,
     Mosquitto,
+    MosquittoBridge,
     Rumqttd,
 )
 from bench.fleet import TAKEOVER_INFLIGHT, Fleet, FleetNode, store_delta, store_snapshot
@@ -59,10 +61,14 @@ ACL_ROWS = ["acl-fanin-q1"]
 # fleetmq's per-message path in one process under callgrind: instructions per message, this checkout beside
 # each --baseline (repeatable whatever the machine does; bench/hotpath.py)
 HOTPATH_ROWS = ["hotpath-q0", "hotpath-q1", "hotpath-q2"]
+# egress through a bridge: publishers on one broker, subscribers on a mosquitto it forwards to (issue 16)
+BRIDGE_ROWS = ["bridge-pt2pt-q1"]
+BRIDGE_REPS = 3
 ALL_ROWS = (
     [f"{m}-q{q}" for m in MODES for q in (0, 1, 2)]
     + TLS_ROWS
     + ACL_ROWS
+    + BRIDGE_ROWS
     + HOTPATH_ROWS
     + FLEET_ROWS
     + ["idle"]
@@ -544,6 +550,48 @@ def run_acl_row(key: str, workdir: Path, binary: Path, args: argparse.Namespace)
             b.stop()
 
 
+def run_bridge_row(key: str, workdir: Path, binary: Path, args: argparse.Namespace) -> Row:
+    """Point-to-point at QoS 1, publishers on the bridging broker and subscribers on the remote (a
+    mosquitto): fleetmq's bridge beside mosquitto's own, one at a time on the CPU, interleaved."""
+    mode, q = key.removeprefix("bridge-").rsplit("-q", 1)
+    remote = Mosquitto(workdir / "remote")
+    err = ensure_running(remote, {})
+    if err:
+        return Row(f"bridge-{mode}", int(q), {"mosquitto-bridge": Cell(error=f"the remote: {err}")})
+    brokers: list[Broker] = [MosquittoBridge(workdir, remote.port), FleetmqBridge(workdir, remote.port)]
+
+    def variant(broker: Broker) -> Callable[[], Cell]:
+        def run() -> Cell:
+            for other in brokers:
+                if other is not broker:
+                    other.stop()
+            err = ensure_running(broker, {})
+            if err:
+                return Cell(error=err)
+            time.sleep(BRIDGE_SETTLE_S)  # (its bridge connects)
+            return _measured(
+                lambda pids: driver.run_flow(
+                    binary, broker.port, mode, int(q), duration=args.duration, warmup=args.warmup,
+                    window=args.window, payload=args.payload, sub_port=remote.port, cpu_pids=pids,
+                ),
+                {broker.name: broker.pid},
+                None,
+                lambda: None if broker.alive() else broker.exit_reason(),
+            )  # fmt: skip
+
+        return run
+
+    row = Row(f"bridge-{mode}", int(q))
+    try:
+        return run_interleaved(key, row, {b.name: variant(b) for b in brokers}, BRIDGE_REPS)
+    finally:
+        for b in [*brokers, remote]:
+            b.stop()
+
+
+BRIDGE_SETTLE_S = 1.5
+
+
 def _snapshot(node: FleetNode, fleet: Fleet, qos: int) -> dict[str, float] | None:
     try:
         return store_snapshot(node, fleet.redis, qos)
@@ -732,6 +780,14 @@ def main(argv: list[str] | None = None) -> int:
                 if key in HOTPATH_ROWS:
                     if "fleetmq" in brokers:
                         rows.append(run_hotpath_row(key, args.baseline))
+                    continue
+                if key in BRIDGE_ROWS:
+                    if "fleetmq" in brokers:
+                        for broker in brokers.values():
+                            broker.stop()
+                        if fleet is not None:
+                            fleet.stop()
+                        rows.append(run_bridge_row(key, Path(tmp) / "bridge", binary, args))
                     continue
                 if key in ACL_ROWS:
                     if "fleetmq" in brokers:

@@ -239,6 +239,48 @@ class FleetmqDenyRule(Fleetmq):
     )
 
 
+class MosquittoBridge(Mosquitto):
+    """mosquitto forwarding `bench/#` to another broker with its own bridge, at QoS 1 (its defaults
+    otherwise): the baseline of the bridge row."""
+
+    name = "mosquitto-bridge"
+
+    def __init__(self, workdir: Path, remote_port: int) -> None:
+        super().__init__(workdir)
+        self.remote_port = remote_port
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        conf = self.workdir / "mosquitto.conf"
+        conf.write_text(
+            conf.read_text()
+            + f"connection cloud\naddress {HOST}:{self.remote_port}\ntopic bench/# out 1\ncleansession true\n"
+        )
+        return cmd
+
+
+class FleetmqBridge(Fleetmq):
+    """fleetmq forwarding `bench/#` to another broker through a bridge (its defaults: a window of 32, the
+    queue in its session), topics unchanged, at most QoS 1."""
+
+    name = "fleetmq-bridge"
+
+    def __init__(self, workdir: Path, remote_port: int) -> None:
+        super().__init__(workdir)
+        self.remote_port = remote_port
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        cfg = self.workdir / "fleetmq.yaml"
+        cfg.write_text(
+            cfg.read_text()
+            + "bridges:\n"
+            + f"  - {{name: cloud, remote: {{host: {HOST}, port: {self.remote_port}}},\n"
+            + '     forwards: [{filter: "bench/#", destination: "{#}", max_qos: 1}]}\n'
+        )
+        return cmd
+
+
 class Rumqttd(Broker):
     """rumqttd (bytebeamio/rumqtt, Rust), a second anchor: MQTT 3.1.1 listeners, limits as large as its
     config allows. Built by the bench into the cache from the published crate (see `build_rumqttd`)."""

@@ -32,6 +32,8 @@ STORE_BALANCE_TARGET = 0.25
 # Issue 11: rules without a deny rule that a subscription overlaps cost nothing per delivery (the broker's
 # CPU per delivered message, median of the rounds, within noise of no rules at all).
 ACL_NO_DENY_COST_TARGET = 1.05
+#: fleetmq's bridge beside mosquitto's own (issue 16: at least mosquitto's throughput)
+BRIDGE_RATIO_TARGET = 1.0
 
 
 @dataclass
@@ -142,6 +144,19 @@ def _acl_line(row: Row) -> str:
         f"{_cost(deny)} µs/msg | µs/msg vs no rules: allow-list {allow_s}; deny rule {deny_s} "
         f"| no rules: {_lat(base)} | allow-list: {_lat(allow)}; deny rule: {_lat(deny)} "
         f"| allow-list µs/msg ≤ {ACL_NO_DENY_COST_TARGET:.2f}x no rules; deny rule: report | {ok} |"
+    )
+
+
+def _bridge_line(row: Row) -> str:
+    m, f = row.cells.get("mosquitto-bridge"), row.cells.get("fleetmq-bridge")
+    r, shown = _median_ratio(f)
+    ok = "—" if r is None else ("yes" if r >= BRIDGE_RATIO_TARGET else "no")
+    if any(c is not None and c.error for c in (m, f)):
+        ok = "error"
+    return (
+        f"| {row.scenario} (egress: publishers on the bridging broker, subscribers on a mosquitto it forwards "
+        f"to; {_reps(m)} rounds) | {row.qos} | mosquitto's bridge: {_rate(m)} msg/s | fleetmq's bridge: "
+        f"{_rate(f)} msg/s | x{shown} | {_lat(m)} | {_lat(f)} | ≥ {BRIDGE_RATIO_TARGET:.1f}x | {ok} |"
     )
 
 
@@ -278,6 +293,8 @@ def _flow_line(row: Row) -> str:
         return _store_line(row)
     if row.scenario.startswith("acl-"):
         return _acl_line(row)
+    if row.scenario.startswith("bridge-"):
+        return _bridge_line(row)
     if row.scenario == "hotpath":
         return _hotpath_line(row)
     m, f = row.cells.get("mosquitto"), row.cells.get("fleetmq")
