@@ -109,7 +109,13 @@ class BytesMQueue(MQueue):
 
 
 def for_zone(max_len: int, drop_new: bool, max_bytes: int, old: MQueue | None = None) -> MQueue:
-    """The queue a zone's settings call for, holding what `old` held (not trimmed yet: see `trim`)."""
+    """The queue a zone's settings call for, holding what `old` held (not trimmed yet: see `trim`): `old`
+    itself when it is of the right kind."""
+    if old is not None and isinstance(old, BytesMQueue) == bool(max_bytes):
+        old.max_len, old.drop_new = max_len, drop_new
+        if isinstance(old, BytesMQueue):
+            old.max_bytes = max_bytes
+        return old
     q = BytesMQueue(max_len, drop_new, max_bytes) if max_bytes else MQueue(max_len, drop_new)
     if old is not None:
         q.extend(old)
