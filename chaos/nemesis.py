@@ -95,6 +95,15 @@ class Fleet(Protocol):
 
     async def failover(self, pick: float) -> str: ...
 
+    async def store_whole(self, timeout: float) -> bool:
+        """Until the store is back to full redundancy (every replica linked and caught up); False if it
+        was not within `timeout`."""
+        ...
+
+
+#: how long a Redis fault waits for the store to be whole again after the last one
+WHOLE_TIMEOUT = 30.0
+
 
 class Nemesis:
     def __init__(
@@ -134,6 +143,20 @@ class Nemesis:
             if self.history.now() + step.gap >= until - 0.5:
                 await asyncio.sleep(max(0.0, until - self.history.now()))
                 return
+            if step.kind in REDIS_KINDS and self.history.now() < until - 0.5:
+                # One failure at a time: wait_replicas 1 makes a write survive the loss of its primary, not
+                # that of the replica that confirmed it before another has it too. A Redis fault lands only
+                # once the last one has healed all the way (every replica in sync), then the gap begins.
+                t0 = self.history.now()
+                whole = await self.fleet.store_whole(min(WHOLE_TIMEOUT, max(0.0, until - t0)))
+                if self.history.now() - t0 >= 1.0 or not whole:
+                    self.history.notes.append(
+                        f"{self.history.now():.3f} the store {'was whole' if whole else 'was still not whole'} "
+                        f"after {self.history.now() - t0:.1f}s; {step.kind} next"
+                    )
+                if self.history.now() + step.gap >= until - 0.5:
+                    await asyncio.sleep(max(0.0, until - self.history.now()))
+                    return
             await asyncio.sleep(step.gap)
             await self.inject(step, until)
 

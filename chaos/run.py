@@ -202,6 +202,38 @@ class Fleet:
                 return
             await asyncio.sleep(0.05)
 
+    async def store_whole(self, timeout: float) -> bool:
+        if self.opts.store == "cluster":
+            ready = self._cluster_ready
+        elif self.sentinels:
+            ready = self._sentinel_whole
+        else:
+            return True  # (one Redis: nothing to wait for)
+        try:
+            await self._until("the store whole", ready, timeout)
+        except RuntimeError:
+            return False
+        return True
+
+    async def _sentinel_whole(self) -> bool:
+        """The sentinels' primary says it is one and has both replicas online, caught up with it."""
+        primaries = await self.primaries()
+        if not primaries or not primaries[0].alive() or primaries[0].paused:
+            return False
+        info = dict(
+            line.split(":", 1)
+            for line in str(await primaries[0].command("INFO", "replication")).split()
+            if ":" in line
+        )
+        if info.get("role") != "master":
+            return False
+        replicas = [dict(kv.split("=") for kv in v.split(",")) for k, v in info.items()
+                    if k.startswith("slave") and k[5:].isdigit()]  # fmt: skip
+        # (a linked replica acknowledging within the second is as caught up as a live stream gets)
+        return len(replicas) == len(self.redis) - 1 and all(
+            r.get("state") == "online" and int(r.get("lag", "99")) <= 1 for r in replicas
+        )
+
     async def replicas(self) -> list[Redis]:
         return [r for r in self.redis if r.alive() and not r.paused and await r.role() == "slave"]
 
