@@ -95,6 +95,8 @@ class Fleet(Protocol):
 
     async def failover(self, pick: float) -> str: ...
 
+    async def start_redis(self, rs: Redis) -> None: ...
+
     async def store_whole(self, timeout: float) -> bool:
         """Until the store is back to full redundancy (every replica linked and caught up); False if it
         was not within `timeout`."""
@@ -186,7 +188,7 @@ class Nemesis:
                 f = h.fault("redis-kill", rs.name, f"pid {rs.pid}, down {hold:.1f}s")
                 rs.kill()
                 await asyncio.sleep(hold)
-                await rs.start()
+                await fleet.start_redis(rs)
                 h.healed(f, f"new pid {rs.pid}")
             else:
                 f = h.fault("redis-pause", rs.name, f"SIGSTOP {hold:.1f}s")
@@ -203,7 +205,7 @@ class Nemesis:
                 f = h.fault("primary-kill", rs.name, f"pid {rs.pid}, down {hold:.1f}s")
                 rs.kill()
                 await asyncio.sleep(hold)
-                await rs.start()
+                await fleet.start_redis(rs)
                 h.healed(f, f"new pid {rs.pid}")
             else:
                 f = h.fault("replica-lag", rs.name, f"SIGSTOP {hold:.1f}s")
@@ -269,7 +271,7 @@ class Nemesis:
             if rs.paused:
                 rs.resume()
             if not rs.alive():
-                await rs.start()
+                await self.fleet.start_redis(rs)
         for p in self.fleet.proxies.values():
             p.heal()
         for n in self.fleet.nodes:

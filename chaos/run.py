@@ -202,6 +202,18 @@ class Fleet:
                 return
             await asyncio.sleep(0.05)
 
+    async def start_redis(self, rs: Redis) -> None:
+        """Start a killed Redis server again. On Sentinel it comes back as a pod of the managed Redis does
+        (operator/redis.sh): a replica of the primary the sentinels name, or the primary if they still name
+        it; never of the primary it was first given, which may be its own replica by now (a replication
+        loop: no master at all)."""
+        if self.sentinels:
+            for x in self.sentinels:
+                if x.alive() and not x.paused and (port := await x.primary_port()) is not None:
+                    rs.extra = [] if port == rs.port else ["--replicaof", HOST, str(port)]
+                    break
+        await rs.start()
+
     async def store_whole(self, timeout: float) -> bool:
         if self.opts.store == "cluster":
             ready = self._cluster_ready
@@ -314,7 +326,7 @@ class Fleet:
                     self.history.notes.append(
                         f"{self.history.now():.3f} {rs.name} exited with {rs.proc.returncode} on its own"
                     )
-                    await rs.start()
+                    await self.start_redis(rs)
 
     async def stop(self) -> list[str]:
         """Stop everything by pid; returns notes about exits at shutdown."""
