@@ -297,6 +297,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> I
         pytest.fail("redis-server not found: run `make deps`")
     tmp = tmp_path_factory.mktemp("monitoring")
     redis = RedisServer(tmp / "redis")
+    remote = harness.start_mosquitto(tmp / "remote")  # what the fleet's bridge forwards to
     nodes: list[BrokerProc] = []
     prom: PrometheusServer | None = None
     load: Load | None = None
@@ -308,6 +309,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> I
             prom.stop()
         for n in nodes:
             n.stop()
+        remote.stop()
         redis.stop()
 
     try:
@@ -315,6 +317,10 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> I
             cfg = copy.deepcopy(CONFIG)
             cfg["node_id"] = f"edge-{i}"
             cfg["store"] = {"kind": "redis", "url": redis.url}
+            cfg["bridges"] = [
+                {"name": "cloud", "remote": {"host": remote.host, "port": remote.port},
+                 "forwards": [{"filter": "load/#", "destination": "site/{#}"}]}
+            ]  # fmt: skip
             workers = ("--workers", "2") if i == 1 else ()  # its samples carry a `worker` label
             nodes.append(harness.start_fleetmq(tmp / f"edge-{i}", cfg, extra_args=workers))
         prom = PrometheusServer(
