@@ -65,7 +65,7 @@ def connection_kwargs(cfg: RedisStoreConfig, name: str) -> dict[str, Any]:
     """What every connection to the store's Redis servers is opened with."""
     kwargs: dict[str, Any] = {
         "decode_responses": False,
-        "health_check_interval": 5,
+        "health_check_interval": 1,  # (a pooled connection idle that long is PINGed first: a reset one is replaced, not failed on)
         "socket_connect_timeout": CONNECT_TIMEOUT,
         "socket_timeout": SOCKET_TIMEOUT,
         "retry_on_timeout": False,

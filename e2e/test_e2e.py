@@ -657,6 +657,8 @@ def test_prometheus_scrapes_every_pod_through_its_endpoints_and_every_dashboard_
                      "__rate_interval": "30s", "__interval": "10s", "__range": "10m"}  # fmt: skip
         empty, nan_only = [], []
         for dashboard, panel, expr in grafana.dashboard_queries():
+            if "fleetmq_bridge_" in expr:
+                continue  # (this fleet has no MqttBridge: its Bridges row shows "No data", as it should)
             values = {**variables, "namespace": RELEASE_NS} if dashboard == "fleetmq-operator" else variables
             expr = re.sub(r"\$\{?(\w+)\}?", lambda m, v=values: v[m.group(1)], expr)
             if m := re.fullmatch(r"label_values\((.*), (\w+)\)", expr):
