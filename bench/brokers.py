@@ -239,6 +239,11 @@ class FleetmqDenyRule(Fleetmq):
     )
 
 
+def _append(config: Path, text: str) -> None:
+    """More settings at the end of a config file its broker class wrote."""
+    config.write_text(config.read_text() + text)
+
+
 class MosquittoBridge(Mosquitto):
     """mosquitto forwarding `bench/#` to another broker with its own bridge, at QoS 1 (its defaults
     otherwise): the baseline of the bridge row."""
@@ -251,10 +256,9 @@ class MosquittoBridge(Mosquitto):
 
     def command(self) -> list[str]:
         cmd = super().command()
-        conf = self.workdir / "mosquitto.conf"
-        conf.write_text(
-            conf.read_text()
-            + f"connection cloud\naddress {HOST}:{self.remote_port}\ntopic bench/# out 1\ncleansession true\n"
+        _append(
+            self.workdir / "mosquitto.conf",
+            f"connection cloud\naddress {HOST}:{self.remote_port}\ntopic bench/# out 1\ncleansession true\n",
         )
         return cmd
 
@@ -271,12 +275,11 @@ class FleetmqBridge(Fleetmq):
 
     def command(self) -> list[str]:
         cmd = super().command()
-        cfg = self.workdir / "fleetmq.yaml"
-        cfg.write_text(
-            cfg.read_text()
-            + "bridges:\n"
-            + f"  - {{name: cloud, remote: {{host: {HOST}, port: {self.remote_port}}},\n"
-            + '     forwards: [{filter: "bench/#", destination: "{#}", max_qos: 1}]}\n'
+        _append(
+            self.workdir / "fleetmq.yaml",
+            "bridges:\n"
+            f"  - {{name: cloud, remote: {{host: {HOST}, port: {self.remote_port}}},\n"
+            '     forwards: [{filter: "bench/#", destination: "{#}", max_qos: 1}]}\n',
         )
         return cmd
 
