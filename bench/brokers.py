@@ -239,20 +239,24 @@ class FleetmqDenyRule(Fleetmq):
     )
 
 
+class _Forwarding(Broker):
+    """A broker that forwards to another one (the bridge row's variants): it knows the remote's port."""
+
+    def __init__(self, workdir: Path, remote_port: int) -> None:
+        super().__init__(workdir)
+        self.remote_port = remote_port
+
+
 def _append(config: Path, text: str) -> None:
     """More settings at the end of a config file its broker class wrote."""
     config.write_text(config.read_text() + text)
 
 
-class MosquittoBridge(Mosquitto):
+class MosquittoBridge(_Forwarding, Mosquitto):
     """mosquitto forwarding `bench/#` to another broker with its own bridge, at QoS 1 (its defaults
     otherwise): the baseline of the bridge row."""
 
     name = "mosquitto-bridge"
-
-    def __init__(self, workdir: Path, remote_port: int) -> None:
-        super().__init__(workdir)
-        self.remote_port = remote_port
 
     def command(self) -> list[str]:
         cmd = super().command()
@@ -263,15 +267,11 @@ class MosquittoBridge(Mosquitto):
         return cmd
 
 
-class FleetmqBridge(Fleetmq):
+class FleetmqBridge(_Forwarding, Fleetmq):
     """fleetmq forwarding `bench/#` to another broker through a bridge (its defaults: a window of 32, the
     queue in its session), topics unchanged, at most QoS 1."""
 
     name = "fleetmq-bridge"
-
-    def __init__(self, workdir: Path, remote_port: int) -> None:
-        super().__init__(workdir)
-        self.remote_port = remote_port
 
     def command(self) -> list[str]:
         cmd = super().command()
