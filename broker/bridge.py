@@ -42,7 +42,6 @@ from .codec import (
     Suback,
     Subscribe,
     Unsubscribe,
-    encode,
 )
 from .eventschema import BridgeCloseReason as Close
 from .negotiation import INTERNAL
@@ -226,7 +225,7 @@ class _Session:
                 self._replies.put_nowait(p)
 
     async def ask(self, packet: Any) -> Any:
-        self._ch.data_received(encode(packet, MQTT5))
+        self._ch.packets_received([packet])
         return await asyncio.wait_for(self._replies.get(), CONNECT_TIMEOUT)
 
     def subscriptions(self) -> list[str]:
@@ -235,7 +234,7 @@ class _Session:
 
     async def close(self) -> None:
         """DISCONNECT (normal: a persistent session is kept) and wait until the channel closed."""
-        self._ch.data_received(encode(Disconnect(0), MQTT5))
+        self._ch.packets_received([Disconnect(0)])
         await asyncio.wait_for(self._closed.wait(), CONNECT_TIMEOUT)
 
     async def __aenter__(self) -> _Session:
@@ -446,11 +445,11 @@ class Bridge:
             out = link.take_remote()
             if out and not writer.is_closing():
                 to_remote(out)
-            data = link.take_local()
-            if data and not io.closed:
+            packets = link.take_local()
+            if packets and not io.closed:
                 if channel is None:  # the link's CONNECT: the session's connection opens now
                     channel = self.channel = self._new_channel(io, f"bridge:{cfg.name}", INTERNAL)
-                channel.data_received(data)
+                channel.packets_received(packets)
             if connected_at is None and link.phase == Phase.UP:
                 connected_at = loop.time()
                 self.backoff.connected(connected_at)
@@ -542,13 +541,14 @@ def _client_tls(cfg: BridgeConfig) -> ssl.SSLContext | None:
     if cfg.remote.transport not in ("tls", "wss"):
         return None
     tls = cfg.remote.tls
-    cafile, certfile, keyfile = tls.files() if tls is not None else (None, None, None)
-    ctx = ssl.create_default_context(cafile=cafile)
-    if tls is not None and not tls.verify:
+    ctx = ssl.create_default_context(cafile=tls.cafile if tls is not None else None)
+    if tls is None:
+        return ctx
+    if not tls.verify:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
-    if certfile and keyfile:
-        ctx.load_cert_chain(certfile, keyfile)
+    if tls.certfile and tls.keyfile:
+        ctx.load_cert_chain(tls.certfile, tls.keyfile)
     return ctx
 
 

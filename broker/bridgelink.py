@@ -51,6 +51,8 @@ from .codec import (
     Subscribe,
     encode,
     encode_ack,
+    encode_properties,
+    encode_publish,
 )
 from .eventschema import BridgeCloseReason as Close
 from .eventschema import BridgeDropReason as Drop
@@ -67,6 +69,8 @@ _REMOTE_PROPS = (
     Prop.RESPONSE_TOPIC,
     Prop.CORRELATION_DATA,
 )
+#: egress routes kept (by topic, of messages without properties): past this many the cache starts over
+_ROUTES_CACHED = 4096
 _SUB_PID = 1  # the one SUBSCRIBE each side gets, before any PUBLISH uses packet ids there
 #: how long the remote may take to answer CONNECT (and the SUBSCRIBE after it) before the attempt counts
 #: as failed: a remote that accepts connections but never answers must not stall the bridge
@@ -127,13 +131,15 @@ class BridgeLink:
         self._remote = Parser(version=self.version)
         self._local = Parser(version=MQTT5)
         self._to_remote = bytearray()
-        self._to_local = bytearray()
+        self._to_local: list[Any] = []  # packets for the session's channel (in process: never encoded)
         self._held: list[Any] = []  # remote packets that wait until the session's channel is ready
         self._forwards = [
             (f, Template.parse(f.destination), [(k, v) for k, v in f.user_properties.items()])
             for f in cfg.forwards
         ]
         self._ingress = [(s.filter, Template.parse(s.destination)) for s in cfg.subscriptions]
+        self._routes: dict[str, tuple[bytes, bytes | None] | Drop] = {}  # egress routes by topic
+        self._peer = cfg.remote.peer
         # egress packet ids unacknowledged by the remote, and since when (the watchdog)
         self._unacked: dict[int, float] = {}
         # QoS 2 flows the link completes itself (dropped messages): ids from the session, from the remote
@@ -168,8 +174,8 @@ class BridgeLink:
         out, self._to_remote = bytes(self._to_remote), bytearray()
         return out
 
-    def take_local(self) -> bytes:
-        out, self._to_local = bytes(self._to_local), bytearray()
+    def take_local(self) -> list[Any]:
+        out, self._to_local = self._to_local, []
         return out
 
     @property
@@ -194,7 +200,7 @@ class BridgeLink:
         self._last_sent = now
 
     def _send_local(self, packet: Any) -> None:
-        self._to_local += encode(packet, MQTT5)
+        self._to_local.append(packet)
 
     def close(self, why: str, kind: Close = Close.STOPPED) -> None:
         """End the link (`kind`: a Close value, for metrics): a v5 remote is told (normal disconnection
@@ -327,11 +333,11 @@ class BridgeLink:
             if topic_matches(topic_filter, p.topic):
                 topic = template.render(p.topic)
                 break
-        if topic is None:
+        if not topic:  # (none of the subscriptions, or an empty topic)
             return self._drop_ingress(p, Drop.UNMAPPED, now)
         out = {k: v for k, v in props.items() if k in _REMOTE_PROPS}
         if self.version >= MQTT5:
-            out[Prop.USER_PROPERTY] = bridgeloop.ingress(user, self.cfg.remote.peer)
+            out[Prop.USER_PROPERTY] = bridgeloop.ingress(user, self._peer)
         self.received += 1
         self._send_local(Publish(topic, p.payload, p.qos, p.retain, p.dup, p.packet_id, out))
 
@@ -425,26 +431,22 @@ class BridgeLink:
     def _egress_publish(self, p: Publish, now: float) -> None:
         if p.dup and not self.remote_present:
             self.session_lost = True  # (the remote gets it as new: it had lost its copy)
-        route = self._forward_for(p.topic)
-        if route is None:
-            return self._drop_egress(p, Drop.EXCLUDED)
-        _forward, template, extra = route
-        mapped = template.render(p.topic)
-        if mapped is None:
-            return self._drop_egress(p, Drop.UNMAPPED)
-        props: dict[int, Any] = {}
-        if self.version >= MQTT5:
-            user = bridgeloop.egress(
-                p.properties.get(Prop.USER_PROPERTY) or [],
-                self.fleet,
-                self.cfg.remote.peer,
-                self.cfg.loop_prevention.hop_count_limit,
-            )
-            if user is None:
-                return self._drop_egress(p, Drop.LOOP)
-            props = {k: v for k, v in p.properties.items() if k in _REMOTE_PROPS}
-            props[Prop.USER_PROPERTY] = user + extra
-        packet = encode(Publish(mapped, p.payload, p.qos, p.retain, p.dup, p.packet_id, props), self.version)
+        props = p.properties
+        if props:
+            route = self._route(p.topic, props)
+        else:  # (the usual message: its route depends on its topic only, and is encoded once per topic)
+            route = self._routes.get(p.topic)
+            if route is None:
+                route = self._route(p.topic, props)
+                if len(self._routes) >= _ROUTES_CACHED:
+                    self._routes.clear()
+                self._routes[p.topic] = route
+        if type(route) is not tuple:
+            return self._drop_egress(p, route)
+        topic_b, props_b = route
+        packet = encode_publish(
+            topic_b, p.payload, p.qos, p.retain, p.dup, p.packet_id, props_b, self.version
+        )
         if self.remote_max_packet and len(packet) > self.remote_max_packet:
             return self._drop_egress(p, Drop.TOO_LARGE)
         self._to_remote += packet
@@ -453,6 +455,33 @@ class BridgeLink:
             self._unacked.setdefault(p.packet_id, now)
         else:
             self.forwarded += 1
+
+    def _route(self, topic: str, props: dict[int, Any]) -> tuple[bytes, bytes | None] | Drop:
+        """Where a message goes at the remote: its mapped topic and (v5) property block, encoded, or why
+        it does not go."""
+        route = self._forward_for(topic)
+        if route is None:
+            return Drop.EXCLUDED
+        _forward, template, extra = route
+        mapped = template.render(topic)
+        if not mapped:
+            return Drop.UNMAPPED
+        topic_b = mapped.encode()
+        if len(topic_b) > 0xFFFF:
+            return Drop.TOO_LARGE
+        if self.version < MQTT5:
+            return topic_b, None
+        user = bridgeloop.egress(
+            props.get(Prop.USER_PROPERTY) or [],
+            self.fleet,
+            self._peer,
+            self.cfg.loop_prevention.hop_count_limit,
+        )
+        if user is None:
+            return Drop.LOOP
+        out = {k: v for k, v in props.items() if k in _REMOTE_PROPS}
+        out[Prop.USER_PROPERTY] = user + extra
+        return topic_b, encode_properties(out)
 
     def _forward_for(self, topic: str) -> tuple[Forward, Template, list[tuple[str, str]]] | None:
         """The first forward whose filter takes the topic and whose excludes do not."""

@@ -271,14 +271,22 @@ class Channel:
             packets = self.parser.feed(data)
         except ProtocolError as e:
             error, packets = e, e.packets  # packets before the bad one still count
-        if self._backlog is not None:  # throttled: these wait behind the ones already held back
-            self._backlog.extend(packets)
-            if error is not None:
-                self.protocol_error(error.reason, error.message)
-            return
-        self._dispatch(packets)
+        self._received(packets)
         if error is not None:
             self.protocol_error(error.reason, error.message)
+
+    def packets_received(self, packets: list[Any]) -> None:
+        """Packets from an in-process client (a bridge's link), already parsed: they skip the codec."""
+        if self.state == State.CLOSED:
+            return
+        self.last_recv = self.io.time()
+        self._received(packets)
+
+    def _received(self, packets: list[Any]) -> None:
+        if self._backlog is not None:  # throttled: these wait behind the ones already held back
+            self._backlog.extend(packets)
+            return
+        self._dispatch(packets)
 
     def _dispatch(self, packets: list[Any]) -> None:
         for i, packet in enumerate(packets):

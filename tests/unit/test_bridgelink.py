@@ -64,7 +64,7 @@ class Rig:
         for _ in range(20):
             out = self.link.take_local()
             if out:
-                self.ch.data_received(out)
+                self.ch.packets_received(out)
             await settle()
             new = bytes(self.io.data[self._pos :])
             self._pos = len(self.io.data)
