@@ -7,7 +7,6 @@ seed (HiveMQ Edge) where it has one; the queue is bounded where HiveMQ Edge's in
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -48,11 +47,6 @@ class BridgeTls(_Model):
     )
     certfile: str | None = Field(None, description="PEM client certificate, for remotes that require one")
     keyfile: str | None = Field(None, description="PEM private key of the client certificate")
-    secret_dir: str | None = Field(
-        None,
-        description="A mounted Secret (the operator's): its ca.crt, and tls.crt with tls.key, are used where "
-        "present and not set above",
-    )
     verify: bool = Field(True, description="Verify the remote's certificate and host name")
     server_name: str | None = Field(None, description="Host name to verify and send as SNI (default: host)")
 
@@ -61,18 +55,6 @@ class BridgeTls(_Model):
         if (self.certfile is None) != (self.keyfile is None):
             raise ValueError("certfile and keyfile go together")
         return self
-
-    def files(self) -> tuple[str | None, str | None, str | None]:
-        """(CA bundle, client certificate, its key): those set, else the secret_dir's that exist (a Secret
-        mounted as a directory holds only the keys it has)."""
-        cafile, certfile, keyfile = self.cafile, self.certfile, self.keyfile
-        if self.secret_dir is not None:
-            d = Path(self.secret_dir)
-            if cafile is None and (d / "ca.crt").is_file():
-                cafile = str(d / "ca.crt")
-            if certfile is None and (d / "tls.crt").is_file() and (d / "tls.key").is_file():
-                certfile, keyfile = str(d / "tls.crt"), str(d / "tls.key")
-        return cafile, certfile, keyfile
 
 
 class BridgeRemote(_Model):

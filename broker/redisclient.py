@@ -53,7 +53,7 @@ def read_secret(path: str | None) -> str | None:
     try:
         return Path(path).read_text().rstrip("\r\n")
     except OSError as e:
-        raise ValueError(f"cannot read the Redis password file {path}: {e.strerror}") from e
+        raise ValueError(f"cannot read the password file {path}: {e.strerror}") from e
 
 
 def _address(value: str) -> tuple[str, int]:

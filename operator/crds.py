@@ -350,7 +350,7 @@ BridgeQueueSpec = derive_all("BridgeQueueSpec", BridgeQueue, doc(BridgeQueue))
 ReconnectSpec = derive_all("ReconnectSpec", Reconnect, doc(Reconnect))
 LoopPreventionSpec = derive_all("LoopPreventionSpec", LoopPrevention, "Loop prevention across bridges.")
 _BridgeTlsBase = derive_all(
-    "BridgeTlsBase", BridgeTls, doc(BridgeTls), skip=("cafile", "certfile", "keyfile", "secret_dir")
+    "BridgeTlsBase", BridgeTls, doc(BridgeTls), skip=("cafile", "certfile", "keyfile")
 )
 
 
@@ -413,19 +413,18 @@ class MqttBridgeSpec(_BridgeBase):  # type: ignore[misc,valid-type]
     )
 
     def bridge_config(
-        self, name: str, password_file: str | None = None, tls_dir: str | None = None
+        self, name: str, password_file: str | None = None, tls_files: dict[str, str] | None = None
     ) -> BridgeConfig:
         """The broker's `bridges:` entry (snake_case, validated by the broker's model): the Secrets'
-        files where the operator mounts them."""
+        files where the operator puts them (`tls_files`: cafile, certfile, keyfile, those there are)."""
         data = self.model_dump(exclude={"fleetRef"}, exclude_none=True)
         remote = data["remote"]
         remote.pop("passwordSecretRef", None)
         remote["password_file"] = password_file
         tls = remote.get("tls")
         if tls is not None:
-            ref = tls.pop("secretRef", None)
-            if ref is not None and tls_dir is not None:
-                tls["secret_dir"] = tls_dir  # (ca.crt, and tls.crt with tls.key, where the Secret has them)
+            tls.pop("secretRef", None)
+            tls |= tls_files or {}
         return BridgeConfig.model_validate({"name": name, **data})
 
 

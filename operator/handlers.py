@@ -137,7 +137,7 @@ class Operator:
         current_cm = await kube.get("ConfigMap", namespace, cm_name)
         accepted, rejected = render.select_zones(fleet, zones, render.applied_zones(current_cm))
         bridges, rejected_bridges = render.select_bridges(bridge_objs, render.applied_bridges(current_cm))
-        bridges, missing = await self._bridges_with_secrets(
+        bridges, missing, bridge_files = await self._bridges_with_secrets(
             namespace, bridges, render.applied_bridges(current_cm)
         )
         rejected_bridges |= missing
@@ -162,6 +162,7 @@ class Operator:
                 redis_password=passwords[0],
                 service_monitor=await self._has_service_monitor(),
                 bridges=bridges,
+                bridge_files=bridge_files,
             )
         except (render.RenderError, ValueError) as e:
             metrics.RECONCILE_ERRORS.labels("render").inc()
@@ -190,41 +191,46 @@ class Operator:
 
     async def _bridges_with_secrets(
         self, namespace: str, bridges: list[render.Bridge], last: dict[str, render.Bridge]
-    ) -> tuple[list[render.Bridge], dict[str, render.Rejection]]:
-        """A bridge whose password or CA Secret is missing is rejected (naming the field) rather than
-        rendered: its mount would keep every broker pod from starting. Its last version keeps running."""
+    ) -> tuple[list[render.Bridge], dict[str, render.Rejection], dict[str, str]]:
+        """The bridges to render, those refused, and their Secrets' files (render.bridge_secret).
+
+        A bridge whose password or TLS Secret is missing is refused (naming the field) rather than
+        rendered without its credentials; its last version keeps running."""
         kept: list[render.Bridge] = []
         rejected: dict[str, render.Rejection] = {}
+        files: dict[str, str] = {}
         for bridge in bridges:
-            problem = await self._bridge_secret_problem(namespace, bridge)
-            if problem is None:
+            found = await self._bridge_secret_files(namespace, bridge)
+            if isinstance(found, dict):
                 kept.append(bridge)
+                files |= found
                 continue
-            rejected[bridge.name] = render.Rejection("SecretMissing", problem)
+            rejected[bridge.name] = render.Rejection("SecretMissing", found)
             previous = last.get(bridge.name)
-            if (
-                previous is not None
-                and previous != bridge
-                and await self._bridge_secret_problem(namespace, previous) is None
-            ):
-                kept.append(previous)
-        return kept, rejected
+            if previous is not None and previous != bridge:
+                before = await self._bridge_secret_files(namespace, previous)
+                if isinstance(before, dict):
+                    kept.append(previous)
+                    files |= before
+        return kept, rejected, files
 
-    async def _bridge_secret_problem(self, namespace: str, bridge: render.Bridge) -> str | None:
+    async def _bridge_secret_files(self, namespace: str, bridge: render.Bridge) -> dict[str, str] | str:
+        """The files a bridge's Secrets give it (flat name -> base64 data), or what is missing."""
         remote = bridge.spec.remote
+        password: str | None = None
         ref = remote.passwordSecretRef
         if ref is not None:
             secret = await self.kube.get("Secret", namespace, ref.name)
-            if secret is None or ref.key not in (secret.get("data") or {}):
+            password = ((secret or {}).get("data") or {}).get(ref.key)
+            if password is None:
                 return f"spec.remote.passwordSecretRef: Secret {ref.name} has no key {ref.key!r}"
-        tls = remote.tls
-        if (
-            tls is not None
-            and tls.secretRef is not None
-            and await self.kube.get("Secret", namespace, tls.secretRef.name) is None
-        ):
-            return f"spec.remote.tls.secretRef: Secret {tls.secretRef.name} not found"
-        return None
+        tls: dict[str, str] | None = None
+        if remote.tls is not None and remote.tls.secretRef is not None:
+            secret = await self.kube.get("Secret", namespace, remote.tls.secretRef.name)
+            if secret is None:
+                return f"spec.remote.tls.secretRef: Secret {remote.tls.secretRef.name} not found"
+            tls = secret.get("data") or {}
+        return render.bridge_secret_files(bridge.name, password, tls)
 
     async def _bridge_statuses(
         self,

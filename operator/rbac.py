@@ -69,9 +69,10 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
     ),
     (
-        "read the passwords of redis.secretRef (to reach the fleet's Redis for the pods' reports); create the "
-        "managed Redis' password once (never updated, so no update or patch)",
-        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
+        "read the passwords of redis.secretRef (to reach the fleet's Redis for the pods' reports) and the "
+        "MqttBridges' Secrets; create the managed Redis' password once; apply (patch) the fleet's bridge "
+        "Secret, the copy of its bridges' Secrets the pods mount",
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"]},
     ),
     (
         "Kubernetes Events for what the operator does",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ SENTINEL_PORT = 26379
 PASSWORD_KEY = "password"
 # in broker pods: the Redis password (of the managed Redis or redis.secretRef), an external sentinels' own
 REDIS_AUTH_DIR = f"{CONFIG_DIR}/redis"
+#: the fleet's bridge Secret (bridge_secret): every bridge's password and TLS files, flat, always mounted
+BRIDGE_SECRETS_DIR = f"{CONFIG_DIR}/bridge-secrets"
 SENTINEL_AUTH_DIR = f"{CONFIG_DIR}/redis-sentinel"
 # in the managed Redis' pods
 SCRIPT = "redis.sh"
@@ -123,6 +126,7 @@ def names(fleet: str) -> dict[str, str]:
         "sentinel": dns_name(fleet, "redis-sentinel", limit=52),
         "redis_auth": dns_name(fleet, "redis-auth"),
         "redis_scripts": dns_name(fleet, "redis-scripts"),
+        "bridge_secrets": dns_name(fleet, "bridge-secrets"),
     }
 
 
@@ -278,10 +282,6 @@ def tls_dir(secret: str) -> str:
     return f"{CONFIG_DIR}/tls/{secret}"
 
 
-def bridge_dir(bridge: str) -> str:
-    return f"{CONFIG_DIR}/bridges/{bridge}"
-
-
 def users_dir(zone: str) -> str:
     return f"{CONFIG_DIR}/users/{zone}"
 
@@ -320,7 +320,12 @@ def store_config(fleet_name: str, namespace: str, spec: BrokerFleetSpec) -> dict
     return store
 
 
-def broker_config(fleet: dict[str, Any], zones: list[Zone], bridges: list[Bridge] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+def broker_config(
+    fleet: dict[str, Any],
+    zones: list[Zone],
+    bridges: list[Bridge] = (),  # type: ignore[assignment]
+    bridge_files: Collection[str] = (),
+) -> dict[str, Any]:
     """The broker config file (snake_case, the DESIGN.md contract) of a fleet, its zones and bridges."""
     meta = fleet["metadata"]
     spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
@@ -358,19 +363,34 @@ def broker_config(fleet: dict[str, Any], zones: list[Zone], bridges: list[Bridge
             "max_rate": spec.eventLog.max_rate,
             "fleet": meta["name"],
         },
-        "bridges": [bridge_config(b) for b in bridges],
+        "bridges": [bridge_config(b, bridge_files) for b in bridges],
     }
 
 
-def bridge_config(bridge: Bridge) -> dict[str, Any]:
-    """A bridge's entry in the config file, its Secrets' files where the pods mount them."""
-    remote = bridge.spec.remote
-    password = f"{bridge_dir(bridge.name)}/auth/password" if remote.passwordSecretRef is not None else None
-    tls = f"{bridge_dir(bridge.name)}/tls" if remote.tls is not None and remote.tls.secretRef else None
+def bridge_secret_files(name: str, password: str | None, tls: dict[str, str] | None) -> dict[str, str]:
+    """A bridge's files in the fleet's bridge Secret (base64 data by file name): its password, and its TLS
+    Secret's ca.crt and tls.crt with tls.key where that Secret has them."""
+    files = {f"{name}.password": password} if password is not None else {}
+    for keys in (("ca.crt",), ("tls.crt", "tls.key")):
+        if tls and all(k in tls for k in keys):
+            files |= {f"{name}.{k}": tls[k] for k in keys}
+    return files
+
+
+def bridge_config(bridge: Bridge, files: Collection[str] = ()) -> dict[str, Any]:
+    """A bridge's entry in the config file: its Secrets' files where the pods find them (`files`: the
+    names in the fleet's bridge Secret)."""
+    remote, name = bridge.spec.remote, bridge.name
+    password = f"{BRIDGE_SECRETS_DIR}/{name}.password" if remote.passwordSecretRef is not None else None
+    tls = {
+        field: f"{BRIDGE_SECRETS_DIR}/{name}.{key}"
+        for field, key in (("cafile", "ca.crt"), ("certfile", "tls.crt"), ("keyfile", "tls.key"))
+        if f"{name}.{key}" in files
+    }
     try:
-        return bridge.spec.bridge_config(bridge.name, password, tls).model_dump(mode="json")
+        return bridge.spec.bridge_config(name, password, tls).model_dump(mode="json")
     except ValidationError as e:
-        raise RenderError(f"bridge {bridge.name}: {format_validation_error(e)}") from e
+        raise RenderError(f"bridge {name}: {format_validation_error(e)}") from e
 
 
 def expected_hash(config: dict[str, Any]) -> str:
@@ -397,9 +417,15 @@ def render(
     history: dict[str, dict[str, int]] | None = None,
     redis_password: str | None = None,
     service_monitor: bool = False,
+    bridge_files: dict[str, str] | None = None,
 ) -> Rendered:
-    """Everything the operator applies for a fleet (raises RenderError, applying nothing, if invalid)."""
-    config = broker_config(fleet, zones, bridges)
+    """Everything the operator applies for a fleet (raises RenderError, applying nothing, if invalid).
+
+    bridge_files: the bridges' Secrets' files (bridge_secret_files), copied into the fleet's own bridge
+    Secret, which every pod mounts: adding a bridge or rotating its credentials never changes the pods'
+    template (kubelet brings the files within its sync period; a bridge reads them at each connection)."""
+    bridge_files = bridge_files or {}
+    config = broker_config(fleet, zones, bridges, bridge_files)
     digest = expected_hash(config)
     generations = {z.name: z.generation for z in zones}
     hist = {h: g for h, g in (history or {}).items() if h != digest}
@@ -412,6 +438,7 @@ def render(
     hashed_password = None if spec.redis.managed else redis_password
     out.manifests = [
         config_map(fleet, config, digest, zones, hist, bridges),
+        bridge_secret(fleet, bridge_files),
         statefulset(fleet, spec, zones, restart_hash(config, hashed_password), bridges),
         headless_service(fleet, spec),
         pdb(fleet),
@@ -464,6 +491,12 @@ def config_map(
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {CONFIG_KEY: text}}
 
 
+def bridge_secret(fleet: dict[str, Any], files: dict[str, str]) -> dict[str, Any]:
+    """The fleet's bridge Secret: copies of its bridges' Secrets' files, refreshed at each reconciliation."""
+    meta = _meta(fleet, names(fleet["metadata"]["name"])["bridge_secrets"])
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "data": dict(files)}
+
+
 def placement(fleet_name: str, component: str, scheduling: SchedulingSpec) -> dict[str, Any]:
     """Pod spec fields that spread the fleet's pods of one kind over nodes (anti-affinity) and zones."""
     match = {"labelSelector": {"matchLabels": selector_labels(fleet_name, component)}}
@@ -510,22 +543,13 @@ def _redis_auth_volumes(
     return out
 
 
-def _secret_volumes(
-    zones: list[Zone],
-    bridges: list[Bridge] = (),  # type: ignore[assignment]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    volumes: list[dict[str, Any]] = []
-    mounts: list[dict[str, Any]] = []
-    for i, bridge in enumerate(bridges):
-        remote, base = bridge.spec.remote, bridge_dir(bridge.name)
-        if remote.passwordSecretRef is not None:
-            ref = remote.passwordSecretRef
-            items = [{"key": ref.key, "path": "password"}]
-            volumes.append({"name": f"bridge-{i}", "secret": {"secretName": ref.name, "items": items}})
-            mounts.append({"name": f"bridge-{i}", "mountPath": f"{base}/auth", "readOnly": True})
-        if remote.tls is not None and remote.tls.secretRef is not None:
-            volumes.append({"name": f"bridge-tls-{i}", "secret": {"secretName": remote.tls.secretRef.name}})
-            mounts.append({"name": f"bridge-tls-{i}", "mountPath": f"{base}/tls", "readOnly": True})
+def _secret_volumes(fleet_name: str, zones: list[Zone]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "bridge-secrets", "secret": {"secretName": names(fleet_name)["bridge_secrets"]}}
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "bridge-secrets", "mountPath": BRIDGE_SECRETS_DIR, "readOnly": True}
+    ]
     tls = sorted({lst.tlsSecretRef.name for z in zones for lst in z.spec.listeners if lst.tlsSecretRef})
     for i, secret in enumerate(tls):
         volumes.append({"name": f"tls-{i}", "secret": {"secretName": secret}})
@@ -547,7 +571,7 @@ def statefulset(
 ) -> dict[str, Any]:
     name = fleet["metadata"]["name"]
     n = names(name)
-    volumes, mounts = _secret_volumes(zones, bridges)
+    volumes, mounts = _secret_volumes(name, zones)
     for volume, mount in _redis_auth_volumes(name, spec):
         volumes.append(volume)
         mounts.append(mount)

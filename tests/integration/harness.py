@@ -244,24 +244,33 @@ def start_fleetmq(
 
 
 def start_mosquitto(
-    workdir: Path, *, persistence: bool = False, port: int | None = None, websockets: bool = False
+    workdir: Path,
+    *,
+    persistence: bool = False,
+    port: int | None = None,
+    websockets: bool = False,
+    wss: tuple[str, str] | None = None,
 ) -> BrokerProc:
     """mosquitto on loopback; `persistence` keeps its sessions and queues in workdir across restarts
     (a remote broker of a bridge), `port` reuses one (a restart); `websockets` adds a WebSocket
-    listener (its port in `ports["ws"]`)."""
+    listener (its port in `ports["ws"]`), `wss` (certificate file, key file) one over TLS (`ports["wss"]`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     name = uid("mosquitto-")
     conf = workdir / f"{name}.conf"
     persist = (
-        # (`user`: run as root, mosquitto drops to user mosquitto, which cannot write its file here)
         f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\nmax_queued_messages 1000000\n"
-        f"user {getpass.getuser()}\n"
         if persistence
         else "persistence false\nmax_queued_messages 10000\n"
     )
+    # (`user`: run as root, mosquitto drops to user mosquitto, which can neither write its persistence file
+    # nor read a test's key here)
+    persist += f"user {getpass.getuser()}\n"
     ws_port = free_port() if websockets else None
     ws = f"listener {ws_port} {HOST}\nprotocol websockets\n" if ws_port else ""
+    wss_port = free_port() if wss else None
+    if wss:
+        ws += f"listener {wss_port} {HOST}\nprotocol websockets\ncertfile {wss[0]}\nkeyfile {wss[1]}\n"
     conf.write_text(
         f"per_listener_settings false\nlistener {port} {HOST}\n{ws}allow_anonymous true\n{persist}"
         "log_dest stderr\nlog_type all\n"
@@ -274,7 +283,8 @@ def start_mosquitto(
     logf.close()
     bp = BrokerProc(
         HOST, port, None, proc, log_path, "mosquitto", conf,
-        {"mqtt": port, **({"ws": ws_port} if ws_port else {})}, [MOSQUITTO_BIN, "-c", str(conf)],
+        {"mqtt": port, **({"ws": ws_port} if ws_port else {}), **({"wss": wss_port} if wss_port else {})},
+        [MOSQUITTO_BIN, "-c", str(conf)],
     )  # fmt: skip
     LIVE_BROKERS.append(bp)
     try:

@@ -668,8 +668,8 @@ def test_a_remote_refusing_the_credentials_shows_in_status_and_metrics_without_a
 
 
 def test_a_remote_that_requires_a_client_certificate_gets_the_one_in_the_tls_secret(fleet, pki, tmp_path):
-    """The bridge's TLS Secret, mounted as a directory (ca.crt, tls.crt, tls.key), verifies the remote
-    and authenticates the bridge to a remote that requires a client certificate."""
+    """The bridge's TLS files (as the operator renders them from its TLS Secret: ca.crt, tls.crt, tls.key)
+    verify the remote and authenticate the bridge to a remote that requires a client certificate."""
     import shutil
     import ssl
 
@@ -705,7 +705,8 @@ def test_a_remote_that_requires_a_client_certificate_gets_the_one_in_the_tls_sec
 
     threading.Thread(target=serve, daemon=True).start()
     bridge = {"name": "cloud",
-              "remote": {"host": "127.0.0.1", "port": port, "transport": "tls", "tls": {"secret_dir": str(secret)}},
+              "remote": {"host": "127.0.0.1", "port": port, "transport": "tls", "tls": {"cafile": str(secret / "ca.crt"), "certfile": str(secret / "tls.crt"),
+                                                                                "keyfile": str(secret / "tls.key")}},
               "forwards": [{"filter": "up/#", "destination": "site1/{#}"}]}  # fmt: skip
     try:
         (bp,) = fleet(1, None, {"event_log": {"fleet": "edge"}, "bridges": [bridge]})
@@ -718,16 +719,25 @@ def test_a_remote_that_requires_a_client_certificate_gets_the_one_in_the_tls_sec
             c.close()
 
 
-def test_a_bridge_forwards_over_websocket(fleet, tmp_path):
-    """A ws remote (mosquitto's WebSocket listener, path /mqtt): QoS 1 and 2 messages arrive once each."""
-    rem = start_mosquitto(tmp_path / "remote", websockets=True)
+@pytest.mark.parametrize("transport", ["ws", "wss"])
+def test_a_bridge_forwards_over_websocket(fleet, tmp_path, pki, transport):
+    """A ws remote (mosquitto's WebSocket listener, path /mqtt), and a wss one (the same over TLS, the
+    remote's certificate verified against the bridge's CA): QoS 1 and 2 messages arrive once each."""
+    rem = start_mosquitto(tmp_path / "remote", websockets=transport == "ws",
+                          wss=pki["server"] if transport == "wss" else None)  # fmt: skip
     try:
         col = Collector(rem.host, rem.port, "site1/#")
-        bridge = {"name": "cloud", "remote": {"host": rem.host, "port": rem.ports["ws"], "transport": "ws"},
-                  "forwards": [{"filter": "up/#", "destination": "site1/{#}"}]}  # fmt: skip
+        remote = {"host": rem.host, "port": rem.ports[transport], "transport": transport}
+        if transport == "wss":
+            remote["tls"] = {"cafile": str(pki["ca"])}
+        bridge = {
+            "name": "cloud",
+            "remote": remote,
+            "forwards": [{"filter": "up/#", "destination": "site1/{#}"}],
+        }
         (bp,) = fleet(1, None, {"event_log": {"fleet": "edge"}, "bridges": [bridge]})
         wait_until(lambda: bp.metric("fleetmq_bridge_connected", bridge="cloud") == 1, timeout=20,
-                   msg="the bridge connected over WebSocket")  # fmt: skip
+                   msg=f"the bridge connected over {transport}")  # fmt: skip
         every = [f"{i:06d}".encode() for i in range(200)]
         pub = _publisher(bp)
         try:

@@ -453,8 +453,11 @@ def test_pods_roll_one_at_a_time_and_zone_changes_keep_them(k, run_operator, con
 
 def test_bridges_are_rendered_and_a_missing_secret_is_reported(k, run_operator):
     """An MqttBridge goes into its fleet's config; one whose password Secret does not exist is refused in
-    its conditions, naming the field, and keeps the pods' template alone; once the Secret exists it is
-    rendered, with the Secret mounted."""
+    its conditions, naming the field; once the Secret exists it is rendered, its password copied into the
+    fleet's bridge Secret, and the pods' template stays as it was (no rolling restart for a bridge). A
+    changed password reaches the copy at the next resync."""
+    import base64
+
     run_operator()
     k.apply(fleet())
     k.apply(bridge("cloud", forwards=[{"filter": "up/#", "destination": "site1/{#}", "maxQos": 1}]))
@@ -463,6 +466,7 @@ def test_bridges_are_rendered_and_a_missing_secret_is_reported(k, run_operator):
     (b,) = config_of(k)["bridges"]
     assert b["forwards"][0]["destination"] == "site1/{#}" and b["forwards"][0]["max_qos"] == 1
     wait_for(lambda: k.condition("mqttbridge", "cloud", "Accepted").get("status") == "True", msg="accepted")
+    template = k.get("statefulset", "edge")["spec"]["template"]
     k.apply(bridge("locked", remote={"host": "h", "passwordSecretRef": {"name": "locked-pw"}}))
     cond = wait_for(lambda: k.condition("mqttbridge", "locked", "Accepted").get("reason") == "SecretMissing"
                     and k.condition("mqttbridge", "locked", "Accepted"), msg="missing Secret reported")  # fmt: skip
@@ -472,10 +476,17 @@ def test_bridges_are_rendered_and_a_missing_secret_is_reported(k, run_operator):
              "stringData": {"password": "s3cret"}})  # fmt: skip
     k.patch("mqttbridge", "locked", {"spec": {"persist": True}})  # (a change: reconcile now)
     wait_for(lambda: [b["name"] for b in config_of(k)["bridges"]] == ["cloud", "locked"], msg="rendered")
-    sts = k.get("statefulset", "edge")
-    assert any(
-        v.get("secret", {}).get("secretName") == "locked-pw"
-        for v in sts["spec"]["template"]["spec"]["volumes"]
-    )
+    locked = config_of(k)["bridges"][1]
+    assert locked["remote"]["password_file"] == "/etc/fleetmq/bridge-secrets/locked.password"
+
+    def copied() -> str | None:
+        data = (k.get("secret", "edge-bridge-secrets").get("data") or {}).get("locked.password")
+        return base64.b64decode(data).decode() if data else None
+
+    wait_for(lambda: copied() == "s3cret", msg="the password copied into the fleet's bridge Secret")
+    assert k.get("statefulset", "edge")["spec"]["template"] == template, "a bridge changed the pods' template"
+    k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "locked-pw"},
+             "stringData": {"password": "rotated"}})  # fmt: skip
+    wait_for(lambda: copied() == "rotated", msg="the rotated password copied at a resync")
     k("delete", "mqttbridge", "cloud")
     wait_for(lambda: [b["name"] for b in config_of(k)["bridges"]] == ["locked"], msg="deleted bridge dropped")

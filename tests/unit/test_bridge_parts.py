@@ -117,21 +117,3 @@ def test_bad_bridge_configs_name_the_field(bridges, path, complaint):
     with pytest.raises(ConfigError) as err:
         load_config(overrides={"bridges": bridges})
     assert path in str(err.value) and complaint in str(err.value), str(err.value)
-
-
-def test_a_mounted_tls_secret_gives_the_files_it_has(tmp_path):
-    """The operator mounts an MqttBridge's TLS Secret as a directory: ca.crt verifies the remote, and
-    tls.crt with tls.key are the client certificate (remotes that require one); what is missing is not
-    used, and files set explicitly win."""
-    from fleetmq.broker.bridges import BridgeTls
-
-    d = tmp_path / "tls"
-    d.mkdir()
-    assert BridgeTls(secret_dir=str(d)).files() == (None, None, None)
-    (d / "ca.crt").write_text("x")
-    (d / "tls.crt").write_text("x")
-    assert BridgeTls(secret_dir=str(d)).files() == (str(d / "ca.crt"), None, None)  # (no key: no client cert)
-    (d / "tls.key").write_text("x")
-    assert BridgeTls(secret_dir=str(d)).files() == (str(d / "ca.crt"), str(d / "tls.crt"), str(d / "tls.key"))
-    mine = BridgeTls(secret_dir=str(d), cafile="/etc/ca.pem")
-    assert mine.files()[0] == "/etc/ca.pem"

@@ -55,8 +55,9 @@ def test_rbac_file_is_up_to_date_and_least_privilege():
     assert rbac.RBAC_FILE.read_text() == rbac.render_yaml(), "run `python -m fleetmq.operator.rbac --write`"
     rules = [rule for _, rule in rbac.RULES]
     secrets = [r for r in rules if "secrets" in r["resources"]]
-    # Secrets are read, and the managed Redis' password created once: never listed, watched or changed
-    assert secrets == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]}]
+    # Secrets are read, the managed Redis' password created once, the fleet's bridge Secret applied (patch):
+    # never listed, watched, updated or deleted
+    assert secrets == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"]}]
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in rules)
     # pods are only read: the fleet's status says why a container cannot run (ImagePullBackOff, ...)
     pods = [r for r in rules if "pods" in r["resources"]]

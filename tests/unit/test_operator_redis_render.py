@@ -53,8 +53,9 @@ def test_managed_redis_is_sentinel_by_default_and_brokers_get_its_contract():
     assert {"name": "redis-auth", "mountPath": "/etc/fleetmq/redis", "readOnly": True} in container(
         broker_sts(r)
     )["volumeMounts"]
-    # the password Secret is created once by the operator, never rendered (so never re-applied)
-    assert not by_kind(r, "Secret")
+    # the password Secret is created once by the operator, never rendered (so never re-applied); the one
+    # Secret rendered is the bridges' (empty here)
+    assert [(s["metadata"]["name"], s["data"]) for s in by_kind(r, "Secret")] == [("edge-bridge-secrets", {})]
 
 
 def test_sentinel_mode_servers_and_sentinels():
@@ -125,7 +126,8 @@ def test_every_redis_pod_is_guaranteed_spread_budgeted_and_has_the_script_and_pa
             assert budget["spec"]["maxUnavailable"] == 1
             assert budget["spec"]["selector"]["matchLabels"] == w["spec"]["selector"]["matchLabels"]
     # the password reaches Redis only as the mounted Secret: no config map or variable carries one
-    assert not by_kind(r, "Secret") and "secretKeyRef" not in json.dumps(r.manifests)
+    assert "secretKeyRef" not in json.dumps(r.manifests)
+    assert [s["metadata"]["name"] for s in by_kind(r, "Secret")] == ["edge-bridge-secrets"]
 
 
 def test_cluster_mode():
@@ -248,7 +250,8 @@ def test_existing_sentinel_and_cluster_stores():
     assert store.password_file == "/etc/fleetmq/redis/password" and store.wait_replicas == 1
     volumes = {v["name"]: v["secret"]["secretName"] for v in broker_sts(r)["spec"]["template"]["spec"]["volumes"]
                if "secret" in v}  # fmt: skip
-    assert volumes == {"redis-auth": "redis-pw", "redis-sentinel-auth": "sentinel-pw"}
+    assert volumes == {"redis-auth": "redis-pw", "redis-sentinel-auth": "sentinel-pw",
+                       "bridge-secrets": "edge-bridge-secrets"}  # fmt: skip
     assert not render.store_workloads(r.manifests) and not [
         m for m in r.manifests if "redis" in m["metadata"]["name"]
     ]
@@ -260,7 +263,8 @@ def test_existing_sentinel_and_cluster_stores():
         and store.cluster.nodes == ["c1.example:6379"]
         and store.password_file is None
     )
-    assert not [v for v in broker_sts(r)["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    secrets = [v["name"] for v in broker_sts(r)["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert secrets == ["bridge-secrets"]  # (no Redis password)
 
 
 def _sts(ready: int) -> dict:

@@ -67,10 +67,10 @@ def test_config_is_the_broker_contract_and_hash_matches_what_brokers_compute():
 def test_every_child_is_owned_by_the_fleet_and_labelled():
     r = rendered(fleet(redis={"managed": True}), zone("external"), service_monitor=True)
     kinds = sorted(m["kind"] for m in r.manifests)
-    # brokers: config, StatefulSet, headless Service, zone Service, budget, monitor; the managed Redis
-    # (sentinel mode): its script, servers and sentinels with a Service and a budget each
+    # brokers: config, bridge Secret, StatefulSet, headless Service, zone Service, budget, monitor; the
+    # managed Redis (sentinel mode): its script, servers and sentinels with a Service and a budget each
     assert kinds == sorted(
-        ["ConfigMap", "StatefulSet", "Service", "Service", "PodDisruptionBudget", "ServiceMonitor",
+        ["ConfigMap", "Secret", "StatefulSet", "Service", "Service", "PodDisruptionBudget", "ServiceMonitor",
          "ConfigMap", "StatefulSet", "Service", "PodDisruptionBudget", "StatefulSet", "Service",
          "PodDisruptionBudget"]
     )  # fmt: skip
@@ -168,7 +168,8 @@ def test_tls_listener_and_users_secret_are_mounted():
     assert r.config["zones"]["secure"]["users_file"] == "/etc/fleetmq/users/secure/users"
     pod = broker_sts(r)["spec"]["template"]["spec"]
     secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-    assert secrets == {"edge-tls", "edge-users", "edge-redis-auth"}  # and the managed Redis' password
+    # and the managed Redis' password, and the bridges' Secret (always mounted)
+    assert secrets == {"edge-tls", "edge-users", "edge-redis-auth", "edge-bridge-secrets"}
 
 
 def test_port_conflict_rejects_the_younger_zone_only():
@@ -297,7 +298,9 @@ def mqtt_bridge(name: str, gen: int = 1, **spec) -> dict:
     }
 
 
-def test_bridges_go_into_the_config_with_their_secrets_mounted():
+def test_bridges_get_their_secrets_files_through_the_fleets_bridge_secret():
+    """The bridges' Secrets are copied into one Secret of the fleet, mounted by every pod whether it has
+    bridges or not: adding a bridge (or rotating its credentials) leaves the pods' template alone."""
     b = mqtt_bridge(
         "cloud",
         remote={"host": "mqtt.example.com", "transport": "tls", "username": "edge",
@@ -307,19 +310,32 @@ def test_bridges_go_into_the_config_with_their_secrets_mounted():
     )  # fmt: skip
     bridges, rejected = render.select_bridges([b])
     assert not rejected
-    r = render.render(fleet(), render.select_zones(fleet(), [zone("external")])[0], bridges=bridges)
+    # the TLS Secret has a CA and a certificate without its key: the CA is used, the certificate is not
+    files = render.bridge_secret_files("cloud", "czNjcmV0", {"ca.crt": "Q0E=", "tls.crt": "Q1JU"})
+    assert files == {"cloud.password": "czNjcmV0", "cloud.ca.crt": "Q0E="}
+    zones = render.select_zones(fleet(), [zone("external")])[0]
+    r = render.render(fleet(), zones, bridges=bridges, bridge_files=files)
     cfg = BrokerConfig.model_validate(r.config | {"node_id": "edge-1"})
     [bc] = cfg.bridges
     assert (bc.name, bc.remote.address, bc.remote.username) == ("cloud", ("mqtt.example.com", 8883), "edge")
-    assert bc.remote.password_file == "/etc/fleetmq/bridges/cloud/auth/password"
-    assert bc.remote.tls is not None and bc.remote.tls.secret_dir == "/etc/fleetmq/bridges/cloud/tls"
+    assert bc.remote.password_file == "/etc/fleetmq/bridge-secrets/cloud.password"
+    assert bc.remote.tls is not None
+    assert (bc.remote.tls.cafile, bc.remote.tls.certfile) == (
+        "/etc/fleetmq/bridge-secrets/cloud.ca.crt",
+        None,
+    )
     assert (bc.forwards[0].max_qos, bc.queue.max_length, bc.queue.overflow) == (1, 500, "dropNew")
     assert cfg.config_hash() == r.config_hash
+    [secret] = by_kind(r, "Secret")
+    assert secret["metadata"]["name"] == "edge-bridge-secrets" and secret["data"] == files
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "BrokerFleet"
+    without = render.render(fleet(), zones)
+    assert broker_sts(r)["spec"]["template"] == broker_sts(without)["spec"]["template"]
     pod = broker_sts(r)["spec"]["template"]["spec"]
-    vols = {v["secret"]["secretName"]: v for v in pod["volumes"] if "secret" in v}
-    assert vols["cloud-pw"]["secret"]["items"] == [{"key": "pw", "path": "password"}] and "cloud-ca" in vols
-    paths = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-    assert {"/etc/fleetmq/bridges/cloud/auth", "/etc/fleetmq/bridges/cloud/tls"} <= paths
+    assert {"name": "bridge-secrets", "secret": {"secretName": "edge-bridge-secrets"}} in pod["volumes"]
+    assert {"name": "bridge-secrets", "mountPath": "/etc/fleetmq/bridge-secrets", "readOnly": True} in (
+        pod["containers"][0]["volumeMounts"]
+    )
 
 
 def test_a_broken_bridge_is_rejected_naming_the_field_and_keeps_its_last_version():
