@@ -289,13 +289,28 @@ class Bridge:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def stop(self) -> None:
+    async def drain(self, timeout: float) -> None:
+        """Before a graceful stop: send nothing new, and wait up to `timeout` for the remote to acknowledge
+        what it has, so the next leader need not send it again (a QoS 1 repeat at the remote)."""
+        link = self.link
+        if link is None or not link.live or link.phase != Phase.UP:
+            return
+        link.drain()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while link.live and not link.settled and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def stop(self, release: bool = True) -> None:
+        """Stop leading: the link closes and the session parks. `release`: give the lease up now (a
+        node handing over releases it once the session's last writes are committed)."""
         self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.lease.release()
+        if release:
+            await self.lease.release()
 
     async def _run(self) -> None:
         while not self._stopping:

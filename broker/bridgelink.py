@@ -127,6 +127,7 @@ class BridgeLink:
         self.dropped: Counter[Drop] = Counter()
         self._new_drops: list[Drop] = []  # since take_drops (for the event log)
         self.refused_subscriptions: list[str] = []
+        self.draining = False  # (drain: the node hands the bridge over)
         self.window = min(cfg.max_inflight, 65535)  # the session's, at most the remote's Receive Maximum
         self._remote = Parser(version=self.version)
         self._local = Parser(version=MQTT5)
@@ -168,6 +169,16 @@ class BridgeLink:
     @property
     def live(self) -> bool:
         return self.closed is None
+
+    def drain(self) -> None:
+        """Send the remote nothing new: what it has completes (acks, PUBREL), and what the session delivers
+        from now on stays in its window, unsent, for whichever node leads the bridge next."""
+        self.draining = True
+
+    @property
+    def settled(self) -> bool:
+        """Whether the remote acknowledged everything it was sent (nothing it would get a second time)."""
+        return not self._unacked
 
     # -- output ------------------------------------------------------------------------------------
     def take_remote(self) -> bytes:
@@ -429,6 +440,8 @@ class BridgeLink:
 
     # -- egress ------------------------------------------------------------------------------------
     def _egress_publish(self, p: Publish, now: float) -> None:
+        if self.draining:
+            return
         if p.dup and not self.remote_present:
             self.session_lost = True  # (the remote gets it as new: it had lost its copy)
         props = p.properties

@@ -38,6 +38,8 @@ from .zone import Zone
 log = logging.getLogger("fleetmq.node")
 
 STORE_RETRY_MIN, STORE_RETRY_MAX = 0.5, 5.0  # seconds between attempts to reach the store at start
+#: at a graceful stop, how long a bridge led here may wait for the remote's acks before it hands over
+BRIDGE_DRAIN = 2.0
 
 
 class Node:
@@ -254,6 +256,18 @@ class Node:
         )
         self.bridges.append(bridge)
         bridge.start()
+
+    async def hand_over_bridges(self, timeout: float = BRIDGE_DRAIN) -> None:
+        """A graceful stop's first step: the bridges led here wait for the remote's acks (so the next
+        leader sends nothing twice), park their sessions, and give up their leases once those writes are
+        committed, so another node takes over at once."""
+        await asyncio.gather(*(b.drain(timeout) for b in self.bridges))
+        for bridge in self.bridges:
+            await bridge.stop(release=False)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.committer.drain(), timeout)
+        for bridge in self.bridges:
+            await bridge.lease.release()
 
     async def stop(self) -> None:
         for bridge in self.bridges:

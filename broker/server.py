@@ -242,6 +242,7 @@ class Server:
         self.ready = False
         for server in self.listeners.values():
             server.close()
+        await self.node.hand_over_bridges()
         for conn in list(self.connections):
             if conn.channel is not None:
                 conn.channel.kick(RC.SERVER_SHUTTING_DOWN, "server_shutdown")

@@ -258,6 +258,54 @@ def test_the_leader_killed_midway_loses_nothing_acknowledged_and_qos2_stays_exac
     assert resumed < 8.0, f"forwarding resumed {resumed:.1f}s after the kill"
 
 
+def test_the_leader_stopped_gracefully_hands_over_without_sending_anything_twice(fleet, remote, redis_server):
+    """SIGTERM of the forwarding node at message 2,500 of 5,000 QoS 1 + 5,000 QoS 2: it waits for the
+    remote's acks before it hands over (DESIGN.md "Bridges"), so the bridge sends no message twice, not
+    even QoS 1; everything arrives once and another node forwards within a few seconds."""
+    tap = Tap(remote)
+    nodes = fleet(3, None, {"event_log": {"fleet": "edge"}, "bridges": [_bridge(tap)]})
+    col = Collector(remote.host, remote.port, "site1/#")
+    wait_until(lambda: redis_server.command("GET", "fmq:{$bridge:cloud}:lease"), timeout=15, msg="a leader")
+    leader = _leader(redis_server, nodes)
+    others = [bp for bp in nodes if bp is not leader]
+    n = 5_000
+    every = [f"{i:06d}".encode() for i in range(n)]
+    pubs = [_publisher(bp) for bp in others]
+    try:
+        threads = [
+            threading.Thread(target=_publish_all, args=(pubs[q - 1], f"up/q{q}", every, q)) for q in (1, 2)
+        ]
+        for t in threads:
+            t.start()
+        wait_until(lambda: len(tap.sent) >= n, timeout=120, msg="half of the messages sent by the bridge")
+        stopped_at = time.monotonic()
+        assert leader.terminate() == 0, "the leader did not stop cleanly"
+        for t in threads:
+            t.join(300)
+        assert not any(t.is_alive() for t in threads), "publishers not acknowledged"
+        wait_until(
+            lambda: all(col.has_all(f"site1/up/q{q}", every) for q in (1, 2)),
+            timeout=120,
+            msg="every acknowledged message at the remote",
+        )
+        time.sleep(2.0)
+    finally:
+        for p in pubs:
+            p.loop_stop()
+            p.disconnect()
+        col.stop()
+        tap.close()
+    for q in (1, 2):
+        sent = [int(p) for _t, topic, p, _d in tap.sent if topic == f"site1/up/q{q}"]
+        assert sorted(sent) == list(range(n)), f"QoS {q}: {len(sent) - len(set(sent))} sent twice"
+        assert sent == sorted(sent), f"QoS {q}: sent out of order"
+        assert len(col.payloads(f"site1/up/q{q}")) == n, f"QoS {q}: repeats at the remote"
+    reopened = min(t for t in tap.opened if t > stopped_at)
+    resumed = min((t for t, *_ in tap.sent if t > reopened), default=float("inf")) - stopped_at
+    print(f"bridge: forwarding resumed {resumed:.2f}s after SIGTERM to the leader")
+    assert resumed < 8.0, f"forwarding resumed {resumed:.1f}s after the leader was stopped"
+
+
 def test_queued_with_the_remote_down_survives_every_node_restarting(fleet, tmp_path, redis_server):
     """The remote down from the start: 5,000 QoS 1 + 5,000 QoS 2 are queued in the bridge's session;
     every node restarted (SIGTERM, then again with kill -9); the remote started: all 10,000 arrive,
