@@ -252,27 +252,43 @@ def select_bridges(
     bridge_objs: list[dict[str, Any]], last_applied: dict[str, Bridge] | None = None
 ) -> tuple[list[Bridge], dict[str, Rejection]]:
     """Which bridges of a fleet go into its config, and why the others do not: an invalid or paused
-    bridge keeps the version last applied, so a bad edit never stops a running bridge."""
+    bridge keeps the version last applied, so a bad edit never stops a running bridge. Of two bridges
+    with one session at the same remote (host, port and client id), the older one keeps it: they would
+    take it from each other there forever."""
     last_applied = last_applied or {}
     accepted: list[Bridge] = []
     rejected: dict[str, Rejection] = {}
+    sessions: dict[tuple[str, int, str], str] = {}
+
+    def claim(bridge: Bridge) -> str | None:
+        cfg = bridge.spec.bridge_config(bridge.name)
+        key = (*cfg.remote.address, cfg.client_id(bridge.spec.fleetRef.name))
+        holder = sessions.setdefault(key, bridge.name)
+        if holder == bridge.name:
+            return None
+        return f"spec.remote.clientId: bridge {holder} already connects to {key[0]}:{key[1]} as {key[2]!r}"
+
     for obj in sorted(bridge_objs, key=_created):
         meta = obj["metadata"]
         name = meta["name"]
-        rejection = None
         if paused(obj):
             rejection = Rejection("Paused", "fleetmq.io/paused is set")
         else:
             try:
                 spec = MqttBridgeSpec.model_validate(obj.get("spec") or {})
                 spec.bridge_config(name)  # the broker's own rules (templates, QoS, reconnect delays)
-                accepted.append(Bridge(name, int(meta.get("generation") or 1), spec))
             except ValidationError as e:
                 rejection = Rejection("InvalidSpec", format_validation_error(e))
-        if rejection is not None:
-            rejected[name] = rejection
-            if name in last_applied:
-                accepted.append(last_applied[name])
+            else:
+                bridge = Bridge(name, int(meta.get("generation") or 1), spec)
+                problem = claim(bridge)
+                if problem is None:
+                    accepted.append(bridge)
+                    continue
+                rejection = Rejection("SessionConflict", problem)
+        rejected[name] = rejection
+        if name in last_applied and claim(last_applied[name]) is None:
+            accepted.append(last_applied[name])
     accepted.sort(key=lambda b: b.name)
     return accepted, rejected
 

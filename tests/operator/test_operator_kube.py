@@ -488,5 +488,13 @@ def test_bridges_are_rendered_and_a_missing_secret_is_reported(k, run_operator):
     k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "locked-pw"},
              "stringData": {"password": "rotated"}})  # fmt: skip
     wait_for(lambda: copied() == "rotated", msg="the rotated password copied at a resync")
+    # a second bridge to the same remote under locked's client id (edge-locked, its default) is refused
+    k.apply(bridge("twin", remote={"host": "h", "clientId": "edge-locked"}))
+    cond = wait_for(lambda: k.condition("mqttbridge", "twin", "Accepted").get("reason") == "SessionConflict"
+                    and k.condition("mqttbridge", "twin", "Accepted"), msg="the session conflict reported")  # fmt: skip
+    assert (
+        cond["message"] == "spec.remote.clientId: bridge locked already connects to h:1883 as 'edge-locked'"
+    )
+    assert [b["name"] for b in config_of(k)["bridges"]] == ["cloud", "locked"]
     k("delete", "mqttbridge", "cloud")
     wait_for(lambda: [b["name"] for b in config_of(k)["bridges"]] == ["locked"], msg="deleted bridge dropped")

@@ -353,6 +353,33 @@ def test_a_broken_bridge_is_rejected_naming_the_field_and_keeps_its_last_version
     assert never == [] and "cloud" in rejected
 
 
+def test_of_two_bridges_with_one_session_at_a_remote_the_older_keeps_it():
+    """Same host, port and client id: the bridges would take the session from each other at the remote.
+    The one created later is refused naming the field; a bridge with the default client id (fleet-name)
+    does not collide with one whose explicit id differs."""
+    remote = {"host": "mqtt.example.com", "clientId": "edge-uplink"}
+    older = mqtt_bridge("a", remote=remote)
+    newer = mqtt_bridge("b", remote=remote)
+    newer["metadata"]["creationTimestamp"] = "2024-01-02T00:00:00Z"
+    other = mqtt_bridge("c", remote={"host": "mqtt.example.com", "clientId": "edge-a"})  # a's default id...
+    accepted, rejected = render.select_bridges([newer, older, other])
+    assert [b.name for b in accepted] == ["a", "c"]  # (...but a has an explicit one)
+    assert rejected["b"].reason == "SessionConflict"
+    assert rejected["b"].message == (
+        "spec.remote.clientId: bridge a already connects to mqtt.example.com:1883 as 'edge-uplink'"
+    )
+    clash = mqtt_bridge("d", remote={"host": "mqtt.example.com", "clientId": "edge-e"})
+    default = mqtt_bridge("e", remote={"host": "mqtt.example.com"})  # its client id: edge-e
+    default["metadata"]["creationTimestamp"] = "2024-01-02T00:00:00Z"
+    accepted, rejected = render.select_bridges([clash, default])
+    assert [b.name for b in accepted] == ["d"] and "as 'edge-e'" in rejected["e"].message
+    # a bridge that ran keeps its last version when an edit makes it collide
+    accepted, rejected = render.select_bridges(
+        [older, newer], {"b": render.select_bridges([mqtt_bridge("b")])[0][0]}
+    )
+    assert [b.name for b in accepted] == ["a", "b"] and accepted[1].spec.remote.client_id is None
+
+
 def test_bridge_status_from_the_pods_reports():
     from fleetmq.operator.status import bridge_status
 
