@@ -35,10 +35,35 @@ def test_chart_crds_are_the_generated_crds():
     assert chart_crds == {p.name: p.read_text() for p in (ROOT / "crds").glob("*.yaml")}
 
 
-def test_rbac_rules_file_is_generated_from_operator_rbac():
-    text = (CHART / "files" / "operator-rbac-rules.yaml").read_text()
-    assert text == rbac.render_rules_yaml(), "run `python -m fleetmq.operator.rbac --write`"
-    assert yaml.safe_load(text) == [rule for _, rule in rbac.RULES]
+def test_rbac_rules_files_are_generated_from_operator_rbac():
+    for path, text in rbac.chart_files().items():
+        assert path.read_text() == text, f"{path.name}: run `python -m fleetmq.operator.rbac --write`"
+    assert yaml.safe_load(rbac.CHART_RULES_FILES["all"].read_text()) == [rule for _, rule in rbac.RULES]
+
+
+@pytest.mark.parametrize("watch", [[], ["team-a", "team-b"]], ids=["all-namespaces", "namespaced"])
+def test_the_charts_roles_are_operator_rbacs_for_the_scope(helm, watch):
+    """Watching every namespace: one ClusterRole with every rule. Watching given ones: a Role in each (the
+    only place Secrets are readable) and a ClusterRole that only reads CRDs and namespaces."""
+    m = helm.template({"operator": {"watchNamespaces": watch}}, release="mq", namespace="mq-system")
+    got = {
+        (o["kind"], o["metadata"].get("namespace")): o
+        for o in m
+        if o["kind"].endswith(("Role", "RoleBinding"))
+    }
+    want = {(o["kind"], o["metadata"].get("namespace")): o for o in rbac.manifests("mq-system", "x", watch)}
+    want.pop(("ServiceAccount", "mq-system"))
+    assert got.keys() == want.keys()
+    for key, obj in got.items():
+        assert obj.get("rules") == want[key].get("rules"), key
+        if "subjects" in obj:
+            assert obj["subjects"] == [
+                {"kind": "ServiceAccount", "name": "mq-fleetmq-operator", "namespace": "mq-system"}
+            ]
+            assert obj["roleRef"]["kind"] == key[0].removesuffix("Binding")
+    secrets_anywhere = [o for o in got.values() if o["kind"] == "ClusterRole"
+                        and any("secrets" in r["resources"] for r in o["rules"])]  # fmt: skip
+    assert bool(secrets_anywhere) == (not watch)
 
 
 def test_versions_and_image_agree_with_the_project():

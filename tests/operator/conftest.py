@@ -114,6 +114,25 @@ class Operator:
 
 
 @pytest.fixture
+def namespaced_operator_kubeconfig(control_plane, crds_installed, kube_namespace) -> Iterator[Path]:
+    """A kubeconfig of a ServiceAccount with the RBAC of an operator watching only the test's namespace
+    (rbac.manifests(watch=...)): a Role there, a ClusterRole that reads CRDs and namespaces."""
+    if control_plane.kubectl("get", "namespace", OPERATOR_NS, check=False).returncode != 0:
+        control_plane.create_namespace(OPERATOR_NS)
+    name = f"fleetmq-ns-{kube_namespace[-6:]}"
+    objs = rbac.manifests(OPERATOR_NS, name, [kube_namespace])
+    control_plane.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
+    )
+    yield control_plane.serviceaccount_kubeconfig(f"{OPERATOR_NS}/{name}")
+    for obj in objs:
+        if obj["kind"] in ("ClusterRole", "ClusterRoleBinding", "ServiceAccount"):
+            ns = obj["metadata"].get("namespace")
+            control_plane.kubectl(*(["-n", ns] if ns else []), "delete", obj["kind"], obj["metadata"]["name"],
+                                  "--wait=false", check=False)  # fmt: skip
+
+
+@pytest.fixture
 def run_operator(operator_kubeconfig, kube_namespace, monkeypatch) -> Iterator[Callable[..., Operator]]:
     """Start the operator (as its ServiceAccount) watching the test's namespace; stopped at teardown."""
     monkeypatch.setenv("KUBECONFIG", str(operator_kubeconfig))

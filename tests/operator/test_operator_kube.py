@@ -13,7 +13,7 @@ import yaml
 from fleetmq.broker.config import BrokerConfig
 from fleetmq.operator import render
 
-from .conftest import bridge, fleet, wait_for, zone
+from .conftest import OPERATOR_NS, Operator, bridge, fleet, wait_for, zone
 
 CHILDREN = [
     ("configmap", "edge-config"),
@@ -498,3 +498,42 @@ def test_bridges_are_rendered_and_a_missing_secret_is_reported(k, run_operator):
     assert [b["name"] for b in config_of(k)["bridges"]] == ["cloud", "locked"]
     k("delete", "mqttbridge", "cloud")
     wait_for(lambda: [b["name"] for b in config_of(k)["bridges"]] == ["locked"], msg="deleted bridge dropped")
+
+
+def test_an_operator_watching_one_namespace_needs_no_cluster_wide_secret_read(
+    k, control_plane, kube_namespace, namespaced_operator_kubeconfig, monkeypatch
+):
+    """With the RBAC of `--watch <ns>` (a Role in the namespace, a ClusterRole reading CRDs and namespaces)
+    the operator reconciles a fleet with a zone and a bridge whose password is a Secret, writes statuses
+    and events, and is refused nothing (Operator.stop checks its log for Forbidden); Secrets elsewhere
+    are out of its reach."""
+    monkeypatch.setenv("KUBECONFIG", str(namespaced_operator_kubeconfig))
+    monkeypatch.setenv("FLEETMQ_RESYNC_SECONDS", "1")
+    sa = f"system:serviceaccount:{OPERATOR_NS}:fleetmq-ns-{kube_namespace[-6:]}"
+
+    def can(verb: str, what: str, ns: str) -> bool:
+        out = control_plane.kubectl("auth", "can-i", verb, what, "-n", ns, "--as", sa, check=False)
+        return out.stdout.strip() == "yes"
+
+    assert can("get", "secrets", kube_namespace) and can("patch", "statefulsets", kube_namespace)
+    assert not can("get", "secrets", "default") and not can("list", "pods", "kube-system")
+    assert not can("get", "secrets", OPERATOR_NS)
+    op = Operator(kube_namespace)
+    try:
+        k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cloud-pw"},
+                 "stringData": {"password": "s3cret"}})  # fmt: skip
+        k.apply(fleet())
+        k.apply(zone())
+        k.apply(bridge("cloud", remote={"host": "h", "passwordSecretRef": {"name": "cloud-pw"}}))
+        for kind, name in CHILDREN:
+            wait_for(lambda kind=kind, name=name: k.get(kind, name), msg=f"{kind} {name}")
+        wait_for(lambda: [b["name"] for b in config_of(k).get("bridges", [])] == ["cloud"], msg="the bridge")
+        wait_for(lambda: (k.get("secret", "edge-bridge-secrets") or {}).get("data", {}).get("cloud.password"),
+                 msg="the bridge's password copied")  # fmt: skip
+        wait_for(
+            lambda: k.condition("mqttbridge", "cloud", "Accepted").get("status") == "True", msg="accepted"
+        )
+        wait_for(lambda: k.condition("mqttzone", "external", "Accepted").get("status") == "True", msg="zone")
+        wait_for(lambda: k.condition("brokerfleet", "edge", "Ready").get("reason"), msg="fleet status")
+    finally:
+        op.stop()

@@ -59,6 +59,18 @@ def test_rbac_file_is_up_to_date_and_least_privilege():
     # never listed, watched, updated or deleted
     assert secrets == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"]}]
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in rules)
+    # watching given namespaces: the namespaced rules only in a Role of each, cluster-wide only reads
+    objs = rbac.manifests("ops", "op", ["team-a", "team-b"])
+    by_kind = {(o["kind"], o["metadata"].get("namespace")): o for o in objs}
+    assert set(by_kind) == {("ServiceAccount", "ops"), ("ClusterRole", None), ("ClusterRoleBinding", None),
+                            ("Role", "team-a"), ("RoleBinding", "team-a"), ("Role", "team-b"),
+                            ("RoleBinding", "team-b")}  # fmt: skip
+    cluster = by_kind[("ClusterRole", None)]["rules"]
+    assert {r for rule in cluster for r in rule["resources"]} == {"customresourcedefinitions", "namespaces"}
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in cluster)
+    assert {"secrets", "statefulsets", "kopfpeerings"} <= {
+        r for rule in by_kind[("Role", "team-a")]["rules"] for r in rule["resources"]
+    }
     # pods are only read: the fleet's status says why a container cannot run (ImagePullBackOff, ...)
     pods = [r for r in rules if "pods" in r["resources"]]
     assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
