@@ -50,6 +50,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--resync", type=float, metavar="SECONDS", help="full resync interval per fleet (default 30)"
     )
+    p.add_argument(
+        "--manage-crds",
+        action="store_true",
+        help="at start, update the fleetmq CRDs to this operator's schemas (never to older ones)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     return p.parse_args(argv)
@@ -82,6 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)
     if args.resync:
         os.environ["FLEETMQ_RESYNC_SECONDS"] = str(args.resync)
+    if args.manage_crds:
+        os.environ["FLEETMQ_MANAGE_CRDS"] = "true"
     if args.metrics:
         from .metrics import serve
 

@@ -232,6 +232,11 @@ def crds() -> dict[str, dict[str, Any]]:
     }
 
 
+def owned() -> list[dict[str, Any]]:
+    """fleetmq's own CRDs (not kopf's peering ones, which come with the chart)."""
+    return [crd for crd in crds().values() if crd["spec"]["group"] == GROUP]
+
+
 def _peering(kind: str, scope: str) -> dict[str, Any]:
     """kopf's peering resources: replicas of the operator (--peering NAME) elect one active among them."""
     plural = kind.lower() + "s"

@@ -21,7 +21,7 @@ from typing import Any
 
 import kopf
 
-from . import metrics, render
+from . import crdsync, metrics, render
 from .crds import GROUP, VERSION, BrokerFleetSpec, SecretKeyRef
 from .kube import ApiError, Credentials, Kube, load_kubeconfig
 from .reports import ReportReader
@@ -475,7 +475,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         prefix="operator.fleetmq.io", key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING  # our own Events say what we do; kopf's add noise
-    memo["fleetmq"] = Operator(Kube(load_kubeconfig()), resync=_env_float("FLEETMQ_RESYNC_SECONDS", 30.0))
+    kube = Kube(load_kubeconfig())
+    if os.environ.get("FLEETMQ_MANAGE_CRDS", "").lower() == "true":
+        await crdsync.sync(kube)
+    memo["fleetmq"] = Operator(kube, resync=_env_float("FLEETMQ_RESYNC_SECONDS", 30.0))
 
 
 @kopf.on.cleanup()

@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from . import crdgen
+
 NAME = "fleetmq-operator"
 DEFAULT_NAMESPACE = "fleetmq-system"
 RBAC_FILE = Path(__file__).resolve().parent / "rbac.yaml"
@@ -98,6 +100,15 @@ RULES: list[tuple[str, dict[str, Any]]] = [
             "apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],
             "verbs": ["get", "list", "watch"],
+        },
+    ),
+    (
+        "--manage-crds: bring the operator's own CRDs (by name) up to date at start (helm upgrade does not)",
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "resourceNames": sorted(crd["metadata"]["name"] for crd in crdgen.owned()),
+            "verbs": ["patch"],
         },
     ),
     (

@@ -97,6 +97,7 @@ def test_defaults_render_operator_rbac_dashboards_and_nothing_optional(helm):
         "--liveness=http://0.0.0.0:8081/healthz",
         "--metrics=0.0.0.0:8080",
         "--resync=30",
+        "--manage-crds",
     ]
     # the flags are the CLI's, and mean what the Deployment needs
     args = cli.parse_args(c["args"])
@@ -317,10 +318,11 @@ def test_custom_values_reach_the_deployment(helm):
         "--liveness=http://0.0.0.0:9091/healthz",
         "--metrics=0.0.0.0:9090",
         "--resync=10",
+        "--manage-crds",
         "--verbose",
     ]
     args = cli.parse_args(c["args"])
-    assert args.namespace == ["team-a", "team-b"] and args.resync == 10 and args.verbose
+    assert args.namespace == ["team-a", "team-b"] and args.resync == 10 and args.verbose and args.manage_crds
     assert c["resources"] == CUSTOM["operator"]["resources"]
     assert c["securityContext"] == CUSTOM["operator"]["securityContext"]
     assert CUSTOM["operator"]["podSecurityContext"].items() <= pod["securityContext"].items()

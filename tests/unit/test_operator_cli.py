@@ -67,7 +67,11 @@ def test_rbac_file_is_up_to_date_and_least_privilege():
                             ("RoleBinding", "team-b")}  # fmt: skip
     cluster = by_kind[("ClusterRole", None)]["rules"]
     assert {r for rule in cluster for r in rule["resources"]} == {"customresourcedefinitions", "namespaces"}
-    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in cluster)
+    # cluster-wide it reads, and patches only fleetmq's own CRDs, by name (--manage-crds)
+    writes = [rule for rule in cluster if not set(rule["verbs"]) <= {"get", "list", "watch"}]
+    assert writes == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                       "resourceNames": ["brokerfleets.fleetmq.io", "mqttbridges.fleetmq.io", "mqttzones.fleetmq.io"],
+                       "verbs": ["patch"]}]  # fmt: skip
     assert {"secrets", "statefulsets", "kopfpeerings"} <= {
         r for rule in by_kind[("Role", "team-a")]["rules"] for r in rule["resources"]
     }
