@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .bridges import BridgeConfig, check_bridges
-from .zones import DEFAULT_ZONES, ZoneSettings, zone_defaults
+from .zones import DEFAULT_ZONES, Duration, ZoneSettings, zone_defaults
 
 
 class ConfigError(Exception):
@@ -151,6 +151,26 @@ class MetricsConfig(_Model):
         return value
 
 
+class ShutdownConfig(_Model):
+    """How a stopping node lets its clients go (SIGTERM: a rolling upgrade, a scale-down, a node drain).
+
+    Evicting them all at once sends every client to the other nodes in the same second, where they all
+    take their sessions over at once; a paced eviction (EMQX's connection eviction rate) spreads that out.
+    Read when the node stops: a change needs no restart."""
+
+    eviction_rate: float = Field(
+        0,
+        ge=0,
+        description="Connections per second told to use another server (MQTT 5: DISCONNECT 0x9C) while the "
+        "node stops; 0: all at once (0x8B Server shutting down)",
+    )
+    timeout: Duration = Field(
+        10.0,
+        gt=0,
+        description="How long a stopping node may take; clients still connected then are closed (0x8B)",
+    )
+
+
 class EventLogConfig(_Model):
     enabled: bool = Field(
         False, description="Append events to the fleet's Redis Streams (read by the pipeline)"
@@ -190,6 +210,7 @@ class BrokerConfig(_Model):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     event_log: EventLogConfig = Field(default_factory=EventLogConfig)
     bridges: list[BridgeConfig] = Field(default_factory=list, description="Bridges to remote brokers")
+    shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig, description=ShutdownConfig.__doc__)
 
     @field_validator("zones", mode="before")
     @classmethod

@@ -236,18 +236,22 @@ class Server:
         if self._stopping is not None:
             self._stopping.set()
 
-    async def drain(self, timeout: float = 10.0) -> None:
-        """Graceful stop: refuse new clients, tell connected ones (v5 0x8B), commit pending writes."""
+    async def drain(self, timeout: float | None = None) -> None:
+        """Graceful stop: refuse new clients (not ready, listeners closed), hand the bridges over, let the
+        connected clients go (paced: `shutdown.eviction_rate`), commit pending writes."""
+        shutdown = self.config.shutdown
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (shutdown.timeout if timeout is None else timeout)
         log.info("draining: %d connections", len(self.connections))
         self.ready = False
         for server in self.listeners.values():
             server.close()
         await self.node.hand_over_bridges()
-        for conn in list(self.connections):
+        if shutdown.eviction_rate:
+            await self._evict(shutdown.eviction_rate, deadline)
+        for conn in list(self.connections):  # (all at once, or those left at the deadline)
             if conn.channel is not None:
                 conn.channel.kick(RC.SERVER_SHUTTING_DOWN, "server_shutdown")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         while self.connections and loop.time() < deadline:
             await asyncio.sleep(0.02)
         try:
@@ -261,6 +265,25 @@ class Server:
             self._http.close()
         await self.node.stop()
         log.info("stopped")
+
+    async def _evict(self, rate: float, deadline: float) -> None:
+        """Tell the connected clients, `rate` a second, to use another server (MQTT 5 0x9C; v3 clients are
+        closed): they reconnect to the other nodes a few at a time, and their sessions move with them."""
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        evicted = 0
+        for conn in list(self.connections):
+            due = start + evicted / rate
+            now = loop.time()
+            if due >= deadline:
+                log.warning("eviction: %d connections left at the deadline", len(self.connections))
+                return
+            if due > now:
+                await asyncio.sleep(due - now)
+            if conn.channel is not None and conn in self.connections:
+                conn.channel.kick(RC.USE_ANOTHER_SERVER, "evicted")
+                evicted += 1
+        log.info("eviction: %d connections told to use another server", evicted)
 
     # -- HTTP: /metrics, /healthz, /readyz --------------------------------------------------------
     async def _route(self, method: str, path: str) -> tuple[str, str, bytes]:

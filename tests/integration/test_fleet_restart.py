@@ -114,3 +114,43 @@ def test_all_nodes_restarted_sessions_subscriptions_queues_retained_intact(fleet
         p = r.expect(PUBLISH, timeout=3)
         assert (p.payload, p.retain) == (b"retained-before-restart", True)
         r.disconnect()
+
+
+def test_a_stopping_node_evicts_its_clients_at_the_configured_rate(fleet):
+    """SIGTERM with `shutdown.eviction_rate` 40/s and 80 MQTT 5 clients: each is told to use another
+    server (DISCONNECT 0x9C), spread over about two seconds, never more than the rate allows in any
+    second; each finds its session on the other node, and the stopping node exits cleanly."""
+    import threading
+    import time
+
+    rate, n = 40, 80
+    a, b = fleet(2, None, {"shutdown": {"eviction_rate": rate, "timeout": 20}})
+    cids = [uid("ev-") for _ in range(n)]
+    clients = [raw_connect(a, cid, 5)[0] for cid in cids]
+    closed_at: dict[str, tuple[float, list[int]]] = {}
+
+    def watch(cid: str, c) -> None:
+        closed, seen = c.wait_closed(15)
+        closed_at[cid] = (
+            time.monotonic(),
+            [p.reason for p in seen if p.type == mqttraw.DISCONNECT] if closed else [],
+        )
+
+    threads = [threading.Thread(target=watch, args=(cid, c)) for cid, c in zip(cids, clients, strict=True)]
+    for t in threads:
+        t.start()
+    a.proc.send_signal(15)
+    for t in threads:
+        t.join(20)
+    assert a.proc.wait(20) == 0
+    assert len(closed_at) == n
+    assert all(reasons == [0x9C] for _, reasons in closed_at.values()), closed_at
+    times = sorted(t for t, _ in closed_at.values())
+    assert times[-1] - times[0] >= (n - 1) / rate * 0.8, f"not paced: {times[-1] - times[0]:.2f}s"
+    busiest = max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
+    assert busiest <= rate + 2, f"{busiest} evictions within one second (rate {rate}/s)"
+    for cid, c in zip(cids, clients, strict=True):
+        c.close()
+        again, ack = raw_connect(b, cid, 5)
+        assert ack.session_present, f"{cid}: its session did not move to the other node"
+        again.close()
