@@ -728,8 +728,17 @@ class BrokerFleetSpec(CrdModel):
     terminationGracePeriodSeconds: int = Field(
         30,
         ge=1,
-        description="Time a stopping broker has to drain: it refuses new clients, disconnects connected ones "
-        "(MQTT 5: 0x8B) so they reconnect to other pods, and commits pending session writes.",
+        description="Time a stopping broker has to drain: it refuses new clients, evicts connected ones at "
+        "evictionRate so they reconnect to other pods, and commits pending session writes; it stops at 5 s "
+        "before this deadline at the latest.",
+    )
+    evictionRate: float = Field(
+        500,
+        ge=0,
+        description="Connections per second a stopping broker pod (rolling update, scale-down, node drain) "
+        "tells to use another server (MQTT 5: DISCONNECT 0x9C), so its clients move to the other pods "
+        "gradually, with their sessions; 0: all at once. A pod with more connections than evictionRate * "
+        "(terminationGracePeriodSeconds - 5) closes the rest at its deadline.",
     )
     eventLog: EventLogSpec = Field(default_factory=EventLogSpec, description=EventLogSpec.__doc__)  # type: ignore[valid-type]
     logLevel: Literal["debug", "info", "warning", "error"] = Field("info", description="Broker log level.")

@@ -54,6 +54,8 @@ SENTINEL_PORT = 26379
 PASSWORD_KEY = "password"
 # in broker pods: the Redis password (of the managed Redis or redis.secretRef), an external sentinels' own
 REDIS_AUTH_DIR = f"{CONFIG_DIR}/redis"
+#: seconds a broker keeps in hand at the end of its grace period (committing, closing) after evicting
+SHUTDOWN_MARGIN = 5
 #: the fleet's bridge Secret (bridge_secret): every bridge's password and TLS files, flat, always mounted
 BRIDGE_SECRETS_DIR = f"{CONFIG_DIR}/bridge-secrets"
 SENTINEL_AUTH_DIR = f"{CONFIG_DIR}/redis-sentinel"
@@ -380,6 +382,10 @@ def broker_config(
             "fleet": meta["name"],
         },
         "bridges": [bridge_config(b, bridge_files) for b in bridges],
+        "shutdown": {
+            "eviction_rate": spec.evictionRate,
+            "timeout": max(1, spec.terminationGracePeriodSeconds - SHUTDOWN_MARGIN),
+        },
     }
 
 

@@ -61,6 +61,7 @@ def test_defaults_are_filled_by_the_apiserver(k):
         (fleet(redis={"managed": False}), ONE_REDIS),
         (fleet(redis={"url": "redis://x:6379/0", "cluster": {"nodes": ["c:6379"]}}), ONE_REDIS),
         (fleet(replicas=-1), "should be greater than or equal to 0"),
+        (fleet(evictionRate=-5), "spec.evictionRate: Invalid value: -5: spec.evictionRate in body should be greater than or equal to 0"),
         (fleet(redis={"managed": True, "mode": "quorum"}), 'Unsupported value: "quorum"'),
         (fleet(redis={"managed": True, "sentinels": 4}), "redis.sentinels must be odd"),
         (fleet(redis={"managed": True, "replicas": 0}), "redis.replicas must be at least 1 with mode sentinel"),
@@ -84,7 +85,7 @@ def test_defaults_are_filled_by_the_apiserver(k):
     ids=[
         "inflight-range", "duration-pattern", "protocol-enum", "tls-needs-secret", "listener-names-unique",
         "ports-unique", "listener-name-pattern", "anonymous-needs-users", "acl-enum", "redis-both",
-        "redis-neither", "redis-url-and-cluster", "replicas-range", "redis-mode-enum", "sentinels-odd",
+        "redis-neither", "redis-url-and-cluster", "replicas-range", "eviction-rate-range", "redis-mode-enum", "sentinels-odd",
         "sentinel-needs-replicas", "standalone-no-replicas", "shards-range", "wait-replicas-exist",
         "managed-no-secret-ref", "appendfsync-enum", "storage-quantity", "sentinel-node-address",
         "redis-resources-quantity", "bridge-placeholder", "bridge-wildcard-in-template", "bridge-no-traffic",

@@ -410,3 +410,15 @@ def test_bridge_status_from_the_pods_reports():
         "refused",
     )
     assert st["queueMessages"] == 40
+
+
+def test_a_stopping_broker_evicts_at_the_fleets_rate_within_its_grace_period():
+    r = rendered(fleet(), zone("external"))
+    assert r.config["shutdown"] == {"eviction_rate": 500, "timeout": 25}  # (30 s grace, 5 s in hand)
+    r2 = rendered(fleet(evictionRate=50, terminationGracePeriodSeconds=120), zone("external"))
+    assert r2.config["shutdown"] == {"eviction_rate": 50, "timeout": 115}
+    assert broker_sts(r2)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 120
+    # live: the eviction rate is read when a broker stops, so changing it rolls no pod
+    r3 = rendered(fleet(evictionRate=10), zone("external"))
+    assert broker_sts(r3)["spec"]["template"] == broker_sts(r)["spec"]["template"]
+    assert BrokerConfig.model_validate(r3.config | {"node_id": "edge-0"}).shutdown.eviction_rate == 10
