@@ -555,6 +555,124 @@ def test_image_change_rolls_one_pod_at_a_time_while_clients_stay_served(cluster:
     assert acked <= set(received)
 
 
+def test_a_rolling_update_moves_each_of_300_clients_about_once(cluster: Cluster, endpoints):
+    """An image change with 300 persistent MQTT 5 clients spread over the 3 pods by the zone Service: each
+    stopping pod evicts its clients at the fleet's evictionRate (DISCONNECT 0x9C), and once an updated pod
+    is Ready the old ones take no new connections (rollout.py), so a client is moved about once. Nothing
+    acknowledged to the publisher is lost; the fleet-wide reconnect rate stays near the eviction rate."""
+    c = cluster
+    rate, n = 30, 300
+    svc = c.endpoint("svc/edge-internal-mqtt", 11883)
+    endpoints.append(svc.start())
+    hash_before = config_hash(c)
+    c.kubectl("patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p",
+              json.dumps({"spec": {"evictionRate": rate}}))  # fmt: skip
+    new_hash = wait_for(lambda: (h := config_hash(c)) != hash_before and h, msg="ConfigMap re-rendered")
+    wait_for(lambda: all(c.readyz(p)["config_hash"] == new_hash for p in BROKERS), timeout=240,
+             msg="every pod on the config with the eviction rate")  # fmt: skip
+
+    lock = threading.Lock()
+    disconnects: dict[int, list[int]] = {i: [] for i in range(n)}
+    connects: list[float] = []
+    received: dict[int, set[int]] = {i: set() for i in range(n)}
+    tag = uuid.uuid4().hex[:6]
+
+    def make(i: int) -> mqtt.Client:
+        cl = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=f"e2e-ev-{tag}-{i}", protocol=mqtt.MQTTv5
+        )
+        cl.reconnect_delay_set(1, 4)
+
+        def on_connect(_c, _u, _flags, rc, _p):
+            if not rc.is_failure:
+                with lock:
+                    connects.append(time.monotonic())
+                _c.subscribe(f"e2e/ev/{tag}/{i}", qos=1)
+
+        def on_disconnect(_c, _u, _flags, rc, _p):
+            with lock:
+                disconnects[i].append(int(rc.value))
+
+        def on_message(_c, _u, msg):
+            with lock:
+                received[i].add(int(msg.payload))
+
+        cl.on_connect, cl.on_disconnect, cl.on_message = on_connect, on_disconnect, on_message
+        props = mqtt.Properties(mqtt.PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 600
+        cl.connect(svc.host, svc.local, keepalive=30, clean_start=False, properties=props)
+        cl.loop_start()
+        return cl
+
+    subs = [make(i) for i in range(n)]
+    wait_for(lambda: len(connects) >= n, timeout=120, msg="300 clients connected")
+    time.sleep(5)  # (the pods report their connections every few seconds; the fleet status gathers them)
+    per_pod = {
+        p["name"]: p.get("connections")
+        for p in (c.get("brokerfleet", FLEET) or {}).get("status", {}).get("pods") or []
+    }
+    print(f"connections per pod before the roll (fleet status): {per_pod}")
+    with lock:
+        connects.clear()
+        for d in disconnects.values():
+            d.clear()
+    pub = Resilient({"svc": svc}, f"e2e-ev-pub-{tag}", clean=True)
+    pub.connect(["svc"])
+    new_image = f"fleetmq/broker:{VERSION}-e2e-evict"
+    c.tag_image(IMAGE, new_image)
+    roll_start = time.monotonic()
+    c.kubectl("patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p",
+              json.dumps({"spec": {"image": new_image}}))  # fmt: skip
+
+    def rolled() -> bool:
+        sts = c.get("statefulset", "edge")["status"]
+        return (
+            sts.get("updateRevision") == sts.get("currentRevision")
+            and sts.get("updatedReplicas") == 3
+            and all(p["spec"]["containers"][0]["image"] == new_image for p in c.pods(BROKER_PODS))
+            and fleet_ready(c)
+        )
+
+    acked: dict[int, set[int]] = {i: set() for i in range(n)}
+    seq = 0
+    deadline = time.monotonic() + 900
+    try:
+        while not (seq > 300 and rolled()):
+            assert time.monotonic() < deadline, "the rollout did not finish in 15 minutes"
+            i = seq % n
+            info = pub.c.publish(f"e2e/ev/{tag}/{i}", str(seq).encode(), qos=1)
+            try:
+                info.wait_for_publish(timeout=10)
+                ok = info.is_published()
+            except (RuntimeError, ValueError):
+                ok = False
+            if ok:
+                acked[i].add(seq)
+                seq += 1
+                time.sleep(0.02)
+            else:
+                pub.reconnect()
+        roll_s = time.monotonic() - roll_start
+        wait_for(lambda: all(acked[i] <= received[i] for i in range(n)), timeout=180,
+                 msg="every acknowledged message at its client")  # fmt: skip
+    finally:
+        close(pub.c)
+        for cl in subs:
+            close(cl)
+    counts = [len(disconnects[i]) for i in range(n)]
+    mean, worst = sum(counts) / n, max(counts)
+    reasons = sorted({r for d in disconnects.values() for r in d})
+    times = sorted(connects)
+    busiest = max((sum(1 for t in times if start <= t < start + 1.0) for start in times), default=0)
+    print(f"rolling update of 3 pods with {n} clients, evictionRate {rate}/s, {roll_s:.0f}s: disconnects per "
+          f"client mean {mean:.2f} max {worst}; reasons {[hex(r) for r in reasons]}; reconnects in the busiest "
+          f"second {busiest}; {seq} messages acknowledged, none lost")  # fmt: skip
+    assert mean <= 1.5, f"clients were moved {mean:.2f} times on average"
+    assert worst <= 3
+    assert 0x9C in reasons, "no client was told to use another server"
+    assert busiest <= rate + 10, f"{busiest} reconnects within one second (eviction rate {rate}/s)"
+
+
 # ------------------------------------------------------------------------------------------- monitoring
 class EndpointDiscovery(threading.Thread):
     """What a ServiceMonitor makes Prometheus do, for Debian's Prometheus (built without Kubernetes service

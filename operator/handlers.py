@@ -21,7 +21,7 @@ from typing import Any
 
 import kopf
 
-from . import crdsync, metrics, render
+from . import crdsync, metrics, render, rollout
 from .crds import GROUP, VERSION, BrokerFleetSpec, SecretKeyRef
 from .kube import ApiError, Credentials, Kube, load_kubeconfig
 from .reports import ReportReader
@@ -178,6 +178,8 @@ class Operator:
             observed.pods = await kube.list("Pod", namespace, f"{render.L_FLEET}={name}")
         except ApiError:  # status without pod problems rather than no status
             metrics.RECONCILE_ERRORS.labels("pods").inc()
+        else:
+            await self._steer(namespace, observed)
         if rendered is not None:
             observed.nodeinfo, observed.nodeinfo_error = await self._nodeinfo(
                 fleet, rendered.config["store"], passwords
@@ -188,6 +190,21 @@ class Operator:
         await self._zone_statuses(fleet, zones, rejected, rendered, observed, status)
         await self._bridge_statuses(bridge_objs, rejected_bridges, rendered, observed)
         return "error" if render_error or observed.apply_error else "ok"
+
+    async def _steer(self, namespace: str, observed: Observed) -> None:
+        """During a rollout, only updated pods take new connections (rollout.py)."""
+        brokers = [
+            p
+            for p in observed.pods
+            if (p["metadata"].get("labels") or {}).get(render.L_COMPONENT) == "broker"
+        ]
+        for pod, value in rollout.serving_labels(observed.statefulset, brokers).items():
+            try:
+                await self.kube.patch_labels("Pod", namespace, pod, {rollout.L_SERVING: value})
+            except ApiError as e:
+                if e.status != 404:  # (a pod gone meanwhile)
+                    metrics.RECONCILE_ERRORS.labels("pods").inc()
+                    log.warning("cannot label pod %s %s=%s: %s", pod, rollout.L_SERVING, value, e)
 
     async def _bridges_with_secrets(
         self, namespace: str, bridges: list[render.Bridge], last: dict[str, render.Bridge]

@@ -238,6 +238,15 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
+    async def patch_labels(self, kind: str, namespace: str, name: str, labels: dict[str, str]) -> Any:
+        """Merge-patch some labels of an object the operator does not apply (a pod)."""
+        return await self.request(
+            "PATCH",
+            path_of(kind, namespace, name),
+            {"metadata": {"labels": labels}},
+            content_type="application/merge-patch+json",
+        )
+
     async def delete(self, kind: str, namespace: str | None, name: str) -> bool:
         try:
             await self.request("DELETE", path_of(kind, namespace, name), {"propagationPolicy": "Background"})

@@ -77,8 +77,9 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"], "verbs": _WRITE},
     ),
     (
-        "read the fleet's pods: containers that cannot run (image pull errors, crash loops) go to its status",
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        "read the fleet's pods: containers that cannot run (image pull errors, crash loops) go to its status; "
+        "label them serving or not during a rollout (patch), so reconnecting clients land on updated pods",
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
     ),
     (
         "read the passwords of redis.secretRef (to reach the fleet's Redis for the pods' reports) and the "

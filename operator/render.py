@@ -30,6 +30,7 @@ from .crds import (
     RedisSpec,
     SchedulingSpec,
 )
+from .rollout import L_SERVING
 
 MANAGER = "fleetmq-operator"
 PAUSED = "fleetmq.io/paused"
@@ -653,7 +654,10 @@ def statefulset(
             "updateStrategy": {"type": "RollingUpdate"},  # one pod at a time, each waiting for readiness
             "selector": {"matchLabels": selector_labels(name)},
             "template": {
-                "metadata": {"labels": labels(name), "annotations": {A_RESTART_HASH: restart}},
+                "metadata": {
+                    "labels": {**labels(name), L_SERVING: "true"},
+                    "annotations": {A_RESTART_HASH: restart},
+                },
                 "spec": pod_spec,
             },
         },
@@ -693,7 +697,8 @@ def client_services(fleet: dict[str, Any], spec: BrokerFleetSpec, zones: list[Zo
                     "metadata": meta,
                     "spec": {
                         "type": spec.service.type,
-                        "selector": selector_labels(name),
+                        # (only serving pods: rollout.py steers reconnecting clients to updated pods)
+                        "selector": {**selector_labels(name), L_SERVING: "true"},
                         "ports": [
                             {"name": lst.name, "port": lst.port, "targetPort": lst.port, "protocol": "TCP"}
                         ],
