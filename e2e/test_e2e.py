@@ -655,13 +655,15 @@ def test_a_rolling_update_moves_each_of_300_clients_about_once(cluster: Cluster,
         roll_s = time.monotonic() - roll_start
         wait_for(lambda: all(acked[i] <= received[i] for i in range(n)), timeout=180,
                  msg="every acknowledged message at its client")  # fmt: skip
+        with lock:  # (before the clients' own DISCONNECTs below)
+            moved = {i: list(d) for i, d in disconnects.items()}
     finally:
         close(pub.c)
         for cl in subs:
             close(cl)
-    counts = [len(disconnects[i]) for i in range(n)]
+    counts = [len(moved[i]) for i in range(n)]
     mean, worst = sum(counts) / n, max(counts)
-    reasons = sorted({r for d in disconnects.values() for r in d})
+    reasons = sorted({r for d in moved.values() for r in d})
     times = sorted(connects)
     busiest = max((sum(1 for t in times if start <= t < start + 1.0) for start in times), default=0)
     print(f"rolling update of 3 pods with {n} clients, evictionRate {rate}/s, {roll_s:.0f}s: disconnects per "
