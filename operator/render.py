@@ -468,7 +468,7 @@ def render(
     ]
     if spec.redis.managed:
         out.manifests += redis_manifests(fleet, spec)
-    if service_monitor and spec.metrics.serviceMonitor:
+    if service_monitor and spec.metrics.serviceMonitor.enabled:
         out.manifests.append(servicemonitor(fleet, spec))
     return out
 
@@ -715,14 +715,24 @@ def pdb(fleet: dict[str, Any], name: str | None = None, component: str = "broker
 
 
 def servicemonitor(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any]:
+    """The brokers' scrape config for the Prometheus Operator: the user's labels let a Prometheus'
+    serviceMonitorSelector (kube-prometheus-stack: release=<name>) pick it up, and the namespaceSelector
+    names the fleet's namespace so no Prometheus setting widens it to Services of other namespaces."""
     name = fleet["metadata"]["name"]
+    sm = spec.metrics.serviceMonitor
+    meta = _meta(fleet, names(name)["monitor"])
+    meta["labels"] = {**sm.labels, **meta["labels"]}  # the model refuses the operator's own keys anyway
+    endpoint = {"port": "metrics", "path": "/metrics", "interval": sm.interval}
+    if sm.scrapeTimeout:
+        endpoint["scrapeTimeout"] = sm.scrapeTimeout
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": _meta(fleet, names(name)["monitor"]),
+        "metadata": meta,
         "spec": {
             "selector": {"matchLabels": {**selector_labels(name), "fleetmq.io/service": "headless"}},
-            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": spec.metrics.interval}],
+            "namespaceSelector": {"matchNames": [meta["namespace"]]},
+            "endpoints": [endpoint],
         },
     }
 
