@@ -48,3 +48,8 @@ def test_runbook_base_url_is_replaced_whole():
     assert grafana.runbook_url(
         "FleetmqBrokerDown", "https://git.example/fleetmq/-/blob/main/docs/runbooks/"
     ) == ("https://git.example/fleetmq/-/blob/main/docs/runbooks/FleetmqBrokerDown.md")
+
+
+def test_the_readme_names_every_alert():
+    readme = (grafana.RUNBOOK_DIR.parent.parent / "README.md").read_text()
+    assert [name for name in NAMES if f"`{name}`" not in readme] == []
