@@ -715,16 +715,21 @@ OWN_LABELS = (
 SCRAPE_DURATION = r"^\d+(ms|s|m|h)$"
 
 
-def _enabled_if_bool(value: Any) -> Any:
-    """`serviceMonitor: true|false`, the field's form before it had settings, still read from stored fleets."""
-    return {"enabled": value} if isinstance(value, bool) else value
+class MetricsSpec(CrdModel):
+    """Where the brokers serve /metrics, /healthz and /readyz, and the ServiceMonitor that scrapes them."""
 
-
-class ServiceMonitorSpec(CrdModel):
-    """The ServiceMonitor scraping the brokers' /metrics (only where the monitoring.coreos.com CRD exists)."""
-
-    enabled: bool = Field(True, description="Create the ServiceMonitor.")
-    labels: dict[str, LabelValue] = Field(
+    port: int = Field(9100, ge=1, le=65535, description="Metrics and probe port of every broker pod.")
+    serviceMonitor: bool = Field(
+        True, description="Create a ServiceMonitor (when the monitoring.coreos.com CRD exists)."
+    )
+    interval: str = Field("30s", pattern=SCRAPE_DURATION, description="Scrape interval.")
+    scrapeTimeout: str | None = Field(
+        None,
+        pattern=SCRAPE_DURATION,
+        description="Scrape timeout, at most the interval. Default: Prometheus' scrape_timeout.",
+    )
+    # (beside serviceMonitor, not inside it: v1alpha1 fields are only added, never retyped; README "Upgrades")
+    serviceMonitorLabels: dict[str, LabelValue] = Field(
         default_factory=dict,
         max_length=64,
         description="Labels added to the ServiceMonitor, for the Prometheus serviceMonitorSelector that must "
@@ -744,12 +749,6 @@ class ServiceMonitorSpec(CrdModel):
             ]
         },
     )
-    interval: str = Field("30s", pattern=SCRAPE_DURATION, description="Scrape interval (e.g. 30s, 1m).")
-    scrapeTimeout: str | None = Field(
-        None,
-        pattern=SCRAPE_DURATION,
-        description="Scrape timeout, at most the interval. Default: Prometheus' scrape_timeout.",
-    )
 
     model_config = ConfigDict(
         extra="forbid",
@@ -765,7 +764,7 @@ class ServiceMonitorSpec(CrdModel):
         },
     )
 
-    @field_validator("labels")
+    @field_validator("serviceMonitorLabels")
     @classmethod
     def _label_keys(cls, labels: dict[str, str]) -> dict[str, str]:
         for key in labels:
@@ -776,21 +775,12 @@ class ServiceMonitorSpec(CrdModel):
         return labels
 
     @model_validator(mode="after")
-    def _timeout_within_interval(self) -> ServiceMonitorSpec:
+    def _timeout_within_interval(self) -> MetricsSpec:
         if self.scrapeTimeout is not None and parse_duration(self.scrapeTimeout) > parse_duration(
             self.interval
         ):
             raise ValueError("scrapeTimeout cannot exceed interval")
         return self
-
-
-class MetricsSpec(CrdModel):
-    """Where the brokers serve /metrics, /healthz and /readyz, and how Prometheus finds them."""
-
-    port: int = Field(9100, ge=1, le=65535, description="Metrics and probe port of every broker pod.")
-    serviceMonitor: Annotated[ServiceMonitorSpec, BeforeValidator(_enabled_if_bool)] = Field(
-        default_factory=ServiceMonitorSpec, description=doc(ServiceMonitorSpec)
-    )
 
 
 EventLogSpec = derive(

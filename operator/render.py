@@ -468,7 +468,7 @@ def render(
     ]
     if spec.redis.managed:
         out.manifests += redis_manifests(fleet, spec)
-    if service_monitor and spec.metrics.serviceMonitor.enabled:
+    if service_monitor and spec.metrics.serviceMonitor:
         out.manifests.append(servicemonitor(fleet, spec))
     return out
 
@@ -719,12 +719,12 @@ def servicemonitor(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, An
     serviceMonitorSelector (kube-prometheus-stack: release=<name>) pick it up, and the namespaceSelector
     names the fleet's namespace so no Prometheus setting widens it to Services of other namespaces."""
     name = fleet["metadata"]["name"]
-    sm = spec.metrics.serviceMonitor
+    metrics = spec.metrics
     meta = _meta(fleet, names(name)["monitor"])
-    meta["labels"] = {**sm.labels, **meta["labels"]}  # the model refuses the operator's own keys anyway
-    endpoint = {"port": "metrics", "path": "/metrics", "interval": sm.interval}
-    if sm.scrapeTimeout:
-        endpoint["scrapeTimeout"] = sm.scrapeTimeout
+    meta["labels"] = {**metrics.serviceMonitorLabels, **meta["labels"]}  # (the model refuses its own keys)
+    endpoint = {"port": "metrics", "path": "/metrics", "interval": metrics.interval}
+    if metrics.scrapeTimeout:
+        endpoint["scrapeTimeout"] = metrics.scrapeTimeout
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",

@@ -4,8 +4,10 @@ the scrape settings; and what the BrokerFleet model refuses before anything is a
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+import yaml
 from fleetmq.operator import render
 from fleetmq.operator.crds import BrokerFleetSpec
 from pydantic import ValidationError
@@ -21,7 +23,7 @@ def monitor(**metrics) -> dict:
 
 
 def test_servicemonitor_carries_the_users_labels_and_selects_the_headless_service_in_its_namespace():
-    sm = monitor(serviceMonitor={"labels": {"release": "kube-prometheus-stack", "team": "mq"}})
+    sm = monitor(serviceMonitorLabels={"release": "kube-prometheus-stack", "team": "mq"})
     labels = sm["metadata"]["labels"]
     assert labels["release"] == "kube-prometheus-stack" and labels["team"] == "mq"
     assert labels[render.L_MANAGED] == render.MANAGER  # pruning still finds it
@@ -35,7 +37,7 @@ def test_servicemonitor_carries_the_users_labels_and_selects_the_headless_servic
 
 
 def test_scrape_interval_and_timeout():
-    sm = monitor(serviceMonitor={"interval": "15s", "scrapeTimeout": "10s"})
+    sm = monitor(interval="15s", scrapeTimeout="10s")
     assert sm["spec"]["endpoints"][0] == {
         "port": "metrics",
         "path": "/metrics",
@@ -45,36 +47,32 @@ def test_scrape_interval_and_timeout():
 
 
 def test_no_servicemonitor_when_disabled_or_without_the_prometheus_operator():
-    r = rendered(
-        fleet(metrics={"serviceMonitor": {"enabled": False}}), zone("external"), service_monitor=True
-    )
+    r = rendered(fleet(metrics={"serviceMonitor": False}), zone("external"), service_monitor=True)
     assert not by_kind(r, "ServiceMonitor")
     assert not by_kind(rendered(fleet(), zone("external"), service_monitor=False), "ServiceMonitor")
 
 
-def test_a_stored_fleet_with_the_former_boolean_still_reads():
-    """Fleets stored while serviceMonitor was a boolean keep working until their next edit."""
-    assert (
-        BrokerFleetSpec.model_validate({"metrics": {"serviceMonitor": False}}).metrics.serviceMonitor.enabled
-        is False
-    )
-    assert BrokerFleetSpec.model_validate(
-        {"metrics": {"serviceMonitor": True}}
-    ).metrics.serviceMonitor.enabled
-
-
 @pytest.mark.parametrize(
-    ("service_monitor", "message"),
+    ("metrics", "message"),
     [
-        ({"labels": {"bad key": "x"}}, "is not [prefix/]name"),
-        ({"labels": {"Example.com/x": "y"}}, "is not [prefix/]name"),
-        ({"labels": {"app.kubernetes.io/managed-by": "me"}}, "is the operator's own"),
-        ({"labels": {"release": "not ok"}}, "String should match pattern"),
-        ({"labels": {"release": "x" * 64}}, "at most 63 characters"),
+        ({"serviceMonitorLabels": {"bad key": "x"}}, "is not [prefix/]name"),
+        ({"serviceMonitorLabels": {"Example.com/x": "y"}}, "is not [prefix/]name"),
+        ({"serviceMonitorLabels": {"app.kubernetes.io/managed-by": "me"}}, "is the operator's own"),
+        ({"serviceMonitorLabels": {"release": "not ok"}}, "String should match pattern"),
+        ({"serviceMonitorLabels": {"release": "x" * 64}}, "at most 63 characters"),
         ({"interval": "soon"}, "String should match pattern"),
         ({"interval": "10s", "scrapeTimeout": "1m"}, "scrapeTimeout cannot exceed interval"),
     ],
 )
-def test_bad_settings_are_refused_by_the_model(service_monitor, message):
+def test_bad_settings_are_refused_by_the_model(metrics, message):
     with pytest.raises(ValidationError, match=re.escape(message)):
-        BrokerFleetSpec.model_validate({"metrics": {"serviceMonitor": service_monitor}})
+        BrokerFleetSpec.model_validate({"metrics": metrics})
+
+
+def test_the_readmes_example_fleet_validates():
+    """The README's operator section shows the ServiceMonitor settings as a user writes them."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("kind: BrokerFleet\nmetadata: {name: edge}")
+    spec = yaml.safe_load(readme[start : readme.index("---", start)])["spec"]
+    metrics = BrokerFleetSpec.model_validate(spec).metrics
+    assert metrics.serviceMonitorLabels == {"release": "kube-prometheus-stack"} and metrics.scrapeTimeout
