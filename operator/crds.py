@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 import types
 import typing
 from typing import Annotated, Any, Literal
@@ -32,7 +33,16 @@ from fleetmq.broker.config import (
     SentinelConfig,
 )
 from fleetmq.broker.zones import AclRule, ZoneSettings, format_duration, parse_duration
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 GROUP = "fleetmq.io"
@@ -685,14 +695,92 @@ class ServiceSpec(CrdModel):
     annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of the Services.")
 
 
+#: A Kubernetes label key (an optional DNS-subdomain prefix and "/", then a name of at most 63 characters)
+#: and a label value; the API server would refuse them on the ServiceMonitor only after the fleet was accepted.
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+#: the labels the operator puts on its children (render.labels): pruning and selectors rely on them
+OWN_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/managed-by",
+    "fleetmq.io/fleet",
+)
+#: a Prometheus duration as the Prometheus Operator's ServiceMonitor accepts it, and CEL's duration() parses
+SCRAPE_DURATION = r"^\d+(ms|s|m|h)$"
+
+
 class MetricsSpec(CrdModel):
-    """Where the brokers serve /metrics, /healthz and /readyz, and whether Prometheus scrapes them."""
+    """Where the brokers serve /metrics, /healthz and /readyz, and the ServiceMonitor that scrapes them."""
 
     port: int = Field(9100, ge=1, le=65535, description="Metrics and probe port of every broker pod.")
     serviceMonitor: bool = Field(
         True, description="Create a ServiceMonitor (when the monitoring.coreos.com CRD exists)."
     )
-    interval: str = Field("30s", pattern=r"^\d+(ms|s|m|h)$", description="Scrape interval.")
+    interval: str = Field("30s", pattern=SCRAPE_DURATION, description="Scrape interval.")
+    scrapeTimeout: str | None = Field(
+        None,
+        pattern=SCRAPE_DURATION,
+        description="Scrape timeout, at most the interval. Default: Prometheus' scrape_timeout.",
+    )
+    # (beside serviceMonitor, not inside it: v1alpha1 fields are only added, never retyped; README "Upgrades")
+    serviceMonitorLabels: dict[str, LabelValue] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Labels added to the ServiceMonitor, for the Prometheus serviceMonitorSelector that must "
+        "pick it up (kube-prometheus-stack's default: release: <its Helm release name>). Cannot replace the "
+        "operator's own: " + ", ".join(OWN_LABELS) + ".",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, k.matches(r'{LABEL_KEY_PATTERN}'))",
+                    "message": "label keys must be [prefix/]name: a DNS subdomain prefix, and a name of at most "
+                    "63 alphanumerics, '-', '_' or '.' starting and ending alphanumeric",
+                },
+                {
+                    "rule": f"!self.exists(k, k in {list(OWN_LABELS)})",
+                    "message": "labels cannot replace the operator's own (" + ", ".join(OWN_LABELS) + ")",
+                },
+            ]
+        },
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.scrapeTimeout) || duration(self.scrapeTimeout) <= duration(self.interval)",
+                    "message": "scrapeTimeout cannot exceed interval (Prometheus refuses the scrape config)",
+                    "fieldPath": ".scrapeTimeout",
+                }
+            ]
+        },
+    )
+
+    @field_validator("serviceMonitorLabels")
+    @classmethod
+    def _label_keys(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key in labels:
+            if not re.match(LABEL_KEY_PATTERN, key):
+                raise ValueError(f"label key {key!r} is not [prefix/]name")
+            if key in OWN_LABELS:
+                raise ValueError(f"label {key!r} is the operator's own")
+        return labels
+
+    @model_validator(mode="after")
+    def _timeout_within_interval(self) -> MetricsSpec:
+        if self.scrapeTimeout is not None and parse_duration(self.scrapeTimeout) > parse_duration(
+            self.interval
+        ):
+            raise ValueError("scrapeTimeout cannot exceed interval")
+        return self
 
 
 EventLogSpec = derive(

@@ -45,6 +45,16 @@ def fleet_ready(selector: str = "") -> str:
     return f"max by (fleet_namespace, fleet) (fleetmq_operator_fleet_ready{'{' + selector + '}' if selector else ''})"
 
 
+def fleet_store(what: str, state: str = "") -> str:
+    """fleetmq_operator_fleet_store_<what> per BrokerFleet (one value across an operator handover), with the
+    fleet's namespace as `namespace`, as on the broker alerts."""
+    sel = f'{{state="{state}"}}' if state else ""
+    return (
+        f"label_replace(max by (fleet_namespace, fleet) (fleetmq_operator_fleet_store_{what}{sel}), "
+        '"namespace", "$1", "fleet_namespace", "(.*)")'
+    )
+
+
 # ------------------------------------------------------------------------------------------ panels
 @dataclass
 class Target:
@@ -1174,13 +1184,24 @@ DASHBOARDS = (fleet_overview, message_flow, windows_and_queues, store, operator)
 
 
 # ------------------------------------------------------------------------------------------ alerts
+#: Each alert's runbook, docs/runbooks/<alert>.md in the repository (a test fails when one is missing). The
+#: generated runbook_url is that path; the chart's prometheusRule.runbookBaseUrl replaces the base with
+#: wherever a cluster's users can open them (a Git host, a wiki).
+RUNBOOK_DIR = Path(__file__).resolve().parent.parent / "docs" / "runbooks"
+RUNBOOK_BASE_URL = "docs/runbooks"
+
+
+def runbook_url(name: str, base: str = RUNBOOK_BASE_URL) -> str:
+    return f"{base.rstrip('/')}/{name}.md"
+
+
 def alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict[str, Any]:
     return {
         "alert": name,
         "expr": expr,
         "for": for_,
         "labels": {"severity": severity},
-        "annotations": {"summary": summary, "description": description},
+        "annotations": {"summary": summary, "description": description, "runbook_url": runbook_url(name)},
     }
 
 
@@ -1253,6 +1274,28 @@ def alert_groups() -> dict[str, Any]:
             "Pods of {{ $labels.namespace }}/{{ $labels.job }} saw the store's primary move "
             "{{ $value | humanize }} times in 15 minutes: each failover refuses writes for seconds. Check the "
             "Redis pods' restarts, their nodes, and Sentinel's down-after setting.",
+        ),
+        alert(
+            "FleetmqStoreCommitSlow",
+            f"histogram_quantile(0.99, sum by ({POD_KEYS}, le) "
+            f'(rate(fleetmq_store_op_duration_seconds_bucket{{op="commit"}}[5m]))) > 0.25',
+            "10m",
+            "warning",
+            "Session-store commits are slow",
+            "The 99th percentile of session-store commits on {{ $labels.pod }} of {{ $labels.namespace }}/"
+            "{{ $labels.job }} is {{ $value | humanizeDuration }}: QoS 1/2 publishes are acked only after "
+            "their commit, so publishers wait as long. Check the Redis' latency and load, its fsync "
+            "(appendfsync), and waitReplicas.",
+        ),
+        alert(
+            "FleetmqEventLogDropping",
+            f'sum by ({POD_KEYS}) (increase(fleetmq_event_log_records_total{{outcome="dropped"}}[10m])) > 0',
+            "15m",
+            "warning",
+            "The event log keeps dropping records",
+            "{{ $labels.pod }} of {{ $labels.namespace }}/{{ $labels.job }} dropped {{ $value | humanize }} "
+            "event-log records in 10 minutes, again and again for 15: the pipeline's reports undercount. "
+            "Its buffer overflows or Redis refuses the writes (fleetmq_event_log_errors_total).",
         ),
         alert(
             "FleetmqTakeoverStorm",
@@ -1338,6 +1381,28 @@ def alert_groups() -> dict[str, Any]:
             "BrokerFleet {{ $labels.fleet }} in {{ $labels.fleet_namespace }} has not been Ready for 10 "
             "minutes: not all of its pods are ready, or not all run the rendered config. Its Progressing and "
             "Degraded conditions (kubectl describe brokerfleet) say why.",
+        ),
+        alert(
+            "FleetmqStoreNotReady",
+            f"{fleet_store('ready')} == 0 unless on (fleet_namespace, fleet) "
+            f"({fleet_store('pods', 'ready')} < {fleet_store('pods', 'wanted')})",
+            "5m",
+            "critical",
+            "A BrokerFleet's session store is not ready",
+            "The StoreReady condition of BrokerFleet {{ $labels.fleet }} in {{ $labels.fleet_namespace }} has "
+            "been False for 5 minutes: its Redis does not answer, a Redis Cluster is not formed, or acks wait "
+            "for replicas not in sync. Brokers withhold acks and refuse persistent sessions while they cannot "
+            "write; the condition's reason and message say which.",
+        ),
+        alert(
+            "FleetmqStoreRedisPodsMissing",
+            f"{fleet_store('pods', 'ready')} < {fleet_store('pods', 'wanted')}",
+            "10m",
+            "warning",
+            "The managed Redis of a BrokerFleet misses pods",
+            "{{ $value }} of the managed Redis' pods (servers and sentinels) of BrokerFleet {{ $labels.fleet }} "
+            "in {{ $labels.fleet_namespace }} are ready, fewer than it wants, for 10 minutes: the store has "
+            "less redundancy (a replica or sentinel down), or none (a shard's primary down).",
         ),
         alert(
             "FleetmqOperatorReconcileErrors",

@@ -60,6 +60,20 @@ FLEET_REPLICAS = Gauge(
     ["fleet_namespace", "fleet", "state"],
     registry=REGISTRY,
 )
+# The session store as the BrokerFleet status sees it: what the alerts on an unreachable or incomplete Redis
+# read, since an idle broker counts no store errors while its Redis is away.
+FLEET_STORE_READY = Gauge(
+    "fleetmq_operator_fleet_store_ready",
+    "1 while the BrokerFleet's StoreReady condition is True, else 0 (its reason: status.conditions).",
+    ["fleet_namespace", "fleet"],
+    registry=REGISTRY,
+)
+FLEET_STORE_PODS = Gauge(
+    "fleetmq_operator_fleet_store_pods",
+    "Pods of a BrokerFleet's managed Redis (servers and sentinels), by state: wanted, ready.",
+    ["fleet_namespace", "fleet", "state"],
+    registry=REGISTRY,
+)
 
 # Every label value a counter can take starts at 0, so rates and panels have data before the first event.
 RESULTS = ("ok", "error", "paused", "gone")
@@ -82,15 +96,27 @@ def set_fleet(namespace: str, name: str, status: dict[str, Any], desired: int) -
     FLEET_READY.labels(namespace, name).set(1 if ready else 0)
     FLEET_REPLICAS.labels(namespace, name, "desired").set(desired)
     FLEET_REPLICAS.labels(namespace, name, "ready").set(int(status.get("readyReplicas") or 0))
+    store_ready = next((c for c in status.get("conditions") or [] if c.get("type") == "StoreReady"), None)
+    if store_ready is not None:
+        FLEET_STORE_READY.labels(namespace, name).set(1 if store_ready.get("status") == "True" else 0)
+    store = status.get("store") or {}
+    if store.get("wantedPods") is not None:  # a managed Redis
+        FLEET_STORE_PODS.labels(namespace, name, "wanted").set(int(store["wantedPods"]))
+        FLEET_STORE_PODS.labels(namespace, name, "ready").set(int(store.get("readyPods") or 0))
+    else:
+        _remove(FLEET_STORE_PODS, (namespace, name, "wanted"), (namespace, name, "ready"))
 
 
 def forget_fleet(namespace: str, name: str) -> None:
     """Drop a fleet's series (deleted, or no longer handled by this operator process)."""
-    for gauge, labels in (
-        (FLEET_READY, (namespace, name)),
-        (FLEET_REPLICAS, (namespace, name, "desired")),
-        (FLEET_REPLICAS, (namespace, name, "ready")),
-    ):
+    _remove(FLEET_READY, (namespace, name))
+    _remove(FLEET_REPLICAS, (namespace, name, "desired"), (namespace, name, "ready"))
+    _remove(FLEET_STORE_READY, (namespace, name))
+    _remove(FLEET_STORE_PODS, (namespace, name, "wanted"), (namespace, name, "ready"))
+
+
+def _remove(gauge: Gauge, *label_sets: tuple[str, ...]) -> None:
+    for labels in label_sets:
         with contextlib.suppress(KeyError):
             gauge.remove(*labels)
 

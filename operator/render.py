@@ -720,14 +720,24 @@ def pdb(fleet: dict[str, Any], name: str | None = None, component: str = "broker
 
 
 def servicemonitor(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any]:
+    """The brokers' scrape config for the Prometheus Operator: the user's labels let a Prometheus'
+    serviceMonitorSelector (kube-prometheus-stack: release=<name>) pick it up, and the namespaceSelector
+    names the fleet's namespace so no Prometheus setting widens it to Services of other namespaces."""
     name = fleet["metadata"]["name"]
+    metrics = spec.metrics
+    meta = _meta(fleet, names(name)["monitor"])
+    meta["labels"] = {**metrics.serviceMonitorLabels, **meta["labels"]}  # (the model refuses its own keys)
+    endpoint = {"port": "metrics", "path": "/metrics", "interval": metrics.interval}
+    if metrics.scrapeTimeout:
+        endpoint["scrapeTimeout"] = metrics.scrapeTimeout
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": _meta(fleet, names(name)["monitor"]),
+        "metadata": meta,
         "spec": {
             "selector": {"matchLabels": {**selector_labels(name), "fleetmq.io/service": "headless"}},
-            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": spec.metrics.interval}],
+            "namespaceSelector": {"matchNames": [meta["namespace"]]},
+            "endpoints": [endpoint],
         },
     }
 

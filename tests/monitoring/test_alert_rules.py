@@ -29,6 +29,26 @@ def _ready(pod: str, fleet: str) -> str:
     )
 
 
+def _store(what: str, fleet: str, pod: str = "op-0", **labels: str) -> str:
+    """A session-store gauge of an operator pod in namespace ops for a fleet in namespace mq."""
+    extra = "".join(f', {k}="{v}"' for k, v in labels.items())
+    return (
+        f'fleetmq_operator_fleet_store_{what}{{namespace="ops", pod="{pod}", fleet_namespace="mq", '
+        f'fleet="{fleet}"{extra}}}'
+    )
+
+
+def _commits(pod: str, under_100ms: str, under_250ms: str, total: str) -> list[tuple[str, str]]:
+    """The commit-duration histogram of a pod: cumulative buckets (0.1, 0.25, 1, +Inf) every minute."""
+    name = "fleetmq_store_op_duration_seconds_bucket"
+    return [
+        (_sel(name, pod=pod, op="commit", le="0.1"), under_100ms),
+        (_sel(name, pod=pod, op="commit", le="0.25"), under_250ms),
+        (_sel(name, pod=pod, op="commit", le="1"), total),
+        (_sel(name, pod=pod, op="commit", le="+Inf"), total),
+    ]
+
+
 def test_promtool_accepts_the_chart_rules(promtool: str):
     r = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -95,6 +115,62 @@ CASES = {
         ],
         "8m",
         {"FleetmqStoreFailoverStorm": [{"severity": "warning", **FLEET}]},
+    ),
+    "commits slow at the 99th percentile for 10 minutes fire per pod, a fast pod does not": (
+        _commits("edge-0", "0+10x30", "0+10x30", "0+100x30")
+        + _commits("edge-1", "0+100x30", "0+100x30", "0+100x30"),
+        "20m",
+        {"FleetmqStoreCommitSlow": [{"severity": "warning", **FLEET, "pod": "edge-0"}]},
+    ),
+    "a pod slow for 5 minutes is not": (  # still pending 4 minutes after it got fast again
+        _commits("edge-0", "0+100x10 1000+10x5 1050+100x15", "0+100x10 1000+10x5 1050+100x15", "0+100x30"),
+        "19m",
+        {"FleetmqStoreCommitSlow": []},
+    ),
+    "event-log drops recurring for 15 minutes fire, one burst does not": (
+        [
+            (_sel("fleetmq_event_log_records_total", pod="edge-0", outcome="dropped"), "0+5x30"),
+            (_sel("fleetmq_event_log_records_total", pod="edge-1", outcome="dropped"), "0x8 50x22"),
+            (_sel("fleetmq_event_log_records_total", pod="edge-1", outcome="written"), "0+1000x30"),
+        ],
+        "20m",
+        {"FleetmqEventLogDropping": [{"severity": "warning", **FLEET, "pod": "edge-0"}]},
+    ),
+    "a store not ready for 5 minutes fires (with its namespace), one missing pods is left to that alert": (
+        [
+            (_store("ready", "edge"), "1x3 0x20"),  # an existing Redis that stopped answering
+            (_store("ready", "core"), "1x3 0x20"),  # a managed Redis short of pods
+            (_store("pods", "core", state="wanted"), "5x23"),
+            (_store("pods", "core", state="ready"), "5x3 3x20"),
+            (_store("ready", "calm"), "1x23"),
+            (_store("ready", "blip"), "1x3 0x3 1x17"),  # 3 minutes, e.g. a failover
+        ],
+        "15m",
+        {
+            "FleetmqStoreNotReady": [
+                {"severity": "critical", "namespace": "mq", "fleet_namespace": "mq", "fleet": "edge"}
+            ],
+            "FleetmqStoreRedisPodsMissing": [
+                {"severity": "warning", "namespace": "mq", "fleet_namespace": "mq", "fleet": "core"}
+            ],
+        },
+    ),
+    "a store stays not ready across an operator handover": (
+        [(_store("ready", "edge", pod="op-0"), "0x4"), (_store("ready", "edge", pod="op-1"), "_x4 0x8")],
+        "8m",
+        {
+            "FleetmqStoreNotReady": [
+                {"severity": "critical", "namespace": "mq", "fleet_namespace": "mq", "fleet": "edge"}
+            ]
+        },
+    ),
+    "a Redis pod restarting for less than 10 minutes is not missing": (
+        [
+            (_store("pods", "edge", state="wanted"), "5x20"),
+            (_store("pods", "edge", state="ready"), "5x3 4x8 5x9"),
+        ],
+        "12m",
+        {"FleetmqStoreRedisPodsMissing": []},
     ),
     "roaming clients are not a takeover storm": (
         [

@@ -148,5 +148,10 @@ def test_every_operator_panel_has_data(
         assert prom.query(rules["FleetmqOperatorReconcileErrors"]["expr"])["result"] == []  # nothing failed
         (firing,) = prom.query(rules["FleetmqFleetNotReady"]["expr"])["result"]  # it would after its `for:`
         assert firing["metric"] == {**fleet_labels, "namespace": kube_namespace}, firing
+        # its Redis (redis://127.0.0.1:1) answers nobody: StoreReady is False (Unreachable), not for missing pods
+        assert k.condition("brokerfleet", "edge", "StoreReady")["reason"] == "Unreachable"
+        (firing,) = wait_for(lambda: prom.query(rules["FleetmqStoreNotReady"]["expr"])["result"], msg="store")
+        assert firing["metric"] == {**fleet_labels, "namespace": kube_namespace}, firing
+        assert prom.query(rules["FleetmqStoreRedisPodsMissing"]["expr"])["result"] == []  # no managed Redis
     finally:
         prom.stop()

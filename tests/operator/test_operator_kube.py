@@ -288,11 +288,19 @@ def test_redis_choices_and_service_monitor(k, run_operator, control_plane):
         "wait", "--for", "condition=established", "crd/servicemonitors.monitoring.coreos.com"
     )
     run_operator()
-    k.apply(fleet(redis={"managed": True}))
+    k.apply(fleet(redis={"managed": True}, metrics={"serviceMonitorLabels": {"release": "kps"}}))
     wait_for(lambda: k.get("statefulset", "edge-redis"), msg="managed redis")
     assert k.get("service", "edge-redis")["spec"]["ports"][0]["port"] == 6379
     mon = wait_for(lambda: k.get("servicemonitor", "edge"), msg="service monitor")
     assert mon["spec"]["endpoints"][0]["port"] == "metrics"
+    # what kube-prometheus-stack's serviceMonitorSelector matches, and only the fleet's namespace
+    assert mon["metadata"]["labels"]["release"] == "kps"
+    assert mon["spec"]["namespaceSelector"] == {"matchNames": [k.ns]}
+    k.patch("brokerfleet", "edge", {"spec": {"metrics": {
+        "serviceMonitorLabels": {"release": "monitoring"}, "scrapeTimeout": "20s"}}})  # fmt: skip
+    mon = wait_for(lambda: (m := k.get("servicemonitor", "edge"))["metadata"]["labels"].get("release")
+                   == "monitoring" and m, msg="service monitor relabelled")  # fmt: skip
+    assert mon["spec"]["endpoints"][0]["scrapeTimeout"] == "20s"
     assert config_of(k)["store"]["sentinel"]["master"] == "edge"
 
     # an existing Redis with a password Secret: the password reaches the pods as a file, not the ConfigMap
@@ -313,6 +321,7 @@ def test_redis_choices_and_service_monitor(k, run_operator, control_plane):
     assert {"name": "redis-auth", "secret": {"secretName": "redis-pw", "items": [
         {"key": "password", "path": "password"}], "defaultMode": 420}} in pod["volumes"]  # fmt: skip
     assert k.get("statefulset", "ext-redis") is None and k.get("secret", "ext-redis-auth") is None
+    assert k.get("servicemonitor", "ext") is None  # serviceMonitor: false
     wait_for(
         lambda: k.condition("brokerfleet", "ext", "Degraded").get("status") == "False", msg="not degraded"
     )
