@@ -136,3 +136,15 @@ async def test_in_cluster_service_account_files(control_plane, operator_kubeconf
             await client.list("Secret", "default")
     finally:
         await client.close()
+
+
+def test_operator_stops_when_the_apiserver_refuses_its_credentials(control_plane, kube_namespace, tmp_path):
+    """A refused token is not retried forever: kopf logs in again once, gets the same credentials, and the
+    operator exits (a Deployment restarts it, and the restart reloads the kubeconfig)."""
+    kubeconfig = user_kubeconfig(control_plane, tmp_path / "bad.kubeconfig", {"token": "not-a-valid-token"})
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    cmd = [sys.executable, "-m", "fleetmq.operator", "--kubeconfig", str(kubeconfig), "-n", kube_namespace]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    out = proc.stdout + proc.stderr
+    assert "the apiserver refused the credentials and there are no new ones" in out, out[-4000:]
+    assert proc.returncode != 0 and "Ran out of valid credentials" in out, out[-4000:]
