@@ -92,20 +92,24 @@ class Connection:
 
     def session(self, **kwargs: Any) -> aiohttp.ClientSession:
         """An aiohttp session to the apiserver whose every request carries the current credentials."""
-        return aiohttp.ClientSession(
+
+        async def authorize(
+            request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+        ) -> aiohttp.ClientResponse:
+            request.headers.update(await self.headers())
+            if session.closed:  # meanwhile (kopf closes a session on a 401): what aiohttp would raise
+                raise aiohttp.ClientConnectionError("Connector is closed.")
+            if self.configuration.tls_server_name:
+                request.server_hostname = self.configuration.tls_server_name
+            return await handler(request)
+
+        session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ssl=self.ssl_context()),
-            middlewares=(self._authorize,),
+            middlewares=(authorize,),
             proxy=self.configuration.proxy or None,
             **kwargs,
         )
-
-    async def _authorize(
-        self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
-    ) -> aiohttp.ClientResponse:
-        request.headers.update(await self.headers())
-        if self.configuration.tls_server_name:
-            request.server_hostname = self.configuration.tls_server_name
-        return await handler(request)
+        return session
 
 
 def connect(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import ssl
 
+import aiohttp
 import pytest
 from fleetmq.operator import cli, kube, rbac
 from kubernetes.config import ConfigException
@@ -77,6 +79,29 @@ def test_exec_plugin_runs_again_only_once_its_credential_expires(tmp_path):
     token.write_text("rotated\n")
     assert conn.authorization() == "Bearer rotated"  # expired (within the refresh margin): fetched again
     assert exec_runs(expiring_runs) == 2
+
+
+async def test_a_session_closed_while_credentials_are_fetched_fails_as_a_closed_connector(
+    tmp_path, monkeypatch
+):
+    """kopf closes a session on a 401 while other requests may be waiting for credentials: those fail the
+    way kopf retries (ClientConnectionError), not with aiohttp's internal assertion."""
+    conn = kube.connect(kubeconfig(tmp_path / "kubeconfig", {"tok": {"token": "t"}}))
+    fetching, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_headers() -> dict[str, str]:
+        fetching.set()
+        await release.wait()
+        return {"Authorization": "Bearer t"}
+
+    monkeypatch.setattr(conn, "headers", slow_headers)
+    session = conn.session()
+    request = asyncio.create_task(session.get(conn.server + "/api"))
+    await fetching.wait()
+    await session.close()
+    release.set()
+    with pytest.raises(aiohttp.ClientConnectionError, match="Connector is closed"):
+        await request
 
 
 async def test_in_cluster_from_the_service_account_files(tmp_path, monkeypatch):
