@@ -3,7 +3,10 @@
     fleetmq-operator --kubeconfig ~/.kube/config --namespace mq --metrics 0.0.0.0:8080
     fleetmq-operator --all-namespaces --peering fleetmq --liveness http://0.0.0.0:8081/healthz
 
-Without --kubeconfig it uses $KUBECONFIG, ~/.kube/config, or the pod's ServiceAccount.
+Without --kubeconfig it uses $KUBECONFIG, ~/.kube/config, or the pod's ServiceAccount. Kubeconfig users
+may authenticate with a token, a client certificate, an exec plugin (aws eks get-token, kubelogin,
+gke-gcloud-auth-plugin) or an auth-provider (gcp, oidc): the `kubernetes` package loads them
+(operator/kube.py), and expiring tokens are fetched again.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--kubeconfig", metavar="FILE", help="kubeconfig to use (default: $KUBECONFIG, in-cluster)"
     )
+    p.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current-context)")
     scope = p.add_mutually_exclusive_group()
     scope.add_argument(
         "-n", "--namespace", action="append", metavar="NS", help="watch this namespace (repeatable; globs ok)"
@@ -85,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)
+    if args.context:
+        os.environ["FLEETMQ_KUBE_CONTEXT"] = args.context
     if args.resync:
         os.environ["FLEETMQ_RESYNC_SECONDS"] = str(args.resync)
     if args.manage_crds:

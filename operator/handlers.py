@@ -16,14 +16,13 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import kopf
 
 from . import crdsync, metrics, render, rollout
 from .crds import GROUP, VERSION, BrokerFleetSpec, SecretKeyRef
-from .kube import ApiError, Credentials, Kube, load_kubeconfig
+from .kube import ApiError, Connection, Kube, connect
 from .reports import ReportReader
 from .status import Observed, bridge_status, fleet_status, pod_generations, zone_status
 
@@ -41,32 +40,6 @@ def _env_float(name: str, default: float) -> float:
         return float(os.environ.get(name, default))
     except ValueError:
         return default
-
-
-class ImpersonatingConnectionInfo(kopf.ConnectionInfo):
-    """kopf's connection info plus the Impersonate-User header of a kubeconfig's `as:`."""
-
-    impersonate: str | None = None
-
-    def as_http_headers(self) -> dict[str, str]:
-        headers = super().as_http_headers()
-        if self.impersonate:
-            headers["Impersonate-User"] = self.impersonate
-        return headers
-
-
-def connection_info(creds: Credentials) -> kopf.ConnectionInfo:
-    info = ImpersonatingConnectionInfo(
-        server=creds.server,
-        ca_data=creds.ca_data,
-        insecure=creds.insecure or None,
-        token=creds.token or (Path(creds.token_file).read_text().strip() if creds.token_file else None),
-        certificate_data=creds.cert_data,
-        private_key_data=creds.key_data,
-        default_namespace=creds.namespace,
-    )
-    info.impersonate = creds.impersonate
-    return info
 
 
 @dataclass
@@ -473,10 +446,29 @@ def _op(memo: kopf.Memo) -> Operator:
 
 
 # -------------------------------------------------------------------------------------------- startup
+async def _connection(memo: kopf.Memo) -> Connection:
+    """The operator's one Connection (kubeconfig or ServiceAccount), shared by kopf and our own requests."""
+    conn: Connection | None = memo.get("kube_connection")
+    if conn is None:
+        context = os.environ.get("FLEETMQ_KUBE_CONTEXT") or None
+        conn = memo["kube_connection"] = await asyncio.to_thread(connect, context=context)
+    return conn
+
+
 @kopf.on.login()
-def login(**_: Any) -> kopf.ConnectionInfo:
-    """The same credentials for kopf's watches and our own requests (kubeconfig or ServiceAccount)."""
-    return connection_info(load_kubeconfig())
+async def login(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> kopf.AiohttpSession | None:
+    """kopf's watches and patches go through a session of the shared Connection, so they carry its
+    refreshed credentials too. kopf logs in again only after a 401: if the credentials are still the ones
+    refused, there is nothing new to offer (kopf then stops with a LoginError rather than loop)."""
+    conn = await _connection(memo)
+    authorization = (await conn.headers()).get("Authorization")
+    if "kube_login" in memo and memo["kube_login"] == authorization:
+        logger.error("the apiserver refused the credentials and there are no new ones")
+        return None
+    memo["kube_login"] = authorization
+    return kopf.AiohttpSession(
+        server=conn.server, default_namespace=conn.namespace, aiohttp_session=conn.session()
+    )
 
 
 @kopf.on.startup()
@@ -492,7 +484,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         prefix="operator.fleetmq.io", key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING  # our own Events say what we do; kopf's add noise
-    kube = Kube(load_kubeconfig())
+    kube = Kube(await _connection(memo))
     if os.environ.get("FLEETMQ_MANAGE_CRDS", "").lower() == "true":
         await crdsync.sync(kube)
     memo["fleetmq"] = Operator(kube, resync=_env_float("FLEETMQ_RESYNC_SECONDS", 30.0))

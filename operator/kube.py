@@ -1,28 +1,34 @@
 """A small asyncio Kubernetes client for what kopf does not do: server-side apply, status patches, events.
 
-It reads the same credentials kopf logs in with (a kubeconfig or the pod's ServiceAccount), so the
-operator talks to the apiserver as one identity. Objects are plain dicts; the paths of the few kinds the
-operator touches are listed in KINDS.
+Where the apiserver is and how to authenticate come from the `kubernetes` package's config loading
+(kubeconfig with token, client certificate, exec plugin or auth-provider users; or the pod's
+ServiceAccount), not from our own kubeconfig parsing: managed clusters (EKS, GKE, AKS) authenticate
+through exec plugins whose tokens expire. One Connection serves kopf's watches and our own requests, and
+asks that package for the Authorization header on every request, so expiring tokens are refreshed (the
+plugin is run again) for both. Objects are plain dicts; the paths of the few kinds the operator touches
+are listed in KINDS.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import datetime
 import json
 import os
 import ssl
-import tempfile
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
-import yaml
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.config.incluster_config import InClusterConfigLoader
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+DEFAULT_KUBECONFIG = Path("~/.kube/config")
 
 #: kind -> (api prefix, plural, namespaced)
 KINDS: dict[str, tuple[str, str, bool]] = {
@@ -50,96 +56,95 @@ class ApiError(Exception):
         super().__init__(f"{what}: HTTP {status}: {message}")
 
 
-@dataclass
-class Credentials:
-    """Where and how to reach the apiserver (the subset of kubeconfig the operator supports)."""
+class Connection:
+    """The apiserver's address, TLS material and credentials, as a `kubernetes` Configuration holds them.
 
-    server: str
-    ca_data: bytes | None = None
-    cert_data: bytes | None = None
-    key_data: bytes | None = None
-    token: str | None = None
-    token_file: str | None = None
-    impersonate: str | None = None
-    impersonate_groups: list[str] = field(default_factory=list)
-    namespace: str | None = None
-    insecure: bool = False
+    The Authorization header is asked of the Configuration for every request: its refresh hook runs an
+    exec plugin again (or re-reads the ServiceAccount's projected token) once the credential expires. A
+    plugin is a process, so that runs in a thread, one request at a time (one plugin run per expiry).
+    """
 
-    def headers(self) -> dict[str, str]:
-        out = {}
-        token = self.token
-        if self.token_file:  # projected tokens rotate: read on use
-            token = Path(self.token_file).read_text().strip()
-        if token:
-            out["Authorization"] = f"Bearer {token}"
-        if self.impersonate:
-            out["Impersonate-User"] = self.impersonate
-        return out
+    def __init__(self, configuration: k8s_client.Configuration, namespace: str | None = None) -> None:
+        self.configuration = configuration
+        self.server: str = configuration.host.rstrip("/")
+        self.namespace = namespace
+        self._auth_lock = asyncio.Lock()
 
-    def header_items(self) -> list[tuple[str, str]]:
-        return [*self.headers().items(), *(("Impersonate-Group", g) for g in self.impersonate_groups)]
+    def authorization(self) -> str | None:
+        """The Authorization header's value now, refreshed when expired (blocking: may run a plugin)."""
+        auth = self.configuration.auth_settings().get("BearerToken")
+        return str(auth["value"]) if auth and auth["value"] else None
+
+    async def headers(self) -> dict[str, str]:
+        async with self._auth_lock:
+            value = await asyncio.to_thread(self.authorization)
+        return {"Authorization": value} if value else {}
 
     def ssl_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cadata=self.ca_data.decode() if self.ca_data else None)
-        if self.insecure:
+        cfg = self.configuration
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+        if cfg.cert_file and cfg.key_file:  # from the kubeconfig or an exec plugin's clientCertificateData
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+        if not cfg.verify_ssl:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
-        if self.cert_data and self.key_data:
-            with tempfile.TemporaryDirectory() as d:
-                cert, key = Path(d, "c"), Path(d, "k")
-                cert.write_bytes(self.cert_data)
-                key.write_bytes(self.key_data)
-                ctx.load_cert_chain(cert, key)
         return ctx
 
+    def session(self, **kwargs: Any) -> aiohttp.ClientSession:
+        """An aiohttp session to the apiserver whose every request carries the current credentials."""
 
-def _data(entry: dict[str, Any], key: str, base: Path) -> bytes | None:
-    if entry.get(f"{key}-data"):
-        return base64.b64decode(entry[f"{key}-data"])
-    if entry.get(key):
-        return (base / entry[key]).read_bytes()
-    return None
+        async def authorize(
+            request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+        ) -> aiohttp.ClientResponse:
+            request.headers.update(await self.headers())
+            if session.closed:  # meanwhile (kopf closes a session on a 401): what aiohttp would raise
+                raise aiohttp.ClientConnectionError("Connector is closed.")
+            if self.configuration.tls_server_name:
+                request.server_hostname = self.configuration.tls_server_name
+            return await handler(request)
+
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ssl=self.ssl_context()),
+            middlewares=(authorize,),
+            proxy=self.configuration.proxy or None,
+            **kwargs,
+        )
+        return session
 
 
-def load_kubeconfig(path: str | os.PathLike[str] | None = None, context: str | None = None) -> Credentials:
-    """Credentials from a kubeconfig ($KUBECONFIG or ~/.kube/config), else the pod's ServiceAccount."""
-    if path is None:
-        path = (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or None
-    if path is None and (Path.home() / ".kube" / "config").is_file():
-        path = Path.home() / ".kube" / "config"
-    if path is None:
-        return in_cluster()
-    path = Path(path)
-    cfg = yaml.safe_load(path.read_text())
-    ctx_name = context or cfg.get("current-context")
-    ctx = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
-    cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == ctx["cluster"])
-    user = next((u["user"] for u in cfg.get("users", []) if u["name"] == ctx.get("user")), {}) or {}
-    base = path.parent
-    return Credentials(
-        server=cluster["server"].rstrip("/"),
-        ca_data=_data(cluster, "certificate-authority", base),
-        cert_data=_data(user, "client-certificate", base),
-        key_data=_data(user, "client-key", base),
-        token=user.get("token"),
-        token_file=user.get("tokenFile"),
-        impersonate=user.get("as"),
-        impersonate_groups=list(user.get("as-groups") or []),
-        namespace=ctx.get("namespace"),
-        insecure=bool(cluster.get("insecure-skip-tls-verify")),
+def connect(
+    kubeconfig: str | os.PathLike[str] | None = None,
+    context: str | None = None,
+    *,
+    sa_dir: Path = SA_DIR,
+    environ: Mapping[str, str] = os.environ,
+) -> Connection:
+    """A Connection from `kubeconfig` ($KUBECONFIG, ~/.kube/config), else from the pod's ServiceAccount.
+
+    The kubeconfig is never written back (persist_config=False): in a pod it is a read-only Secret.
+    """
+    config_file = str(kubeconfig) if kubeconfig else environ.get("KUBECONFIG") or None
+    if config_file is None and DEFAULT_KUBECONFIG.expanduser().is_file():
+        config_file = str(DEFAULT_KUBECONFIG.expanduser())
+    configuration = k8s_client.Configuration()
+    if config_file is None:
+        loader = InClusterConfigLoader(  # type: ignore[no-untyped-call]
+            token_filename=str(sa_dir / "token"), cert_filename=str(sa_dir / "ca.crt"), environ=environ
+        )
+        try:
+            loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+        except k8s_config.ConfigException as e:
+            raise k8s_config.ConfigException(
+                f"no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) and not in a pod: {e}"
+            ) from e
+        ns_file = sa_dir / "namespace"
+        return Connection(configuration, ns_file.read_text().strip() if ns_file.is_file() else None)
+    k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=config_file, context=context, client_configuration=configuration, persist_config=False
     )
-
-
-def in_cluster() -> Credentials:
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-    if not host:
-        raise RuntimeError("no kubeconfig ($KUBECONFIG, ~/.kube/config) and not running in a pod")
-    return Credentials(
-        server=f"https://{host}:{port}",
-        ca_data=(SA_DIR / "ca.crt").read_bytes(),
-        token_file=str(SA_DIR / "token"),
-        namespace=(SA_DIR / "namespace").read_text().strip(),
-    )
+    contexts, current = k8s_config.list_kube_config_contexts(config_file)  # type: ignore[no-untyped-call]
+    active = next((c for c in contexts if c["name"] == context), current) if context else current
+    return Connection(configuration, (active.get("context") or {}).get("namespace"))
 
 
 def path_of(kind: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
@@ -156,18 +161,15 @@ def path_of(kind: str, namespace: str | None = None, name: str | None = None, su
 
 
 class Kube:
-    """asyncio apiserver client (one aiohttp session; call close())."""
+    """asyncio apiserver client (one aiohttp session of `conn`; call close())."""
 
-    def __init__(self, creds: Credentials) -> None:
-        self.creds = creds
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self.creds.ssl_context()),
-                timeout=aiohttp.ClientTimeout(total=30),
-            )
+            self._session = self.conn.session(timeout=aiohttp.ClientTimeout(total=30))
         return self._session
 
     async def close(self) -> None:
@@ -183,11 +185,11 @@ class Kube:
         content_type: str = "application/json",
         params: dict[str, str] | None = None,
     ) -> Any:
-        url = self.creds.server + path + (f"?{urlencode(params)}" if params else "")
-        headers = [*self.creds.header_items(), ("Accept", "application/json")]
+        url = self.conn.server + path + (f"?{urlencode(params)}" if params else "")
+        headers = {"Accept": "application/json"}
         data = None
         if body is not None:
-            headers.append(("Content-Type", content_type))
+            headers["Content-Type"] = content_type
             data = json.dumps(body)
         async with self._http().request(method, url, data=data, headers=headers) as resp:
             text = await resp.text()
