@@ -445,6 +445,7 @@ class BridgeLink:
         if p.dup and not self.remote_present:
             self.session_lost = True  # (the remote gets it as new: it had lost its copy)
         props = p.properties
+        route: tuple[bytes, bytes | None] | Drop | None = None
         if props:
             route = self._route(p.topic, props)
         else:  # (the usual message: its route depends on its topic only, and is encoded once per topic)
@@ -454,8 +455,9 @@ class BridgeLink:
                 if len(self._routes) >= _ROUTES_CACHED:
                     self._routes.clear()
                 self._routes[p.topic] = route
-        if type(route) is not tuple:
+        if isinstance(route, Drop):
             return self._drop_egress(p, route)
+        assert route is not None
         topic_b, props_b = route
         packet = encode_publish(
             topic_b, p.payload, p.qos, p.retain, p.dup, p.packet_id, props_b, self.version
