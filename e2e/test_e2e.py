@@ -77,6 +77,17 @@ def fleet_ready(c: Cluster, name: str = FLEET, ns: str = APP_NS) -> bool:
     return c.condition("brokerfleet", name, "Ready", ns).get("status") == "True"
 
 
+def rolled_to(c: Cluster, image: str) -> bool:
+    """Whether every broker pod runs `image` and the fleet is Ready again."""
+    sts = c.get("statefulset", "edge")["status"]
+    return (
+        sts.get("updateRevision") == sts.get("currentRevision")
+        and sts.get("updatedReplicas") == 3
+        and all(p["spec"]["containers"][0]["image"] == image for p in c.pods(BROKER_PODS))
+        and fleet_ready(c)
+    )
+
+
 def config_hash(c: Cluster) -> str:
     return c.get("configmap", "edge-config")["metadata"]["annotations"]["fleetmq.io/config-hash"]
 
@@ -509,20 +520,10 @@ def test_image_change_rolls_one_pod_at_a_time_while_clients_stay_served(cluster:
         json.dumps({"spec": {"image": new_image}}),
     )
 
-    def rolled() -> bool:
-        sts = c.get("statefulset", "edge")["status"]
-        pods = c.pods(BROKER_PODS)
-        return (
-            sts.get("updateRevision") == sts.get("currentRevision")
-            and sts.get("updatedReplicas") == 3
-            and all(p["spec"]["containers"][0]["image"] == new_image for p in pods)
-            and fleet_ready(c)
-        )
-
     seq, last_ack = 0, time.monotonic()
     deadline = time.monotonic() + 600
     try:
-        while not (seq > 50 and rolled()):
+        while not (seq > 50 and rolled_to(c, new_image)):
             assert time.monotonic() < deadline, "the rollout did not finish in 10 minutes"
             if sub.lost.is_set():
                 sub.reconnect()
@@ -624,20 +625,11 @@ def test_a_rolling_update_moves_each_of_300_clients_about_once(cluster: Cluster,
     c.kubectl("patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p",
               json.dumps({"spec": {"image": new_image}}))  # fmt: skip
 
-    def rolled() -> bool:
-        sts = c.get("statefulset", "edge")["status"]
-        return (
-            sts.get("updateRevision") == sts.get("currentRevision")
-            and sts.get("updatedReplicas") == 3
-            and all(p["spec"]["containers"][0]["image"] == new_image for p in c.pods(BROKER_PODS))
-            and fleet_ready(c)
-        )
-
     acked: dict[int, set[int]] = {i: set() for i in range(n)}
     seq = 0
     deadline = time.monotonic() + 900
     try:
-        while not (seq > 300 and rolled()):
+        while not (seq > 300 and rolled_to(c, new_image)):
             assert time.monotonic() < deadline, "the rollout did not finish in 15 minutes"
             i = seq % n
             info = pub.c.publish(f"e2e/ev/{tag}/{i}", str(seq).encode(), qos=1)

@@ -206,19 +206,16 @@ def _publish_all(client, topic: str, payloads: list[bytes], qos: int) -> None:
 
 
 @pytest.mark.timeout(600)
-def test_the_leader_killed_midway_loses_nothing_acknowledged_and_qos2_stays_exactly_once(
-    fleet, remote, redis_server
-):
-    """kill -9 of the forwarding node at message 5,000 of 10,000 QoS 1 + 10,000 QoS 2: every message
-    acknowledged to its publisher reaches the remote, QoS 2 exactly once, first arrivals in publish
-    order per topic (as the bridge sent them), and forwarding resumes within 8 s."""
+def _leader_stopped_midway(fleet, remote, redis_server, n: int, stop) -> tuple[Tap, Collector, float]:
+    """n QoS 1 + n QoS 2 published on the two other nodes of a fleet of 3, the bridge's leader stopped by
+    `stop(leader)` once the bridge sent n; returns the tap, the remote's collector (with everything
+    acknowledged in it) and when the leader was stopped."""
     tap = Tap(remote)
     nodes = fleet(3, None, {"event_log": {"fleet": "edge"}, "bridges": [_bridge(tap)]})
     col = Collector(remote.host, remote.port, "site1/#")
     wait_until(lambda: redis_server.command("GET", "fmq:{$bridge:cloud}:lease"), timeout=15, msg="a leader")
     leader = _leader(redis_server, nodes)
     others = [bp for bp in nodes if bp is not leader]
-    n = 10_000
     every = [f"{i:06d}".encode() for i in range(n)]
     pubs = [_publisher(bp) for bp in others]  # (a publisher on the leader would lose its connection too)
     try:
@@ -228,8 +225,8 @@ def test_the_leader_killed_midway_loses_nothing_acknowledged_and_qos2_stays_exac
         for t in threads:
             t.start()
         wait_until(lambda: len(tap.sent) >= n, timeout=120, msg="half of the messages sent by the bridge")
-        killed_at = time.monotonic()
-        leader.kill()
+        stopped_at = time.monotonic()
+        stop(leader)
         for t in threads:
             t.join(300)
         assert not any(t.is_alive() for t in threads), "publishers not acknowledged"
@@ -245,6 +242,25 @@ def test_the_leader_killed_midway_loses_nothing_acknowledged_and_qos2_stays_exac
             p.disconnect()
         col.stop()
         tap.close()
+    return tap, col, stopped_at
+
+
+def _resumed_after(tap: Tap, stopped_at: float, how: str) -> None:
+    """Forwarding resumed (the next leader's first send) within 8 s of the leader stopping."""
+    reopened = min(t for t in tap.opened if t > stopped_at)  # the new leader's connection
+    resumed = min((t for t, *_ in tap.sent if t > reopened), default=float("inf")) - stopped_at
+    print(f"bridge: forwarding resumed {resumed:.2f}s after {how}")
+    assert resumed < 8.0, f"forwarding resumed {resumed:.1f}s after {how}"
+
+
+def test_the_leader_killed_midway_loses_nothing_acknowledged_and_qos2_stays_exactly_once(
+    fleet, remote, redis_server
+):
+    """kill -9 of the forwarding node at message 5,000 of 10,000 QoS 1 + 10,000 QoS 2: every message
+    acknowledged to its publisher reaches the remote, QoS 2 exactly once, first arrivals in publish
+    order per topic (as the bridge sent them), and forwarding resumes within 8 s."""
+    n = 10_000
+    tap, col, killed_at = _leader_stopped_midway(fleet, remote, redis_server, n, lambda bp: bp.kill())
     for q in (1, 2):
         first = list(dict.fromkeys(int(p) for _t, topic, p, _d in tap.sent if topic == f"site1/up/q{q}"))
         bad = next((i for i in range(1, len(first)) if first[i] < first[i - 1]), None)
@@ -252,58 +268,25 @@ def test_the_leader_killed_midway_loses_nothing_acknowledged_and_qos2_stays_exac
         assert bad is None and len(first) == n, f"QoS {q}: first sends out of order ({around}) or missing"
     q2 = col.payloads("site1/up/q2")
     assert len(q2) == n, f"QoS 2 duplicates at the remote: {len(q2) - n}"
-    reopened = min(t for t in tap.opened if t > killed_at)  # the new leader's connection
-    resumed = min((t for t, *_ in tap.sent if t > reopened), default=float("inf")) - killed_at
-    print(f"bridge: forwarding resumed {resumed:.2f}s after the leader was killed")
-    assert resumed < 8.0, f"forwarding resumed {resumed:.1f}s after the kill"
+    _resumed_after(tap, killed_at, "the leader was killed")
 
 
 def test_the_leader_stopped_gracefully_hands_over_without_sending_anything_twice(fleet, remote, redis_server):
     """SIGTERM of the forwarding node at message 2,500 of 5,000 QoS 1 + 5,000 QoS 2: it waits for the
     remote's acks before it hands over (DESIGN.md "Bridges"), so the bridge sends no message twice, not
     even QoS 1; everything arrives once and another node forwards within a few seconds."""
-    tap = Tap(remote)
-    nodes = fleet(3, None, {"event_log": {"fleet": "edge"}, "bridges": [_bridge(tap)]})
-    col = Collector(remote.host, remote.port, "site1/#")
-    wait_until(lambda: redis_server.command("GET", "fmq:{$bridge:cloud}:lease"), timeout=15, msg="a leader")
-    leader = _leader(redis_server, nodes)
-    others = [bp for bp in nodes if bp is not leader]
     n = 5_000
-    every = [f"{i:06d}".encode() for i in range(n)]
-    pubs = [_publisher(bp) for bp in others]
-    try:
-        threads = [
-            threading.Thread(target=_publish_all, args=(pubs[q - 1], f"up/q{q}", every, q)) for q in (1, 2)
-        ]
-        for t in threads:
-            t.start()
-        wait_until(lambda: len(tap.sent) >= n, timeout=120, msg="half of the messages sent by the bridge")
-        stopped_at = time.monotonic()
-        assert leader.terminate() == 0, "the leader did not stop cleanly"
-        for t in threads:
-            t.join(300)
-        assert not any(t.is_alive() for t in threads), "publishers not acknowledged"
-        wait_until(
-            lambda: all(col.has_all(f"site1/up/q{q}", every) for q in (1, 2)),
-            timeout=120,
-            msg="every acknowledged message at the remote",
-        )
-        time.sleep(2.0)
-    finally:
-        for p in pubs:
-            p.loop_stop()
-            p.disconnect()
-        col.stop()
-        tap.close()
+
+    def sigterm(bp) -> None:
+        assert bp.terminate() == 0, "the leader did not stop cleanly"
+
+    tap, col, stopped_at = _leader_stopped_midway(fleet, remote, redis_server, n, sigterm)
     for q in (1, 2):
         sent = [int(p) for _t, topic, p, _d in tap.sent if topic == f"site1/up/q{q}"]
         assert sorted(sent) == list(range(n)), f"QoS {q}: {len(sent) - len(set(sent))} sent twice"
         assert sent == sorted(sent), f"QoS {q}: sent out of order"
         assert len(col.payloads(f"site1/up/q{q}")) == n, f"QoS {q}: repeats at the remote"
-    reopened = min(t for t in tap.opened if t > stopped_at)
-    resumed = min((t for t, *_ in tap.sent if t > reopened), default=float("inf")) - stopped_at
-    print(f"bridge: forwarding resumed {resumed:.2f}s after SIGTERM to the leader")
-    assert resumed < 8.0, f"forwarding resumed {resumed:.1f}s after the leader was stopped"
+    _resumed_after(tap, stopped_at, "SIGTERM to the leader")
 
 
 def test_queued_with_the_remote_down_survives_every_node_restarting(fleet, tmp_path, redis_server):
