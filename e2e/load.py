@@ -115,6 +115,20 @@ class Resilient:
         self.reconnects += 1
         self.connect([n for n in self.endpoints if n != self.broker])
 
+    def publish(self, topic: str, payload: bytes, qos: int = 1) -> bool:
+        """Publish and wait for the fleet's acknowledgement; False (after reconnecting, so the caller
+        sends the same message again) when none came."""
+        try:
+            assert self.c is not None
+            info = self.c.publish(topic, payload, qos=qos)
+            info.wait_for_publish(timeout=10)
+            ok = info.is_published()
+        except (RuntimeError, ValueError):
+            ok = False
+        if not ok:
+            self.reconnect()
+        return ok
+
 
 @dataclass(repr=False)
 class Result:
@@ -191,20 +205,11 @@ def load_with_deletions(
                 sub.reconnect()
             if (fault := faults.pop(seq, None)) is not None:
                 deleted.append(fault())
-            try:
-                assert pub.c is not None
-                info = pub.c.publish(topic, str(seq).encode(), qos=qos)
-                info.wait_for_publish(timeout=10)
-                ok = info.is_published()
-            except (RuntimeError, ValueError):
-                ok = False
-            if ok:
+            if pub.publish(topic, str(seq).encode(), qos):  # (else the same message again)
                 acked.add(seq)  # PUBACK (QoS 1) / PUBCOMP (QoS 2): the fleet owns the message
                 seq += 1
                 now = time.monotonic()
                 stall, last_ack = max(stall, now - last_ack), now
-            else:
-                pub.reconnect()  # and publish the same message again
         seconds = time.monotonic() - t0
         deadline = time.monotonic() + drain_timeout
         while time.monotonic() < deadline:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import urllib.request
 
-from tests.support import free_port
+from tests.support import free_port, stop_process
 
 from .conftest import fleet, wait_for
 
@@ -36,11 +35,6 @@ def test_console_script_serves_metrics_and_liveness_and_reconciles(k, operator_k
         assert "fleetmq_operator_reconcile_duration_seconds_bucket" in body
         assert 'fleetmq_operator_child_changes_total{kind="StatefulSet"}' in body
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, 20)
     text = log.read_text()
     assert "Forbidden" not in text and "Traceback" not in text, text[-4000:]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from fleetmq.operator import kube
 from fleetmq.operator.kube import ApiError, Kube, connect
 
 from tests.execcred import exec_runs, exec_user
+from tests.support import stop_process
 
 from .conftest import OPERATOR_NS, OPERATOR_SA, fleet, wait_for
 
@@ -76,12 +76,7 @@ def test_operator_with_an_exec_credential_plugin_refetches_expiring_tokens(
         k.patch("brokerfleet", "edge", {"spec": {"replicas": 3}})
         wait_for(lambda: k.get("statefulset", "edge")["spec"]["replicas"] == 3, msg="scaled by the operator")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, 20)
     elapsed = time.monotonic() - started
     text = log.read_text()
     assert "Forbidden" not in text and "Traceback" not in text and "Unauthorized" not in text, text[-4000:]
