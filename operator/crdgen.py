@@ -79,7 +79,12 @@ def structural(node: Any, defs: dict[str, Any]) -> Any:
         elif key in ("items", "additionalProperties"):
             if value is False:
                 continue  # unknown fields are pruned by the apiserver anyway
+            if value is True:  # a model that keeps what it does not know (extra="allow")
+                out["x-kubernetes-preserve-unknown-fields"] = True
+                continue
             out[key] = structural(value, defs)
+        elif key == "description" and isinstance(value, str):
+            out[key] = " ".join(value.split())  # a docstring's line breaks are not kubectl explain's
         elif key == "exclusiveMinimum" and not isinstance(value, bool):
             out["minimum"], out["exclusiveMinimum"] = value, True
         elif key == "exclusiveMaximum" and not isinstance(value, bool):

@@ -13,6 +13,7 @@ import functools
 import re
 import types
 import typing
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fleetmq.broker.bridges import (
@@ -270,6 +271,80 @@ _LISTENER_DERIVED = derive(
 )
 
 
+class ListenerServiceSpec(CrdModel):
+    """The listener's client Service where it differs from the fleet's spec.service: its type (and what
+    goes with it), annotations added to the fleet's."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] | None = Field(
+        None, description="Service type (default: the fleet's service.type)."
+    )
+    annotations: dict[str, str] | None = Field(
+        None,
+        max_length=64,
+        description="Annotations of this Service, over the fleet's service.annotations (a load balancer's "
+        "settings, external-dns names).",
+    )
+    nodePort: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Node port of the listener (type NodePort or LoadBalancer, within the cluster's node "
+        "port range; default: one the cluster picks).",
+    )
+    loadBalancerIP: str | None = Field(
+        None,
+        max_length=45,
+        description="Address asked of the load balancer (type LoadBalancer; where the cloud supports it).",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "isIP(self)", "message": "loadBalancerIP must be an IP address"}
+            ]
+        },
+    )
+    loadBalancerSourceRanges: list[Annotated[str, Field(max_length=49)]] | None = Field(
+        None,
+        max_length=64,
+        description="Client networks (CIDRs, e.g. 203.0.113.0/24) the load balancer admits (type LoadBalancer).",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.all(r, isCIDR(r))",
+                    "message": "loadBalancerSourceRanges are CIDRs (10.0.0.0/8)",
+                }
+            ]
+        },
+    )
+    externalTrafficPolicy: Literal["Cluster", "Local"] | None = Field(
+        None,
+        description="Local keeps the clients' source addresses and skips a hop, reaching only the nodes with "
+        "a broker pod; Cluster (default) spreads over every node (type NodePort or LoadBalancer).",
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.nodePort) || (has(self.type) && self.type in ['NodePort', 'LoadBalancer'])",
+                    "message": "service.nodePort needs service.type NodePort or LoadBalancer, set here",
+                },
+                {
+                    "rule": "!has(self.externalTrafficPolicy) || "
+                    "(has(self.type) && self.type in ['NodePort', 'LoadBalancer'])",
+                    "message": "service.externalTrafficPolicy needs service.type NodePort or LoadBalancer, set here",
+                },
+                {
+                    "rule": "!(has(self.loadBalancerIP) || has(self.loadBalancerSourceRanges)) || "
+                    "(has(self.type) && self.type == 'LoadBalancer')",
+                    "message": "service.loadBalancerIP and loadBalancerSourceRanges need service.type "
+                    "LoadBalancer, set here",
+                },
+            ]
+        },
+    )
+
+
 class ListenerSpec(_LISTENER_DERIVED):  # type: ignore[misc,valid-type]
     """One listener of the zone: a port on every broker pod and a client Service."""
 
@@ -285,6 +360,7 @@ class ListenerSpec(_LISTENER_DERIVED):  # type: ignore[misc,valid-type]
         description="kubernetes.io/tls Secret (tls.crt, tls.key, optional ca.crt for verifyPeer) of a tls or "
         "wss listener.",
     )
+    service: ListenerServiceSpec | None = Field(None, description=doc(ListenerServiceSpec))
 
     model_config = ConfigDict(
         extra="forbid",
@@ -320,7 +396,13 @@ class MqttZoneSpec(CrdModel):
                 {
                     "rule": "self.all(l, self.filter(m, m.port == l.port).size() == 1)",
                     "message": "listener ports must be unique",
-                }
+                },
+                {
+                    "rule": "self.all(l, !has(l.service) || !has(l.service.nodePort) || self.filter(m, "
+                    "has(m.service) && has(m.service.nodePort) && m.service.nodePort == l.service.nodePort)"
+                    ".size() == 1)",
+                    "message": "listener node ports must be unique",
+                },
             ],
         },
     )
@@ -480,6 +562,13 @@ class SentinelResources(GuaranteedResources):
     memory: Quantity = Field("64Mi", description="Memory reserved and capped.")
 
 
+class SetupResources(GuaranteedResources):
+    """CPU and memory of the Job that forms a managed Redis Cluster (requests == limits)."""
+
+    cpu: Quantity = Field("50m", description="CPU reserved and capped.")
+    memory: Quantity = Field("64Mi", description="Memory reserved and capped.")
+
+
 class SchedulingSpec(CrdModel):
     """How pods spread over nodes, so one node failure takes one of them."""
 
@@ -490,6 +579,497 @@ class SchedulingSpec(CrdModel):
         "kubernetes.io/hostname", description="Node label that anti-affinity spreads over."
     )
     nodeSelector: dict[str, str] = Field(default_factory=dict, description="Node labels the pods need.")
+
+
+# ------------------------------------------------------------------------------------ pod templates
+# What a platform team sets on the pods the operator runs (tolerations, priority, service meshes' and
+# secret injectors' labels and annotations, sidecars...). Kubernetes types fleetmq does not interpret deeply
+# (affinity, volumes, containers, valueFrom) are kept as given, with the keys that must be there checked
+# here; the API server validates the rest when the operator applies the StatefulSet (an error there is said
+# in the fleet's Degraded condition).
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: a label or annotation key: an optional DNS subdomain prefix and a name
+QUALIFIED_NAME = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+#: label keys the operator sets on its pods (their selectors) and the prefix it keeps for itself
+OPERATOR_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/managed-by",
+)
+OPERATOR_PREFIX = "fleetmq.io/"
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+KubeObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
+class KubeModel(BaseModel):
+    """A Kubernetes object whose required keys are checked here and the rest kept as given."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    def manifest(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class LabelSelectorRequirement(CrdModel):
+    """One requirement of a label selector."""
+
+    key: str = Field(min_length=1, max_length=316, description="Label key the requirement applies to.")
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
+        description="In and NotIn need values; Exists and DoesNotExist take none."
+    )
+    values: list[str] | None = Field(None, max_length=64, description="Label values (In, NotIn).")
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(self.operator in ['In', 'NotIn']) == (has(self.values) && size(self.values) > 0)",
+                    "message": "In and NotIn need values; Exists and DoesNotExist take none",
+                }
+            ]
+        },
+    )
+
+
+class LabelSelector(CrdModel):
+    """Which pods a constraint counts (a Kubernetes LabelSelector)."""
+
+    matchLabels: dict[str, str] | None = Field(None, description="Labels the pods have.")
+    matchExpressions: list[LabelSelectorRequirement] | None = Field(
+        None, max_length=16, description="Requirements the pods' labels meet (ANDed)."
+    )
+
+
+class Toleration(CrdModel):
+    """A node taint the pods tolerate (a Kubernetes Toleration)."""
+
+    key: str | None = Field(
+        None,
+        max_length=316,
+        pattern=QUALIFIED_NAME,
+        description="Taint key tolerated; unset with operator Exists tolerates every taint.",
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        None, description="Equal (default): the taint's value is `value`; Exists: any value."
+    )
+    value: str | None = Field(None, max_length=63, description="Taint value tolerated (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect tolerated; unset: every effect."
+    )
+    tolerationSeconds: int | None = Field(
+        None,
+        description="With effect NoExecute: how long a pod stays on a node after the taint appears "
+        "(unset: for ever; 0 or less: evicted at once).",
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                    "message": "a toleration with operator Exists has no value",
+                },
+                {
+                    "rule": "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+                    "message": "a toleration without key needs operator Exists",
+                },
+                {
+                    "rule": "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+                    "message": "tolerationSeconds needs effect NoExecute",
+                },
+            ]
+        },
+    )
+
+
+class TopologySpreadConstraint(CrdModel):
+    """How the pods spread over a topology domain (a Kubernetes TopologySpreadConstraint)."""
+
+    maxSkew: int = Field(ge=1, description="Most pods a domain may have more than the emptiest one.")
+    topologyKey: str = Field(
+        min_length=1,
+        max_length=316,
+        pattern=QUALIFIED_NAME,
+        description="Node label whose values are domains.",
+    )
+    whenUnsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        description="DoNotSchedule keeps a pod pending rather than exceed maxSkew; ScheduleAnyway prefers."
+    )
+    labelSelector: LabelSelector | None = Field(
+        None,
+        description="Pods counted; default: the pods of this StatefulSet (the operator's selector labels).",
+    )
+    minDomains: int | None = Field(
+        None, ge=1, description="Domains counted at least (whenUnsatisfiable DoNotSchedule only)."
+    )
+    nodeAffinityPolicy: Literal["Honor", "Ignore"] | None = Field(
+        None, description="Whether the pods' node affinity and selector limit the domains (default Honor)."
+    )
+    nodeTaintsPolicy: Literal["Honor", "Ignore"] | None = Field(
+        None, description="Whether tainted nodes the pods do not tolerate count (default Ignore)."
+    )
+    matchLabelKeys: list[str] | None = Field(
+        None,
+        max_length=16,
+        description="Pod label keys whose values narrow the pods counted (e.g. pod-template-hash).",
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.minDomains) || self.whenUnsatisfiable == 'DoNotSchedule'",
+                    "message": "minDomains needs whenUnsatisfiable DoNotSchedule",
+                }
+            ]
+        },
+    )
+
+
+class Affinity(CrdModel):
+    """Node and pod (anti-)affinity, as in a Kubernetes pod spec."""
+
+    nodeAffinity: KubeObject | None = Field(None, description="Nodes the pods prefer or need (NodeAffinity).")
+    podAffinity: KubeObject | None = Field(None, description="Pods to be near (PodAffinity).")
+    podAntiAffinity: KubeObject | None = Field(None, description="Pods to be apart from (PodAntiAffinity).")
+
+
+class ConfigRef(CrdModel):
+    """A ConfigMap or Secret of the same namespace whose keys become environment variables."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the object in this namespace.")
+    optional: bool | None = Field(None, description="Start the container without it when it is missing.")
+
+
+class EnvFromSource(CrdModel):
+    """Every key of a ConfigMap or Secret as an environment variable."""
+
+    prefix: str | None = Field(None, max_length=253, description="Prepended to each key.")
+    configMapRef: ConfigRef | None = Field(None, description="The ConfigMap (exclusive with secretRef).")
+    secretRef: ConfigRef | None = Field(None, description="The Secret (exclusive with configMapRef).")
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.configMapRef) != has(self.secretRef)",
+                    "message": "envFrom: set exactly one of configMapRef or secretRef",
+                }
+            ]
+        },
+    )
+
+
+class EnvVar(CrdModel):
+    """An environment variable: a value, or valueFrom (a Kubernetes EnvVarSource: a key of a Secret or
+    ConfigMap, a field of the pod, a resource of the container)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=ENV_NAME, description="Variable name.")
+    value: str | None = Field(None, description="Its value ($(VAR) references expand).")
+    valueFrom: KubeObject | None = Field(
+        None, description="Where its value comes from (secretKeyRef, configMapKeyRef, fieldRef, ...)."
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.value) && has(self.valueFrom))",
+                    "message": "an env entry has value or valueFrom, not both",
+                }
+            ]
+        },
+    )
+
+
+class Volume(KubeModel):
+    """A volume of the pods (a Kubernetes Volume: configMap, secret, emptyDir, csi, projected, ...)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL, description="Volume name in the pod.")
+
+
+class VolumeMount(CrdModel):
+    """Where a volume of `volumes` appears in the pods' main container."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL, description="A volume of `volumes`.")
+    mountPath: str = Field(min_length=1, max_length=4096, pattern=r"^/", description="Absolute path.")
+    readOnly: bool | None = Field(None, description="Mount read-only.")
+    subPath: str | None = Field(None, description="Path inside the volume (default: its root).")
+    subPathExpr: str | None = Field(None, description="subPath with $(VAR) references expanded.")
+    mountPropagation: Literal["None", "HostToContainer", "Bidirectional"] | None = Field(
+        None, description="How mounts propagate between host and container (default None)."
+    )
+
+
+class Container(KubeModel):
+    """A container of your own in the pods (a Kubernetes Container: command, ports, resources, ...). Not
+    made to follow the restricted Pod Security Standard: its securityContext is yours to set."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL, description="Container name.")
+    image: str = Field(min_length=1, description="Container image.")
+
+
+def _no_reserved(field: str, reserved: Reserved, message: str) -> dict[str, Any]:
+    """CEL: no element of a list has a `field` the operator's pods use (in a list keyed by name the API
+    server would merge the two, or refuse both)."""
+    return {"rule": f"self.all(x, !x.{field}.matches('{reserved.regex}'))", "message": message}
+
+
+def _names_unique(field: str = "name") -> dict[str, Any]:
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": [field]}
+
+
+class PodTemplate(CrdModel):
+    """What the operator's pods get besides their own settings. Changing it rolls the pods."""
+
+    labels: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE)]] | None = Field(
+        None,
+        max_length=64,
+        description="Labels of the pods (service meshes, cost allocation); not the operator's own "
+        "(app.kubernetes.io/name, instance, component, managed-by, fleetmq.io/...).",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, !(k in {_cel_list(OPERATOR_LABELS)}) && !k.startsWith('{OPERATOR_PREFIX}'))",
+                    "message": "pod.labels: app.kubernetes.io/name, instance, component, managed-by and "
+                    "fleetmq.io/ labels are the operator's (its selectors)",
+                },
+                {
+                    "rule": f"self.all(k, k.matches('{QUALIFIED_NAME}'))",
+                    "message": "pod.labels: keys are [DNS subdomain/]name, the name at most 63 characters",
+                },
+            ]
+        },
+    )
+    annotations: dict[str, str] | None = Field(
+        None,
+        max_length=64,
+        description="Annotations of the pods (sidecar and secret injectors, mesh settings); not "
+        "fleetmq.io/ ones.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, !k.startsWith('{OPERATOR_PREFIX}'))",
+                    "message": "pod.annotations: fleetmq.io/ annotations are the operator's",
+                },
+                {
+                    "rule": f"self.all(k, k.matches('{QUALIFIED_NAME}'))",
+                    "message": "pod.annotations: keys are [DNS subdomain/]name, the name at most 63 characters",
+                },
+            ]
+        },
+    )
+    tolerations: list[Toleration] | None = Field(
+        None, max_length=32, description="Node taints the pods tolerate."
+    )
+    affinity: Affinity | None = Field(
+        None,
+        description="Node and pod (anti-)affinity of the pods. Set, it replaces the preset anti-affinity "
+        "of `scheduling` ({} for none): include a podAntiAffinity to keep pods on different nodes.",
+    )
+    topologySpreadConstraints: list[TopologySpreadConstraint] | None = Field(
+        None,
+        max_length=8,
+        description="How the pods spread over zones or nodes. Set, it replaces the preset (maxSkew 1 over "
+        "topology.kubernetes.io/zone, ScheduleAnyway; [] for none). A constraint without labelSelector "
+        "counts the pods of its StatefulSet.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.all(c, self.filter(d, d.topologyKey == c.topologyKey && "
+                    "d.whenUnsatisfiable == c.whenUnsatisfiable).size() == 1)",
+                    "message": "topologySpreadConstraints: one per topologyKey and whenUnsatisfiable",
+                }
+            ]
+        },
+    )
+    priorityClassName: str | None = Field(
+        None, max_length=253, pattern=DNS_SUBDOMAIN, description="PriorityClass of the pods."
+    )
+    serviceAccountName: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN,
+        description="ServiceAccount the pods run as (default: the namespace's default). Its token is "
+        "mounted only with automountServiceAccountToken.",
+    )
+    automountServiceAccountToken: bool | None = Field(
+        None,
+        description="Mount the ServiceAccount's API token into the pods (default false: fleetmq never "
+        "calls the Kubernetes API; a secret injector or a sidecar may need it).",
+    )
+    imagePullSecrets: list[ObjectRef] | None = Field(
+        None,
+        max_length=16,
+        description="Secrets (kubernetes.io/dockerconfigjson) to pull the images with.",
+        json_schema_extra=_names_unique(),
+    )
+    envFrom: list[EnvFromSource] | None = Field(
+        None,
+        max_length=16,
+        description="ConfigMaps and Secrets whose keys become environment variables of the main "
+        "container(s).",
+    )
+    # env, volumes, volumeMounts, sidecars and initContainers: in pod_template (what is reserved differs)
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && "
+                    "self.volumes.exists(v, v.name == m.name))",
+                    "message": "pod.volumeMounts: each names a volume of pod.volumes",
+                }
+            ]
+        },
+    )
+
+    env: list[EnvVar] | None = None
+    volumes: list[Volume] | None = None
+    volumeMounts: list[VolumeMount] | None = None
+    sidecars: list[Container] | None = None
+    initContainers: list[Container] | None = None
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """Names the operator's own pods use: a regex (RE2 and Python alike) and how users read it."""
+
+    regex: str
+    text: str
+
+
+@dataclass(frozen=True)
+class PodNames:
+    """What the operator's pods of one kind name: containers, volumes, variables, mount paths."""
+
+    containers: Reserved
+    volumes: Reserved
+    env: Reserved
+    mounts: Reserved
+
+
+#: what the operator's own pods use (render.py; a unit test checks the rendered pods against these)
+BROKER_NAMES = PodNames(
+    containers=Reserved(r"^broker$", "broker"),
+    volumes=Reserved(
+        r"^(config|bridge-secrets|redis-auth|redis-sentinel-auth|tls-[0-9]+|users-[0-9]+)$",
+        "config, bridge-secrets, redis-auth, redis-sentinel-auth, tls-N and users-N",
+    ),
+    env=Reserved(r"^POD_NAME$", "POD_NAME"),
+    mounts=Reserved(r"^/etc/fleetmq(/.*)?$", "/etc/fleetmq and below"),
+)
+REDIS_NAMES = PodNames(
+    containers=Reserved(r"^(redis|sentinel|create)$", "redis, sentinel and create"),
+    volumes=Reserved(r"^(scripts|auth|conf|data)$", "scripts, auth, conf and data"),
+    env=Reserved(r"^(POD_NAME|CLUSTER_REPLICAS|REDIS_.*|SENTINEL_.*)$", "POD_NAME, CLUSTER_REPLICAS, REDIS_* and SENTINEL_*"),
+    mounts=Reserved(r"^/(scripts|etc/redis-auth|conf|data)(/.*)?$", "/scripts, /etc/redis-auth, /conf, /data and below"),
+)  # fmt: skip
+
+
+def _named_list(max_length: int, description: str, rule: dict[str, Any], key: str = "name") -> Any:
+    """A list field keyed by `key` (as in a Kubernetes pod spec) refusing the operator's own names."""
+    extra = {**_names_unique(key), "x-kubernetes-validations": [rule]}
+    return Field(None, max_length=max_length, description=description, json_schema_extra=extra)
+
+
+def _env(r: PodNames) -> Any:
+    return _named_list(
+        64,
+        f"Environment variables of the main container(s); not {r.env.text} (the operator's).",
+        _no_reserved("name", r.env, f"pod.env: {r.env.text} are the operator's variables"),
+    )
+
+
+def _volumes(r: PodNames) -> Any:
+    return _named_list(
+        32,
+        f"Volumes added to the pods (for volumeMounts and sidecars); not named {r.volumes.text} (the "
+        "operator's).",
+        _no_reserved("name", r.volumes, f"pod.volumes: {r.volumes.text} are the operator's volumes"),
+    )
+
+
+def _mounts(r: PodNames) -> Any:
+    return _named_list(
+        32,
+        f"Mounts of `volumes` in the main container(s); not at {r.mounts.text} (the operator's).",
+        _no_reserved("mountPath", r.mounts, f"pod.volumeMounts: {r.mounts.text} are the operator's mounts"),
+        key="mountPath",
+    )
+
+
+def _sidecars(r: PodNames) -> Any:
+    return _named_list(
+        8,
+        "Containers of your own beside the main one(s) (a mesh proxy, a log shipper); not named "
+        f"{r.containers.text}.",
+        _no_reserved(
+            "name", r.containers, f"pod.sidecars: {r.containers.text} are the operator's containers"
+        ),
+    )
+
+
+def _init_containers(r: PodNames) -> Any:
+    return _named_list(
+        8,
+        "Init containers of your own, run before the main one(s); with restartPolicy Always a native "
+        f"sidecar that starts first and stops last. Not named {r.containers.text}.",
+        _no_reserved(
+            "name", r.containers, f"pod.initContainers: {r.containers.text} are the operator's containers"
+        ),
+    )
+
+
+class BrokerPodTemplate(PodTemplate):
+    """What the broker pods get besides the operator's settings: labels, annotations, tolerations,
+    affinity, spread, priority, ServiceAccount, pull Secrets, environment, volumes, sidecars. Changing it
+    rolls the pods one at a time."""
+
+    env: list[EnvVar] | None = _env(BROKER_NAMES)
+    volumes: list[Volume] | None = _volumes(BROKER_NAMES)
+    volumeMounts: list[VolumeMount] | None = _mounts(BROKER_NAMES)
+    sidecars: list[Container] | None = _sidecars(BROKER_NAMES)
+    initContainers: list[Container] | None = _init_containers(BROKER_NAMES)
+
+
+class RedisPodTemplate(PodTemplate):
+    """What the managed Redis' pods get besides the operator's settings: labels, annotations,
+    tolerations, affinity, spread, priority, ServiceAccount, pull Secrets, environment, volumes, sidecars.
+    Changing it rolls those pods one at a time."""
+
+    env: list[EnvVar] | None = _env(REDIS_NAMES)
+    volumes: list[Volume] | None = _volumes(REDIS_NAMES)
+    volumeMounts: list[VolumeMount] | None = _mounts(REDIS_NAMES)
+    sidecars: list[Container] | None = _sidecars(REDIS_NAMES)
+    initContainers: list[Container] | None = _init_containers(REDIS_NAMES)
 
 
 HOST_PORT = r"^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$"
@@ -591,10 +1171,24 @@ class RedisSpec(CrdModel):
         default_factory=SentinelResources,
         description="CPU and memory of each sentinel (requests == limits: Guaranteed QoS).",
     )
+    setupResources: SetupResources = Field(
+        default_factory=SetupResources,
+        description="CPU and memory of the Job forming a Redis Cluster (requests == limits).",
+    )
     image: str = Field("redis:7-alpine", min_length=1, description="Image of the managed Redis (Redis >= 7).")
     scheduling: SchedulingSpec = Field(
         default_factory=SchedulingSpec,
         description="How managed Redis servers (and, apart from them, sentinels) spread over nodes.",
+    )
+    pod: RedisPodTemplate | None = Field(
+        None,
+        description="What every pod of the managed Redis (servers, sentinels unless sentinelPod is set, "
+        "and the Job forming a cluster, which gets no sidecars) gets besides the operator's settings: "
+        "labels, annotations, tolerations, affinity, spread, priority, ServiceAccount, pull Secrets, "
+        "environment, volumes, sidecars. Changing it rolls those pods one at a time.",
+    )
+    sentinelPod: RedisPodTemplate | None = Field(
+        None, description="What the sentinels' pods get instead of redis.pod (default: redis.pod)."
     )
     url: str | None = Field(
         None,
@@ -813,6 +1407,7 @@ class BrokerFleetSpec(CrdModel):
     service: ServiceSpec = Field(default_factory=ServiceSpec, description=ServiceSpec.__doc__)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description=MetricsSpec.__doc__)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description=SchedulingSpec.__doc__)
+    pod: BrokerPodTemplate | None = Field(None, description=doc(BrokerPodTemplate))
     terminationGracePeriodSeconds: int = Field(
         30,
         ge=1,

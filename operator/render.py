@@ -23,12 +23,16 @@ from pydantic import ValidationError
 
 from .crds import (
     API_VERSION,
+    OPERATOR_LABELS,
+    OPERATOR_PREFIX,
     BrokerFleetSpec,
-    GuaranteedResources,
+    ListenerSpec,
     MqttBridgeSpec,
     MqttZoneSpec,
+    PodTemplate,
     RedisSpec,
     SchedulingSpec,
+    ServiceSpec,
 )
 from .rollout import L_SERVING
 
@@ -520,8 +524,11 @@ def bridge_secret(fleet: dict[str, Any], files: dict[str, str]) -> dict[str, Any
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "data": dict(files)}
 
 
-def placement(fleet_name: str, component: str, scheduling: SchedulingSpec) -> dict[str, Any]:
-    """Pod spec fields that spread the fleet's pods of one kind over nodes (anti-affinity) and zones."""
+def placement(
+    fleet_name: str, component: str, scheduling: SchedulingSpec, pod: PodTemplate | None = None
+) -> dict[str, Any]:
+    """Pod spec fields that spread the fleet's pods of one kind over nodes (anti-affinity) and zones; a pod
+    template's affinity and topologySpreadConstraints, when set, replace the preset ones."""
     match = {"labelSelector": {"matchLabels": selector_labels(fleet_name, component)}}
     out: dict[str, Any] = {
         "topologySpreadConstraints": [
@@ -537,7 +544,94 @@ def placement(fleet_name: str, component: str, scheduling: SchedulingSpec) -> di
         out["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}}
     if scheduling.nodeSelector:
         out["nodeSelector"] = dict(scheduling.nodeSelector)
+    if pod is not None and pod.affinity is not None:
+        out.pop("affinity", None)
+        if affinity := pod.affinity.model_dump(mode="json", exclude_none=True):
+            out["affinity"] = affinity
+    if pod is not None and pod.topologySpreadConstraints is not None:
+        out.pop("topologySpreadConstraints")
+        if pod.topologySpreadConstraints:
+            out["topologySpreadConstraints"] = [
+                {**match, **c.model_dump(mode="json", exclude_none=True)}
+                for c in pod.topologySpreadConstraints
+            ]
     return out
+
+
+def pod_template(
+    fleet_name: str,
+    component: str,
+    scheduling: SchedulingSpec,
+    tpl: PodTemplate | None,
+    where: str,
+    metadata: dict[str, Any],
+    spec: dict[str, Any],
+    *,
+    sidecars: bool = True,
+) -> dict[str, Any]:
+    """A pod template: the operator's metadata and pod spec, placed over nodes, with what the user's pod
+    template (`tpl`, at `where` in the fleet) adds. The operator's own names (labels, containers,
+    volumes, variables, mount paths) are refused (RenderError naming the field): in lists keyed by name the
+    API server would merge the two. The CRD refuses them first; this also covers names made at render
+    time (tls-N, users-N). Without `sidecars` (a Job) the template's sidecars are left out: the Job would
+    never end."""
+    tpl = tpl or PodTemplate()
+    metadata, spec = dict(metadata), {**spec, **placement(fleet_name, component, scheduling, tpl)}
+    main = [dict(c) for c in spec["containers"]]
+
+    def refuse(field: str, names: Collection[str], own: Collection[str], what: str) -> None:
+        if taken := sorted(set(names) & set(own)):
+            raise RenderError(
+                f"{where}.{field}: {', '.join(taken)} {what} of the operator's {component} pods"
+            )
+
+    labels_ = tpl.labels or {}
+    operators = [
+        k
+        for k in [*labels_, *(tpl.annotations or {})]
+        if k in OPERATOR_LABELS or k.startswith(OPERATOR_PREFIX)
+    ]
+    if operators:
+        raise RenderError(f"{where}: {', '.join(operators)} are the operator's labels and annotations")
+    refuse("volumes", [v.name for v in tpl.volumes or []], [v["name"] for v in spec.get("volumes", [])],
+           "is a volume")  # fmt: skip
+    own_containers = [c["name"] for c in main]
+    refuse("sidecars", [c.name for c in tpl.sidecars or []], own_containers, "is a container")
+    refuse("initContainers", [c.name for c in tpl.initContainers or []], own_containers, "is a container")
+    for c in main:
+        refuse("env", [e.name for e in tpl.env or []], [e["name"] for e in c.get("env", [])], "is a variable")
+        refuse("volumeMounts", [m.mountPath for m in tpl.volumeMounts or []],
+               [m["mountPath"] for m in c.get("volumeMounts", [])], "is a mount path")  # fmt: skip
+    if labels_:
+        metadata["labels"] = {**labels_, **metadata["labels"]}
+    if tpl.annotations:
+        metadata["annotations"] = {**tpl.annotations, **metadata.get("annotations", {})}
+    for c in main:
+        if tpl.env:
+            c["env"] = [*c.get("env", []), *(e.model_dump(mode="json", exclude_none=True) for e in tpl.env)]
+        if tpl.envFrom:
+            c["envFrom"] = [e.model_dump(mode="json", exclude_none=True) for e in tpl.envFrom]
+        if tpl.volumeMounts:
+            c["volumeMounts"] = [
+                *c.get("volumeMounts", []),
+                *(m.model_dump(mode="json", exclude_none=True) for m in tpl.volumeMounts),
+            ]
+    spec["containers"] = [*main, *(c.manifest() for c in (tpl.sidecars or []) if sidecars)]
+    if tpl.initContainers:
+        spec["initContainers"] = [c.manifest() for c in tpl.initContainers]
+    if tpl.volumes:
+        spec["volumes"] = [*spec.get("volumes", []), *(v.manifest() for v in tpl.volumes)]
+    if tpl.tolerations:
+        spec["tolerations"] = [t.model_dump(mode="json", exclude_none=True) for t in tpl.tolerations]
+    if tpl.imagePullSecrets:
+        spec["imagePullSecrets"] = [{"name": ref.name} for ref in tpl.imagePullSecrets]
+    if tpl.priorityClassName:
+        spec["priorityClassName"] = tpl.priorityClassName
+    if tpl.serviceAccountName:
+        spec["serviceAccountName"] = tpl.serviceAccountName
+    if tpl.automountServiceAccountToken is not None:
+        spec["automountServiceAccountToken"] = tpl.automountServiceAccountToken
+    return {"metadata": metadata, "spec": spec}
 
 
 def _secret_file_volume(name: str, secret: str, key: str, path: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -641,8 +735,16 @@ def statefulset(
         "securityContext": restricted_pod(BROKER_UID),
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": n["config"]}}, *volumes],
-        **placement(name, "broker", spec.scheduling),
     }
+    template = pod_template(
+        name,
+        "broker",
+        spec.scheduling,
+        spec.pod,
+        "spec.pod",
+        {"labels": {**labels(name), L_SERVING: "true"}, "annotations": {A_RESTART_HASH: restart}},
+        pod_spec,
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -653,13 +755,7 @@ def statefulset(
             "podManagementPolicy": "Parallel",
             "updateStrategy": {"type": "RollingUpdate"},  # one pod at a time, each waiting for readiness
             "selector": {"matchLabels": selector_labels(name)},
-            "template": {
-                "metadata": {
-                    "labels": {**labels(name), L_SERVING: "true"},
-                    "annotations": {A_RESTART_HASH: restart},
-                },
-                "spec": pod_spec,
-            },
+            "template": template,
         },
     }
 
@@ -688,24 +784,44 @@ def client_services(fleet: dict[str, Any], spec: BrokerFleetSpec, zones: list[Zo
     for zone in zones:
         for lst in zone.spec.listeners:
             meta = _meta(fleet, dns_name(name, zone.name, lst.name), **{L_ZONE: zone.name})
-            if spec.service.annotations:
-                meta["annotations"] = dict(spec.service.annotations)
             out.append(
                 {
                     "apiVersion": "v1",
                     "kind": "Service",
                     "metadata": meta,
-                    "spec": {
-                        "type": spec.service.type,
-                        # (only serving pods: rollout.py steers reconnecting clients to updated pods)
-                        "selector": {**selector_labels(name), L_SERVING: "true"},
-                        "ports": [
-                            {"name": lst.name, "port": lst.port, "targetPort": lst.port, "protocol": "TCP"}
-                        ],
-                    },
+                    **_listener_service(name, spec.service, lst, meta),
                 }
             )
     return out
+
+
+def _listener_service(
+    fleet_name: str, defaults: ServiceSpec, lst: ListenerSpec, meta: dict[str, Any]
+) -> dict[str, Any]:
+    """A listener's Service spec (and its annotations, into `meta`): the fleet's service settings, the
+    listener's own over them. Only fields set are applied, so what the cluster fills in (a node port it
+    picked, a cluster IP) stays the cluster's."""
+    own = lst.service
+    annotations = {**defaults.annotations, **((own.annotations if own else None) or {})}
+    if annotations:
+        meta["annotations"] = annotations
+    port: dict[str, Any] = {"name": lst.name, "port": lst.port, "targetPort": lst.port, "protocol": "TCP"}
+    svc: dict[str, Any] = {
+        "type": (own.type if own else None) or defaults.type,
+        # (only serving pods: rollout.py steers reconnecting clients to updated pods)
+        "selector": {**selector_labels(fleet_name), L_SERVING: "true"},
+        "ports": [port],
+    }
+    if own is not None:
+        if own.nodePort is not None:
+            port["nodePort"] = own.nodePort
+        if own.loadBalancerIP is not None:
+            svc["loadBalancerIP"] = own.loadBalancerIP
+        if own.loadBalancerSourceRanges:
+            svc["loadBalancerSourceRanges"] = list(own.loadBalancerSourceRanges)
+        if own.externalTrafficPolicy is not None:
+            svc["externalTrafficPolicy"] = own.externalTrafficPolicy
+    return {"spec": svc}
 
 
 def pdb(fleet: dict[str, Any], name: str | None = None, component: str = "broker") -> dict[str, Any]:
@@ -768,9 +884,6 @@ def restricted_pod(uid: int) -> dict[str, Any]:
 # Servers, sentinels and the Job forming a Redis Cluster all run redis.sh (the ConfigMap <fleet>-redis-scripts)
 # from the Redis image, with the password from the Secret <fleet>-redis-auth (created once by the operator)
 # as a file. Servers keep their append-only file (and a cluster node its nodes.conf) on a claim of their own.
-SETUP_RESOURCES = GuaranteedResources(cpu="50m", memory="64Mi")
-
-
 def quantity_bytes(quantity: int | str) -> int | None:
     """Bytes of a Kubernetes memory quantity ("256Mi", "1G", "1e9", 1024); None if it is not one."""
     text = str(quantity).strip()
@@ -824,11 +937,16 @@ def _redis_volumes(fleet_name: str) -> tuple[list[dict[str, Any]], list[dict[str
     return volumes, mounts
 
 
-def _redis_pod_spec(
+def _redis_pod_template(
     fleet: dict[str, Any], spec: BrokerFleetSpec, component: str, container: dict[str, Any], **extra: Any
 ) -> dict[str, Any]:
-    """A pod of the managed Redis: restricted, spread over nodes, with the script, password and conf dir."""
+    """A pod of the managed Redis: restricted, spread over nodes, with the script, password and conf dir,
+    and what redis.pod (for sentinels redis.sentinelPod, if set) adds."""
     fleet_name = fleet["metadata"]["name"]
+    redis = spec.redis
+    tpl, where = redis.pod, "spec.redis.pod"
+    if component == "redis-sentinel" and redis.sentinelPod is not None:
+        tpl, where = redis.sentinelPod, "spec.redis.sentinelPod"
     volumes, mounts = _redis_volumes(fleet_name)
     container = {
         **container,
@@ -836,19 +954,28 @@ def _redis_pod_spec(
         "volumeMounts": [*mounts, *container.get("volumeMounts", [])],
         "securityContext": RESTRICTED_CONTAINER,
     }
-    return {
+    pod = {
         "automountServiceAccountToken": False,
         # the image's own redis user: its entrypoint is not used, redis.sh execs redis-server
         "securityContext": restricted_pod(REDIS_UID),
         "containers": [container],
         "volumes": [*volumes, *extra.pop("volumes", [])],
-        **placement(fleet_name, component, spec.redis.scheduling),
         **extra,
     }
+    return pod_template(
+        fleet_name,
+        component,
+        redis.scheduling,
+        tpl,
+        where,
+        {"labels": labels(fleet_name, component)},
+        pod,
+        sidecars=component != "redis-setup",
+    )
 
 
 def _redis_statefulset(
-    fleet: dict[str, Any], name: str, component: str, replicas: int, pod: dict[str, Any], **extra: Any
+    fleet: dict[str, Any], name: str, component: str, replicas: int, template: dict[str, Any], **extra: Any
 ) -> dict[str, Any]:
     fleet_name = fleet["metadata"]["name"]
     return {
@@ -860,7 +987,7 @@ def _redis_statefulset(
             "serviceName": name,
             "selector": {"matchLabels": selector_labels(fleet_name, component)},
             "updateStrategy": {"type": "RollingUpdate"},  # one pod at a time, each waiting for readiness
-            "template": {"metadata": {"labels": labels(fleet_name, component)}, "spec": pod},
+            "template": template,
             **extra,
         },
     }
@@ -947,8 +1074,8 @@ def redis_servers(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any
         sts_extra["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Delete", "whenScaled": "Retain"}
     else:
         extra["volumes"] = [{"name": "data", "emptyDir": {}}]
-    pod = _redis_pod_spec(fleet, spec, "redis", container, **extra)
-    sts = _redis_statefulset(fleet, name, "redis", redis_pods(spec.redis), pod, **sts_extra)
+    template = _redis_pod_template(fleet, spec, "redis", container, **extra)
+    sts = _redis_statefulset(fleet, name, "redis", redis_pods(spec.redis), template, **sts_extra)
     sts["metadata"]["labels"][L_REDIS_MODE] = redis.mode
     return sts
 
@@ -994,9 +1121,9 @@ def redis_sentinels(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, A
         "livenessProbe": _exec_probe("sentinel-live", period=10, failures=6),
         "readinessProbe": _exec_probe("sentinel-ready", period=5, failures=2),
     }
-    pod = _redis_pod_spec(fleet, spec, "redis-sentinel", container)
+    template = _redis_pod_template(fleet, spec, "redis-sentinel", container)
     return _redis_statefulset(
-        fleet, name, "redis-sentinel", spec.redis.sentinels, pod, podManagementPolicy="Parallel"
+        fleet, name, "redis-sentinel", spec.redis.sentinels, template, podManagementPolicy="Parallel"
     )
 
 
@@ -1013,10 +1140,9 @@ def cluster_create_job(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str
             REDIS_NODES=" ".join(redis_addresses(fleet_name, ns, spec)),
             CLUSTER_REPLICAS=spec.redis.replicas_per_primary,
         ),
-        "resources": SETUP_RESOURCES.requirements(),
+        "resources": spec.redis.setupResources.requirements(),
     }
-    pod = _redis_pod_spec(fleet, spec, "redis-setup", container, restartPolicy="OnFailure")
-    template = {"metadata": {"labels": labels(fleet_name, "redis-setup")}, "spec": pod}
+    template = _redis_pod_template(fleet, spec, "redis-setup", container, restartPolicy="OnFailure")
     name = dns_name(fleet_name, "redis-cluster", _digest(template)[:8])
     return {
         "apiVersion": "batch/v1",
