@@ -151,3 +151,114 @@ def test_sentinel_fleet_may_change_its_replicas_and_sentinels_and_an_existing_re
     k.apply(
         fleet(name="c", redis={"managed": True, "mode": "standalone", "storage": "", "image": "redis:7.2"})
     )
+
+
+# ------------------------------------------------------------- pods and Services the way the cluster needs them
+FULL_POD = {
+    "labels": {"sidecar.istio.io/inject": "true"},
+    "annotations": {"vault.hashicorp.com/agent-inject": "true"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "mqtt", "effect": "NoSchedule"},
+                    {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["mqtt"]}]}]}}},
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                   "whenUnsatisfiable": "DoNotSchedule", "minDomains": 2}],
+    "priorityClassName": "mqtt-critical",
+    "serviceAccountName": "edge-brokers",
+    "imagePullSecrets": [{"name": "registry"}],
+    "env": [{"name": "TZ", "value": "UTC"},
+            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+    "envFrom": [{"secretRef": {"name": "extra"}, "prefix": "X_"}],
+    "volumes": [{"name": "logs", "emptyDir": {}}],
+    "volumeMounts": [{"name": "logs", "mountPath": "/var/log/fleetmq"}],
+    "sidecars": [{"name": "shipper", "image": "fluent/fluent-bit:3", "args": ["-c", "/x"]}],
+    "initContainers": [{"name": "wait", "image": "busybox:1", "restartPolicy": "Always"}],
+}  # fmt: skip
+LB = {"type": "LoadBalancer", "nodePort": 31883, "annotations": {"external-dns.alpha.kubernetes.io/hostname": "mq"},
+      "loadBalancerIP": "203.0.113.7", "loadBalancerSourceRanges": ["10.0.0.0/8", "2001:db8::/32"],
+      "externalTrafficPolicy": "Local"}  # fmt: skip
+
+
+def test_pod_and_service_fields_are_kept_as_given_and_explained(k):
+    k.apply(fleet(pod=FULL_POD, redis={"managed": True, "pod": {"tolerations": [{"key": "redis", "operator": "Exists"}]},
+                                       "sentinelPod": {"priorityClassName": "quorum"}}))  # fmt: skip
+    k.apply(zone(listeners=[{"name": "mqtt", "port": 1883, "service": LB}]))
+    spec = k.get("brokerfleet", "edge")["spec"]
+    assert spec["pod"] == FULL_POD  # nothing pruned (the deep Kubernetes types are kept), no default added
+    assert spec["redis"]["setupResources"] == {"cpu": "50m", "memory": "64Mi"}
+    assert k.get("mqttzone", "external")["spec"]["listeners"][0]["service"] == LB
+    out = wait_for(lambda: (o := k("explain", "brokerfleet.spec.pod.affinity", check=False).stdout)
+                   and "replaces the preset" in o and o, msg="kubectl explain")  # fmt: skip
+    assert "podAntiAffinity" in out
+    out = k("explain", "mqttzone.spec.listeners.service.nodePort").stdout
+    assert "NodePort or LoadBalancer" in out
+    out = k("explain", "brokerfleet.spec.redis.sentinelPod").stdout
+    assert "instead of redis.pod" in out
+
+
+def _pod(**pod):
+    return fleet(pod=pod)
+
+
+def _listener(**service):
+    return zone(listeners=[{"name": "mqtt", "port": 1883, "service": service}])
+
+
+@pytest.mark.parametrize(
+    ("obj", "path", "message"),
+    [
+        (_pod(tolerations=[{"key": "a", "effect": "NoRun"}]), "spec.pod.tolerations[0].effect", 'Unsupported value: "NoRun"'),
+        (_pod(tolerations=[{"key": "a", "operator": "Exists", "value": "b"}]), "spec.pod.tolerations[0]", "a toleration with operator Exists has no value"),
+        (_pod(tolerations=[{"value": "b"}]), "spec.pod.tolerations[0]", "a toleration without key needs operator Exists"),
+        (_pod(tolerations=[{"key": "a", "tolerationSeconds": 5}]), "spec.pod.tolerations[0]", "tolerationSeconds needs effect NoExecute"),
+        (_pod(tolerations=[{"key": "a b"}]), "spec.pod.tolerations[0].key", "should match"),
+        (_pod(topologySpreadConstraints=[{"maxSkew": 0, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule"}]), "spec.pod.topologySpreadConstraints[0].maxSkew", "greater than or equal to 1"),
+        (_pod(topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "Maybe"}]), "spec.pod.topologySpreadConstraints[0].whenUnsatisfiable", 'Unsupported value: "Maybe"'),
+        (_pod(topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "z"}]), "spec.pod.topologySpreadConstraints[0].whenUnsatisfiable", "Required value"),
+        (_pod(topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "ScheduleAnyway", "minDomains": 2}]), "spec.pod.topologySpreadConstraints[0]", "minDomains needs whenUnsatisfiable DoNotSchedule"),
+        (_pod(topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "ScheduleAnyway"}] * 2), "spec.pod.topologySpreadConstraints", "one per topologyKey and whenUnsatisfiable"),
+        (_pod(topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}]), "spec.pod.topologySpreadConstraints[0].labelSelector.matchExpressions[0]", "In and NotIn need values"),
+        (_pod(labels={"app.kubernetes.io/instance": "other"}), "spec.pod.labels", "labels are the operator's (its selectors)"),
+        (_pod(labels={"fleetmq.io/fleet": "other"}), "spec.pod.labels", "labels are the operator's"),
+        (_pod(labels={"team": "not a value"}), "spec.pod.labels.team", "should match"),
+        (_pod(labels={"bad key!": "x"}), "spec.pod.labels", "keys are [DNS subdomain/]name"),
+        (_pod(annotations={"fleetmq.io/restart-hash": "x"}), "spec.pod.annotations", "fleetmq.io/ annotations are the operator's"),
+        (_pod(serviceAccountName="Edge_Brokers"), "spec.pod.serviceAccountName", "should match"),
+        (_pod(priorityClassName="-high"), "spec.pod.priorityClassName", "should match"),
+        (_pod(imagePullSecrets=[{}]), "spec.pod.imagePullSecrets[0].name", "Required value"),
+        (_pod(env=[{"name": "1X", "value": "v"}]), "spec.pod.env[0].name", "should match"),
+        (_pod(env=[{"name": "X", "value": "v", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]), "spec.pod.env[0]", "an env entry has value or valueFrom, not both"),
+        (_pod(env=[{"name": "POD_NAME", "value": "v"}]), "spec.pod.env", "POD_NAME are the operator's variables"),
+        (_pod(env=[{"name": "X", "value": "1"}, {"name": "X", "value": "2"}]), "spec.pod.env[1]", "Duplicate value"),
+        (_pod(envFrom=[{"prefix": "X_"}]), "spec.pod.envFrom[0]", "set exactly one of configMapRef or secretRef"),
+        (_pod(envFrom=[{"configMapRef": {"name": "a"}, "secretRef": {"name": "b"}}]), "spec.pod.envFrom[0]", "set exactly one of configMapRef or secretRef"),
+        (_pod(volumes=[{"emptyDir": {}}]), "spec.pod.volumes[0].name", "Required value"),
+        (_pod(volumes=[{"name": "Logs", "emptyDir": {}}]), "spec.pod.volumes[0].name", "should match"),
+        (_pod(volumes=[{"name": "tls-3", "emptyDir": {}}]), "spec.pod.volumes", "tls-N and users-N are the operator's volumes"),
+        (_pod(volumes=[{"name": "v", "emptyDir": {}}], volumeMounts=[{"name": "w", "mountPath": "/w"}]), "spec.pod", "each names a volume of pod.volumes"),
+        (_pod(volumes=[{"name": "v", "emptyDir": {}}], volumeMounts=[{"name": "v", "mountPath": "/etc/fleetmq/x"}]), "spec.pod.volumeMounts", "/etc/fleetmq and below are the operator's mounts"),
+        (_pod(volumes=[{"name": "v", "emptyDir": {}}], volumeMounts=[{"name": "v", "mountPath": "relative"}]), "spec.pod.volumeMounts[0].mountPath", "should match"),
+        (_pod(sidecars=[{"name": "shipper"}]), "spec.pod.sidecars[0].image", "Required value"),
+        (_pod(sidecars=[{"name": "broker", "image": "x"}]), "spec.pod.sidecars", "broker are the operator's containers"),
+        (_pod(initContainers=[{"image": "x"}]), "spec.pod.initContainers[0].name", "Required value"),
+        (fleet(redis={"managed": True, "pod": {"sidecars": [{"name": "redis", "image": "x"}]}}), "spec.redis.pod.sidecars", "redis, sentinel and create are the operator's containers"),
+        (fleet(redis={"managed": True, "sentinelPod": {"env": [{"name": "REDIS_X", "value": "1"}]}}), "spec.redis.sentinelPod.env", "REDIS_* and SENTINEL_* are the operator's variables"),
+        (fleet(redis={"managed": True, "pod": {"volumes": [{"name": "data", "emptyDir": {}}]}}), "spec.redis.pod.volumes", "scripts, auth, conf and data are the operator's volumes"),
+        (fleet(redis={"managed": True, "setupResources": {"cpu": "lots"}}), "spec.redis.setupResources.cpu", "should match"),
+        (_listener(type="ExternalName"), "spec.listeners[0].service.type", 'Unsupported value: "ExternalName"'),
+        (_listener(nodePort=31883), "spec.listeners[0].service", "service.nodePort needs service.type NodePort or LoadBalancer"),
+        (_listener(type="ClusterIP", nodePort=31883), "spec.listeners[0].service", "service.nodePort needs service.type NodePort or LoadBalancer"),
+        (_listener(type="NodePort", nodePort=70000), "spec.listeners[0].service.nodePort", "less than or equal to 65535"),
+        (_listener(type="NodePort", loadBalancerSourceRanges=["10.0.0.0/8"]), "spec.listeners[0].service", "need service.type LoadBalancer"),
+        (_listener(type="LoadBalancer", loadBalancerSourceRanges=["10.0.0.0/33"]), "spec.listeners[0].service.loadBalancerSourceRanges", "loadBalancerSourceRanges are CIDRs"),
+        (_listener(type="LoadBalancer", loadBalancerIP="mq.example.com"), "spec.listeners[0].service.loadBalancerIP", "loadBalancerIP must be an IP address"),
+        (_listener(type="LoadBalancer", externalTrafficPolicy="Nearest"), "spec.listeners[0].service.externalTrafficPolicy", 'Unsupported value: "Nearest"'),
+        (_listener(externalTrafficPolicy="Local"), "spec.listeners[0].service", "externalTrafficPolicy needs service.type NodePort or LoadBalancer"),
+        (zone(listeners=[{"name": "a", "port": 1883, "service": {"type": "NodePort", "nodePort": 31000}},
+                         {"name": "b", "port": 1884, "service": {"type": "NodePort", "nodePort": 31000}}]), "spec.listeners", "listener node ports must be unique"),
+    ],
+)  # fmt: skip
+def test_bad_pod_and_service_values_are_refused_naming_the_field(k, obj, path, message):
+    out = k.apply(obj, check=False)
+    assert out.returncode != 0, f"accepted: {obj}"
+    assert f"{path}:" in out.stderr and message in out.stderr, out.stderr

@@ -130,18 +130,117 @@ def test_zone_changes_are_live_and_image_changes_roll(k, run_operator):
     assert new["metadata"]["annotations"][restart] != template["metadata"]["annotations"][restart]
 
 
-def test_drift_is_corrected(k, run_operator):
+def test_drift_is_corrected_and_fields_the_operator_does_not_set_are_kept(k, run_operator):
+    """Server-side apply: the operator owns the fields it sets and reverts changes to them; a field it does
+    not set (an annotation, a label, a Service's sessionAffinity) is someone else's and stays."""
     run_operator()
     k.apply(fleet())
     k.apply(zone())
     wait_for(lambda: k.get("service", "edge-external-mqtt"), msg="service")
     wait_for(lambda: cm_hash(k), msg="config")
+    k("annotate", "statefulset", "edge", "example.com/owner=team-a")
+    k("label", "statefulset", "edge", "example.com/cost-center=42")
+    k("annotate", "service", "edge-external-mqtt", "example.com/exposed=yes")
+    k.patch("service", "edge-external-mqtt", {"spec": {"sessionAffinity": "ClientIP"}})
     k.patch("statefulset", "edge", {"spec": {"replicas": 7}})
+    k.patch("service", "edge-external-mqtt", [{"op": "replace", "path": "/spec/ports/0/targetPort", "value": 1999}],
+            "json")  # fmt: skip
     k.patch("configmap", "edge-config", {"data": {render.CONFIG_KEY: "zones: {}\n"}})
-    k("delete", "service", "edge-external-mqtt")
     wait_for(lambda: k.get("statefulset", "edge")["spec"]["replicas"] == 2, msg="replicas restored")
+    wait_for(
+        lambda: k.get("service", "edge-external-mqtt")["spec"]["ports"][0]["targetPort"] == 1883,
+        msg="target port restored",
+    )
     wait_for(lambda: "external" in config_of(k)["zones"], msg="config restored")
+    time.sleep(2)  # two more resyncs
+    sts, svc = k.get("statefulset", "edge"), k.get("service", "edge-external-mqtt")
+    assert sts["metadata"]["annotations"]["example.com/owner"] == "team-a"
+    assert sts["metadata"]["labels"]["example.com/cost-center"] == "42"
+    assert sts["metadata"]["labels"][render.L_MANAGED] == render.MANAGER  # the operator's labels as well
+    assert svc["metadata"]["annotations"]["example.com/exposed"] == "yes"
+    assert svc["spec"]["sessionAffinity"] == "ClientIP"
+    k("delete", "service", "edge-external-mqtt")
     wait_for(lambda: k.get("service", "edge-external-mqtt"), msg="service recreated")
+
+
+def test_pod_templates_and_listener_services_reach_the_cluster(k, run_operator):
+    """spec.pod and a listener's service, applied to the real API server, which checks the Kubernetes types
+    the CRD keeps as given against their schema: what it refuses is said in Degraded and the running
+    StatefulSet stays. (It does not validate a StatefulSet's pod template further: a sidecar mounting no
+    volume is refused only when the StatefulSet controller creates its pod, in a FailedCreate event.)"""
+    run_operator()
+    pod = {
+        "labels": {"sidecar.istio.io/inject": "true"},
+        "annotations": {"vault.hashicorp.com/agent-inject": "true"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "mqtt", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "preference": {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["mqtt"]}]}}]}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                       "whenUnsatisfiable": "DoNotSchedule"}],
+        "serviceAccountName": "edge-brokers",
+        "imagePullSecrets": [{"name": "registry"}],
+        "env": [{"name": "TZ", "value": "UTC"}],
+        "envFrom": [{"configMapRef": {"name": "extra", "optional": True}}],
+        "volumes": [{"name": "logs", "emptyDir": {"sizeLimit": "1Gi"}}],
+        "volumeMounts": [{"name": "logs", "mountPath": "/var/log/fleetmq"}],
+        "sidecars": [{"name": "shipper", "image": "fluent/fluent-bit:3",
+                      "volumeMounts": [{"name": "logs", "mountPath": "/logs", "readOnly": True}]}],
+    }  # fmt: skip
+    k("create", "serviceaccount", "edge-brokers")
+    k.apply(fleet(pod=pod, service={"annotations": {"a": "fleet"}}))
+    k.apply(zone(listeners=[
+        {"name": "mqtt", "port": 1883},
+        {"name": "lb", "port": 1884, "service": {"type": "LoadBalancer", "nodePort": 31884, "annotations": {"b": "lb"},
+                                                 "loadBalancerSourceRanges": ["10.0.0.0/8"], "externalTrafficPolicy": "Local"}},
+        {"name": "np", "port": 1885, "service": {"type": "NodePort"}},
+    ]))  # fmt: skip
+    tpl = wait_for(lambda: (s := k.get("statefulset", "edge")) and "tolerations" in s["spec"]["template"]["spec"]
+                   and s["spec"]["template"], msg="statefulset with the pod template")  # fmt: skip
+    assert tpl["metadata"]["labels"]["sidecar.istio.io/inject"] == "true"
+    assert tpl["metadata"]["labels"][render.L_INSTANCE] == "edge"
+    assert set(tpl["metadata"]["annotations"]) == {"vault.hashicorp.com/agent-inject", render.A_RESTART_HASH}
+    spec = tpl["spec"]
+    assert spec["tolerations"] == pod["tolerations"] and spec["affinity"] == pod["affinity"]
+    assert spec["topologySpreadConstraints"][0]["labelSelector"] == {
+        "matchLabels": render.selector_labels("edge")
+    }
+    assert spec["serviceAccountName"] == "edge-brokers" and spec["imagePullSecrets"] == [{"name": "registry"}]
+    broker, shipper = spec["containers"]
+    assert (broker["name"], shipper["name"]) == ("broker", "shipper")
+    assert broker["env"][-1] == {"name": "TZ", "value": "UTC"} and broker["envFrom"] == pod["envFrom"]
+    assert broker["volumeMounts"][-1] == {"name": "logs", "mountPath": "/var/log/fleetmq"}
+    assert {"name": "logs", "emptyDir": {"sizeLimit": "1Gi"}} in spec["volumes"]
+    lb = wait_for(lambda: k.get("service", "edge-external-lb"), msg="load balancer Service")
+    assert lb["spec"]["type"] == "LoadBalancer" and lb["spec"]["ports"][0]["nodePort"] == 31884
+    assert lb["spec"]["externalTrafficPolicy"] == "Local"
+    assert lb["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8"]
+    assert lb["metadata"]["annotations"] == {"a": "fleet", "b": "lb"}
+    np = wait_for(lambda: k.get("service", "edge-external-np"), msg="node port Service")
+    assert np["spec"]["type"] == "NodePort" and np["spec"]["ports"][0]["nodePort"]  # one the cluster picked
+    assert k.get("service", "edge-external-mqtt")["spec"]["type"] == "ClusterIP"
+
+    # back to the fleet's type: the node port and what goes with a load balancer go too
+    k.patch(
+        "mqttzone",
+        "external",
+        {"spec": {"listeners": [{"name": "mqtt", "port": 1883}, {"name": "lb", "port": 1884}]}},
+    )
+    wait_for(
+        lambda: k.get("service", "edge-external-lb")["spec"]["type"] == "ClusterIP", msg="ClusterIP again"
+    )
+    lb = k.get("service", "edge-external-lb")
+    assert "nodePort" not in lb["spec"]["ports"][0] and "loadBalancerSourceRanges" not in lb["spec"]
+    assert lb["metadata"]["annotations"] == {"a": "fleet"}
+
+    # a sidecar the API server refuses (the CRD keeps containers as given): said, the StatefulSet kept
+    before = k.get("statefulset", "edge")["metadata"]["generation"]
+    k.patch("brokerfleet", "edge", {"spec": {"pod": {"sidecars": [
+        {"name": "shipper", "image": "fluent/fluent-bit:3", "ports": "1883"}]}}})  # fmt: skip
+    cond = wait_for(lambda: (c := k.condition("brokerfleet", "edge", "Degraded")).get("reason") == "ApplyFailed" and c,
+                    msg="apply failure said")  # fmt: skip
+    assert "StatefulSet edge" in cond["message"]
+    assert '.spec.template.spec.containers[name="shipper"].ports: expected list' in cond["message"]
+    assert k.get("statefulset", "edge")["metadata"]["generation"] == before
 
 
 def test_scale_subresource(k, run_operator):

@@ -12,12 +12,34 @@ from fleetmq.operator import render
 from .conftest import fleet, zone
 
 
+RESTRICTED = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+#: what a platform team adds (spec.pod, spec.redis.pod): none of it takes the pods out of "restricted"
+TEMPLATE = {
+    "labels": {"team": "iot"},
+    "annotations": {"example.com/inject": "true"},
+    "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {},
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                   "whenUnsatisfiable": "ScheduleAnyway"}],
+    "imagePullSecrets": [{"name": "registry"}],
+    "env": [{"name": "TZ", "value": "UTC"}],
+    "envFrom": [{"configMapRef": {"name": "extra", "optional": True}}],
+    "volumes": [{"name": "scratch", "emptyDir": {}}],
+    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+    "sidecars": [{"name": "shipper", "image": "busybox:1", "securityContext": RESTRICTED}],
+    "initContainers": [{"name": "proxy", "image": "busybox:1", "restartPolicy": "Always", "securityContext": RESTRICTED}],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("templates", [False, True], ids=["defaults", "pod-templates"])
 @pytest.mark.parametrize("mode", ["sentinel", "cluster", "standalone"])
-def test_rendered_pods_are_admitted_under_restricted(control_plane, kube_namespace, mode):
+def test_rendered_pods_are_admitted_under_restricted(control_plane, kube_namespace, mode, templates):
     control_plane.kubectl(
         "label", "namespace", kube_namespace, "pod-security.kubernetes.io/enforce=restricted", "--overwrite"
     )
     f = fleet(redis={"managed": True, "mode": mode})
+    if templates:
+        f = fleet(redis={"managed": True, "mode": mode, "pod": TEMPLATE}, pod=TEMPLATE)
     f["metadata"] |= {"namespace": kube_namespace, "uid": "u-1", "generation": 1}
     z = zone(
         listeners=[{"name": "mqtts", "port": 8883, "protocol": "tls", "tlsSecretRef": {"name": "tls"}}],
@@ -46,3 +68,6 @@ def test_rendered_pods_are_admitted_under_restricted(control_plane, kube_namespa
             "-n", kube_namespace, "apply", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False
         )
         assert out.returncode == 0 and "violate" not in out.stderr, (name, out.stderr)
+        if templates:  # what the templates add is in the pod that was admitted
+            assert spec["tolerations"] == TEMPLATE["tolerations"], name
+            assert spec["initContainers"] == TEMPLATE["initContainers"], name
