@@ -11,7 +11,6 @@ from fleetmq.operator import render
 
 from .conftest import fleet, zone
 
-
 RESTRICTED = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
 #: what a platform team adds (spec.pod, spec.redis.pod): none of it takes the pods out of "restricted"
 TEMPLATE = {

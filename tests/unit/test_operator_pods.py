@@ -221,7 +221,7 @@ def test_listener_services_take_the_fleets_defaults_and_their_own_settings():
         services["edge-external-mqtts"],
         services["edge-external-ws"],
     )
-    assert plain["spec"] == {"type": "ClusterIP", "selector": render.selector_labels("edge"),
+    assert plain["spec"] == {"type": "ClusterIP", "selector": {**render.selector_labels("edge"), render.L_SERVING: "true"},
                              "ports": [{"name": "mqtt", "port": 1883, "targetPort": 1883, "protocol": "TCP"}]}  # fmt: skip
     assert plain["metadata"]["annotations"] == {"a": "fleet", "b": "fleet"}
     assert lb["metadata"]["annotations"] == {"a": "fleet", "b": "listener"}
