@@ -49,8 +49,9 @@ lint: $(VENV)/.installed
 # mypy (strict) on broker/ and chaos/. It finds fleetmq.broker through a link tree in the venv, since
 # setuptools' editable install is an import hook that static checkers cannot follow.
 typecheck: $(VENV)/.installed
-	@mkdir -p $(VENV)/typecheck/fleetmq && ln -sfn ../../../broker $(VENV)/typecheck/fleetmq/broker
-	$(BIN)/mypy -p fleetmq.broker -p chaos
+	@mkdir -p $(VENV)/typecheck/fleetmq && ln -sfn ../../../broker $(VENV)/typecheck/fleetmq/broker \
+		&& ln -sfn ../../../operator $(VENV)/typecheck/fleetmq/operator
+	$(BIN)/mypy -p fleetmq.broker -p fleetmq.operator -p chaos
 
 # The fast inner loop: lint, types, the layering contract and the unit tests; no apt, no Go, no servers.
 check: lint typecheck

@@ -140,7 +140,7 @@ def derive(
         __doc__=doc,
         **defs,
     )
-    return model  # type: ignore[no-any-return]
+    return model
 
 
 def camel(name: str) -> str:
@@ -184,7 +184,7 @@ def derive_all(
     model = create_model(  # type: ignore[call-overload]
         model_name, __config__=ConfigDict(extra="forbid", populate_by_name=True), __doc__=doc_, **defs
     )
-    return model  # type: ignore[no-any-return]
+    return model
 
 
 class CrdModel(BaseModel):
@@ -533,11 +533,14 @@ Quantity = Annotated[
 ]
 
 
+_BROKER_REQUESTS: dict[str, int | str] = {"cpu": "100m", "memory": "128Mi"}
+
+
 class ResourcesSpec(CrdModel):
     """CPU and memory of each broker container (a Kubernetes ResourceRequirements)."""
 
     requests: dict[str, Quantity] = Field(
-        default_factory=lambda: {"cpu": "100m", "memory": "128Mi"}, description="Resources reserved."
+        default_factory=lambda: _BROKER_REQUESTS.copy(), description="Resources reserved."
     )
     limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource ceilings.")
 

@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -441,6 +442,12 @@ class Operator:
                 await reader.close()
 
 
+def _ns(namespace: str | None) -> str:
+    """The namespace of an object of the operator's kinds (all namespaced: kopf types it optional)."""
+    assert namespace is not None
+    return namespace
+
+
 def _op(memo: kopf.Memo) -> Operator:
     return memo["fleetmq"]  # type: ignore[no-any-return]
 
@@ -501,16 +508,17 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(*FLEETS)
 @kopf.on.create(*FLEETS)
 @kopf.on.update(*FLEETS)
-async def fleet_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    await _op(memo).request(namespace, name)
+async def fleet_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    await _op(memo).request(_ns(namespace), name)
 
 
 @kopf.daemon(*FLEETS, cancellation_timeout=5.0)
 async def fleet_resync(
-    namespace: str, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
+    namespace: str | None, name: str, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any
 ) -> None:
     """Every resync interval: correct drift nobody told us about, refresh status from the pods' reports."""
     op = _op(memo)
+    namespace = _ns(namespace)
     try:
         while not stopped:
             # plain sleeps: kopf's stopped.wait() leaves a timer task behind that can fail the shutdown
@@ -528,8 +536,8 @@ async def fleet_resync(
 
 
 @kopf.on.event(*FLEETS, when=lambda type, **_: type == "DELETED")
-async def fleet_deleted(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    await _op(memo).request(namespace, name)
+async def fleet_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    await _op(memo).request(_ns(namespace), name)
 
 
 # ---------------------------------------------------------------------------------------------- zones
@@ -551,10 +559,10 @@ async def _zone_fleet(op: Operator, zone: dict[str, Any]) -> None:
 @kopf.on.update(*ZONES)
 async def zone_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> None:
     op = _op(memo)
-    zone = await op.kube.get("MqttZone", body.metadata.namespace, body.metadata.name) or dict(body)
+    zone = await op.kube.get("MqttZone", _ns(body.metadata.namespace), body.metadata.name) or dict(body)
     previous = ((old or {}).get("spec") or {}).get("fleetRef", {}).get("name")
     if previous and previous != zone["spec"]["fleetRef"]["name"]:
-        await op.request(body.metadata.namespace, previous)  # the old fleet drops the zone
+        await op.request(_ns(body.metadata.namespace), previous)  # the old fleet drops the zone
     await _zone_fleet(op, zone)
 
 
@@ -562,7 +570,7 @@ async def zone_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> 
 async def zone_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     fleet_name = (body.get("spec") or {}).get("fleetRef", {}).get("name")
     if fleet_name:
-        await _op(memo).request(body.metadata.namespace, fleet_name)
+        await _op(memo).request(_ns(body.metadata.namespace), fleet_name)
 
 
 # -------------------------------------------------------------------------------------------- bridges
@@ -574,20 +582,20 @@ async def bridge_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -
     previous = ((old or {}).get("spec") or {}).get("fleetRef", {}).get("name")
     current = (body.get("spec") or {}).get("fleetRef", {}).get("name")
     if previous and previous != current:
-        await op.request(body.metadata.namespace, previous)  # the old fleet drops the bridge
-    if current and await op.kube.get("BrokerFleet", body.metadata.namespace, current) is not None:
-        await op.request(body.metadata.namespace, current)
+        await op.request(_ns(body.metadata.namespace), previous)  # the old fleet drops the bridge
+    if current and await op.kube.get("BrokerFleet", _ns(body.metadata.namespace), current) is not None:
+        await op.request(_ns(body.metadata.namespace), current)
 
 
 @kopf.on.event(*BRIDGES, when=lambda type, **_: type == "DELETED")
 async def bridge_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     fleet_name = (body.get("spec") or {}).get("fleetRef", {}).get("name")
     if fleet_name:
-        await _op(memo).request(body.metadata.namespace, fleet_name)
+        await _op(memo).request(_ns(body.metadata.namespace), fleet_name)
 
 
 # ------------------------------------------------------------------------------------------- children
-def _owned_child(labels: dict[str, str], **_: Any) -> bool:
+def _owned_child(labels: Mapping[str, str], **_: Any) -> bool:
     return bool(labels.get(render.L_FLEET))
 
 
@@ -596,8 +604,10 @@ def _owned_child(labels: dict[str, str], **_: Any) -> bool:
 @kopf.on.event("", "v1", "configmaps", labels=CHILD_LABELS, when=_owned_child)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS, when=_owned_child)
 @kopf.on.event("batch", "v1", "jobs", labels=CHILD_LABELS, when=_owned_child)
-async def child_event(type: str, namespace: str, labels: dict[str, str], memo: kopf.Memo, **_: Any) -> None:
+async def child_event(
+    type: str | None, namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
+) -> None:
     """A child changed (its status, or someone edited or deleted it): reconcile its fleet."""
-    if type is None:  # the initial listing: the fleets' own resume handlers cover it
+    if type is None:  # the initial listing (kopf passes None): the fleets' own resume handlers cover it
         return
-    await _op(memo).request(namespace, labels[render.L_FLEET])
+    await _op(memo).request(_ns(namespace), labels[render.L_FLEET])

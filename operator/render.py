@@ -15,11 +15,11 @@ import json
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from fleetmq.broker.config import BrokerConfig, format_validation_error
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .crds import (
     API_VERSION,
@@ -110,7 +110,7 @@ class Rendered:
 
 
 def paused(obj: dict[str, Any]) -> bool:
-    return (obj.get("metadata", {}).get("annotations") or {}).get(PAUSED, "").lower() == "true"
+    return str((obj.get("metadata", {}).get("annotations") or {}).get(PAUSED, "")).lower() == "true"
 
 
 def dns_name(*parts: str, limit: int = 63) -> str:
@@ -379,13 +379,7 @@ def broker_config(
         "listeners": listeners,
         "metrics": {"bind": f"0.0.0.0:{spec.metrics.port}"},
         # the streams are fmq:eventlog:<fleet>:{<tag>} in the fleet's Redis, where the pipeline reads them
-        "event_log": {
-            "enabled": spec.eventLog.enabled,
-            "max_len": spec.eventLog.max_len,
-            "sample": spec.eventLog.sample,
-            "max_rate": spec.eventLog.max_rate,
-            "fleet": meta["name"],
-        },
+        "event_log": {**cast(BaseModel, spec.eventLog).model_dump(mode="json"), "fleet": meta["name"]},
         "bridges": [bridge_config(b, bridge_files) for b in bridges],
         "shutdown": {
             "eviction_rate": spec.evictionRate,
@@ -924,12 +918,12 @@ def _exec_probe(command: str, period: int, failures: int, timeout: int = 5) -> d
 def _redis_volumes(fleet_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """What every managed Redis container mounts: the script, the password, a private dir for configs."""
     n = names(fleet_name)
-    volumes = [
+    volumes: list[dict[str, Any]] = [
         {"name": "scripts", "configMap": {"name": n["redis_scripts"], "defaultMode": 0o555}},
         {"name": "auth", "secret": {"secretName": n["redis_auth"], "defaultMode": 0o440}},
         {"name": "conf", "emptyDir": {}},
     ]
-    mounts = [
+    mounts: list[dict[str, Any]] = [
         {"name": "scripts", "mountPath": SCRIPTS_DIR, "readOnly": True},
         {"name": "auth", "mountPath": REDIS_SECRET_DIR, "readOnly": True},
         {"name": "conf", "mountPath": "/conf"},
