@@ -80,12 +80,12 @@ def test_adding_a_user_changes_the_config_not_the_pod_template():
     before = render.render(fleet(), zones)
     users = with_hashes(render.select_users([user("sensor")], zones)[0])
     after = render.render(fleet(), zones, users=users, user_history=before.user_history)
-    sts = [[m for m in r.manifests if m["kind"] == "StatefulSet"][0] for r in (before, after)]
+    sts = [next(m for m in r.manifests if m["kind"] == "StatefulSet") for r in (before, after)]
     assert sts[0]["spec"]["template"] == sts[1]["spec"]["template"]
     assert before.config_hash != after.config_hash
     assert after.user_history[before.config_hash] == {}
     assert after.user_history[after.config_hash] == {"sensor": users[0].token}
-    cm = [m for m in after.manifests if m["kind"] == "ConfigMap"][0]
+    cm = next(m for m in after.manifests if m["kind"] == "ConfigMap")
     assert render.user_history(cm) == after.user_history
 
 
