@@ -125,7 +125,7 @@ class Operator:
                 await reader.close()
             metrics.forget_fleet(namespace, name)
             await self._zones_without_fleet(namespace, name)
-            for user in await kube.list("MqttUser", namespace):
+            for user in await self._list_users(namespace):
                 if ((user.get("spec") or {}).get("fleetRef") or {}).get("name") == name:
                     await self.user_without_fleet(user)
             return "gone"
@@ -153,7 +153,7 @@ class Operator:
         rejected_bridges |= missing
         user_objs = [
             u
-            for u in await kube.list("MqttUser", namespace)
+            for u in await self._list_users(namespace)
             if ((u.get("spec") or {}).get("fleetRef") or {}).get("name") == name
         ]
         users, rejected_users = render.select_users(user_objs, accepted)
@@ -278,6 +278,16 @@ class Operator:
                 return f"spec.remote.tls.secretRef: Secret {remote.tls.secretRef.name} not found"
             tls = secret.get("data") or {}
         return render.bridge_secret_files(bridge.name, password, tls)
+
+    async def _list_users(self, namespace: str) -> list[dict[str, Any]]:
+        """The MqttUsers of a namespace; none where the cluster lacks their CRD (a chart upgraded with
+        `helm upgrade`, which never adds CRDs, and an operator not managing them): fleets go on."""
+        try:
+            return await self.kube.list("MqttUser", namespace)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            return []
 
     async def _users_with_passwords(
         self, namespace: str, fleet: str, users: list[render.User], objs: list[dict[str, Any]]

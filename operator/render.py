@@ -2,7 +2,8 @@
 
 No I/O here, so every decision the operator makes about what to run is unit-tested. What goes where:
 - Everything a broker applies live (zones, ACLs, users, listeners) lives only in the ConfigMap, which the
-  kubelet refreshes in the pods, so changing it never changes the pod template.
+  kubelet refreshes in the pods, so changing it never changes the pod template; so do the Secrets every pod
+  mounts whatever the fleet holds (the bridges' files, the MqttUsers' password hashes).
 - What a broker reads only at start (store, metrics bind, event log) is hashed into the pod template's
   `fleetmq.io/restart-hash` annotation: changing it rolls the pods one at a time.
 - The operator version appears nowhere in the pods, so upgrading the operator restarts no broker.
