@@ -16,7 +16,7 @@ from enum import IntEnum
 from pathlib import Path
 
 from .topic import covers, overlaps, topic_matches
-from .zones import AclRule
+from .zones import AclRule, ZoneSettings
 
 SCHEME = "pbkdf2_sha256"
 ITERATIONS = 100_000  # ~50 ms per check here; stored with each hash, so it can change later
@@ -43,12 +43,23 @@ class UsersFileError(Exception):
     """A users file that cannot be used; the message names the file and line."""
 
 
-def read_users(path: str | Path) -> dict[str, str]:
+class UsersFilePending(UsersFileError):
+    """A users file that does not have the content its config expects yet (a mounted Secret still on its
+    way): not an error, the node waits for it with the config it runs."""
+
+
+def read_users(path: str | Path, sha256: str | None = None) -> dict[str, str]:
     users: dict[str, str] = {}
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as e:
         raise UsersFileError(f"cannot read users file {path}: {e.strerror}") from e
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise UsersFilePending(f"users file {path} does not have the content the config expects yet")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise UsersFileError(f"users file {path} is not UTF-8") from e
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -57,6 +68,17 @@ def read_users(path: str | Path) -> dict[str, str]:
         if not sep or not user or not encoded.startswith(SCHEME + "$"):
             raise UsersFileError(f"{path}:{n}: expected 'username:{SCHEME}$...' (see fleetmq-broker passwd)")
         users[user] = encoded
+    return users
+
+
+def zone_users(settings: ZoneSettings) -> dict[str, str] | None:
+    """Every user of a zone: users_file, then users_files (a later entry replaces an earlier one). None:
+    the zone checks no passwords."""
+    if settings.users_file is None and not settings.users_files:
+        return None
+    users = read_users(settings.users_file) if settings.users_file else {}
+    for extra in settings.users_files:
+        users.update(read_users(extra.path, extra.sha256))
     return users
 
 
@@ -114,12 +136,19 @@ Rules = tuple[tuple[bool, str], ...]  # (allow, filter) in order, first match wi
 class Acl:
     """A zone's ordered allow/deny rules (first match wins); `bind` gives one client's view of them."""
 
-    def __init__(self, rules: Iterable[AclRule], default: str = "allow") -> None:
+    def __init__(
+        self,
+        rules: Iterable[AclRule],
+        default: str = "allow",
+        user_rules: dict[str, list[AclRule]] | None = None,
+    ) -> None:
         self.rules = list(rules)
         self.default_allow = default == "allow"
+        self.user_rules = user_rules or {}
 
     def bind(self, username: str | None, client_id: str) -> ClientAcl:
-        """The rules as they apply to one client: %u and %c substituted once.
+        """The rules as they apply to one client: its user's own rules, then the zone's; %u and %c
+        substituted once.
 
         A rule about the user does not apply to anonymous clients. A name holding '/', '+' or '#' would
         turn into other levels or wildcards, so an allow rule it would widen is left out (the client gets
@@ -127,7 +156,8 @@ class Acl:
         """
         publish: list[tuple[bool, str]] = []
         read: list[tuple[bool, str]] = []
-        for rule in self.rules:
+        own = self.user_rules.get(username, []) if username is not None else []
+        for rule in (*own, *self.rules):
             allow = rule.permission == "allow"
             pattern = rule.filter
             if "%u" in pattern:

@@ -183,6 +183,7 @@ class Channel:
         "_retry_timer",
         "_stash",
         "acl",
+        "cert_name",
         "clean_start",
         "client_alias_max",
         "client_id",
@@ -229,6 +230,8 @@ class Channel:
         self.version = 0
         self.client_id = ""
         self.username: str | None = None
+        #: the verified client certificate's common name, on a listener with peer_cert_as_username
+        self.cert_name: str | None = None
         self.clean_start = True
         self.session: Session | None = None
         self.will: Message | None = None
@@ -392,7 +395,9 @@ class Channel:
 
     def _on_connect(self, p: Connect) -> None:
         self.version = p.proto_level
-        result = negotiate(p, self.settings, self.host.new_client_id, self.listener == INTERNAL)
+        result = negotiate(
+            p, self.settings, self.host.new_client_id, self.listener == INTERNAL, self.cert_name
+        )
         if isinstance(result, Refusal):
             return self.refuse(result.reason, result.why, result.reason_string)
         self.client_id = result.client_id

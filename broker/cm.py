@@ -165,7 +165,7 @@ class ChannelManager:
         limits.connections += 1
         ch.counted = True
         auth = zone.auth
-        if auth is not None and req.username is not None:
+        if auth is not None and req.username is not None and not req.certified:
             # a slow hash by design: computed off the event loop (hashlib releases the GIL)
             loop = asyncio.get_running_loop()
             ok = await loop.run_in_executor(None, auth.check, req.username, req.password)

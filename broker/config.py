@@ -128,6 +128,12 @@ class ListenerConfig(_Model):
     keyfile: str | None = Field(None, description="PEM private key of a tls/wss listener")
     cafile: str | None = Field(None, description="PEM CA bundle to verify client certificates against")
     verify_peer: bool = Field(False, description="Require a client certificate signed by cafile")
+    peer_cert_as_username: Literal["cn"] | None = Field(
+        None,
+        description="cn: a client with a verified certificate is authenticated by it, as the user its common "
+        "name maps to (the zone's cert_users, else the common name itself); its CONNECT username and "
+        "password are not used",
+    )
 
     @field_validator("bind")
     @classmethod
@@ -246,6 +252,10 @@ class BrokerConfig(_Model):
             if listener.verify_peer and not listener.cafile:
                 raise ValueError(
                     f"listeners.{i}.verify_peer: needs cafile to verify client certificates against"
+                )
+            if listener.peer_cert_as_username and not listener.cafile:
+                raise ValueError(
+                    f"listeners.{i}.peer_cert_as_username: needs cafile to verify client certificates against"
                 )
             names.add(listener.name)
             binds.add(listener.address)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from .channel import Channel, ChannelIO
 from .codec import RC
@@ -25,12 +25,22 @@ WRITE_HIGH_WATER = 4 * 1024 * 1024
 NewChannel = Callable[[ChannelIO, str, str], Channel]
 
 
+def common_name(cert: dict[str, Any] | None) -> str | None:
+    """The common name of a verified peer certificate (ssl's getpeercert()); None without one."""
+    for rdn in (cert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName" and value:
+                return str(value)
+    return None
+
+
 class Connection(asyncio.Protocol):
     __slots__ = (
         "_buf",
         "_closing",
         "_loop",
         "_new_channel",
+        "_peer_cert",
         "_registry",
         "_scheduled",
         "channel",
@@ -38,8 +48,15 @@ class Connection(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, new_channel: NewChannel, listener: str, connections: set[Connection]) -> None:
+    def __init__(
+        self,
+        new_channel: NewChannel,
+        listener: str,
+        connections: set[Connection],
+        peer_cert_as_username: bool = False,
+    ) -> None:
         self._new_channel = new_channel
+        self._peer_cert = peer_cert_as_username
         self.listener = listener
         self._loop = asyncio.get_running_loop()
         self._buf: list[bytes] = []
@@ -56,6 +73,8 @@ class Connection(asyncio.Protocol):
         self._registry.add(self)
         peer = transport.get_extra_info("peername")
         self.channel = self._new_channel(self, f"{peer[0]}:{peer[1]}" if peer else "?", self.listener)
+        if self._peer_cert:
+            self.channel.cert_name = common_name(transport.get_extra_info("peercert"))
 
     def data_received(self, data: bytes) -> None:
         channel = self.channel
@@ -137,9 +156,14 @@ class WsConnection(Connection):
     __slots__ = ("ws",)
 
     def __init__(
-        self, new_channel: NewChannel, listener: str, connections: set[Connection], path: str
+        self,
+        new_channel: NewChannel,
+        listener: str,
+        connections: set[Connection],
+        path: str,
+        peer_cert_as_username: bool = False,
     ) -> None:
-        super().__init__(new_channel, listener, connections)
+        super().__init__(new_channel, listener, connections, peer_cert_as_username)
         self.ws = WebSocket(path)
 
     def data_received(self, data: bytes) -> None:

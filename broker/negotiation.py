@@ -60,6 +60,7 @@ class Negotiated:
     client_alias_max: int  # the client's Topic Alias Maximum
     retry: bool  # resend unacknowledged deliveries on a timer (v3; v5 only if the zone opts in)
     connack_props: dict[int, Any] = field(default_factory=dict)
+    certified: bool = False  # the username comes from a verified client certificate: no password check
 
 
 #: The listener name of the broker's own in-process connections (a bridge's session, bridgelink), the only
@@ -68,8 +69,14 @@ INTERNAL = "$internal"
 
 
 def negotiate(
-    p: Connect, zone: ZoneSettings, new_client_id: Callable[[], str], internal: bool = False
+    p: Connect,
+    zone: ZoneSettings,
+    new_client_id: Callable[[], str],
+    internal: bool = False,
+    cert_name: str | None = None,
 ) -> Negotiated | Refusal:
+    """Accept or refuse a CONNECT. `cert_name`: the common name of the client's verified certificate on
+    a listener with peer_cert_as_username; the client is then that user (the zone's cert_users map it)."""
     version = p.proto_level
     props = p.properties
     client_id = p.client_id
@@ -85,7 +92,10 @@ def negotiate(
         return Refusal(RC.CLIENT_IDENTIFIER_NOT_VALID, "client_id_invalid")
     if props.get(Prop.AUTHENTICATION_METHOD) is not None:
         return Refusal(RC.BAD_AUTHENTICATION_METHOD, "bad_authentication_method")
-    if p.username is None and not zone.allow_anonymous:
+    username, password = p.username, p.password
+    if cert_name is not None:
+        username, password = zone.cert_users.get(cert_name, cert_name), None
+    if username is None and not zone.allow_anonymous:
         return Refusal(RC.NOT_AUTHORIZED, "not_authorized")
     will = None
     will_delay = 0.0
@@ -129,12 +139,13 @@ def negotiate(
         expiry=float(expiry),
         receive_maximum=receive_max,
         keepalive=KeepAlive(ka, zone.keepalive_backoff),
-        username=p.username,
-        password=p.password,
+        username=username,
+        password=password,
         will=will,
         will_delay=will_delay,
         client_max_packet=client_max_packet,
         client_alias_max=client_alias_max,
         retry=retry,
         connack_props=connack_props,
+        certified=cert_name is not None,
     )

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from . import http
-from .auth import UsersFileError
+from .auth import UsersFileError, UsersFilePending
 from .codec import RC
 from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
 from .connection import Connection, WsConnection
@@ -83,6 +83,8 @@ class Server:
         self._tls: dict[str, ssl.SSLContext] = {}  # of the open tls/wss listeners, by name
         self._http: asyncio.Server | None = None
         self._stopping: asyncio.Event | None = None
+        #: a config waiting for its users files to arrive (UsersFilePending): their changes are watched
+        self._pending: BrokerConfig | None = None
         self.ready = False
 
     async def start(self) -> None:
@@ -103,10 +105,13 @@ class Server:
         host, port = listener.address
         loop = asyncio.get_running_loop()
         args = (partial(self.node.channel, listener.zone), listener.name, self.connections)
+        by_cert = listener.peer_cert_as_username == "cn"
         if listener.protocol in ("ws", "wss"):
-            factory: Callable[[], Connection] = partial(WsConnection, *args, listener.path)
+            factory: Callable[[], Connection] = partial(
+                WsConnection, *args, listener.path, peer_cert_as_username=by_cert
+            )
         else:
-            factory = partial(Connection, *args)
+            factory = partial(Connection, *args, peer_cert_as_username=by_cert)
         ctx = tls_context(listener) if listener.protocol in ("tls", "wss") else None
         if ctx is not None:
             self._tls[listener.name] = ctx
@@ -144,7 +149,9 @@ class Server:
     def _watched(self) -> list[str]:
         """The config file, and the users and certificate files it names (mounted Secrets change on their
         own: a rotated certificate or a new user needs no restart)."""
-        files = {z.users_file for z in self.config.zones.values() if z.users_file}
+        configs = [self.config] if self._pending is None else [self.config, self._pending]
+        files = {z.users_file for c in configs for z in c.zones.values() if z.users_file}
+        files.update(f.path for c in configs for z in c.zones.values() for f in z.users_files)
         files.update(f for lst in self.config.listeners for f in tls_files(lst))
         return [self._watch, *sorted(files)] if self._watch else sorted(files)
 
@@ -181,6 +188,10 @@ class Server:
             if not force and new.config_hash() == self.node.config_hash:
                 return True
             self.node.apply_config(new)
+        except UsersFilePending as e:
+            self._pending = new
+            log.info("config waits for its users files, keeping the one it runs: %s", e)
+            return False
         except (ConfigError, UsersFileError) as e:
             self.metrics.config_reload_errors += 1
             log.error("config reload refused, keeping the last good config:\n%s", e)
@@ -190,6 +201,7 @@ class Server:
                 conn.channel.apply_zone()
         await self._apply_listeners(new)
         self.config = new
+        self._pending = None
         if force:
             self._reload_certificates()
         log.info("config %s applied", new.config_hash())

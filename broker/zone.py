@@ -5,7 +5,7 @@ its telemetry. Channels hold their zone and pick up a live change at their next 
 
 from __future__ import annotations
 
-from .auth import Acl, Authenticator, read_users
+from .auth import Acl, Authenticator, zone_users
 from .limiter import TokenBucket
 from .telemetry import Telemetry
 from .zones import ZoneSettings
@@ -45,14 +45,15 @@ class Zone:
 
     @staticmethod
     def access(settings: ZoneSettings) -> tuple[Acl | None, Authenticator | None]:
-        """Who may connect and what they may do (None: no checks configured). Raises UsersFileError."""
+        """Who may connect and what they may do (None: no checks configured). Raises UsersFileError
+        (UsersFilePending: a users file without the content the config pins yet)."""
         acl = (
-            Acl(settings.acl, settings.acl_default)
-            if settings.acl or settings.acl_default == "deny"
+            Acl(settings.acl, settings.acl_default, settings.user_acl)
+            if settings.acl or settings.user_acl or settings.acl_default == "deny"
             else None
         )
-        auth = Authenticator(read_users(settings.users_file)) if settings.users_file else None
-        return acl, auth
+        users = zone_users(settings)
+        return acl, Authenticator(users) if users is not None else None
 
     def update(self, settings: ZoneSettings) -> None:
         """Adopt changed settings (new sessions at once, live ones at their next delivery). Raises

@@ -53,6 +53,21 @@ class AclRule(BaseModel):
     filter: str = Field(min_length=1, description="Topic filter the rule applies to (%u, %c substituted)")
 
 
+class UsersFile(BaseModel):
+    """One more users file of a zone, optionally pinned to the content it was rendered with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, description="File of users and salted password hashes.")
+    sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="SHA-256 of the content the config expects: until the file has it (a mounted Secret "
+        "arrives after the ConfigMap, or before), the node keeps the config it runs, so a config and its "
+        "users are applied together.",
+    )
+
+
 class ZoneSettings(BaseModel):
     """Session and keep-alive settings of one zone; every field has EMQX's default."""
 
@@ -142,8 +157,22 @@ class ZoneSettings(BaseModel):
         None,
         description="File of users and salted password hashes (fleetmq-broker passwd); a mounted Secret.",
     )
+    users_files: list[UsersFile] = Field(
+        default_factory=list,
+        description="More users files, read after users_file; a username in several counts as the last "
+        "file has it. The operator renders its MqttUsers into one.",
+    )
     acl: list[AclRule] = Field(
         default_factory=list, description="Ordered access rules; the first match wins."
+    )
+    user_acl: dict[str, list[AclRule]] = Field(
+        default_factory=dict,
+        description="Rules of single users (by username), matched before the zone's acl (first match wins).",
+    )
+    cert_users: dict[str, str] = Field(
+        default_factory=dict,
+        description="Username of a client whose verified certificate has this common name, on listeners "
+        "with peer_cert_as_username: cn (a common name not listed is the username itself).",
     )
     acl_default: Literal["allow", "deny"] = Field("allow", description="Permission when no ACL rule matches.")
 

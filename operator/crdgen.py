@@ -25,6 +25,8 @@ from .crds import (
     BrokerFleetStatus,
     MqttBridgeSpec,
     MqttBridgeStatus,
+    MqttUserSpec,
+    MqttUserStatus,
     MqttZoneSpec,
     MqttZoneStatus,
 )
@@ -129,7 +131,7 @@ def _crd(
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "spec": {**spec_schema, "description": (spec.__doc__ or "").strip()},
+            "spec": {**spec_schema, "description": " ".join((spec.__doc__ or "").split())},
             "status": model_schema(status),
         },
     }
@@ -228,9 +230,28 @@ def crds() -> dict[str, dict[str, Any]]:
         description="A bridge from a BrokerFleet to a remote MQTT broker: local topics forwarded there, remote "
         "subscriptions published here, with the fleet's delivery guarantees.",
     )
+    user = _crd(
+        "MqttUser",
+        "mqttusers",
+        ["mu", "mqttuser"],
+        MqttUserSpec,
+        MqttUserStatus,
+        [
+            {"name": "Fleet", "type": "string", "jsonPath": ".spec.fleetRef.name"},
+            {"name": "Username", "type": "string", "jsonPath": ".status.username"},
+            {"name": "Zones", "type": "string", "jsonPath": ".spec.zones", "priority": 1},
+            {"name": "Accepted", "type": "string", "jsonPath": _cond("Accepted")},
+            {"name": "Applied", "type": "string", "jsonPath": _cond("Applied")},
+            {"name": "Secret", "type": "string", "jsonPath": ".status.secretName", "priority": 1},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        description="An MQTT user of a BrokerFleet's zones: password from a Secret (or generated into one), "
+        "its own ACL rules, and the common name of its client certificate; applied live.",
+    )
     return {
         "fleetmq.io_brokerfleets.yaml": fleet,
         "fleetmq.io_mqttbridges.yaml": bridge,
+        "fleetmq.io_mqttusers.yaml": user,
         "fleetmq.io_mqttzones.yaml": zone,
         "kopf.dev_clusterkopfpeerings.yaml": _peering("ClusterKopfPeering", "Cluster"),
         "kopf.dev_kopfpeerings.yaml": _peering("KopfPeering", "Namespaced"),

@@ -1,4 +1,4 @@
-"""The custom resources' models: BrokerFleet and MqttZone (group fleetmq.io, version v1alpha1).
+"""The custom resources' models: BrokerFleet, MqttZone, MqttBridge, MqttUser (group fleetmq.io, v1alpha1).
 
 The zone settings are not retyped here: every MqttZone field that configures a broker is derived from the
 broker's own models (ZoneSettings, AclRule, ListenerConfig, RedisStoreConfig, EventLogConfig), carrying
@@ -92,7 +92,12 @@ LIMITS_FIELDS = {
 AUTH_FIELDS = {"allow_anonymous": "allowAnonymous"}
 ACCESS_FIELDS = {"acl": "acl", "acl_default": "aclDefault"}
 #: ZoneSettings fields an MqttZone does not set directly, and what sets them instead.
-OPERATOR_SET_FIELDS = {"users_file": "authentication.usersSecretRef (mounted into the pods)"}
+OPERATOR_SET_FIELDS = {
+    "users_file": "authentication.usersSecretRef (mounted into the pods)",
+    "users_files": "the MqttUsers of the zone (their passwords' hashes, in the fleet's users Secret)",
+    "user_acl": "MqttUser acl",
+    "cert_users": "MqttUser certificateCommonName",
+}
 ZONE_GROUPS = {
     "session": SESSION_FIELDS,
     "keepalive": KEEPALIVE_FIELDS,
@@ -240,7 +245,8 @@ _AuthBase = derive("AuthenticationBase", ZoneSettings, AUTH_FIELDS, "Who may con
 
 
 class AuthenticationSpec(_AuthBase):  # type: ignore[misc,valid-type]
-    """Who may connect: anonymous clients and/or the users of a Secret (`fleetmq-broker passwd` format)."""
+    """Who may connect: anonymous clients, the users of a Secret (`fleetmq-broker passwd` format) and the
+    zone's MqttUsers. Once a zone has users, a client giving a username must give its password."""
 
     usersSecretRef: UsersSecretRef | None = Field(
         None,
@@ -248,26 +254,26 @@ class AuthenticationSpec(_AuthBase):  # type: ignore[misc,valid-type]
         "written by `fleetmq-broker passwd`). Mounted into the pods; edits reach the brokers live.",
     )
 
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.allowAnonymous) || self.allowAnonymous || has(self.usersSecretRef)",
-                    "message": "allowAnonymous: false needs usersSecretRef, else no client could connect",
-                }
-            ]
-        },
-    )
+    # (allowAnonymous: false without usersSecretRef was refused before MqttUsers: now the zone's users can
+    # be MqttUsers, and without any no client connects)
 
 
 _LISTENER_DERIVED = derive(
     "ListenerBase",
     ListenerConfig,
-    {"protocol": "protocol", "path": "path", "verify_peer": "verifyPeer"},
+    {
+        "protocol": "protocol",
+        "path": "path",
+        "verify_peer": "verifyPeer",
+        "peer_cert_as_username": "peerCertAsUsername",
+    },
     "A listener.",
-    {"verify_peer": "Require a client certificate signed by the ca.crt of tlsSecretRef (tls/wss only)."},
+    {
+        "verify_peer": "Require a client certificate signed by the ca.crt of tlsSecretRef (tls/wss only).",
+        "peer_cert_as_username": "cn: a client with a verified certificate is authenticated by it, as the "
+        "MqttUser whose certificateCommonName is the certificate's common name (else as the user named "
+        "like the common name); its CONNECT username and password are not used. Needs verifyPeer.",
+    },
 )
 
 
@@ -375,6 +381,11 @@ class ListenerSpec(_LISTENER_DERIVED):  # type: ignore[misc,valid-type]
                     "rule": "!self.verifyPeer || self.protocol in ['tls', 'wss']",
                     "message": "verifyPeer needs a tls or wss listener",
                 },
+                {
+                    "rule": "!has(self.peerCertAsUsername) || self.verifyPeer",
+                    "message": "peerCertAsUsername needs verifyPeer: only a verified certificate names a user",
+                    "fieldPath": ".peerCertAsUsername",
+                },
             ]
         },
     )
@@ -410,7 +421,7 @@ class MqttZoneSpec(CrdModel):
     keepalive: KeepaliveSpec = Field(default_factory=KeepaliveSpec, description=KeepaliveSpec.__doc__)  # type: ignore[valid-type]
     limits: LimitsSpec = Field(default_factory=LimitsSpec, description=LimitsSpec.__doc__)  # type: ignore[valid-type]
     authentication: AuthenticationSpec = Field(
-        default_factory=AuthenticationSpec, description=AuthenticationSpec.__doc__
+        default_factory=AuthenticationSpec, description=doc(AuthenticationSpec)
     )
     acl: list[AclRule] = Field(
         default_factory=list,
@@ -422,8 +433,9 @@ class MqttZoneSpec(CrdModel):
         description=ZoneSettings.model_fields["acl_default"].description,
     )
 
-    def zone_settings(self, users_file: str | None = None) -> ZoneSettings:
-        """The broker's settings for this zone (snake_case, validated by the broker's model)."""
+    def zone_settings(self, users_file: str | None = None, **users: Any) -> ZoneSettings:
+        """The broker's settings for this zone (snake_case, validated by the broker's model); `users`: its
+        MqttUsers' part (users_files, user_acl, cert_users)."""
         data: dict[str, Any] = {}
         for group, fields in ZONE_GROUPS.items():
             values = getattr(self, group)
@@ -432,6 +444,7 @@ class MqttZoneSpec(CrdModel):
         data["acl"] = [rule.model_dump() for rule in self.acl]
         data["acl_default"] = self.aclDefault
         data["users_file"] = users_file
+        data |= users
         return ZoneSettings.model_validate(data)
 
 
@@ -518,6 +531,91 @@ class MqttBridgeSpec(_BridgeBase):  # type: ignore[misc,valid-type]
             tls.pop("secretRef", None)
             tls |= tls_files or {}
         return BridgeConfig.model_validate({"name": name, **data})
+
+
+# -------------------------------------------------------------------------------------------- MqttUser
+#: a username the users file and the ACL's %u can carry: no ':' (the file's separator), no '/', '+', '#'
+#: (a %u rule would reach other users' topics) and no spaces
+USERNAME_PATTERN = r"^[^:/+#\s]+$"
+ZONE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+class MqttUserSpec(CrdModel):
+    """An MQTT user of some zones of a fleet: its password (from a Secret, or generated into one), its own
+    ACL rules, and the common name of its client certificate. Applied live: no pod restarts."""
+
+    fleetRef: ObjectRef = Field(description="The BrokerFleet (same namespace) whose zones the user is in.")
+    zones: list[Annotated[str, Field(min_length=1, max_length=253, pattern=ZONE_NAME_PATTERN)]] = Field(
+        min_length=1,
+        max_length=64,
+        description="MqttZones of the fleet (by name) where the user may connect.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    username: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        pattern=USERNAME_PATTERN,
+        description="Username clients connect with (no ':', '/', '+', '#' or spaces). Default: the MqttUser's "
+        "name.",
+    )
+    passwordSecretRef: SecretKeyRef | None = Field(
+        None,
+        description="Secret key (default 'password') holding the user's password. Default with "
+        "generatePassword: the Secret <name>-credentials. A changed password is applied live.",
+    )
+    generatePassword: bool = Field(
+        True,
+        description="When the password Secret does not exist, the operator creates it with a random password "
+        "(owned by this MqttUser, deleted with it, never changed afterwards). false: the Secret must exist; "
+        "without passwordSecretRef the user has no password (certificate only).",
+    )
+    acl: list[AclRule] = Field(
+        default_factory=list,
+        max_length=256,
+        description="This user's own rules, matched before the zone's acl (first match wins; %u and %c "
+        "substituted).",
+    )
+    certificateCommonName: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="Common name of the client certificate that authenticates as this user, on the zones' "
+        "listeners with peerCertAsUsername: cn.",
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.passwordSecretRef) || self.generatePassword || "
+                    "has(self.certificateCommonName)",
+                    "message": "a user needs a password (passwordSecretRef or generatePassword) or a "
+                    "certificateCommonName",
+                }
+            ]
+        },
+    )
+
+    @model_validator(mode="after")
+    def _some_credential(self) -> MqttUserSpec:
+        if (
+            self.passwordSecretRef is None
+            and not self.generatePassword
+            and self.certificateCommonName is None
+        ):
+            raise ValueError(
+                "a user needs a password (passwordSecretRef or generatePassword) or a certificateCommonName"
+            )
+        return self
+
+    def password_ref(self, name: str) -> SecretKeyRef | None:
+        """Where the password is (None: certificate only)."""
+        if self.passwordSecretRef is not None:
+            return self.passwordSecretRef
+        return SecretKeyRef(name=f"{name}-credentials") if self.generatePassword else None
 
 
 # ---------------------------------------------------------------------------------------- BrokerFleet
@@ -983,8 +1081,8 @@ class PodNames:
 BROKER_NAMES = PodNames(
     containers=Reserved(r"^broker$", "broker"),
     volumes=Reserved(
-        r"^(config|bridge-secrets|redis-auth|redis-sentinel-auth|tls-[0-9]+|users-[0-9]+)$",
-        "config, bridge-secrets, redis-auth, redis-sentinel-auth, tls-N and users-N",
+        r"^(config|bridge-secrets|fleet-users|redis-auth|redis-sentinel-auth|tls-[0-9]+|users-[0-9]+)$",
+        "config, bridge-secrets, fleet-users, redis-auth, redis-sentinel-auth, tls-N and users-N",
     ),
     env=Reserved(r"^POD_NAME$", "POD_NAME"),
     mounts=Reserved(r"^/etc/fleetmq(/.*)?$", "/etc/fleetmq and below"),
@@ -1517,6 +1615,20 @@ class MqttBridgeStatus(CrdModel):
     )
     dropped: dict[str, int] = Field(default_factory=dict, description="Messages not passed on, by reason.")
     lastError: str | None = Field(None, description="Why the last connection to the remote ended or failed.")
+
+
+class MqttUserStatus(CrdModel):
+    """Observed state of the user."""
+
+    observedGeneration: int | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    username: str | None = Field(None, description="The username clients connect with.")
+    zones: list[str] = Field(default_factory=list, description="Zones the user is rendered into.")
+    secretName: str | None = Field(None, description="Secret holding the password (none: certificate only).")
+    podsApplied: int = Field(0, description="Broker pods running the config with this user as it is now.")
 
 
 class MqttZoneStatus(CrdModel):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
+import hashlib
 import logging
 import os
 import secrets
@@ -20,18 +22,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from fleetmq.broker.auth import hash_password, verify_password
 
 from . import crdsync, metrics, render, rollout
 from .crds import GROUP, VERSION, BrokerFleetSpec, SecretKeyRef
 from .kube import ApiError, Connection, Kube, connect
 from .reports import ReportReader
-from .status import Observed, bridge_status, fleet_status, pod_generations, zone_status
+from .status import Observed, bridge_status, fleet_status, pod_generations, user_status, zone_status
 
 log = logging.getLogger("fleetmq.operator")
 
 FLEETS = (GROUP, VERSION, "brokerfleets")
 ZONES = (GROUP, VERSION, "mqttzones")
 BRIDGES = (GROUP, VERSION, "mqttbridges")
+USERS = (GROUP, VERSION, "mqttusers")
+#: (users-file hash, SHA-256 of a password) -> whether they match: the slow check once per password
+VERIFIED_LIMIT = 10_000
 CHILD_LABELS = {render.L_MANAGED: render.MANAGER}
 PRUNED_KINDS = ("Service", "StatefulSet", "Job", "PodDisruptionBudget", "ConfigMap", "ServiceMonitor")
 
@@ -55,6 +61,7 @@ class Operator:
     zone_counts: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     resync: float = 30.0
     last_reconcile: dict[tuple[str, str], float] = field(default_factory=dict)
+    verified: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     async def request(self, namespace: str, name: str) -> None:
         """Reconcile the fleet now, or once more after the pass that is running."""
@@ -92,6 +99,9 @@ class Operator:
                 await reader.close()
             metrics.forget_fleet(namespace, name)
             await self._zones_without_fleet(namespace, name)
+            for user in await self._list_users(namespace):
+                if ((user.get("spec") or {}).get("fleetRef") or {}).get("name") == name:
+                    await self.user_without_fleet(user)
             return "gone"
         replicas = int((fleet.get("spec") or {}).get("replicas", 3))
         if render.paused(fleet):  # its status stays as it was: so do its gauges
@@ -115,6 +125,14 @@ class Operator:
             namespace, bridges, render.applied_bridges(current_cm)
         )
         rejected_bridges |= missing
+        user_objs = [
+            u
+            for u in await self._list_users(namespace)
+            if ((u.get("spec") or {}).get("fleetRef") or {}).get("name") == name
+        ]
+        users, rejected_users = render.select_users(user_objs, accepted)
+        users, missing_pw, user_secrets = await self._users_with_passwords(namespace, name, users, user_objs)
+        rejected_users |= missing_pw
         self.zone_counts[(namespace, name)] = (len(accepted), len(rejected))
         metrics.ZONES.labels("accepted").set(sum(a for a, _ in self.zone_counts.values()))
         metrics.ZONES.labels("rejected").set(sum(r for _, r in self.zone_counts.values()))
@@ -137,6 +155,8 @@ class Operator:
                 service_monitor=await self._has_service_monitor(),
                 bridges=bridges,
                 bridge_files=bridge_files,
+                users=users,
+                user_history=render.user_history(current_cm),
             )
         except (render.RenderError, ValueError) as e:
             metrics.RECONCILE_ERRORS.labels("render").inc()
@@ -163,6 +183,16 @@ class Operator:
         metrics.set_fleet(namespace, name, status, replicas)
         await self._zone_statuses(fleet, zones, rejected, rendered, observed, status)
         await self._bridge_statuses(bridge_objs, rejected_bridges, rendered, observed)
+        sts = render.names(name)["statefulset"]
+        await self._user_statuses(
+            user_objs,
+            rejected_users,
+            users,
+            user_secrets,
+            rendered,
+            observed,
+            [f"{sts}-{i}" for i in range(replicas)],
+        )
         return "error" if render_error or observed.apply_error else "ok"
 
     async def _steer(self, namespace: str, observed: Observed) -> None:
@@ -222,6 +252,116 @@ class Operator:
                 return f"spec.remote.tls.secretRef: Secret {remote.tls.secretRef.name} not found"
             tls = secret.get("data") or {}
         return render.bridge_secret_files(bridge.name, password, tls)
+
+    async def _list_users(self, namespace: str) -> list[dict[str, Any]]:
+        """The MqttUsers of a namespace; none where the cluster lacks their CRD (a chart upgraded with
+        `helm upgrade`, which never adds CRDs, and an operator not managing them): fleets go on."""
+        try:
+            return await self.kube.list("MqttUser", namespace)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            return []
+
+    async def _users_with_passwords(
+        self, namespace: str, fleet: str, users: list[render.User], objs: list[dict[str, Any]]
+    ) -> tuple[list[render.User], dict[str, render.Rejection], dict[str, str]]:
+        """The users to render with their password hashes, those whose password cannot be had, and the
+        Secret each one's password is in. A generated password's Secret is created here, once."""
+        by_name = {o["metadata"]["name"]: o for o in objs}
+        known = render.user_file_entries(
+            await self.kube.get("Secret", namespace, render.names(fleet)["users"])
+        )
+        kept: list[render.User] = []
+        rejected: dict[str, render.Rejection] = {}
+        secret_names: dict[str, str] = {}
+        for user in users:
+            ref = user.spec.password_ref(user.name)
+            if ref is None:  # certificate only
+                kept.append(user)
+                continue
+            secret_names[user.name] = ref.name
+            secret = await self.kube.get("Secret", namespace, ref.name)
+            if secret is None and user.spec.generatePassword:
+                secret = await self._generate_password(by_name[user.name], user, ref.name, ref.key)
+            value = ((secret or {}).get("data") or {}).get(ref.key)
+            where = "spec.passwordSecretRef" if user.spec.passwordSecretRef else "generatePassword"
+            if value is None:
+                why = (
+                    f"Secret {ref.name} not found"
+                    if secret is None
+                    else f"Secret {ref.name} has no key {ref.key!r}"
+                )
+                rejected[user.name] = render.Rejection("SecretMissing", f"{where}: {why}")
+                continue
+            try:
+                password = base64.b64decode(value).decode()
+            except (ValueError, UnicodeDecodeError):
+                msg = f"{where}: the password in Secret {ref.name} is not UTF-8"
+                rejected[user.name] = render.Rejection("SecretMissing", msg)
+                continue
+            entry = await self._password_hash(password, known.get(user.username, []))
+            kept.append(dataclasses.replace(user, entry=entry))
+        return kept, rejected, secret_names
+
+    async def _generate_password(
+        self, obj: dict[str, Any], user: render.User, name: str, key: str
+    ) -> dict[str, Any] | None:
+        manifest = render.user_password_secret(obj, name, key, user.username, secrets.token_urlsafe(24))
+        try:
+            created = await self.kube.create(manifest)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            return await self.kube.get("Secret", obj["metadata"]["namespace"], name)  # made meanwhile
+        await self._event(obj, "Created", f"Created Secret {name} with a generated password")
+        return created
+
+    async def _password_hash(self, password: str, candidates: list[str]) -> str:
+        """The users-file hash of a password: one it already has in the fleet's users Secret (so the Secret
+        stays as it is), else a new salted one. The slow checks run off the event loop, once a password."""
+        loop = asyncio.get_running_loop()
+        fingerprint = hashlib.sha256(password.encode()).hexdigest()
+        if len(self.verified) > VERIFIED_LIMIT:
+            self.verified.clear()
+        for encoded in candidates:
+            ok = self.verified.get((encoded, fingerprint))
+            if ok is None:
+                ok = await loop.run_in_executor(None, verify_password, password.encode(), encoded)
+                self.verified[(encoded, fingerprint)] = ok
+            if ok:
+                return encoded
+        encoded = await loop.run_in_executor(None, hash_password, password)
+        self.verified[(encoded, fingerprint)] = True
+        return encoded
+
+    async def _user_statuses(
+        self,
+        objs: list[dict[str, Any]],
+        rejected: dict[str, render.Rejection],
+        users: list[render.User],
+        secret_names: dict[str, str],
+        rendered: render.Rendered | None,
+        observed: Observed,
+        pods: list[str],
+    ) -> None:
+        by_name = {u.name: u for u in users}
+        for obj in objs:
+            name = obj["metadata"]["name"]
+            st = user_status(
+                obj,
+                rejection=rejected.get(name),
+                rendered_user=by_name.get(name),
+                rendered=rendered,
+                nodeinfo=observed.nodeinfo,
+                pods=pods,
+                secret_name=secret_names.get(name),
+            )
+            before = {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions") or []}
+            await self._patch_status(obj, st)
+            accepted = next(c for c in st["conditions"] if c["type"] == "Accepted")
+            if accepted["status"] == "False" and before.get("Accepted") != "False":
+                await self._event(obj, accepted["reason"], accepted["message"], "Warning")
 
     async def _bridge_statuses(
         self,
@@ -429,6 +569,16 @@ class Operator:
         st = zone_status(zone, fleet_found=False, rejection=None, fleet_status_=None, pod_gens=None)
         await self._patch_status(zone, st)
 
+    async def user_without_fleet(self, user: dict[str, Any]) -> None:
+        meta = user["metadata"]
+        fresh = await self.kube.get("MqttUser", meta["namespace"], meta["name"])
+        if fresh is None:
+            return
+        fleet = ((fresh.get("spec") or {}).get("fleetRef") or {}).get("name", "")
+        missing = render.Rejection("FleetNotFound", f"BrokerFleet {fleet!r} not found in this namespace")
+        st = user_status(fresh, rejection=missing, rendered_user=None, rendered=None, nodeinfo=None, pods=[])
+        await self._patch_status(fresh, st)
+
     async def _event(self, obj: dict[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         try:
             await self.kube.event(obj, reason, message, type_=type_, component=render.MANAGER)
@@ -589,6 +739,29 @@ async def bridge_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -
 
 @kopf.on.event(*BRIDGES, when=lambda type, **_: type == "DELETED")
 async def bridge_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    fleet_name = (body.get("spec") or {}).get("fleetRef", {}).get("name")
+    if fleet_name:
+        await _op(memo).request(_ns(body.metadata.namespace), fleet_name)
+
+
+# ---------------------------------------------------------------------------------------------- users
+@kopf.on.resume(*USERS)
+@kopf.on.create(*USERS)
+@kopf.on.update(*USERS)
+async def user_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> None:
+    op = _op(memo)
+    previous = ((old or {}).get("spec") or {}).get("fleetRef", {}).get("name")
+    current = (body.get("spec") or {}).get("fleetRef", {}).get("name")
+    if previous and previous != current:
+        await op.request(_ns(body.metadata.namespace), previous)  # the old fleet drops the user
+    if current and await op.kube.get("BrokerFleet", _ns(body.metadata.namespace), current) is not None:
+        await op.request(_ns(body.metadata.namespace), current)
+    elif current:
+        await op.user_without_fleet(dict(body))
+
+
+@kopf.on.event(*USERS, when=lambda type, **_: type == "DELETED")
+async def user_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     fleet_name = (body.get("spec") or {}).get("fleetRef", {}).get("name")
     if fleet_name:
         await _op(memo).request(_ns(body.metadata.namespace), fleet_name)

@@ -44,6 +44,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "BrokerFleet": ("apis/fleetmq.io/v1alpha1", "brokerfleets", True),
     "MqttZone": ("apis/fleetmq.io/v1alpha1", "mqttzones", True),
     "MqttBridge": ("apis/fleetmq.io/v1alpha1", "mqttbridges", True),
+    "MqttUser": ("apis/fleetmq.io/v1alpha1", "mqttusers", True),
     "CustomResourceDefinition": ("apis/apiextensions.k8s.io/v1", "customresourcedefinitions", False),
 }
 

@@ -40,7 +40,7 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         "watch the custom resources; kopf patches them (finalizer, last-handled annotations)",
         {
             "apiGroups": ["fleetmq.io"],
-            "resources": ["brokerfleets", "mqttbridges", "mqttzones"],
+            "resources": ["brokerfleets", "mqttbridges", "mqttusers", "mqttzones"],
             "verbs": ["get", "list", "watch", "patch", "update"],
         },
     ),
@@ -48,7 +48,12 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         "status is patched explicitly",
         {
             "apiGroups": ["fleetmq.io"],
-            "resources": ["brokerfleets/status", "mqttbridges/status", "mqttzones/status"],
+            "resources": [
+                "brokerfleets/status",
+                "mqttbridges/status",
+                "mqttusers/status",
+                "mqttzones/status",
+            ],
             "verbs": ["get", "patch", "update"],
         },
     ),
@@ -83,8 +88,9 @@ RULES: list[tuple[str, dict[str, Any]]] = [
     ),
     (
         "read the passwords of redis.secretRef (to reach the fleet's Redis for the pods' reports) and the "
-        "MqttBridges' Secrets; create the managed Redis' password once; apply (patch) the fleet's bridge "
-        "Secret, the copy of its bridges' Secrets the pods mount",
+        "MqttBridges' and MqttUsers' Secrets; create the managed Redis' password and MqttUsers' generated "
+        "passwords once; apply (patch) the fleet's bridge Secret, the copy of its bridges' Secrets the pods "
+        "mount, and its users Secret (the MqttUsers' password hashes)",
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"]},
     ),
     (

@@ -2,7 +2,8 @@
 
 No I/O here, so every decision the operator makes about what to run is unit-tested. What goes where:
 - Everything a broker applies live (zones, ACLs, users, listeners) lives only in the ConfigMap, which the
-  kubelet refreshes in the pods, so changing it never changes the pod template.
+  kubelet refreshes in the pods, so changing it never changes the pod template; so do the Secrets every pod
+  mounts whatever the fleet holds (the bridges' files, the MqttUsers' password hashes).
 - What a broker reads only at start (store, metrics bind, event log) is hashed into the pod template's
   `fleetmq.io/restart-hash` annotation: changing it rolls the pods one at a time.
 - The operator version appears nowhere in the pods, so upgrading the operator restarts no broker.
@@ -10,6 +11,7 @@ No I/O here, so every decision the operator makes about what to run is unit-test
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Collection
@@ -28,6 +30,7 @@ from .crds import (
     BrokerFleetSpec,
     ListenerSpec,
     MqttBridgeSpec,
+    MqttUserSpec,
     MqttZoneSpec,
     PodTemplate,
     RedisSpec,
@@ -44,12 +47,14 @@ L_COMPONENT = "app.kubernetes.io/component"
 L_MANAGED = "app.kubernetes.io/managed-by"
 L_FLEET = "fleetmq.io/fleet"
 L_ZONE = "fleetmq.io/zone"
+L_USER = "fleetmq.io/user"  # on an MqttUser's generated password Secret
 L_REDIS_MODE = "fleetmq.io/redis-mode"  # on the managed Redis' StatefulSet: the topology its data is in
 A_CONFIG_HASH = "fleetmq.io/config-hash"
 A_ZONE_GENERATIONS = "fleetmq.io/zone-generations"
 A_HISTORY = "fleetmq.io/config-history"
 A_ZONE_SPECS = "fleetmq.io/zone-specs"
 A_BRIDGE_SPECS = "fleetmq.io/bridge-specs"  # name -> [generation, MqttBridge spec] of the bridges rendered
+A_USER_HISTORY = "fleetmq.io/user-history"  # config hash -> {MqttUser: User.token} of the users it held
 A_RESTART_HASH = "fleetmq.io/restart-hash"
 CONFIG_KEY = "broker.yaml"
 CONFIG_DIR = "/etc/fleetmq"
@@ -64,6 +69,8 @@ SHUTDOWN_MARGIN = 5
 #: the fleet's bridge Secret (bridge_secret): every bridge's password and TLS files, flat, always mounted
 BRIDGE_SECRETS_DIR = f"{CONFIG_DIR}/bridge-secrets"
 SENTINEL_AUTH_DIR = f"{CONFIG_DIR}/redis-sentinel"
+#: the fleet's users Secret (users_secret): one users file per zone of its MqttUsers, always mounted
+USERS_SECRET_DIR = f"{CONFIG_DIR}/fleet-users"
 # in the managed Redis' pods
 SCRIPT = "redis.sh"
 SCRIPT_TEXT = (Path(__file__).parent / SCRIPT).read_text()
@@ -95,6 +102,26 @@ class Bridge:
 
 
 @dataclass(frozen=True)
+class User:
+    """An accepted MqttUser, as it goes into the config: the zones it is in and its password's hash."""
+
+    name: str
+    generation: int
+    spec: MqttUserSpec
+    zones: tuple[str, ...]
+    entry: str | None = None  # its users-file hash (pbkdf2_sha256$...); None: certificate only
+
+    @property
+    def username(self) -> str:
+        return self.spec.username or self.name
+
+    @property
+    def token(self) -> str:
+        """What a pod must run for this user to count as applied: its generation and password hash."""
+        return f"{self.generation}:{_digest(self.entry)}"
+
+
+@dataclass(frozen=True)
 class Rejection:
     reason: str
     message: str
@@ -107,6 +134,7 @@ class Rendered:
     zone_generations: dict[str, int]
     history: dict[str, dict[str, int]]  # config hash -> zone generations, newest last
     manifests: list[dict[str, Any]] = field(default_factory=list)
+    user_history: dict[str, dict[str, str]] = field(default_factory=dict)  # hash -> {user: token}
 
 
 def paused(obj: dict[str, Any]) -> bool:
@@ -134,6 +162,7 @@ def names(fleet: str) -> dict[str, str]:
         "redis_auth": dns_name(fleet, "redis-auth"),
         "redis_scripts": dns_name(fleet, "redis-scripts"),
         "bridge_secrets": dns_name(fleet, "bridge-secrets"),
+        "users": dns_name(fleet, "mqttusers"),  # (not "-users": the README names a zone's own Secret so)
     }
 
 
@@ -300,6 +329,91 @@ def select_bridges(
     return accepted, rejected
 
 
+def select_users(
+    user_objs: list[dict[str, Any]], zones: list[Zone]
+) -> tuple[list[User], dict[str, Rejection]]:
+    """Which users go into which zones of the config, and what is wrong with the others.
+
+    A user is rendered into the named zones the fleet serves; one naming a zone it does not serve is
+    rendered into the others and not Accepted (UnknownZone). In a zone, the older user keeps a username or
+    a certificate common name another one also claims (UsernameConflict, CertificateConflict)."""
+    served = {z.name for z in zones}
+    accepted: list[User] = []
+    rejected: dict[str, Rejection] = {}
+    claims: dict[tuple[str, str, str], str] = {}  # (zone, "username"/"cn", value) -> MqttUser
+    for obj in sorted(user_objs, key=_created):
+        meta = obj["metadata"]
+        name = meta["name"]
+        try:
+            spec = MqttUserSpec.model_validate(obj.get("spec") or {})
+        except ValidationError as e:
+            rejected[name] = Rejection("InvalidSpec", format_validation_error(e))
+            continue
+        username = spec.username or name
+        problems: list[Rejection] = []
+        unknown = [z for z in spec.zones if z not in served]
+        if unknown:
+            fleet = spec.fleetRef.name
+            problems.append(
+                Rejection("UnknownZone", f"spec.zones: fleet {fleet} serves no zone {', '.join(unknown)}")
+            )
+        zones_in: list[str] = []
+        for zone in (z for z in spec.zones if z in served):
+            wanted = [("username", username, "UsernameConflict")]
+            if spec.certificateCommonName is not None:
+                wanted.append(("cn", spec.certificateCommonName, "CertificateConflict"))
+            taken = [(kind, value, reason) for kind, value, reason in wanted if (zone, kind, value) in claims]
+            if taken:
+                kind, value, reason = taken[0]
+                holder = claims[(zone, kind, value)]
+                what = "username" if kind == "username" else "certificateCommonName"
+                problems.append(
+                    Rejection(reason, f"zone {zone}: MqttUser {holder} already has {what} {value!r}")
+                )
+                continue
+            for kind, value, _ in wanted:
+                claims[(zone, kind, value)] = name
+            zones_in.append(zone)
+        if problems:
+            rejected[name] = Rejection(problems[0].reason, "; ".join(p.message for p in problems))
+        if zones_in:
+            accepted.append(User(name, int(meta.get("generation") or 1), spec, tuple(zones_in)))
+    accepted.sort(key=lambda u: u.name)
+    return accepted, rejected
+
+
+def user_files(zones: list[Zone], users: list[User]) -> dict[str, bytes]:
+    """zone -> its MqttUsers' users file (`username:hash` lines, sorted), for the zones that need one: those
+    with a user with a password, and those refusing anonymous clients with no users Secret of their own
+    (an empty file: without any users file a broker would check no password at all)."""
+    out: dict[str, bytes] = {}
+    for zone in zones:
+        lines = sorted(f"{u.username}:{u.entry}\n" for u in users if zone.name in u.zones and u.entry)
+        auth = zone.spec.authentication
+        if lines or (not auth.allow_anonymous and auth.usersSecretRef is None):
+            out[zone.name] = "".join(lines).encode()
+    return out
+
+
+def zone_user_settings(zone: Zone, users: list[User], files: dict[str, bytes]) -> dict[str, Any]:
+    """The ZoneSettings fields a zone's MqttUsers set: its users file (pinned to its content), the users'
+    own rules, and the certificate common names that name them."""
+    mine = [u for u in users if zone.name in u.zones]
+    out: dict[str, Any] = {}
+    if zone.name in files:
+        out["users_files"] = [
+            {
+                "path": f"{USERS_SECRET_DIR}/{zone.name}",
+                "sha256": hashlib.sha256(files[zone.name]).hexdigest(),
+            }
+        ]
+    if acl := {u.username: [r.model_dump() for r in u.spec.acl] for u in mine if u.spec.acl}:
+        out["user_acl"] = acl
+    if certs := {u.spec.certificateCommonName: u.username for u in mine if u.spec.certificateCommonName}:
+        out["cert_users"] = certs
+    return out
+
+
 # ---------------------------------------------------------------------------------------- config file
 def tls_dir(secret: str) -> str:
     return f"{CONFIG_DIR}/tls/{secret}"
@@ -348,16 +462,21 @@ def broker_config(
     zones: list[Zone],
     bridges: list[Bridge] = (),  # type: ignore[assignment]
     bridge_files: Collection[str] = (),
+    users: list[User] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
-    """The broker config file (snake_case, the DESIGN.md contract) of a fleet, its zones and bridges."""
+    """The broker config file (snake_case, the DESIGN.md contract) of a fleet, its zones, bridges and
+    users."""
+    files = user_files(zones, users)
     meta = fleet["metadata"]
     spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
     zone_cfg: dict[str, Any] = {}
     listeners: list[dict[str, Any]] = []
     for zone in zones:
-        users = zone.spec.authentication.usersSecretRef
-        users_file = f"{users_dir(zone.name)}/{users.key}" if users else None
-        zone_cfg[zone.name] = zone.spec.zone_settings(users_file).model_dump(mode="json")
+        users_ref = zone.spec.authentication.usersSecretRef
+        users_file = f"{users_dir(zone.name)}/{users_ref.key}" if users_ref else None
+        zone_cfg[zone.name] = zone.spec.zone_settings(
+            users_file, **zone_user_settings(zone, users, files)
+        ).model_dump(mode="json")
         for lst in zone.spec.listeners:
             entry: dict[str, Any] = {
                 "name": listener_name(zone.name, lst.name),
@@ -372,6 +491,8 @@ def broker_config(
                 entry |= {"certfile": f"{base}/tls.crt", "keyfile": f"{base}/tls.key"}
                 if lst.verify_peer:
                     entry |= {"cafile": f"{base}/ca.crt", "verify_peer": True}
+                    if lst.peer_cert_as_username is not None:
+                        entry["peer_cert_as_username"] = lst.peer_cert_as_username
             listeners.append(entry)
     return {
         "store": store_config(meta["name"], meta.get("namespace", "default"), spec),
@@ -439,27 +560,34 @@ def render(
     redis_password: str | None = None,
     service_monitor: bool = False,
     bridge_files: dict[str, str] | None = None,
+    users: list[User] = (),  # type: ignore[assignment]
+    user_history: dict[str, dict[str, str]] | None = None,
 ) -> Rendered:
     """Everything the operator applies for a fleet (raises RenderError, applying nothing, if invalid).
 
     bridge_files: the bridges' Secrets' files (bridge_secret_files), copied into the fleet's own bridge
     Secret, which every pod mounts: adding a bridge or rotating its credentials never changes the pods'
-    template (kubelet brings the files within its sync period; a bridge reads them at each connection)."""
+    template (kubelet brings the files within its sync period; a bridge reads them at each connection).
+    users: the MqttUsers with their password hashes, into the fleet's users Secret (mounted always, too)."""
     bridge_files = bridge_files or {}
-    config = broker_config(fleet, zones, bridges, bridge_files)
+    config = broker_config(fleet, zones, bridges, bridge_files, users)
     digest = expected_hash(config)
     generations = {z.name: z.generation for z in zones}
     hist = {h: g for h, g in (history or {}).items() if h != digest}
     hist[digest] = generations
     hist = dict(list(hist.items())[-HISTORY_LEN:])
     out = Rendered(config, digest, generations, hist)
+    uhist = {h: t for h, t in (user_history or {}).items() if h != digest}
+    uhist[digest] = {u.name: u.token for u in users}
+    out.user_history = dict(list(uhist.items())[-HISTORY_LEN:])
     spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
     # An existing Redis' password, changed in its Secret, takes new broker pods; the managed Redis' is
     # generated once and never changed by the operator (its servers read it only at start, too).
     hashed_password = None if spec.redis.managed else redis_password
     out.manifests = [
-        config_map(fleet, config, digest, zones, hist, bridges),
+        config_map(fleet, config, digest, zones, hist, bridges, out.user_history),
         bridge_secret(fleet, bridge_files),
+        users_secret(fleet, user_files(zones, users)),
         statefulset(fleet, spec, zones, restart_hash(config, hashed_password), bridges),
         headless_service(fleet, spec),
         pdb(fleet),
@@ -489,8 +617,10 @@ def config_map(
     zones: list[Zone],
     history: dict[str, dict[str, int]],
     bridges: list[Bridge] = (),  # type: ignore[assignment]
+    user_history: dict[str, dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """The config file, plus annotations saying which zone and bridge generations (and specs) it holds."""
+    """The config file, plus annotations saying which zone and bridge generations (and specs) it holds,
+    and which version of each MqttUser."""
     meta = _meta(fleet, names(fleet["metadata"]["name"])["config"])
     meta["annotations"] = {
         A_CONFIG_HASH: digest,
@@ -505,6 +635,8 @@ def config_map(
             {b.name: [b.generation, b.spec.model_dump(mode="json", by_alias=True)] for b in bridges},
             sort_keys=True,
         )
+    if user_history and any(user_history.values()):
+        meta["annotations"][A_USER_HISTORY] = json.dumps(user_history)
     text = (
         "# Rendered by fleetmq-operator from the BrokerFleet, its MqttZones and MqttBridges; do not edit.\n"
     )
@@ -516,6 +648,53 @@ def bridge_secret(fleet: dict[str, Any], files: dict[str, str]) -> dict[str, Any
     """The fleet's bridge Secret: copies of its bridges' Secrets' files, refreshed at each reconciliation."""
     meta = _meta(fleet, names(fleet["metadata"]["name"])["bridge_secrets"])
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "data": dict(files)}
+
+
+def users_secret(fleet: dict[str, Any], files: dict[str, bytes]) -> dict[str, Any]:
+    """The fleet's users Secret: one users file per zone with MqttUsers (salted hashes, never passwords)."""
+    meta = _meta(fleet, names(fleet["metadata"]["name"])["users"])
+    data = {zone: base64.b64encode(content).decode() for zone, content in files.items()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "data": data}
+
+
+def user_password_secret(
+    user: dict[str, Any], name: str, key: str, username: str, password: str
+) -> dict[str, Any]:
+    """An MqttUser's generated password: created once, owned by the user (deleted with it), never rewritten."""
+    meta = user["metadata"]
+    data = {key: password}
+    if key != "username":
+        data["username"] = username
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": meta.get("namespace", "default"),
+            "labels": {L_MANAGED: MANAGER, L_USER: meta["name"]},
+            "ownerReferences": [
+                {"apiVersion": API_VERSION, "kind": "MqttUser", "name": meta["name"], "uid": meta["uid"]}
+            ],
+        },
+        "type": "Opaque",
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+    }
+
+
+def user_file_entries(secret: dict[str, Any] | None) -> dict[str, list[str]]:
+    """username -> the hashes the fleet's users Secret holds for it (to keep a hash while its password
+    stays: a new salt each time would rewrite the Secret at every reconciliation)."""
+    out: dict[str, list[str]] = {}
+    for value in ((secret or {}).get("data") or {}).values():
+        try:
+            text = base64.b64decode(value).decode()
+        except (ValueError, UnicodeDecodeError):
+            continue
+        for line in text.splitlines():
+            user, sep, encoded = line.partition(":")
+            if sep:
+                out.setdefault(user, []).append(encoded)
+    return out
 
 
 def placement(
@@ -656,10 +835,12 @@ def _redis_auth_volumes(
 
 def _secret_volumes(fleet_name: str, zones: list[Zone]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     volumes: list[dict[str, Any]] = [
-        {"name": "bridge-secrets", "secret": {"secretName": names(fleet_name)["bridge_secrets"]}}
+        {"name": "bridge-secrets", "secret": {"secretName": names(fleet_name)["bridge_secrets"]}},
+        {"name": "fleet-users", "secret": {"secretName": names(fleet_name)["users"]}},
     ]
     mounts: list[dict[str, Any]] = [
-        {"name": "bridge-secrets", "mountPath": BRIDGE_SECRETS_DIR, "readOnly": True}
+        {"name": "bridge-secrets", "mountPath": BRIDGE_SECRETS_DIR, "readOnly": True},
+        {"name": "fleet-users", "mountPath": USERS_SECRET_DIR, "readOnly": True},
     ]
     tls = sorted({lst.tlsSecretRef.name for z in zones for lst in z.spec.listeners if lst.tlsSecretRef})
     for i, secret in enumerate(tls):
@@ -1219,6 +1400,16 @@ def applied_bridges(config_map_obj: dict[str, Any] | None) -> dict[str, Bridge]:
         }
     except (ValidationError, ValueError, TypeError):
         return {}
+
+
+def user_history(config_map_obj: dict[str, Any] | None) -> dict[str, dict[str, str]]:
+    try:
+        value = json.loads(
+            ((config_map_obj or {}).get("metadata") or {}).get("annotations", {}).get(A_USER_HISTORY, "{}")
+        )
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def history(config_map_obj: dict[str, Any] | None) -> dict[str, dict[str, int]]:

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .crds import RedisSpec
-from .render import Rejection, Rendered, names, redis_pods, selector_string
+from .render import Rejection, Rendered, User, names, redis_pods, selector_string
 
 STATEFULSET_ROLLING = "rolling"
 # Why a container of the fleet's pods cannot run, when a person has to act (a wrong image, a crash loop, a
@@ -446,5 +446,67 @@ def bridge_status(
         conds = set_condition(conds, "Degraded", True, "Degraded", "; ".join(problems), gen, timestamp)
     else:
         conds = set_condition(conds, "Degraded", False, "Healthy", "nothing dropped", gen, timestamp)
+    status["conditions"] = conds
+    return status
+
+
+def user_status(
+    user: dict[str, Any],
+    *,
+    rejection: Rejection | None,
+    rendered_user: User | None,
+    rendered: Rendered | None,
+    nodeinfo: dict[str, dict[str, str]] | None,
+    pods: list[str],
+    secret_name: str | None = None,
+    timestamp: str | None = None,
+) -> dict[str, Any]:
+    """The MqttUser's status: Accepted (valid, its zones served, its Secret there, its names its own) and
+    Applied (every pod runs a config with this user's current generation and password)."""
+    timestamp = timestamp or now()
+    meta = user["metadata"]
+    name, gen = meta["name"], meta.get("generation")
+    spec = user.get("spec") or {}
+    conds: list[dict[str, Any]] = list((user.get("status") or {}).get("conditions") or [])
+    status: dict[str, Any] = {
+        "observedGeneration": gen,
+        "username": rendered_user.username if rendered_user else spec.get("username") or name,
+        "zones": list(rendered_user.zones) if rendered_user else [],
+        "secretName": secret_name,
+        "podsApplied": 0,
+    }
+    if rejection is not None:
+        conds = set_condition(conds, "Accepted", False, rejection.reason, rejection.message, gen, timestamp)
+    elif rendered is None:
+        msg = "the fleet's config has an error (see its status)"
+        conds = set_condition(conds, "Accepted", None, "FleetNotRendered", msg, gen, timestamp)
+    else:
+        msg = f"in zones {', '.join(rendered_user.zones)}" if rendered_user else "in no zone"
+        conds = set_condition(conds, "Accepted", True, "Accepted", msg, gen, timestamp)
+    if rendered_user is None or rendered is None:
+        why = rejection.reason if rejection is not None else "FleetNotRendered"
+        msg = rejection.message if rejection is not None else "the fleet's config has an error"
+        conds = set_condition(conds, "Applied", False, why, msg, gen, timestamp)
+        status["conditions"] = conds
+        return status
+    token = rendered_user.token
+    applied = [
+        pod
+        for pod in pods
+        if rendered.user_history.get(((nodeinfo or {}).get(pod) or {}).get("config_hash") or "", {}).get(name)
+        == token
+    ]
+    status["podsApplied"] = len(applied)
+    if not pods:
+        conds = set_condition(conds, "Applied", None, "NoPods", "the fleet has no pods", gen, timestamp)
+    elif nodeinfo is None:
+        msg = "the pods' reports cannot be read"
+        conds = set_condition(conds, "Applied", None, "ReportsUnavailable", msg, gen, timestamp)
+    elif len(applied) == len(pods):
+        msg = f"all {len(pods)} pods run generation {gen} with its password"
+        conds = set_condition(conds, "Applied", True, "Applied", msg, gen, timestamp)
+    else:
+        msg = f"{len(applied)}/{len(pods)} pods run generation {gen} with its password"
+        conds = set_condition(conds, "Applied", False, "Pending", msg, gen, timestamp)
     status["conditions"] = conds
     return status

@@ -127,3 +127,40 @@ def test_users_file_change_applies_live(start_broker, raw_clients, users):
     wait_until(carol_accepted, timeout=10, msg="users file reloaded")
     _, ack = connack(bp, raw_clients, V5, username="bob", password=b"builder")
     assert ack.reason == 0  # the other users are still there
+
+
+def test_pinned_users_file_waits_for_its_content(start_broker, raw_clients, tmp_path):
+    """A config pinning a users file's sha256 (the operator's MqttUsers) is applied only once the file has
+    that content, whichever of the two arrives first, and the wait counts as no reload error."""
+    import hashlib
+    import json
+
+    import yaml
+
+    from tests.support import wait_until
+
+    def readyz_hash() -> str:
+        return json.loads(bp.http_get("/readyz")[1])["config_hash"]
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    passwd(first, "dave", "one")
+    passwd(second, "dave", "two")
+    pinned = tmp_path / "pinned"
+    pinned.write_bytes(first.read_bytes())
+    entry = {"path": str(pinned), "sha256": hashlib.sha256(first.read_bytes()).hexdigest()}
+    bp = start_broker(zone_overrides={"users_files": [entry], "allow_anonymous": False})
+    before = readyz_hash()
+    _, ack = connack(bp, raw_clients, V5, username="dave", password=b"one")
+    assert ack.reason == 0
+    cfg = yaml.safe_load(bp.config_path.read_text())
+    cfg["zones"]["default"]["users_files"][0]["sha256"] = hashlib.sha256(second.read_bytes()).hexdigest()
+    bp.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))  # the ConfigMap first
+    wait_until(lambda: "waits for its users files" in bp.log(), timeout=10, msg="pending config noticed")
+    assert readyz_hash() == before
+    _, ack = connack(bp, raw_clients, V5, username="dave", password=b"one")
+    assert ack.reason == 0  # the running config and its users stay
+    pinned.write_bytes(second.read_bytes())  # then the Secret
+    wait_until(lambda: readyz_hash() != before, timeout=10, msg="config applied with its users")
+    _, ack = connack(bp, raw_clients, V5, username="dave", password=b"two")
+    assert ack.reason == 0
+    assert bp.metric("fleetmq_config_reload_errors_total") == 0

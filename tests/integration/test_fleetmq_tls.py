@@ -131,3 +131,78 @@ def test_rotated_certificate_is_used_without_restart(start_broker, pki, tmp_path
     assert c.is_connected()  # the connection made before the rotation goes on
     c.disconnect()
     c.loop_stop()
+
+
+def tls_raw(port: int, pki, cert: tuple[str, str] | None, version: int = 5):
+    """A raw MQTT client over TLS (reason codes visible), with a client certificate if given."""
+    from .mqttraw import RawClient
+
+    ctx = ssl.create_default_context(cafile=pki["ca"])
+    if cert is not None:
+        ctx.load_cert_chain(*cert)
+    c = RawClient(HOST, port, version=version)
+    c.sock = ctx.wrap_socket(c.sock, server_hostname=HOST)
+    return c
+
+
+@pytest.mark.parametrize("verify_peer", [True, False])
+def test_certificate_common_name_is_the_username(start_broker, raw_clients, pki, tmp_path, verify_peer):
+    """peer_cert_as_username: cn: a verified certificate authenticates the client as the user its common
+    name maps to (cert_users), whose own rules then apply; the CONNECT's credentials are not used."""
+    from .mqttraw import PUBACK, PUBLISH
+    from .test_fleetmq_auth import passwd
+
+    users = tmp_path / "users"
+    passwd(users, "alice", "wonderland")
+    zone = {
+        "users_file": str(users),
+        "allow_anonymous": False,
+        "cert_users": {"client": "device-7"},  # the test PKI's client certificate has CN "client"
+        "user_acl": {
+            "device-7": [{"permission": "allow", "action": "publish", "filter": "devices/%u/#"}],
+            "alice": [{"permission": "allow", "action": "publish", "filter": "devices/#"}],
+        },
+        "acl": [{"permission": "deny", "action": "publish", "filter": "devices/#"}],
+    }
+    port = free_port()
+    cert, key = pki["server"]
+    bp = start_broker(
+        {
+            "zones": {"default": zone},
+            "listeners": [
+                {"name": "mqtt", "zone": "default", "bind": f"{HOST}:0", "protocol": "tcp"},
+                {"name": "mqtts", "zone": "default", "bind": f"{HOST}:{port}", "protocol": "tls",
+                 "certfile": cert, "keyfile": key, "cafile": pki["ca"], "verify_peer": verify_peer,
+                 "peer_cert_as_username": "cn"},
+            ],
+        }
+    )  # fmt: skip
+    watch = raw_clients(bp, 5)
+    watch.connect(uid("watch"), username="alice", password=b"wonderland")
+    watch.subscribe([("devices/#", 0)])
+    device = tls_raw(port, pki, pki["client"])
+    # no username, a wrong password: neither matters, the certificate decides
+    assert device.connect(uid("dev"), username="alice", password=b"wrong").reason == 0
+    for topic in ("devices/device-7/t", "devices/device-8/t", "devices/alice/t"):
+        device.publish(topic, topic.encode(), qos=1)
+    assert [a.reason for a in device.recv_n(3, timeout=5, ptype=PUBACK)] == [0, 0x87, 0x87]
+    assert [p.payload for p in watch.recv_all(1.0) if p.type == PUBLISH] == [b"devices/device-7/t"]
+    if not verify_peer:  # without a certificate: the CONNECT's credentials, checked as on any listener
+        anon = tls_raw(port, pki, None)
+        assert anon.connect(uid("anon"), check=False).reason == 0x87
+        alice = tls_raw(port, pki, None)
+        assert alice.connect(uid("a"), username="alice", password=b"wonderland").reason == 0
+        alice.publish("devices/device-8/t", b"by alice", qos=1)
+        assert alice.expect(PUBACK).reason == 0
+
+
+def test_peer_cert_as_username_needs_a_ca(tmp_path):
+    from fleetmq.broker.config import ConfigError, load_config
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        "listeners: [{name: t, bind: '127.0.0.1:0', protocol: tls, certfile: c, keyfile: k, "
+        "peer_cert_as_username: cn}]\n"
+    )
+    with pytest.raises(ConfigError, match=r"listeners\.0\.peer_cert_as_username: needs cafile"):
+        load_config(cfg)

@@ -179,3 +179,13 @@ def zone(name: str = "external", fleet_name: str = "edge", **spec: Any) -> dict[
         "metadata": {"name": name},
         "spec": {"fleetRef": {"name": fleet_name}, **spec},
     }
+
+
+def user(name: str = "sensor", fleet_name: str = "edge", **spec: Any) -> dict[str, Any]:
+    spec.setdefault("zones", ["external"])
+    return {
+        "apiVersion": "fleetmq.io/v1alpha1",
+        "kind": "MqttUser",
+        "metadata": {"name": name},
+        "spec": {"fleetRef": {"name": fleet_name}, **spec},
+    }

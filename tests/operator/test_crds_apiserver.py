@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .conftest import bridge, fleet, wait_for, zone
+from .conftest import bridge, fleet, user, wait_for, zone
 
 ONE_REDIS = "redis: set exactly one of managed: true, url, sentinel or cluster"
 
@@ -55,7 +55,10 @@ def test_defaults_are_filled_by_the_apiserver(k):
         (zone(listeners=[{"name": "m", "port": 1883}, {"name": "m", "port": 1884}]), "Duplicate value"),
         (zone(listeners=[{"name": "a", "port": 1883}, {"name": "b", "port": 1883}]), "listener ports must be unique"),
         (zone(listeners=[{"name": "Bad_Name", "port": 1883}]), "spec.listeners[0].name"),
-        (zone(authentication={"allowAnonymous": False}), "allowAnonymous: false needs usersSecretRef"),
+        (zone(listeners=[{"name": "m", "port": 8883, "protocol": "tls", "tlsSecretRef": {"name": "t"},
+                          "peerCertAsUsername": "cn"}]), "spec.listeners[0].peerCertAsUsername: Invalid value"),
+        (zone(listeners=[{"name": "m", "port": 8883, "protocol": "tls", "tlsSecretRef": {"name": "t"},
+                          "verifyPeer": True, "peerCertAsUsername": "dn"}]), 'Unsupported value: "dn"'),
         (zone(acl=[{"permission": "maybe", "filter": "#"}]), 'Unsupported value: "maybe"'),
         (fleet(redis={"managed": True, "url": "redis://x:6379/0"}), ONE_REDIS),
         (fleet(redis={"managed": False}), ONE_REDIS),
@@ -81,22 +84,52 @@ def test_defaults_are_filled_by_the_apiserver(k):
         (bridge(queue={"overflow": "dropSome"}), 'Unsupported value: "dropSome"'),
         (bridge(reconnect={"jitter": 2}), "spec.reconnect.jitter"),
         (bridge(forwards=[{"filter": "up/#", "maxQos": 3}]), "spec.forwards[0].maxQos"),
+        (user(zones=[]), "spec.zones: Invalid value"),
+        (user(zones=["Bad_Zone"]), "spec.zones[0]"),
+        (user(zones=["a", "a"]), "spec.zones[1]: Duplicate value"),
+        (user(username="a/b"), "spec.username: Invalid value"),
+        (user(username="a:b"), "spec.username: Invalid value"),
+        (user(acl=[{"permission": "maybe", "filter": "#"}]), "spec.acl[0].permission: Unsupported value"),
+        (user(acl=[{"permission": "allow", "filter": ""}]), "spec.acl[0].filter"),
+        (user(passwordSecretRef={"name": ""}), "spec.passwordSecretRef.name"),
+        (user(generatePassword=False), "a user needs a password (passwordSecretRef or generatePassword) or a "
+                                       "certificateCommonName"),
+        (user(certificateCommonName="x" * 65), "spec.certificateCommonName: Too long"),
+        (user(fleetRef=None), "spec.fleetRef: Required value"),
     ],
     ids=[
         "inflight-range", "duration-pattern", "protocol-enum", "tls-needs-secret", "listener-names-unique",
-        "ports-unique", "listener-name-pattern", "anonymous-needs-users", "acl-enum", "redis-both",
+        "ports-unique", "listener-name-pattern", "cert-username-needs-verify-peer", "cert-username-enum",
+        "acl-enum", "redis-both",
         "redis-neither", "redis-url-and-cluster", "replicas-range", "eviction-rate-range", "redis-mode-enum", "sentinels-odd",
         "sentinel-needs-replicas", "standalone-no-replicas", "shards-range", "wait-replicas-exist",
         "managed-no-secret-ref", "appendfsync-enum", "storage-quantity", "sentinel-node-address",
         "redis-resources-quantity", "bridge-placeholder", "bridge-wildcard-in-template", "bridge-no-traffic",
         "bridge-transport-enum", "bridge-mqtt-version", "bridge-overflow-enum", "bridge-jitter-range",
-        "bridge-max-qos",
+        "bridge-max-qos", "user-zones-required", "user-zone-name", "user-zones-unique", "user-username-slash",
+        "user-username-colon", "user-acl-enum", "user-acl-filter", "user-secret-name", "user-no-credential",
+        "user-cn-length", "user-fleet-required",
     ],
 )  # fmt: skip
 def test_bad_specs_are_refused_with_a_useful_message(k, obj, message):
     out = k.apply(obj, check=False)
     assert out.returncode != 0, f"accepted: {obj}"
     assert message in out.stderr, out.stderr
+
+
+def test_user_defaults_columns_and_explain(k):
+    k.apply(user())
+    u = k.get("mqttuser", "sensor")
+    assert u["spec"]["generatePassword"] is True and u["spec"]["acl"] == []
+    header = k("get", "mqttusers").stdout.splitlines()[0].split()
+    assert header == ["NAME", "FLEET", "USERNAME", "ACCEPTED", "APPLIED", "AGE"]
+    out = wait_for(lambda: (o := k("explain", "mqttuser.spec.certificateCommonName", check=False).stdout)
+                   and "peerCertAsUsername" in o and o, msg="kubectl explain")  # fmt: skip
+    assert "Common name of the client certificate" in out
+    assert "matched before the zone's acl" in k("explain", "mqttuser.spec.acl").stdout
+    assert "verified certificate" in k("explain", "mqttzone.spec.listeners.peerCertAsUsername").stdout
+    # a zone refusing anonymous clients may now have only MqttUsers (no usersSecretRef)
+    k.apply(zone(authentication={"allowAnonymous": False}))
 
 
 def test_unknown_fields_are_refused_by_strict_validation(k):

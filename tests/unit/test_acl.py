@@ -351,3 +351,15 @@ async def test_v3_will_on_a_denied_topic_is_dropped_when_due():
     await settle()
     assert watcher.received() == []
     assert node.metrics.zone("default").dropped["not_authorized"] == 1
+
+
+def test_user_rules_come_before_the_zones_and_only_for_that_user():
+    zone = [AclRule(permission="deny", action="publish", filter="devices/#")]
+    own = {"dev": [AclRule(permission="allow", action="publish", filter="devices/%u/#")]}
+    acl = Acl(zone, "allow", own)
+    dev = acl.bind("dev", "c1")
+    assert dev.can_publish("devices/dev/t")
+    assert not dev.can_publish("devices/other/t")
+    assert not acl.bind("other", "c2").can_publish("devices/other/t")  # another user's rules never apply
+    assert not acl.bind(None, "c3").can_publish("devices/dev/t")  # nor to anonymous clients
+    assert dev.subscribe_access("devices/#") is Access.ALLOWED  # reading: no rule, the default

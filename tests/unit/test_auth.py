@@ -75,3 +75,24 @@ def test_first_match_wins_and_substitution():
     assert acl.allowed("publish", "c/c1", None, "c1")
     assert not acl.allowed("subscribe", "u/#", "al", "c1")
     assert not acl.allowed("publish", "elsewhere", "al", "c1")  # default deny
+
+
+def test_zone_users_merges_files_and_checks_pinned_content(tmp_path):
+    import hashlib
+
+    from fleetmq.broker.auth import UsersFilePending, set_password, zone_users
+    from fleetmq.broker.zones import ZoneSettings
+
+    base, extra = tmp_path / "base", tmp_path / "extra"
+    set_password(base, "alice", "a")
+    set_password(base, "bob", "b")
+    set_password(extra, "bob", "B")
+    digest = hashlib.sha256(extra.read_bytes()).hexdigest()
+    settings = ZoneSettings(users_file=str(base), users_files=[{"path": str(extra), "sha256": digest}])
+    users = zone_users(settings)
+    assert users is not None and sorted(users) == ["alice", "bob"]
+    assert users["bob"] == extra.read_text().split(":", 1)[1].strip()  # the later file wins
+    assert zone_users(ZoneSettings()) is None
+    set_password(extra, "carol", "c")  # the file moved on from what the config pins
+    with pytest.raises(UsersFilePending):
+        zone_users(settings)

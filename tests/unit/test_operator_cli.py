@@ -146,7 +146,8 @@ def test_rbac_file_is_up_to_date_and_least_privilege():
     # cluster-wide it reads, and patches only fleetmq's own CRDs, by name (--manage-crds)
     writes = [rule for rule in cluster if not set(rule["verbs"]) <= {"get", "list", "watch"}]
     assert writes == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-                       "resourceNames": ["brokerfleets.fleetmq.io", "mqttbridges.fleetmq.io", "mqttzones.fleetmq.io"],
+                       "resourceNames": ["brokerfleets.fleetmq.io", "mqttbridges.fleetmq.io", "mqttusers.fleetmq.io",
+                                             "mqttzones.fleetmq.io"],
                        "verbs": ["patch"]}]  # fmt: skip
     assert {"secrets", "statefulsets", "kopfpeerings"} <= {
         r for rule in by_kind[("Role", "team-a")]["rules"] for r in rule["resources"]

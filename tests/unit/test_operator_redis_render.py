@@ -55,7 +55,10 @@ def test_managed_redis_is_sentinel_by_default_and_brokers_get_its_contract():
     )["volumeMounts"]
     # the password Secret is created once by the operator, never rendered (so never re-applied); the one
     # Secret rendered is the bridges' (empty here)
-    assert [(s["metadata"]["name"], s["data"]) for s in by_kind(r, "Secret")] == [("edge-bridge-secrets", {})]
+    assert [(s["metadata"]["name"], s["data"]) for s in by_kind(r, "Secret")] == [
+        ("edge-bridge-secrets", {}),
+        ("edge-mqttusers", {}),
+    ]
 
 
 def test_sentinel_mode_servers_and_sentinels():
@@ -127,7 +130,7 @@ def test_every_redis_pod_is_guaranteed_spread_budgeted_and_has_the_script_and_pa
             assert budget["spec"]["selector"]["matchLabels"] == w["spec"]["selector"]["matchLabels"]
     # the password reaches Redis only as the mounted Secret: no config map or variable carries one
     assert "secretKeyRef" not in json.dumps(r.manifests)
-    assert [s["metadata"]["name"] for s in by_kind(r, "Secret")] == ["edge-bridge-secrets"]
+    assert [s["metadata"]["name"] for s in by_kind(r, "Secret")] == ["edge-bridge-secrets", "edge-mqttusers"]
 
 
 def test_cluster_mode():
@@ -251,7 +254,7 @@ def test_existing_sentinel_and_cluster_stores():
     volumes = {v["name"]: v["secret"]["secretName"] for v in broker_sts(r)["spec"]["template"]["spec"]["volumes"]
                if "secret" in v}  # fmt: skip
     assert volumes == {"redis-auth": "redis-pw", "redis-sentinel-auth": "sentinel-pw",
-                       "bridge-secrets": "edge-bridge-secrets"}  # fmt: skip
+                       "bridge-secrets": "edge-bridge-secrets", "fleet-users": "edge-mqttusers"}  # fmt: skip
     assert not render.store_workloads(r.manifests) and not [
         m for m in r.manifests if "redis" in m["metadata"]["name"]
     ]
@@ -264,7 +267,7 @@ def test_existing_sentinel_and_cluster_stores():
         and store.password_file is None
     )
     secrets = [v["name"] for v in broker_sts(r)["spec"]["template"]["spec"]["volumes"] if "secret" in v]
-    assert secrets == ["bridge-secrets"]  # (no Redis password)
+    assert secrets == ["bridge-secrets", "fleet-users"]  # (no Redis password)
 
 
 def _sts(ready: int) -> dict:

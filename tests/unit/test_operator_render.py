@@ -67,10 +67,11 @@ def test_config_is_the_broker_contract_and_hash_matches_what_brokers_compute():
 def test_every_child_is_owned_by_the_fleet_and_labelled():
     r = rendered(fleet(redis={"managed": True}), zone("external"), service_monitor=True)
     kinds = sorted(m["kind"] for m in r.manifests)
-    # brokers: config, bridge Secret, StatefulSet, headless Service, zone Service, budget, monitor; the
-    # managed Redis (sentinel mode): its script, servers and sentinels with a Service and a budget each
+    # brokers: config, bridge and users Secrets, StatefulSet, headless Service, zone Service, budget,
+    # monitor; the managed Redis (sentinel mode): its script, servers and sentinels with a Service and a
+    # budget each
     assert kinds == sorted(
-        ["ConfigMap", "Secret", "StatefulSet", "Service", "Service", "PodDisruptionBudget", "ServiceMonitor",
+        ["ConfigMap", "Secret", "Secret", "StatefulSet", "Service", "Service", "PodDisruptionBudget", "ServiceMonitor",
          "ConfigMap", "StatefulSet", "Service", "PodDisruptionBudget", "StatefulSet", "Service",
          "PodDisruptionBudget"]
     )  # fmt: skip
@@ -169,7 +170,7 @@ def test_tls_listener_and_users_secret_are_mounted():
     pod = broker_sts(r)["spec"]["template"]["spec"]
     secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
     # and the managed Redis' password, and the bridges' Secret (always mounted)
-    assert secrets == {"edge-tls", "edge-users", "edge-redis-auth", "edge-bridge-secrets"}
+    assert secrets == {"edge-tls", "edge-users", "edge-redis-auth", "edge-bridge-secrets", "edge-mqttusers"}
 
 
 def test_port_conflict_rejects_the_younger_zone_only():
@@ -326,7 +327,7 @@ def test_bridges_get_their_secrets_files_through_the_fleets_bridge_secret():
     )
     assert (bc.forwards[0].max_qos, bc.queue.max_length, bc.queue.overflow) == (1, 500, "dropNew")
     assert cfg.config_hash() == r.config_hash
-    [secret] = by_kind(r, "Secret")
+    [secret, _users] = by_kind(r, "Secret")
     assert secret["metadata"]["name"] == "edge-bridge-secrets" and secret["data"] == files
     assert secret["metadata"]["ownerReferences"][0]["kind"] == "BrokerFleet"
     without = render.render(fleet(), zones)
