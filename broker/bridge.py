@@ -168,26 +168,35 @@ class Lease:
 
 class _LocalIO:
     """The ChannelIO of the bridge session's in-process connection: what the channel writes goes to the
-    link on the next loop turn."""
+    link on the next loop turn, in order: bytes (acks, CONNACK, ...) and PUBLISH packets, which the
+    channel hands over unencoded (write_packet)."""
 
-    def __init__(self, deliver: Callable[[bytes], None], on_close: Callable[[], None]) -> None:
+    def __init__(
+        self, deliver: Callable[[list[bytes | Publish]], None], on_close: Callable[[], None]
+    ) -> None:
         self._loop = asyncio.get_running_loop()
         self._deliver = deliver
         self._on_close = on_close
-        self._buf: list[bytes] = []
+        self._buf: list[bytes | Publish] = []
         self.closed = False
 
     def write(self, data: bytes) -> None:
+        self._add(data)
+
+    def write_packet(self, packet: Publish) -> None:
+        self._add(packet)
+
+    def _add(self, item: bytes | Publish) -> None:
         if self.closed:
             return
         if not self._buf:
             self._loop.call_soon(self._flush)
-        self._buf.append(data)
+        self._buf.append(item)
 
     def _flush(self) -> None:
-        data, self._buf = b"".join(self._buf), []
-        if data:
-            self._deliver(data)
+        items, self._buf = self._buf, []
+        if items:
+            self._deliver(items)
 
     def close(self) -> None:
         if not self.closed:
@@ -219,10 +228,12 @@ class _Session:
         self._io = _LocalIO(self._received, self._closed.set)
         self._ch = new_channel(self._io, f"bridge:{cfg.name}", INTERNAL)
 
-    def _received(self, data: bytes) -> None:
-        for p in self._parser.feed(data):
-            if type(p) not in (Publish, Pubrel):
-                self._replies.put_nowait(p)
+    def _received(self, items: list[bytes | Publish]) -> None:
+        for item in items:
+            if type(item) is bytes:
+                for p in self._parser.feed(item):
+                    if type(p) is not Pubrel:
+                        self._replies.put_nowait(p)
 
     async def ask(self, packet: Any) -> Any:
         self._ch.packets_received([packet])
@@ -473,8 +484,8 @@ class Bridge:
             if not link.live:
                 ended.set()
 
-        def from_local(data: bytes) -> None:
-            link.local_data(data, loop.time())
+        def from_local(items: list[bytes | Publish]) -> None:
+            link.local_data(items, loop.time())
             flush()
 
         def local_closed() -> None:

@@ -372,18 +372,23 @@ class BridgeLink:
         self._send_local(local_connect(self.cfg, self.window))
         self.phase = Phase.LOCAL_CONNECT
 
-    def local_data(self, data: bytes, now: float) -> None:
-        if self.closed is not None:
-            return
-        try:
-            packets = self._local.feed(data)
-        except ProtocolError as e:  # pragma: no cover - the fleet's own channel
-            self.close(f"local protocol error: {e}", Close.FLEET)
-            return
-        for p in packets:
-            if not self.live:
+    def local_data(self, items: list[bytes | Publish], now: float) -> None:
+        """What the session's channel wrote: bytes, and PUBLISH packets it handed over unencoded."""
+        for item in items:
+            if self.closed is not None:
                 return
-            self._from_local(p, now)
+            if type(item) is not bytes:
+                self._from_local(item, now)
+                continue
+            try:
+                packets = self._local.feed(item)
+            except ProtocolError as e:  # pragma: no cover - the fleet's own channel
+                self.close(f"local protocol error: {e}", Close.FLEET)
+                return
+            for p in packets:
+                if not self.live:
+                    return
+                self._from_local(p, now)
 
     def _from_local(self, p: Any, now: float) -> None:
         kind = type(p)

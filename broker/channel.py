@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .auth import Access, ClientAcl
 from .codec import (
@@ -178,6 +178,7 @@ class Channel:
         "_backlog",
         "_checks",
         "_holding",
+        "_in_process",
         "_ka_timer",
         "_rel_timer",
         "_retry_timer",
@@ -210,6 +211,7 @@ class Channel:
         "version",
         "will",
         "will_delay",
+        "write_publish",
         "zone",
         "zone_name",
     )
@@ -223,6 +225,11 @@ class Channel:
         self.settings = zone.settings  # as this channel applied them (apply_zone takes a change)
         self.telemetry = zone.telemetry
         self.io = io
+        # An in-process client (a bridge's link) takes its PUBLISH packets as they are: no encoding here
+        # for it to parse again (its IO's write_packet keeps them in order with the bytes of the rest).
+        packet_out = getattr(io, "write_packet", None)
+        self._in_process = packet_out is not None
+        self.write_publish = cast(Callable[[bytes | Publish], None], packet_out or io.write)
         self.peer = peer
         self.listener = listener
         self.parser = Parser(max_packet_size=self.settings.max_packet_size)
@@ -785,7 +792,7 @@ class Channel:
                 else self._encode(msg, 0, retain, 0, False, sub_ids)
             )
             if data is not None:
-                self.io.write(data)
+                self.write_publish(data)
                 self.telemetry.delivered(self.client_id, msg, 0, 0, self.session)
             return
         self._deliver(Delivery(msg, qos, retain, sub_ids))
@@ -820,10 +827,12 @@ class Channel:
 
     def _encode(
         self, msg: Message, qos: int, retain: bool, packet_id: int, dup: bool, sub_ids: tuple[int, ...] | None
-    ) -> bytes | None:
+    ) -> bytes | Publish | None:
         version = self.version
         if version < MQTT5:
             return msg.encode(version, qos, retain, packet_id, dup)
+        if self._in_process:
+            return msg.publish(qos, retain, packet_id, dup)
         alias = 0
         alias_new = True
         if self.client_alias_max:
@@ -856,9 +865,9 @@ class Channel:
             # node taking over could give that id to another message, which the client would take for a
             # resend of this one. (Unless it was taken back meanwhile: `retract`.)
             inflight = session.inflight
-            self._after_store(lambda: self.io.write(data) if inflight.get(d.packet_id) is d else None)
+            self._after_store(lambda: self.write_publish(data) if inflight.get(d.packet_id) is d else None)
         else:
-            self.io.write(data)
+            self.write_publish(data)
         return True
 
     def _send_deliveries(self, sent: list[Delivery], expired: list[Delivery]) -> None:
@@ -871,7 +880,7 @@ class Channel:
                 if d.qos == 0:
                     data = self._encode(d.msg, 0, d.retain, 0, False, d.sub_ids)
                     if data is not None:
-                        self.io.write(data)
+                        self.write_publish(data)
                         self.telemetry.delivered(self.client_id, d.msg, 0, 0, session)
                 elif not self._send_publish(d):
                     freed = True

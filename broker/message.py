@@ -11,7 +11,7 @@ import random
 import time
 from typing import Any
 
-from .codec import MQTT5, Prop, encode_properties, encode_publish
+from .codec import MQTT5, Prop, Publish, encode_properties, encode_publish
 
 # Properties a broker forwards unchanged from publisher to subscriber [MQTT-3.3.2-*]. Topic alias and
 # subscription identifiers are per connection; message expiry is rewritten with the time left.
@@ -142,6 +142,13 @@ class Message:
         return encode_publish(
             topic_b, self.payload, qos, retain, dup, packet_id, encode_properties(props), version
         )
+
+    def publish(self, qos: int, retain: bool, packet_id: int, dup: bool) -> Publish:
+        """The PUBLISH for an in-process client (a bridge's link): the packet itself, never encoded."""
+        props = self.props or {}
+        if self.expires_at is not None:
+            props = {**props, Prop.MESSAGE_EXPIRY_INTERVAL: max(0, int(self.expires_at - time.time()))}
+        return Publish(self.topic, self.payload, qos, retain, dup, packet_id, props)
 
     def props_bytes(self) -> bytes:
         if self._props_b is None:

@@ -41,6 +41,22 @@ BRIDGE = {
 }  # fmt: skip
 
 
+class PacketIO(FakeIO):
+    """The bridge's in-process IO as the channel sees it: bytes, and PUBLISH packets handed over as they
+    are (write_packet), kept in order."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.items: list[Any] = []
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self.items.append(bytes(data))
+
+    def write_packet(self, packet: Publish) -> None:
+        self.items.append(packet)
+
+
 class Rig:
     """A node with the bridge's zone, its link, and the two byte pipes pumped by hand."""
 
@@ -53,7 +69,7 @@ class Rig:
         self.bridge = self.config.bridges[0]
         self.node = Node(self.config)
         self.clock = Clock()
-        self.io = FakeIO(self.clock)
+        self.io = PacketIO(self.clock)
         self.ch = self.node.channel(self.bridge.session_id, self.io, peer="bridge", listener=INTERNAL)
         self.link = BridgeLink(self.bridge, "edge", None, self.clock.now)
         self.version = version
@@ -66,8 +82,8 @@ class Rig:
             if out:
                 self.ch.packets_received(out)
             await settle()
-            new = bytes(self.io.data[self._pos :])
-            self._pos = len(self.io.data)
+            new = self.io.items[self._pos :]
+            self._pos = len(self.io.items)
             if new:
                 self.link.local_data(new, self.clock.now)
             if not out and not new:
@@ -154,7 +170,7 @@ async def test_a_reconnect_resends_what_the_remote_did_not_acknowledge_with_the_
     rig.ch.connection_lost()
     await settle()
     # a new link, a new in-process connection to the same session
-    rig.io = FakeIO(rig.clock)
+    rig.io = PacketIO(rig.clock)
     rig._pos = 0
     rig.ch = rig.node.channel(rig.bridge.session_id, rig.io, peer="bridge", listener=INTERNAL)
     rig.link = BridgeLink(rig.bridge, "edge", None, rig.clock.now)
