@@ -371,7 +371,8 @@ class Bridge:
         cfg = self.cfg
         try:
             async with _Session(self._new_channel, cfg) as session:
-                ack = await session.ask(local_connect(cfg, cfg.max_inflight))
+                # (a window of 1: nobody reads what the session delivers to this short connection)
+                ack = await session.ask(local_connect(cfg, 1))
                 if type(ack) is not Connack or ack.reason_code:
                     return f"CONNACK {getattr(ack, 'reason_code', ack)!r}"
                 wanted = local_subscriptions(cfg)

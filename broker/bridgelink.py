@@ -143,6 +143,10 @@ class BridgeLink:
         self._peer = cfg.remote.peer
         # egress packet ids unacknowledged by the remote, and since when (the watchdog)
         self._unacked: dict[int, float] = {}
+        # the remote's Receive Maximum, and what waits for one of its slots (packet id -> PUBLISH bytes, in
+        # order): a resumed session can hold more unacknowledged messages than this remote takes at once
+        self._send_max = 65535
+        self._held_out: dict[int, bytes] = {}
         # QoS 2 flows the link completes itself (dropped messages): ids from the session, from the remote
         self._local_drops: set[int] = set()
         self._remote_drops: set[int] = set()
@@ -308,7 +312,8 @@ class BridgeLink:
             return
         self.remote_present = p.session_present
         self.remote_max_packet = p.properties.get(Prop.MAXIMUM_PACKET_SIZE, 0)
-        self.window = min(self.window, p.properties.get(Prop.RECEIVE_MAXIMUM, 65535))
+        self._send_max = p.properties.get(Prop.RECEIVE_MAXIMUM, 65535)
+        self.window = min(self.window, self._send_max)
         if not self.cfg.subscriptions:
             self._connect_local()
             return
@@ -331,7 +336,17 @@ class BridgeLink:
                 self._drop(Drop.REMOTE_REFUSED)
             else:
                 self.forwarded += 1
+            self._release_held(now)
         self._send_local(p)
+
+    def _release_held(self, now: float) -> None:
+        """Send what waited for the remote's Receive Maximum, in order, as far as its slots allow."""
+        held = self._held_out
+        while held and len(self._unacked) < self._send_max and not self.draining:
+            pid = next(iter(held))
+            self._to_remote += held.pop(pid)
+            self._unacked[pid] = now
+            self._last_sent = now
 
     # -- ingress -----------------------------------------------------------------------------------
     def _ingress_publish(self, p: Publish, now: float) -> None:
@@ -469,11 +484,17 @@ class BridgeLink:
         )
         if self.remote_max_packet and len(packet) > self.remote_max_packet:
             return self._drop_egress(p, Drop.TOO_LARGE)
+        pid = p.packet_id
+        if p.qos and pid not in self._unacked:
+            if self._held_out or len(self._unacked) >= self._send_max:
+                # [MQTT-4.9.0-2]: never more unacknowledged PUBLISH than the remote's Receive Maximum (a
+                # remote answers the excess with 0x97 Quota exceeded: the message would be lost)
+                self._held_out.setdefault(pid, packet)
+                return
+            self._unacked[pid] = now
         self._to_remote += packet
         self._last_sent = now
-        if p.qos:
-            self._unacked.setdefault(p.packet_id, now)
-        else:
+        if not p.qos:
             self.forwarded += 1
 
     def _route(self, topic: str, props: dict[int, Any]) -> tuple[bytes, bytes | None] | Drop:

@@ -223,3 +223,40 @@ async def test_a_remote_that_never_answers_connect_fails_the_attempt():
     assert rig.link.tick(rig.clock.now) is not None
     rig.clock.advance(1)
     assert rig.link.tick(rig.clock.now) is None and rig.link.close_kind == "connect_error"
+
+
+async def test_resends_wait_for_the_remotes_receive_maximum():
+    """A resumed session can hold more unacknowledged messages than the remote takes at once (its Receive
+    Maximum): the link sends that many, then one more per acknowledgement, in order; none is refused
+    (mosquitto answers the excess with 0x97 Quota exceeded, and the message would be lost)."""
+    rig = Rig()
+    await rig.up()
+    pub = Client(rig.node, rig.clock, MQTT5)
+    await pub.connect("dev", clean_start=True)
+    for i in range(5):
+        pub.send(Publish("up/t", str(i).encode(), qos=1, packet_id=20 + i))
+    await rig.pump()
+    first = rig.at_remote()
+    assert len(first) == 5
+    rig.link.close("test")
+    rig.ch.connection_lost()
+    await settle()
+    rig.io = PacketIO(rig.clock)
+    rig._pos = 0
+    rig.ch = rig.node.channel(rig.bridge.session_id, rig.io, peer="bridge", listener=INTERNAL)
+    rig.link = BridgeLink(rig.bridge, "edge", None, rig.clock.now)
+    [_connect] = rig.at_remote()
+    await rig.from_remote(Connack(True, 0, {Prop.RECEIVE_MAXIMUM: 2}))
+    [sub] = rig.at_remote()
+    await rig.from_remote(Suback(sub.packet_id, [2]))
+    sent = rig.at_remote()
+    assert [(p.payload, p.dup) for p in sent] == [(b"0", True), (b"1", True)]
+    for want in (b"2", b"3", b"4"):
+        await rig.from_remote(Puback(sent[0].packet_id))
+        sent = sent[1:] + rig.at_remote()
+        assert sent[-1].payload == want and len(sent) == 2
+    for p in sent:
+        await rig.from_remote(Puback(p.packet_id))
+    assert rig.at_remote() == [] and rig.link.forwarded == 5 and not rig.link.dropped
+    session = rig.node.cm.session_of(rig.bridge.session_id)
+    assert session is not None and not session.inflight
