@@ -93,11 +93,31 @@ def config_hash(c: Cluster) -> str:
 
 
 # ------------------------------------------------------------------------------------------- install
+def _why_not_ready(c: Cluster) -> str:
+    """What a fleet that did not become Ready looks like: its conditions, pods, events and the logs of the
+    operator and the brokers (a failed run's evidence, as an operator's user would gather it)."""
+    parts = []
+    for args in (
+        ("get", "brokerfleet", FLEET, "-n", APP_NS, "-o", "jsonpath={.status.conditions}"),
+        ("get", "pods", "-A", "-o", "wide"),
+        ("get", "events", "-n", APP_NS, "--sort-by=.lastTimestamp"),
+        ("logs", "-n", RELEASE_NS, f"deployment/{RELEASE}-operator", "--tail=60"),
+        *(("logs", "-n", APP_NS, pod, "--tail=30") for pod in BROKERS),
+    ):
+        out = c.kubectl(*args, check=False)
+        parts.append(f"$ kubectl {' '.join(args)}\n{out.stdout[-5000:]}{out.stderr[-500:]}")
+    return "\n".join(parts)
+
+
 def test_readme_helm_section_runs_as_written(cluster: Cluster):
     c = cluster
     script = readme_helm_section()
     assert "helm install" in script and "helm test" in script
-    out = run("bash", "-euo", "pipefail", "-c", script, cwd=ROOT, env=c.env(), timeout=1200)
+    try:
+        out = run("bash", "-euo", "pipefail", "-c", script, cwd=ROOT, env=c.env(), timeout=1200)
+    except AssertionError:
+        print(_why_not_ready(c))
+        raise
     print(out.stdout[-6000:])
     # helm test: the test pod subscribed, published, resumed its session on some pod and received
     assert "Phase:          Succeeded" in out.stdout and "resumed the session and received" in out.stdout
