@@ -36,6 +36,7 @@ from redis.exceptions import (
     RedisError,
     TryAgainError,
 )
+from redis.maint_notifications import MaintNotificationsConfig
 
 from . import keys
 from .config import RedisStoreConfig
@@ -68,9 +69,13 @@ def connection_kwargs(cfg: RedisStoreConfig, name: str) -> dict[str, Any]:
         "health_check_interval": 1,  # (a pooled connection idle that long is PINGed first: a reset one is replaced, not failed on)
         "socket_connect_timeout": CONNECT_TIMEOUT,
         "socket_timeout": SOCKET_TIMEOUT,
-        "retry_on_timeout": False,
         "retry": Retry(NoBackoff(), 0),  # (redis-py's default for Redis(host=...) retries 3 times)
         "client_name": name,
+        # Maintenance notifications are Redis Enterprise's and Cloud's. Left on ("auto"), redis-py 8.1
+        # stops checking a pooled connection before handing it out (redis/redis-py#4252): one Redis
+        # closed while it sat idle (a restart, a failover, a proxy in between) fails the next command
+        # sent on it, a commit whose clients are then disconnected for nothing.
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
     }
     password = read_secret(cfg.password_file)
     if password is not None:
