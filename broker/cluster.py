@@ -94,6 +94,7 @@ class Cluster:
         metrics: Metrics,
         spawn: Spawn,
         report: Callable[[], dict[FieldT, EncodableT]],
+        ordered: Callable[[bytes | None], None] = lambda _: None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -103,6 +104,7 @@ class Cluster:
         self.metrics = metrics
         self.spawn = spawn
         self.report = report  # what this node tells the operator with every heartbeat (keys.nodeinfo)
+        self.ordered = ordered  # given what the operator asks of this node, read with every heartbeat
         self.channels = store.channels
         self.channel = self.channels.node(self.node_id)  # handovers and kicks come here
         # the event stream: a pub/sub connection to each shard of the store (one on one Redis)
@@ -175,7 +177,9 @@ class Cluster:
             pipe.set(mine, b"1", px=ttl)
             pipe.hset(keys.nodeinfo(self.node_id), mapping=info)
             pipe.pexpire(keys.nodeinfo(self.node_id), 3 * ttl)
-            await pipe.execute()
+            pipe.get(keys.rebalance(self.node_id))
+            replies = await pipe.execute()
+        self.ordered(replies[-1])
         # the shard with the fewest replicas in sync is what a failover could cost
         replication = await asyncio.gather(*(s.redis.info("replication") for s in conns.shards))
         self.replicas_in_sync = min(replicas_in_sync(r) for r in replication)

@@ -140,6 +140,11 @@ def nodeinfo(node_id: str) -> str:
     return f"{PREFIX}:nodeinfo:{{{node_id}}}"
 
 
+def rebalance(node_id: str) -> str:
+    """The operator's order to a node to move some of its clients elsewhere (rebalance.Order, with a TTL)."""
+    return f"{PREFIX}:rebalance:{{{node_id}}}"
+
+
 def node_sessions(node_id: str) -> str:
     """The clients whose sessions a node owns (set), for releasing them if it dies."""
     return f"{PREFIX}:nodesess:{{{node_id}}}"

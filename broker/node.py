@@ -27,6 +27,7 @@ from .cm import ChannelManager
 from .config import BrokerConfig
 from .events import EventLog
 from .metrics import Metrics
+from .rebalance import Order, Progress
 from .redisclient import StoreConnections
 from .redisstore import RedisStore
 from .retained import Retained
@@ -37,6 +38,9 @@ from .zone import Zone
 
 log = logging.getLogger("fleetmq.node")
 
+#: how a rebalance order is carried out: tell that many connected clients to use another server
+Evict = Callable[[Order, Progress], Awaitable[None]]
+
 STORE_RETRY_MIN, STORE_RETRY_MAX = 0.5, 5.0  # seconds between attempts to reach the store at start
 #: at a graceful stop, how long a bridge led here may wait for the remote's acks before it hands over
 BRIDGE_DRAIN = 2.0
@@ -44,7 +48,11 @@ BRIDGE_DRAIN = 2.0
 
 class Node:
     def __init__(
-        self, config: BrokerConfig, store: SessionStore | None = None, metrics: Metrics | None = None
+        self,
+        config: BrokerConfig,
+        store: SessionStore | None = None,
+        metrics: Metrics | None = None,
+        evict: Evict | None = None,
     ) -> None:
         self.config = config
         self.node_id = config.node_id
@@ -94,7 +102,11 @@ class Node:
                 self.metrics,
                 self.spawn,
                 self._report,
+                self._ordered,
             )
+        self._evict = evict  # (the server's: it has the connections)
+        self.rebalance: Progress | None = None  # the last rebalance order taken on
+        self._bad_order: bytes | None = None
         self.config_hash = config.config_hash()
         self.metrics.gauges = self.gauges
         self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", {})
@@ -131,9 +143,41 @@ class Node:
             "connections": connections,
             "sessions": sessions,
         }
+        if self.rebalance is not None:
+            out["rebalance"] = self.rebalance.encode()
         if self.bridges:  # (the operator's MqttBridge status: which pod leads, connected, queue, drops)
             out["bridges"] = json.dumps({b.cfg.name: b.summary() for b in self.bridges}, sort_keys=True)
         return out
+
+    def _ordered(self, raw: bytes | None) -> None:
+        """The operator's rebalance order (rebalance.py), as read with the heartbeat: taken on once."""
+        if raw is None or self._evict is None:
+            return
+        try:
+            order = Order.parse(raw)
+        except ValueError as e:
+            if raw != self._bad_order:  # (once, not with every heartbeat)
+                self._bad_order = raw
+                log.error("%s", e)
+            return
+        if (self.rebalance is not None and self.rebalance.id == order.id) or order.expired():
+            return
+        self.rebalance = progress = Progress(order.id, order.count)
+        log.info(
+            "rebalance %s: moving %d connections to other nodes, %g a second",
+            order.id,
+            order.count,
+            order.rate,
+        )
+        self.spawn(self._carry_out(self._evict, order, progress))
+
+    @staticmethod
+    async def _carry_out(evict: Evict, order: Order, progress: Progress) -> None:
+        try:
+            await evict(order, progress)
+        finally:
+            progress.done = True
+            log.info("rebalance %s: %d connections told to use another server", order.id, progress.evicted)
 
     def channel(self, zone: str, io: ChannelIO, peer: str = "", listener: str = "") -> Channel:
         """A channel for a new connection on a listener of `zone`."""

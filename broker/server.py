@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import ssl
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -23,6 +24,7 @@ from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
 from .connection import Connection, WsConnection
 from .metrics import Metrics
 from .node import Node
+from .rebalance import Order, Progress
 from .store import MemoryStore, SessionStore
 
 log = logging.getLogger("fleetmq.server")
@@ -77,7 +79,7 @@ class Server:
         self._reload = reload  # reads and validates the config file again
         self._watch = watch  # the file whose changes trigger a reload
         self.metrics = Metrics()
-        self.node = Node(config, make_store(config), self.metrics)
+        self.node = Node(config, make_store(config), self.metrics, evict=self._rebalance)
         self.connections: set[Connection] = set()
         self.listeners: dict[str, asyncio.Server] = {}
         self._tls: dict[str, ssl.SSLContext] = {}  # of the open tls/wss listeners, by name
@@ -260,7 +262,8 @@ class Server:
             server.close()
         await self.node.hand_over_bridges()
         if shutdown.eviction_rate:
-            await self._evict(shutdown.eviction_rate, deadline)
+            evicted = await self._evict(shutdown.eviction_rate, deadline)
+            log.info("eviction: %d connections told to use another server", evicted)
         for conn in list(self.connections):  # (all at once, or those left at the deadline)
             if conn.channel is not None:
                 conn.channel.kick(RC.SERVER_SHUTTING_DOWN, "server_shutdown")
@@ -278,24 +281,34 @@ class Server:
         await self.node.stop()
         log.info("stopped")
 
-    async def _evict(self, rate: float, deadline: float) -> None:
-        """Tell the connected clients, `rate` a second, to use another server (MQTT 5 0x9C; v3 clients are
-        closed): they reconnect to the other nodes a few at a time, and their sessions move with them."""
+    async def _evict(self, rate: float, deadline: float, progress: Progress | None = None) -> int:
+        """Tell connected clients, `rate` a second, to use another server (MQTT 5 0x9C; v3 clients are
+        closed): they reconnect to the other nodes a few at a time, and their sessions move with them.
+        All of them, or as many as a rebalance order asks for (`progress`: its count so far). Returns how
+        many were told before the deadline."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         evicted = 0
+        limit = progress.count if progress is not None else None
         for conn in list(self.connections):
+            if evicted == limit:
+                break
             due = start + evicted / rate
             now = loop.time()
             if due >= deadline:
-                log.warning("eviction: %d connections left at the deadline", len(self.connections))
-                return
+                break
             if due > now:
                 await asyncio.sleep(due - now)
             if conn.channel is not None and conn in self.connections:
                 conn.channel.kick(RC.USE_ANOTHER_SERVER, "evicted")
                 evicted += 1
-        log.info("eviction: %d connections told to use another server", evicted)
+                if progress is not None:
+                    progress.evicted = evicted
+        return evicted
+
+    async def _rebalance(self, order: Order, progress: Progress) -> None:
+        deadline = asyncio.get_running_loop().time() + max(0.0, order.until - time.time())
+        await self._evict(order.rate, deadline, progress)
 
     # -- HTTP: /metrics, /healthz, /readyz --------------------------------------------------------
     async def _route(self, method: str, path: str) -> tuple[str, str, bytes]:
