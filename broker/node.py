@@ -106,6 +106,7 @@ class Node:
             )
         self._evict = evict  # (the server's: it has the connections)
         self.rebalance: Progress | None = None  # the last rebalance order taken on
+        self._rebalancing: asyncio.Task[None] | None = None
         self._bad_order: bytes | None = None
         self.config_hash = config.config_hash()
         self.metrics.gauges = self.gauges
@@ -151,7 +152,11 @@ class Node:
 
     def _ordered(self, raw: bytes | None) -> None:
         """The operator's rebalance order (rebalance.py), as read with the heartbeat: taken on once."""
-        if raw is None or self._evict is None:
+        if self._evict is None:
+            return
+        if raw is None:  # withdrawn (the fleet stopped being steady) or run out: stop moving clients
+            if self._rebalancing is not None and not self._rebalancing.done():
+                self._rebalancing.cancel()
             return
         try:
             order = Order.parse(raw)
@@ -169,7 +174,9 @@ class Node:
             order.count,
             order.rate,
         )
-        self.spawn(self._carry_out(self._evict, order, progress))
+        if self._rebalancing is not None:
+            self._rebalancing.cancel()
+        self._rebalancing = self.spawn(self._carry_out(self._evict, order, progress))
 
     @staticmethod
     async def _carry_out(evict: Evict, order: Order, progress: Progress) -> None:

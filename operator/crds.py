@@ -1486,6 +1486,32 @@ EventLogSpec = derive(
 )
 
 
+class RebalanceSpec(CrdModel):
+    """Moving connections from pods with more than their share to the others, a few a second. Clients stay
+    on the pod they connected to, so pods added by a scale-up start empty. A rebalance starts after a
+    scale-up (afterScaleUp) or when the annotation fleetmq.io/rebalance gets a new value, once every pod is
+    Ready and no rollout is under way; meanwhile the pods giving connections away take no new ones, so
+    the clients they let go (MQTT 5: DISCONNECT 0x9C Use another server) reconnect to the others, with
+    their sessions."""
+
+    afterScaleUp: bool = Field(False, description="Rebalance when the fleet has more Ready pods than before.")
+    evictionRate: float = Field(
+        50, gt=0, description="Connections per second each pod giving connections away lets go."
+    )
+    threshold: float = Field(
+        1.1,
+        ge=1,
+        description="A pod gives connections away when it has more than the average per pod times this "
+        "(and minConnections more than the average); it keeps the average.",
+    )
+    minConnections: int = Field(
+        100,
+        ge=0,
+        description="A pod gives connections away only when it has this many more than the average.",
+    )
+    timeoutSeconds: int = Field(600, ge=1, description="A rebalance still running then ends (TimedOut).")
+
+
 class BrokerFleetSpec(CrdModel):
     """A fleet of broker pods sharing one Redis, serving the MqttZones that point at it."""
 
@@ -1524,6 +1550,7 @@ class BrokerFleetSpec(CrdModel):
         "gradually, with their sessions; 0: all at once. A pod with more connections than evictionRate * "
         "(terminationGracePeriodSeconds - 5) closes the rest at its deadline.",
     )
+    rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec, description=doc(RebalanceSpec))
     eventLog: EventLogSpec = Field(default_factory=EventLogSpec, description=EventLogSpec.__doc__)  # type: ignore[valid-type]
     logLevel: Literal["debug", "info", "warning", "error"] = Field("info", description="Broker log level.")
 
@@ -1549,6 +1576,35 @@ class PodReport(CrdModel):
     configHash: str | None = Field(None, description="Hash of the config the broker applied.")
     connections: int = 0
     sessions: int = 0
+
+
+class RebalancePodStatus(CrdModel):
+    """One pod giving connections away."""
+
+    asked: int = Field(description="Connections it was asked to let go.")
+    moved: int = Field(0, description="Connections it let go so far.")
+
+
+class RebalanceStatus(CrdModel):
+    """The last rebalance (spec.rebalance)."""
+
+    phase: Literal["Running", "Completed", "TimedOut", "Interrupted", "Balanced"] | None = Field(
+        None,
+        description="None yet; Balanced: there was nothing to move; Interrupted: a pod stopped or a "
+        "rollout began.",
+    )
+    id: str | None = Field(None, description="The orders' id (in the brokers' logs).")
+    reason: Literal["ScaleUp", "Requested"] | None = Field(None, description="Why it started.")
+    requested: str | None = Field(
+        None, description="The value of the fleetmq.io/rebalance annotation acted on."
+    )
+    replicas: int = Field(0, description="Ready pods when the fleet was last seen steady (a scale-up: more).")
+    startedAt: str | None = None
+    finishedAt: str | None = None
+    moved: int = Field(0, description="Connections let go so far.")
+    pods: dict[str, RebalancePodStatus] = Field(
+        default_factory=dict, description="The pods giving connections away."
+    )
 
 
 class FleetZoneStatus(CrdModel):
@@ -1597,6 +1653,7 @@ class BrokerFleetStatus(CrdModel):
     connections: int = Field(0, description="Client connections over all pods.")
     sessions: int = Field(0, description="Sessions over all pods.")
     store: StoreStatus | None = Field(None, description=doc(StoreStatus))
+    rebalance: RebalanceStatus | None = Field(None, description=doc(RebalanceStatus))
 
 
 class MqttBridgeStatus(CrdModel):

@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,11 +25,19 @@ from typing import Any
 import kopf
 from fleetmq.broker.auth import hash_password, verify_password
 
-from . import crdsync, metrics, render, rollout
+from . import crdsync, metrics, rebalance, render, rollout
 from .crds import GROUP, VERSION, BrokerFleetSpec, SecretKeyRef
 from .kube import ApiError, Connection, Kube, connect
 from .reports import ReportReader
-from .status import Observed, bridge_status, fleet_status, pod_generations, user_status, zone_status
+from .status import (
+    Observed,
+    bridge_status,
+    fleet_status,
+    now,
+    pod_generations,
+    user_status,
+    zone_status,
+)
 
 log = logging.getLogger("fleetmq.operator")
 
@@ -62,6 +71,7 @@ class Operator:
     resync: float = 30.0
     last_reconcile: dict[tuple[str, str], float] = field(default_factory=dict)
     verified: dict[tuple[str, str], bool] = field(default_factory=dict)
+    rechecks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def request(self, namespace: str, name: str) -> None:
         """Reconcile the fleet now, or once more after the pass that is running."""
@@ -168,17 +178,22 @@ class Operator:
             observed.apply_error = await self._apply(fleet, rendered, current_cm)
             observed.store_children = await self._store_children(rendered)
         observed.statefulset = await kube.get("StatefulSet", namespace, render.names(name)["statefulset"])
+        pods_listed = True
         try:
             observed.pods = await kube.list("Pod", namespace, f"{render.L_FLEET}={name}")
         except ApiError:  # status without pod problems rather than no status
             metrics.RECONCILE_ERRORS.labels("pods").inc()
-        else:
-            await self._steer(namespace, observed)
+            pods_listed = False
         if rendered is not None:
             observed.nodeinfo, observed.nodeinfo_error = await self._nodeinfo(
                 fleet, rendered.config["store"], passwords
             )
+        balancing = await self._rebalance(fleet, observed) if rendered is not None else None
+        if pods_listed:
+            await self._steer(namespace, observed, balancing.donors if balancing else set())
         status = fleet_status(fleet, rendered, render_error, observed)
+        if balancing is not None and balancing.status is not None:
+            status["rebalance"] = _replacing(balancing.status, (fleet.get("status") or {}).get("rebalance"))
         await self._patch_status(fleet, status)
         metrics.set_fleet(namespace, name, status, replicas)
         await self._zone_statuses(fleet, zones, rejected, rendered, observed, status)
@@ -195,14 +210,67 @@ class Operator:
         )
         return "error" if render_error or observed.apply_error else "ok"
 
-    async def _steer(self, namespace: str, observed: Observed) -> None:
-        """During a rollout, only updated pods take new connections (rollout.py)."""
+    async def _rebalance(self, fleet: dict[str, Any], observed: Observed) -> rebalance.Step | None:
+        """Start, follow or end a rebalance (rebalance.py): write the pods' orders, record events, and
+        look again when the orders should be carried out. None while the pods' reports cannot be read."""
+        if observed.nodeinfo is None:
+            return None
+        meta = fleet["metadata"]
+        key = (meta["namespace"], meta["name"])
+        spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
+        pods = [f"{render.names(meta['name'])['statefulset']}-{i}" for i in range(spec.replicas)]
+        sts = (observed.statefulset or {}).get("status") or {}
+        steady = (
+            int(sts.get("readyReplicas") or 0) == int(sts.get("replicas") or 0) == spec.replicas
+            and sts.get("updateRevision") == sts.get("currentRevision")
+            and spec.replicas > 0
+            and all(pod in observed.nodeinfo for pod in pods)
+        )
+        wall = time.time()
+        step = rebalance.step(
+            spec.rebalance,
+            (fleet.get("status") or {}).get("rebalance"),
+            (meta.get("annotations") or {}).get(rebalance.ANNOTATION),
+            steady,
+            {pod: observed.nodeinfo[pod] for pod in pods if pod in observed.nodeinfo},
+            wall,
+            now(),
+            uuid.uuid4().hex[:8],
+        )
+        reader = self.readers.get(key)
+        for pod, order in step.orders.items():
+            try:
+                assert reader is not None  # (nodeinfo was read through it)
+                await reader.order(pod, order, wall)
+            except Exception as e:  # Redis away: the pods do not move anyone; the status says so
+                metrics.RECONCILE_ERRORS.labels("rebalance").inc()
+                log.warning("cannot write the rebalance order of pod %s: %s", pod, e)
+                if order is not None:
+                    return None
+        if step.event is not None:
+            await self._event(fleet, *step.event)
+        if step.recheck is not None:
+            self._recheck(*key, step.recheck)
+        return step
+
+    def _recheck(self, namespace: str, name: str, delay: float) -> None:
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            await self.request(namespace, name)
+
+        task = asyncio.get_running_loop().create_task(later())
+        self.rechecks.add(task)
+        task.add_done_callback(self.rechecks.discard)
+
+    async def _steer(self, namespace: str, observed: Observed, donors: set[str]) -> None:
+        """During a rollout, only updated pods take new connections (rollout.py); during a rebalance, only
+        the pods not giving connections away (rebalance.py)."""
         brokers = [
             p
             for p in observed.pods
             if (p["metadata"].get("labels") or {}).get(render.L_COMPONENT) == "broker"
         ]
-        for pod, value in rollout.serving_labels(observed.statefulset, brokers).items():
+        for pod, value in rollout.serving_labels(observed.statefulset, brokers, donors).items():
             try:
                 await self.kube.patch_labels("Pod", namespace, pod, {rollout.L_SERVING: value})
             except ApiError as e:
@@ -590,6 +658,12 @@ class Operator:
         for reader in self.readers.values():
             with contextlib.suppress(Exception):
                 await reader.close()
+
+
+def _replacing(new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    """status.rebalance as a merge patch: a previous rebalance's pods are removed, not merged in."""
+    gone = set((old or {}).get("pods") or {}) - set(new.get("pods") or {})
+    return {**new, "pods": {**(new.get("pods") or {}), **dict.fromkeys(gone)}}
 
 
 def _ns(namespace: str | None) -> str:

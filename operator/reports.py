@@ -20,6 +20,7 @@ from typing import Any
 
 from fleetmq.broker import keys
 from fleetmq.broker.config import RedisStoreConfig
+from fleetmq.broker.rebalance import Order
 from fleetmq.broker.redisclient import StoreConnections
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
@@ -82,6 +83,16 @@ class ReportReader:
             for pod, reply in zip(pods, replies, strict=True)
             if reply
         }
+
+    async def order(self, pod: str, order: Order | None, now: float) -> None:
+        """Write a pod's rebalance order (kept until it runs out), or delete it."""
+        client: Any = self.cluster if self.cluster is not None else self.conns.redis  # type: ignore[union-attr]
+        name = keys.rebalance(pod)
+        if order is None:
+            await asyncio.wait_for(client.delete(name), TIMEOUT)
+        else:
+            ttl = max(1, int((order.until - now) * 1000))
+            await asyncio.wait_for(client.set(name, order.encode(), px=ttl), TIMEOUT)
 
     async def _hgetall(self, names: list[str]) -> list[dict[Any, Any]]:
         client: Any = self.cluster if self.cluster is not None else self.conns.redis  # type: ignore[union-attr]

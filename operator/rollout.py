@@ -12,6 +12,7 @@ connect).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 L_SERVING = "fleetmq.io/serving"
@@ -26,8 +27,11 @@ def _ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def serving_labels(statefulset: dict[str, Any] | None, pods: list[dict[str, Any]]) -> dict[str, str]:
-    """The pods whose serving label must change, and to what ("true" / "false")."""
+def serving_labels(
+    statefulset: dict[str, Any] | None, pods: list[dict[str, Any]], donors: Collection[str] = ()
+) -> dict[str, str]:
+    """The pods whose serving label must change, and to what ("true" / "false"). Outside a rollout, the
+    pods giving connections away in a rebalance (`donors`, rebalance.py) are not serving either."""
     status = (statefulset or {}).get("status") or {}
     update = status.get("updateRevision")
     rolling = bool(update) and update != status.get("currentRevision")
@@ -37,7 +41,10 @@ def serving_labels(statefulset: dict[str, Any] | None, pods: list[dict[str, Any]
     out: dict[str, str] = {}
     for pod in pods:
         labels = pod["metadata"].get("labels") or {}
-        want = "false" if steer and labels.get(L_REVISION) != update else "true"
+        if steer:
+            want = "false" if labels.get(L_REVISION) != update else "true"
+        else:
+            want = "false" if pod["metadata"]["name"] in donors else "true"
         if labels.get(L_SERVING) != want:
             out[pod["metadata"]["name"]] = want
     return out
