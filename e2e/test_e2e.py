@@ -568,6 +568,74 @@ def test_image_change_rolls_one_pod_at_a_time_while_clients_stay_served(cluster:
     assert acked <= set(received)
 
 
+class Subscribers:
+    """`n` persistent MQTT 5 clients through a Service, each subscribed to a topic of its own (QoS 1),
+    reconnecting by themselves (1-4 s), recording when they connect, why they were disconnected and
+    which payloads (ints) they received."""
+
+    def __init__(self, svc: Endpoint, n: int, tag: str, prefix: str) -> None:
+        self.n, self.tag, self.prefix = n, tag, prefix
+        self.lock = threading.Lock()
+        self.disconnects: dict[int, list[int]] = {i: [] for i in range(n)}
+        self.connects: list[float] = []
+        self.received: dict[int, set[int]] = {i: set() for i in range(n)}
+        self.clients = [self._make(svc, i) for i in range(n)]
+
+    def topic(self, i: int) -> str:
+        return f"e2e/{self.prefix}/{self.tag}/{i}"
+
+    def _make(self, svc: Endpoint, i: int) -> mqtt.Client:
+        cl = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=f"e2e-{self.prefix}-{self.tag}-{i}",
+            protocol=mqtt.MQTTv5,
+        )
+        cl.reconnect_delay_set(1, 4)
+
+        def on_connect(_c, _u, _flags, rc, _p):
+            if not rc.is_failure:
+                with self.lock:
+                    self.connects.append(time.monotonic())
+                _c.subscribe(self.topic(i), qos=1)
+
+        def on_disconnect(_c, _u, _flags, rc, _p):
+            with self.lock:
+                self.disconnects[i].append(int(rc.value))
+
+        def on_message(_c, _u, msg):
+            with self.lock:
+                self.received[i].add(int(msg.payload))
+
+        cl.on_connect, cl.on_disconnect, cl.on_message = on_connect, on_disconnect, on_message
+        props = mqtt.Properties(mqtt.PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 600
+        cl.connect(svc.host, svc.local, keepalive=30, clean_start=False, properties=props)
+        cl.loop_start()
+        return cl
+
+    def reset(self) -> None:
+        with self.lock:
+            self.connects.clear()
+            for d in self.disconnects.values():
+                d.clear()
+
+    def moved(self) -> dict[int, list[int]]:
+        with self.lock:
+            return {i: list(d) for i, d in self.disconnects.items()}
+
+    def close(self) -> None:
+        for cl in self.clients:
+            close(cl)
+
+
+def pods_connections(c: Cluster) -> dict[str, int]:
+    """Connections per pod, as the fleet's status has them (the pods report every second)."""
+    return {
+        p["name"]: p.get("connections")
+        for p in (c.get("brokerfleet", FLEET) or {}).get("status", {}).get("pods") or []
+    }
+
+
 def test_a_rolling_update_moves_each_of_300_clients_about_once(cluster: Cluster, endpoints):
     """An image change with 300 persistent MQTT 5 clients spread over the 3 pods by the zone Service: each
     stopping pod evicts its clients at the fleet's evictionRate (DISCONNECT 0x9C), and once an updated pod
@@ -584,51 +652,12 @@ def test_a_rolling_update_moves_each_of_300_clients_about_once(cluster: Cluster,
     wait_for(lambda: all(c.readyz(p)["config_hash"] == new_hash for p in BROKERS), timeout=240,
              msg="every pod on the config with the eviction rate")  # fmt: skip
 
-    lock = threading.Lock()
-    disconnects: dict[int, list[int]] = {i: [] for i in range(n)}
-    connects: list[float] = []
-    received: dict[int, set[int]] = {i: set() for i in range(n)}
     tag = uuid.uuid4().hex[:6]
-
-    def make(i: int) -> mqtt.Client:
-        cl = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id=f"e2e-ev-{tag}-{i}", protocol=mqtt.MQTTv5
-        )
-        cl.reconnect_delay_set(1, 4)
-
-        def on_connect(_c, _u, _flags, rc, _p):
-            if not rc.is_failure:
-                with lock:
-                    connects.append(time.monotonic())
-                _c.subscribe(f"e2e/ev/{tag}/{i}", qos=1)
-
-        def on_disconnect(_c, _u, _flags, rc, _p):
-            with lock:
-                disconnects[i].append(int(rc.value))
-
-        def on_message(_c, _u, msg):
-            with lock:
-                received[i].add(int(msg.payload))
-
-        cl.on_connect, cl.on_disconnect, cl.on_message = on_connect, on_disconnect, on_message
-        props = mqtt.Properties(mqtt.PacketTypes.CONNECT)
-        props.SessionExpiryInterval = 600
-        cl.connect(svc.host, svc.local, keepalive=30, clean_start=False, properties=props)
-        cl.loop_start()
-        return cl
-
-    subs = [make(i) for i in range(n)]
-    wait_for(lambda: len(connects) >= n, timeout=120, msg="300 clients connected")
+    subs = Subscribers(svc, n, tag, "ev")
+    wait_for(lambda: len(subs.connects) >= n, timeout=120, msg="300 clients connected")
     time.sleep(5)  # (the pods report their connections every few seconds; the fleet status gathers them)
-    per_pod = {
-        p["name"]: p.get("connections")
-        for p in (c.get("brokerfleet", FLEET) or {}).get("status", {}).get("pods") or []
-    }
-    print(f"connections per pod before the roll (fleet status): {per_pod}")
-    with lock:
-        connects.clear()
-        for d in disconnects.values():
-            d.clear()
+    print(f"connections per pod before the roll (fleet status): {pods_connections(c)}")
+    subs.reset()
     pub = Resilient({"svc": svc}, f"e2e-ev-pub-{tag}", clean=True)
     pub.connect(["svc"])
     new_image = f"fleetmq/broker:{VERSION}-e2e-evict"
@@ -644,23 +673,21 @@ def test_a_rolling_update_moves_each_of_300_clients_about_once(cluster: Cluster,
         while not (seq > 300 and rolled_to(c, new_image)):
             assert time.monotonic() < deadline, "the rollout did not finish in 15 minutes"
             i = seq % n
-            if pub.publish(f"e2e/ev/{tag}/{i}", str(seq).encode()):
+            if pub.publish(subs.topic(i), str(seq).encode()):
                 acked[i].add(seq)
                 seq += 1
                 time.sleep(0.02)
         roll_s = time.monotonic() - roll_start
-        wait_for(lambda: all(acked[i] <= received[i] for i in range(n)), timeout=180,
+        wait_for(lambda: all(acked[i] <= subs.received[i] for i in range(n)), timeout=180,
                  msg="every acknowledged message at its client")  # fmt: skip
-        with lock:  # (before the clients' own DISCONNECTs below)
-            moved = {i: list(d) for i, d in disconnects.items()}
+        moved = subs.moved()  # (before the clients' own DISCONNECTs below)
     finally:
         close(pub.c)
-        for cl in subs:
-            close(cl)
+        subs.close()
     counts = [len(moved[i]) for i in range(n)]
     mean, worst = sum(counts) / n, max(counts)
     reasons = sorted({r for d in moved.values() for r in d})
-    times = sorted(connects)
+    times = sorted(subs.connects)
     busiest = max((sum(1 for t in times if start <= t < start + 1.0) for start in times), default=0)
     print(f"rolling update of 3 pods with {n} clients, evictionRate {rate}/s, {roll_s:.0f}s: disconnects per "
           f"client mean {mean:.2f} max {worst}; reasons {[hex(r) for r in reasons]}; reconnects in the busiest "
@@ -669,6 +696,78 @@ def test_a_rolling_update_moves_each_of_300_clients_about_once(cluster: Cluster,
     assert worst <= 3
     assert 0x9C in reasons, "no client was told to use another server"
     assert busiest <= rate + 10, f"{busiest} reconnects within one second (eviction rate {rate}/s)"
+
+
+def test_a_scale_up_rebalances_connections_onto_the_new_pod(cluster: Cluster, endpoints):
+    """150 persistent clients on 2 pods; the fleet scaled to 3 with spec.rebalance.afterScaleUp: once the
+    new pod is Ready, the operator orders each old pod to let its excess go (DISCONNECT 0x9C, 20 a
+    second), with the old pods out of the Service meanwhile, so the clients land on the new pod: about a
+    third of them move, each once, and no acknowledged message is lost."""
+    c = cluster
+    n = 150
+    svc = c.endpoint("svc/edge-internal-mqtt", 11883)
+    endpoints.append(svc.start())
+
+    def scale(replicas: int, rebalance: dict[str, object] | None = None) -> None:
+        spec: dict[str, object] = {"replicas": replicas}
+        if rebalance is not None:
+            spec["rebalance"] = rebalance
+        c.kubectl(
+            "patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p", json.dumps({"spec": spec})
+        )
+
+    def steady(replicas: int) -> bool:
+        seen = (c.get("brokerfleet", FLEET)["status"].get("rebalance") or {}).get("replicas")
+        pods = pods_connections(c)
+        return fleet_ready(c) and len(pods) == replicas == seen and len(c.pods(BROKER_PODS)) == replicas
+
+    scale(2, {"afterScaleUp": True, "evictionRate": 20, "minConnections": 10})
+    wait_for(lambda: steady(2), timeout=300, msg="the fleet at 2 pods")
+    tag = uuid.uuid4().hex[:6]
+    subs = Subscribers(svc, n, tag, "rb")
+    pub = Resilient({"svc": svc}, f"e2e-rb-pub-{tag}", clean=True)
+    acked: dict[int, set[int]] = {i: set() for i in range(n)}
+    try:
+        wait_for(lambda: len(subs.connects) >= n, timeout=120, msg="150 clients connected")
+        wait_for(lambda: sum(pods_connections(c).values()) == n, timeout=60, msg="the status counts them")
+        before = pods_connections(c)
+        previous = (c.get("brokerfleet", FLEET)["status"].get("rebalance") or {}).get("id")
+        subs.reset()
+        pub.connect(["svc"])
+        scale(3)
+        seq = 0
+        deadline = time.monotonic() + 300
+        while True:  # publishing to every client while it moves
+            assert time.monotonic() < deadline, "no rebalance completed in 5 minutes"
+            st = c.get("brokerfleet", FLEET)["status"].get("rebalance") or {}
+            if st.get("id") != previous and st.get("phase") not in (None, "Running"):
+                break
+            for _ in range(20):
+                i = seq % n
+                if pub.publish(subs.topic(i), str(seq).encode()):
+                    acked[i].add(seq)
+                    seq += 1
+                time.sleep(0.02)
+        wait_for(lambda: all(acked[i] <= subs.received[i] for i in range(n)), timeout=120,
+                 msg="every acknowledged message at its client")  # fmt: skip
+        wait_for(lambda: sum(pods_connections(c).values()) == n + 1 and pods_connections(c).get("edge-2", 0) >= 40,
+                 timeout=60, msg="the moved clients counted on edge-2")  # fmt: skip
+        after = pods_connections(c)
+        moved = subs.moved()
+    finally:
+        close(pub.c)
+        subs.close()
+        scale(3, {"afterScaleUp": False})
+    counts = [len(d) for d in moved.values()]
+    reasons = sorted({r for d in moved.values() for r in d})
+    print(f"scale-up 2 -> 3 with {n} clients: connections per pod before {before}, after {after}; "
+          f"status.rebalance {st}; clients moved {sum(1 for k in counts if k)}, at most {max(counts)} times; "
+          f"{seq} messages acknowledged, none lost")  # fmt: skip
+    assert st["phase"] == "Completed" and st["reason"] == "ScaleUp", st
+    assert set(st["pods"]) == {"edge-0", "edge-1"} and 40 <= st["moved"] <= 60, st
+    assert max(counts) == 1, "a client was moved more than once"
+    assert reasons == [0x9C], reasons
+    assert max(after.values()) - min(after.values()) <= 15, f"still uneven: {after}"
 
 
 # ------------------------------------------------------------------------------------------- monitoring
