@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
 # The fleetmq image: `fleetmq-broker` (the entrypoint, run by the operator's broker StatefulSets) and
 # `fleetmq-operator` (run by the Helm chart's Deployment).
-#   docker build -t fleetmq/broker:0.1.0 .
-#   docker build --target pipeline -t fleetmq/pipeline:0.1.0 .
+#   docker build -t fleetmq/broker:0.2.0 .
+#   docker build --target pipeline -t fleetmq/pipeline:0.2.0 .
 ARG PYTHON=python:3.11-slim-bookworm
 
 FROM ${PYTHON} AS build

@@ -17,6 +17,8 @@ import secrets
 import sys
 from collections.abc import Sequence
 
+from .render import BROKER_IMAGE_ENV
+
 
 def priority(value: str) -> int:
     if value == "random":
@@ -53,6 +55,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--metrics", metavar="HOST:PORT", help="serve the operator's Prometheus /metrics here")
     p.add_argument(
         "--resync", type=float, metavar="SECONDS", help="full resync interval per fleet (default 30)"
+    )
+    p.add_argument(
+        "--broker-image",
+        metavar="IMAGE",
+        help="the broker image of fleets that name none (default: fleetmq/broker:<this version>)",
     )
     p.add_argument(
         "--manage-crds",
@@ -95,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["FLEETMQ_RESYNC_SECONDS"] = str(args.resync)
     if args.manage_crds:
         os.environ["FLEETMQ_MANAGE_CRDS"] = "true"
+    if args.broker_image:
+        os.environ[BROKER_IMAGE_ENV] = args.broker_image
     if args.metrics:
         from .metrics import serve
 

@@ -1516,8 +1516,11 @@ class BrokerFleetSpec(CrdModel):
     """A fleet of broker pods sharing one Redis, serving the MqttZones that point at it."""
 
     replicas: int = Field(3, ge=0, description="Number of broker pods (scale subresource).")
-    image: str = Field(
-        "fleetmq/broker:0.1.0", min_length=1, description="Broker image (runs fleetmq-broker)."
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description="Broker image (runs fleetmq-broker). Unset: the operator's (its --broker-image, the "
+        "chart's image), so upgrading the operator upgrades the brokers it renders configs for.",
     )
     imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy of the broker containers."

@@ -14,8 +14,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,6 +42,10 @@ from .crds import (
 from .rollout import L_SERVING
 
 MANAGER = "fleetmq-operator"
+BROKER_IMAGE_ENV = "FLEETMQ_BROKER_IMAGE"  # (fleetmq-operator --broker-image)
+#: images earlier CRDs wrote into every BrokerFleet as the default of spec.image: they mean "not set", or a
+#: fleet made by 0.1.0 would keep its brokers on 0.1.0 after an upgrade, with configs they cannot read
+LEGACY_DEFAULT_IMAGES = frozenset({"fleetmq/broker:0.1.0"})
 PAUSED = "fleetmq.io/paused"
 L_NAME = "app.kubernetes.io/name"
 L_INSTANCE = "app.kubernetes.io/instance"
@@ -81,6 +87,13 @@ MAXMEMORY_SHARE = 0.7  # of the container's memory: the rest is for the forks of
 
 class RenderError(Exception):
     """The fleet's config cannot be rendered; the running fleet is left as it is."""
+
+
+def broker_image(spec: BrokerFleetSpec) -> str:
+    """The fleet's broker image: its own, else the operator's (the one it renders configs for)."""
+    if spec.image and spec.image not in LEGACY_DEFAULT_IMAGES:
+        return spec.image
+    return os.environ.get(BROKER_IMAGE_ENV) or f"fleetmq/broker:{version('fleetmq')}"
 
 
 @dataclass(frozen=True)
@@ -879,7 +892,7 @@ def statefulset(
     probe = {"port": "metrics", "scheme": "HTTP"}
     container = {
         "name": "broker",
-        "image": spec.image,
+        "image": broker_image(spec),
         "imagePullPolicy": spec.imagePullPolicy,
         "args": args,
         "env": env,

@@ -71,9 +71,9 @@ def test_versions_and_image_agree_with_the_project():
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert chart["apiVersion"] == "v2" and chart["appVersion"] == version
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    # the image a BrokerFleet runs by default is the one the chart runs the operator from
-    default_fleet_image = crds.BrokerFleetSpec().image
-    assert default_fleet_image == f"{values['image']['repository']}:{version}"
+    # the image a BrokerFleet runs by default is the one the chart runs the operator from (--broker-image)
+    assert crds.BrokerFleetSpec().image is None
+    assert render.broker_image(crds.BrokerFleetSpec()) == f"{values['image']['repository']}:{version}"
 
 
 # ------------------------------------------------------------------------------------------- render
@@ -88,7 +88,7 @@ def test_defaults_render_operator_rbac_dashboards_and_nothing_optional(helm):
     assert dep["spec"]["strategy"] == {"type": "Recreate"}
     pod = dep["spec"]["template"]["spec"]
     c = operator_container(m)
-    assert c["image"] == crds.BrokerFleetSpec().image
+    assert c["image"] == render.broker_image(crds.BrokerFleetSpec())  # (fleetmq/broker:<version>)
     assert c["command"] == ["fleetmq-operator"]
     assert c["args"] == [
         "--all-namespaces",
@@ -97,6 +97,7 @@ def test_defaults_render_operator_rbac_dashboards_and_nothing_optional(helm):
         "--liveness=http://0.0.0.0:8081/healthz",
         "--metrics=0.0.0.0:8080",
         "--resync=30",
+        f"--broker-image={c['image']}",
         "--manage-crds",
     ]
     # the flags are the CLI's, and mean what the Deployment needs
@@ -194,7 +195,7 @@ def test_examples_render_a_fleet_zone_test_pod_and_cleanup_hook(helm):
     assert fleet["spec"] == {
         "replicas": 3,
         "redis": {"managed": True},
-        "image": crds.BrokerFleetSpec().image,
+        "image": render.broker_image(crds.BrokerFleetSpec()),
         "imagePullPolicy": "IfNotPresent",
     }
     assert zone["spec"]["fleetRef"] == {"name": "edge"}
@@ -318,6 +319,7 @@ def test_custom_values_reach_the_deployment(helm):
         "--liveness=http://0.0.0.0:9091/healthz",
         "--metrics=0.0.0.0:9090",
         "--resync=10",
+        "--broker-image=registry.example.com/mq/fleetmq:0.1.0-rc1",
         "--manage-crds",
         "--verbose",
     ]

@@ -463,3 +463,23 @@ def test_during_a_rollout_only_updated_pods_take_new_connections():
     [svc] = [s for s in by_kind(r, "Service") if s["metadata"]["name"] == "edge-external-mqtt"]
     assert svc["spec"]["selector"][rollout.L_SERVING] == "true"
     assert broker_sts(r)["spec"]["template"]["metadata"]["labels"][rollout.L_SERVING] == "true"
+
+
+def test_the_broker_image_is_the_fleets_own_else_the_operators(monkeypatch):
+    """An upgraded operator upgrades the brokers of fleets that name no image, including those made by
+    0.1.0, whose CRD wrote its default image into every fleet: their configs are the new operator's."""
+    from importlib.metadata import version
+
+    from fleetmq.operator.crds import BrokerFleetSpec
+
+    monkeypatch.delenv(render.BROKER_IMAGE_ENV, raising=False)
+    assert render.broker_image(BrokerFleetSpec()) == f"fleetmq/broker:{version('fleetmq')}"
+    assert (
+        render.broker_image(BrokerFleetSpec(image="fleetmq/broker:0.1.0"))
+        == f"fleetmq/broker:{version('fleetmq')}"
+    )
+    monkeypatch.setenv(render.BROKER_IMAGE_ENV, "registry.example/mq/fleetmq:7")
+    assert render.broker_image(BrokerFleetSpec()) == "registry.example/mq/fleetmq:7"
+    assert render.broker_image(BrokerFleetSpec(image="mine:1")) == "mine:1"
+    sts = broker_sts(rendered(fleet(), zone("external")))
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/mq/fleetmq:7"
