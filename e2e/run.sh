@@ -58,8 +58,11 @@ archives="$CACHE/images/archives"
 mkdir -p "$CACHE/images"
 targets=(broker)
 [[ "$E2E_CLUSTER" == kind ]] || targets+=(standins) # kind nodes pull those themselves
-IMAGE_SAVE="$archives" bash "$ROOT/scripts/image.sh" "${targets[@]}" >"$CACHE/images/e2e-archives.txt" \
-  2>"$CACHE/images/e2e-image.log" &
+# (then the previous release's, e2e/previous.sh: the upgrade test starts from it)
+{
+  IMAGE_SAVE="$archives" bash "$ROOT/scripts/image.sh" "${targets[@]}" >"$CACHE/images/e2e-archives.txt" &&
+    bash "$ROOT/e2e/previous.sh" >"$CACHE/images/e2e-previous.txt"
+} 2>"$CACHE/images/e2e-image.log" &
 image_pid=$!
 trap 'kill "$image_pid" 2>/dev/null; wait "$image_pid" 2>/dev/null' EXIT # a failed Go build stops it too
 
@@ -85,6 +88,9 @@ trap - EXIT
 cat "$CACHE/images/e2e-image.log" >&2
 ((status == 0)) || { echo "e2e: building the images failed (exit $status)" >&2; exit 1; }
 mapfile -t saved <"$CACHE/images/e2e-archives.txt"
+mapfile -t previous <"$CACHE/images/e2e-previous.txt" # its tree, its image's archive
+export FLEETMQ_PREVIOUS_DIR="${previous[0]}"
+saved+=("${previous[1]}")
 FLEETMQ_IMAGE_ARCHIVES="$(IFS=:; echo "${saved[*]}")"
 export FLEETMQ_IMAGE_ARCHIVES
 echo "e2e: tools and images ready in $((SECONDS - t0))s" >&2

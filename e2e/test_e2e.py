@@ -12,7 +12,10 @@
 - the managed Redis' primary pod deleted (mode sentinel, the default) under QoS 1 load: nothing
   acknowledged lost, no broker restarted; deleted again with a message queued for an offline session: a
   replica takes over and the session keeps it; a standalone Redis' pod deleted: its claim keeps it;
-- `helm uninstall` after deleting the fleets leaves nothing of the chart or the operator.
+- an image change rolling one pod at a time while clients stay served, each client moved about once;
+- a scale-up rebalancing connections onto the new pod;
+- `helm uninstall` after deleting the fleets leaves nothing of the chart or the operator;
+- `helm upgrade` from the previous release (e2e/previous-release) with a fleet and its clients running.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import re
 import threading
 import time
@@ -1077,3 +1081,94 @@ def test_helm_uninstall_after_deleting_the_fleets_leaves_nothing(cluster: Cluste
     wait_for(lambda: not c.kubectl("get", "all,configmaps,secrets,pvc", "-n", APP_NS, "-l",
                                    "app.kubernetes.io/managed-by=fleetmq-operator", "-o", "name").stdout.strip(),
              timeout=120, msg="nothing of the fleets left")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- upgrade
+def test_helm_upgrade_from_the_previous_release_with_a_fleet_running(cluster: Cluster, endpoints):
+    """A cluster that ran only the previous release (its CRDs, its chart, a fleet it made with 60
+    persistent clients): `helm upgrade` to this chart while a publisher keeps sending. The new operator
+    brings the CRDs up to date itself (helm never does), the fleet rolls to this release's broker image
+    (the fleet names none: 0.1.0 wrote its default into the spec, which counts as none), every
+    acknowledged message arrives, and a kind new in this release works once its CRD is applied as the
+    README says."""
+    c = cluster
+    tree = Path(os.environ.get("FLEETMQ_PREVIOUS_DIR", ""))
+    if not (tree / "charts" / "fleetmq").is_dir():
+        pytest.fail("FLEETMQ_PREVIOUS_DIR is not the previous release's tree: run the e2e with `make e2e`")
+    old = yaml.safe_load((tree / "charts" / "fleetmq" / "Chart.yaml").read_text())["appVersion"]
+    crds = [f"{plural}.fleetmq.io" for plural in ("brokerfleets", "mqttzones", "mqttbridges", "mqttusers")]
+    c.kubectl("delete", "crd", *crds, "--ignore-not-found", "--wait")  # (as if this release never ran here)
+    c.helm("install", RELEASE, tree / "charts" / "fleetmq", "--namespace", RELEASE_NS, "--create-namespace",
+           "--wait", "--timeout=5m")  # fmt: skip
+    assert c.kubectl("get", "crd", "mqttusers.fleetmq.io", check=False).returncode != 0  # (new in this one)
+    c.kubectl("apply", "-n", APP_NS, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "fleetmq.io/v1alpha1", "kind": "BrokerFleet", "metadata": {"name": "up"},
+         "spec": {"replicas": 3, "redis": {"managed": True, "mode": "standalone"}}},
+        {"apiVersion": "fleetmq.io/v1alpha1", "kind": "MqttZone", "metadata": {"name": "z"},
+         "spec": {"fleetRef": {"name": "up"}, "listeners": [{"name": "mqtt", "port": 1883}]}},
+    ]}))  # fmt: skip
+    c.kubectl("wait", "-n", APP_NS, "--for=condition=Ready", "brokerfleet/up", "--timeout=5m")
+    assert (
+        c.get("brokerfleet", "up")["spec"].get("image") == f"fleetmq/broker:{old}"
+    )  # (the old CRD's default)
+    pods = "app.kubernetes.io/instance=up,app.kubernetes.io/component=broker"
+    assert {p["spec"]["containers"][0]["image"] for p in c.pods(pods)} == {f"fleetmq/broker:{old}"}
+
+    n = 60
+    svc = c.endpoint("svc/up-z-mqtt", 1883)
+    endpoints.append(svc.start())
+    tag = uuid.uuid4().hex[:6]
+    subs = Subscribers(svc, n, tag, "up")
+    pub = Resilient({"svc": svc}, f"e2e-up-pub-{tag}", clean=True)
+    acked: dict[int, set[int]] = {i: set() for i in range(n)}
+
+    def upgraded() -> bool:
+        schema = c.get("crd", "brokerfleets.fleetmq.io", "")["spec"]["versions"][0]["schema"][
+            "openAPIV3Schema"
+        ]
+        sts = c.get("statefulset", "up")["status"]
+        return (
+            "rebalance" in schema["properties"]["spec"]["properties"]
+            and sts.get("updateRevision") == sts.get("currentRevision")
+            and {p["spec"]["containers"][0]["image"] for p in c.pods(pods)} == {IMAGE}
+            and len(c.pods(pods)) == 3
+            and fleet_ready(c, "up")
+        )
+
+    try:
+        wait_for(lambda: len(subs.connects) >= n, timeout=120, msg="60 clients connected")
+        subs.reset()
+        pub.connect(["svc"])
+        t0 = time.monotonic()
+        c.helm("upgrade", RELEASE, CHART, "--namespace", RELEASE_NS, "--wait", "--timeout=5m")
+        seq = 0
+        while not (seq > 200 and upgraded()):
+            assert time.monotonic() - t0 < 600, "the fleet was not upgraded within 10 minutes"
+            for _ in range(10):
+                i = seq % n
+                if pub.publish(subs.topic(i), str(seq).encode()):
+                    acked[i].add(seq)
+                    seq += 1
+                time.sleep(0.02)
+        upgrade_s = time.monotonic() - t0
+        wait_for(lambda: all(acked[i] <= subs.received[i] for i in range(n)), timeout=180,
+                 msg="every acknowledged message at its client")  # fmt: skip
+        moved = subs.moved()
+    finally:
+        close(pub.c)
+        subs.close()
+    counts = [len(d) for d in moved.values()]
+    print(f"helm upgrade {old} -> {VERSION} with {n} clients: fleet on {IMAGE} after {upgrade_s:.0f}s; "
+          f"disconnects per client mean {sum(counts) / n:.2f} max {max(counts)}; {seq} messages "
+          f"acknowledged, none lost")  # fmt: skip
+
+    # the kind new in this release, once its CRD is applied as the README says
+    c.kubectl("apply", "--server-side", "-f", CHART / "crds")
+    c.kubectl("apply", "-n", APP_NS, "-f", "-", input=json.dumps({
+        "apiVersion": "fleetmq.io/v1alpha1", "kind": "MqttUser", "metadata": {"name": "dev"},
+        "spec": {"fleetRef": {"name": "up"}, "zones": ["z"], "generatePassword": True}}))  # fmt: skip
+    wait_for(lambda: c.condition("mqttuser", "dev", "Accepted").get("status") == "True", timeout=120,
+             msg="the MqttUser accepted (the operator found its CRD without a restart)")  # fmt: skip
+
+    c.kubectl("delete", "brokerfleets,mqttzones,mqttusers", "--all", "-n", APP_NS, "--wait", "--timeout=180s")
+    c.helm("uninstall", RELEASE, "--namespace", RELEASE_NS, "--wait", "--timeout=5m")
