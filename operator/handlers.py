@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -47,6 +48,8 @@ BRIDGES = (GROUP, VERSION, "mqttbridges")
 USERS = (GROUP, VERSION, "mqttusers")
 #: (users-file hash, SHA-256 of a password) -> whether they match: the slow check once per password
 VERIFIED_LIMIT = 10_000
+#: a FailedCreate event older than this is taken for a mistake since fixed (the controller retries with backoff)
+CREATE_FAILURE_WINDOW = 600.0
 CHILD_LABELS = {render.L_MANAGED: render.MANAGER}
 PRUNED_KINDS = ("Service", "StatefulSet", "Job", "PodDisruptionBudget", "ConfigMap", "ServiceMonitor")
 
@@ -178,6 +181,7 @@ class Operator:
             observed.apply_error = await self._apply(fleet, rendered, current_cm)
             observed.store_children = await self._store_children(rendered)
         observed.statefulset = await kube.get("StatefulSet", namespace, render.names(name)["statefulset"])
+        observed.create_failures = await self._create_failures(namespace, observed)
         pods_listed = True
         try:
             observed.pods = await kube.list("Pod", namespace, f"{render.L_FLEET}={name}")
@@ -209,6 +213,34 @@ class Operator:
             [f"{sts}-{i}" for i in range(replicas)],
         )
         return "error" if render_error or observed.apply_error else "ok"
+
+    async def _create_failures(self, namespace: str, observed: Observed) -> list[tuple[str, str]]:
+        """What the API server said of the pod template of each of the fleet's StatefulSets that lacks
+        pods (its latest FailedCreate event of the last CREATE_FAILURE_WINDOW seconds): a serviceAccountName
+        that does not exist, a pod a PodSecurity level or quota refuses. None is asked for otherwise."""
+        sets = [observed.statefulset] + [
+            o for k, o in observed.store_children.items() if k.startswith("StatefulSet/")
+        ]
+        out: list[tuple[str, str]] = []
+        for sts in sets:
+            if sts is None:
+                continue
+            want = int((sts.get("spec") or {}).get("replicas") or 0)
+            if int((sts.get("status") or {}).get("replicas") or 0) >= want:
+                continue
+            name = sts["metadata"]["name"]
+            fields = f"involvedObject.kind=StatefulSet,involvedObject.name={name},reason=FailedCreate"
+            try:
+                events = await self.kube.list("Event", namespace, fields=fields)
+            except ApiError as e:
+                metrics.RECONCILE_ERRORS.labels("events").inc()
+                log.warning("cannot read the events of StatefulSet %s: %s", name, e)
+                continue
+            since = time.time() - CREATE_FAILURE_WINDOW
+            recent = [(t, e) for e in events if (t := _event_time(e)) >= since]
+            if recent:
+                out.append((name, max(recent, key=lambda te: te[0])[1].get("message", "")))
+        return out
 
     async def _rebalance(self, fleet: dict[str, Any], observed: Observed) -> rebalance.Step | None:
         """Start, follow or end a rebalance (rebalance.py): write the pods' orders, record events, and
@@ -658,6 +690,14 @@ class Operator:
         for reader in self.readers.values():
             with contextlib.suppress(Exception):
                 await reader.close()
+
+
+def _event_time(event: dict[str, Any]) -> float:
+    stamp = event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp")
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _replacing(new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:

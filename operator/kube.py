@@ -211,9 +211,11 @@ class Kube:
             raise
 
     async def list(
-        self, kind: str, namespace: str | None, selector: str | None = None
+        self, kind: str, namespace: str | None, selector: str | None = None, fields: str | None = None
     ) -> list[dict[str, Any]]:
-        params = {"labelSelector": selector} if selector else None
+        params = {"labelSelector": selector} if selector else {}
+        if fields:
+            params["fieldSelector"] = fields
         out = await self.request("GET", path_of(kind, namespace), params=params)
         items: list[dict[str, Any]] = out.get("items", [])
         return items

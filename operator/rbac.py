@@ -94,8 +94,9 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"]},
     ),
     (
-        "Kubernetes Events for what the operator does",
-        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        "Kubernetes Events for what the operator does; read (list) the StatefulSets' FailedCreate events: a pod "
+        "template the API server refuses (a bad sidecar, volume or affinity) goes to the fleet's status",
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch", "list"]},
     ),
     (
         "kopf: namespace globs in --namespace",

@@ -814,7 +814,9 @@ def pod_template(
     if tpl.priorityClassName:
         spec["priorityClassName"] = tpl.priorityClassName
     if tpl.serviceAccountName:
-        spec["serviceAccountName"] = tpl.serviceAccountName
+        # with the deprecated alias the API server fills in from it: were only serviceAccountName applied,
+        # removing it later would not work (the server restores it from serviceAccount)
+        spec["serviceAccountName"] = spec["serviceAccount"] = tpl.serviceAccountName
     if tpl.automountServiceAccountToken is not None:
         spec["automountServiceAccountToken"] = tpl.automountServiceAccountToken
     return {"metadata": metadata, "spec": spec}

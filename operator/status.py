@@ -76,6 +76,9 @@ class Observed:
     apply_error: str = ""
     rejected: dict[str, Rejection] = field(default_factory=dict)
     pods: list[dict[str, Any]] = field(default_factory=list)  # the fleet's pods (brokers, managed Redis)
+    #: (StatefulSet, message) of the latest FailedCreate event of each of the fleet's StatefulSets that lack
+    #: pods: the API server refused their pod template (a StatefulSet's status does not say so)
+    create_failures: list[tuple[str, str]] = field(default_factory=list)
     # the managed Redis' StatefulSets and Job ("Kind/name" -> object; None: not there)
     store_children: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
@@ -314,6 +317,9 @@ def fleet_status(
                 "; ".join(f"zone {k}: {v.reason}: {v.message}" for k, v in sorted(bad_zones.items())),
             )
         )
+    problems += [
+        ("FailedCreate", f"StatefulSet {sts}: FailedCreate: {msg}") for sts, msg in observed.create_failures
+    ]
     stuck = pod_problems(observed.pods)
     problems += stuck
     if problems:

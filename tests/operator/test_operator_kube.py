@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import yaml
 from fleetmq.broker.config import BrokerConfig
 from fleetmq.operator import render
@@ -645,3 +646,33 @@ def test_an_operator_watching_one_namespace_needs_no_cluster_wide_secret_read(
         wait_for(lambda: k.condition("brokerfleet", "edge", "Ready").get("reason"), msg="fleet status")
     finally:
         op.stop()
+
+
+@pytest.mark.timeout(300)
+def test_a_pod_template_the_api_server_refuses_shows_in_degraded(k, run_operator, control_plane):
+    """A StatefulSet is accepted with a serviceAccountName that does not exist; each of its pods is then
+    refused (the ServiceAccount admission plugin), which only its FailedCreate events say. The fleet's
+    Degraded condition says it, naming the StatefulSet and the API server's words, until it is fixed."""
+    if not control_plane.controllers:
+        pytest.skip("needs kube-controller-manager (make envtest)")
+    run_operator()
+    k.apply(fleet(replicas=1, pod={"serviceAccountName": "no-such-account"}))
+    k.apply(zone())
+    cond = wait_for(
+        lambda: (c := k.condition("brokerfleet", "edge", "Degraded")).get("reason") == "FailedCreate" and c,
+        timeout=90,
+        msg="Degraded: FailedCreate",
+    )
+    assert cond["status"] == "True", cond
+    assert "StatefulSet edge: FailedCreate" in cond["message"] and "no-such-account" in cond["message"], cond
+    # fixed: the account is gone from the pod template (both of its fields: the server would restore
+    # serviceAccountName from the deprecated serviceAccount), the pod is made, and Degraded clears
+    k.patch("brokerfleet", "edge", {"spec": {"pod": None}})
+    wait_for(lambda: k.get("pod", "edge-0"), timeout=120, msg="the pod made once the template is fixed")
+    template = k.get("statefulset", "edge")["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in template and "serviceAccount" not in template, template
+    wait_for(
+        lambda: k.condition("brokerfleet", "edge", "Degraded").get("status") == "False",
+        timeout=120,
+        msg="Degraded cleared once the pod exists",
+    )
