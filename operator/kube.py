@@ -3,7 +3,8 @@
 Where the apiserver is and how to authenticate come from the `kubernetes` package's config loading
 (kubeconfig with token, client certificate, exec plugin or auth-provider users; or the pod's
 ServiceAccount), not from our own kubeconfig parsing: managed clusters (EKS, GKE, AKS) authenticate
-through exec plugins whose tokens expire. One Connection serves kopf's watches and our own requests, and
+through exec plugins whose tokens expire. Only the user's `as` fields, which that package ignores, are
+read here (as Impersonate-* headers). One Connection serves kopf's watches and our own requests, and
 asks that package for the Authorization header on every request, so expiring tokens are refreshed (the
 plugin is run again) for both. Objects are plain dicts; the paths of the few kinds the operator touches
 are listed in KINDS.
@@ -20,12 +21,13 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import aiohttp
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.config.incluster_config import InClusterConfigLoader
+from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
 
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
@@ -65,10 +67,17 @@ class Connection:
     plugin is a process, so that runs in a thread, one request at a time (one plugin run per expiry).
     """
 
-    def __init__(self, configuration: k8s_client.Configuration, namespace: str | None = None) -> None:
+    def __init__(
+        self,
+        configuration: k8s_client.Configuration,
+        namespace: str | None = None,
+        impersonation: list[tuple[str, str]] | None = None,
+    ) -> None:
         self.configuration = configuration
         self.server: str = configuration.host.rstrip("/")
         self.namespace = namespace
+        #: Impersonate-* headers of the kubeconfig user's `as`, `as-uid`, `as-groups`, `as-user-extra`
+        self.impersonation = impersonation or []
         self._auth_lock = asyncio.Lock()
 
     def authorization(self) -> str | None:
@@ -98,6 +107,8 @@ class Connection:
             request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
         ) -> aiohttp.ClientResponse:
             request.headers.update(await self.headers())
+            for header, value in self.impersonation:
+                request.headers.add(header, value)
             if session.closed:  # meanwhile (kopf closes a session on a 401): what aiohttp would raise
                 raise aiohttp.ClientConnectionError("Connector is closed.")
             if self.configuration.tls_server_name:
@@ -140,12 +151,30 @@ def connect(
             ) from e
         ns_file = sa_dir / "namespace"
         return Connection(configuration, ns_file.read_text().strip() if ns_file.is_file() else None)
-    k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=config_file, context=context, client_configuration=configuration, persist_config=False
-    )
-    contexts, current = k8s_config.list_kube_config_contexts(config_file)  # type: ignore[no-untyped-call]
-    active = next((c for c in contexts if c["name"] == context), current) if context else current
-    return Connection(configuration, (active.get("context") or {}).get("namespace"))
+    merged = KubeConfigMerger(config_file).config  # type: ignore[no-untyped-call]
+    if merged is None:
+        raise k8s_config.ConfigException(f"no kubeconfig in {config_file}")
+    kubeconfig_loader = KubeConfigLoader(merged, active_context=context, config_base_path=None)  # type: ignore[no-untyped-call]
+    kubeconfig_loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+    active: dict[str, Any] = kubeconfig_loader.current_context.get("context") or {}
+    user_name = active.get("user")
+    user = merged["users"].get_with_name(user_name, safe=True) if user_name and "users" in merged else None
+    impersonation = _impersonation(user["user"].value if user and "user" in user else {})
+    return Connection(configuration, active.get("namespace"), impersonation)
+
+
+def _impersonation(user: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The Impersonate-* headers kubectl and client-go send for a kubeconfig user's `as` fields (the
+    kubernetes package reads none of them): an admin credential acting as a ServiceAccount, say."""
+    headers: list[tuple[str, str]] = []
+    if user.get("as"):
+        headers.append(("Impersonate-User", str(user["as"])))
+    if user.get("as-uid"):
+        headers.append(("Impersonate-Uid", str(user["as-uid"])))
+    headers += [("Impersonate-Group", str(g)) for g in user.get("as-groups") or []]
+    for key, values in (user.get("as-user-extra") or {}).items():
+        headers += [(f"Impersonate-Extra-{quote(str(key), safe='')}", str(v)) for v in values or []]
+    return headers
 
 
 def path_of(kind: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:

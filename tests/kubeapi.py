@@ -809,8 +809,8 @@ class ControlPlane:
         """A kubeconfig whose admin certificate impersonates the ServiceAccount "ns/name" (user
         system:serviceaccount:ns:name, groups system:serviceaccounts, system:serviceaccounts:ns,
         system:authenticated), so every request is authorized as that ServiceAccount by RBAC. The
-        ServiceAccount need not exist. kubectl and client-go honour `as`/`as-groups`; the Python
-        kubernetes client (and so kopf) ignore them: use serviceaccount_kubeconfig() there."""
+        ServiceAccount need not exist. kubectl, client-go and the operator's client (operator/kube.py)
+        honour `as`/`as-groups`; the Python kubernetes client alone ignores them."""
         ns, _ = self._split_sa(service_account)
         entry = {
             **self._admin_cert_data(),

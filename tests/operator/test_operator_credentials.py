@@ -97,6 +97,11 @@ async def test_exec_token_and_certificate_kubeconfigs_are_who_they_say(
         "token": (operator_kubeconfig, OPERATOR_USER),
         "certificate": (control_plane.kubeconfig_for("alice", ["devs"]), "alice"),
         "admin certificate": (control_plane.kubeconfig, "admin"),
+        # the admin certificate with `as:` and `as-groups:`: RBAC decides as for the ServiceAccount itself
+        "impersonating": (
+            control_plane.impersonating_kubeconfig(f"{OPERATOR_NS}/{OPERATOR_SA}"),
+            OPERATOR_USER,
+        ),
     }
     for what, (path, user) in kubeconfigs.items():
         kube = Kube(connect(path))
@@ -107,6 +112,9 @@ async def test_exec_token_and_certificate_kubeconfigs_are_who_they_say(
                     await kube.list("BrokerFleet", "default")
             else:
                 await kube.list("BrokerFleet", "default")
+            if user == OPERATOR_USER:  # operator/rbac.yaml: Secrets are never listed, which admin may
+                with pytest.raises(ApiError, match="HTTP 403"):
+                    await kube.request("GET", "/api/v1/secrets")
         finally:
             await kube.close()
     assert exec_runs(runs) == 1  # a credential that has not expired is reused

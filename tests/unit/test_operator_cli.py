@@ -65,6 +65,31 @@ def test_kubeconfig_token_and_client_certificate_users(tmp_path, monkeypatch):
     assert kube.connect().authorization() == "Bearer s3cret"
 
 
+def test_kubeconfig_as_fields_become_impersonation_headers(tmp_path, monkeypatch):
+    """`as`, `as-uid`, `as-groups` and `as-user-extra`, as kubectl sends them; a user without them sends
+    none. The user is found across the files of a $KUBECONFIG list, as kubectl merges them."""
+    robot = {"token": "admin", "as": "system:serviceaccount:ns:robot", "as-uid": "42",
+             "as-groups": ["system:serviceaccounts", "devs"], "as-user-extra": {"reason/why": ["audit", "x"]}}  # fmt: skip
+    first = kubeconfig(tmp_path / "first", {"tok": {"token": "t"}})
+    second = kubeconfig(tmp_path / "second", {"robot": robot}, current="robot")
+    conn = kube.connect(f"{first}:{second}", context="robot")
+    assert conn.namespace == "ns-robot" and conn.authorization() == "Bearer admin"
+    assert conn.impersonation == [
+        ("Impersonate-User", "system:serviceaccount:ns:robot"),
+        ("Impersonate-Uid", "42"),
+        ("Impersonate-Group", "system:serviceaccounts"),
+        ("Impersonate-Group", "devs"),
+        ("Impersonate-Extra-reason%2Fwhy", "audit"),
+        ("Impersonate-Extra-reason%2Fwhy", "x"),
+    ]
+    assert kube.connect(first).impersonation == []
+    monkeypatch.setenv("KUBECONFIG", f"{first}:{second}")
+    assert kube.connect(context="robot").impersonation[0] == (
+        "Impersonate-User",
+        "system:serviceaccount:ns:robot",
+    )
+
+
 def test_exec_plugin_runs_again_only_once_its_credential_expires(tmp_path):
     token = tmp_path / "token"
     token.write_text("from-plugin\n")
