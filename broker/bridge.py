@@ -293,7 +293,8 @@ class Bridge:
         self._stopping = False
         if not cfg.persist:
             log.warning(
-                "bridge %s: persist is false: everything goes as QoS 0, and what the remote misses is lost",
+                "bridge %s: persist is false: everything goes to the remote as QoS 0, and what comes while "
+                "it is away is dropped (not_persisted) unless queue.storeQos0 keeps it",
                 cfg.name,
             )
 
@@ -332,7 +333,7 @@ class Bridge:
             keeper = asyncio.get_running_loop().create_task(self.lease.keep())
             counter = asyncio.get_running_loop().create_task(self._count_stored())
             try:
-                while self.cfg.persist and not self.lease.lost.is_set():
+                while not self.lease.lost.is_set():
                     trouble = await self._open_session()
                     if trouble is None:
                         break
@@ -415,17 +416,6 @@ class Bridge:
             "reconnects": self.reconnects,
             "leader_changes": self.leader_changes,
             "sessions_lost": self.sessions_lost,
-        }
-
-    def summary(self) -> dict[str, Any]:
-        """What the node reports of the bridge in its heartbeat (JSON-ready)."""
-        r = self.report()
-        return {
-            "leader": r["leader"],
-            "connected": r["connected"],
-            "queue": r["queue"],
-            "forwarded": r["forwarded"],
-            "dropped": dict(r["dropped"]),
             "last_error": self.last_error,
         }
 
@@ -562,6 +552,12 @@ class Bridge:
             self.dropped.update(link.dropped)
             self.sessions_lost += link.session_lost
         return link.close_kind or Close.STOPPED, link.closed or "ended"
+
+
+def summary(report: dict[str, Any]) -> dict[str, Any]:
+    """What a node says of a bridge in its heartbeat (JSON-ready; the operator's MqttBridge status)."""
+    keys = ("leader", "connected", "queue", "forwarded", "last_error")
+    return {**{k: report[k] for k in keys}, "dropped": dict(report["dropped"])}
 
 
 def _client_tls(cfg: BridgeConfig) -> ssl.SSLContext | None:

@@ -78,14 +78,11 @@ CONNECT_TIMEOUT = 5.0
 
 
 def local_connect(cfg: BridgeConfig, window: int) -> Connect:
-    """The CONNECT of the bridge's session in the fleet: resumed (unless persist is off), never expiring,
-    with the window the remote allows."""
-    props: dict[int, Any] = {Prop.RECEIVE_MAXIMUM: window}
-    if cfg.persist:
-        props[Prop.SESSION_EXPIRY_INTERVAL] = LOCAL_EXPIRY
-    return Connect(
-        cfg.session_id, proto_level=MQTT5, clean_start=not cfg.persist, keepalive=0, properties=props
-    )
+    """The CONNECT of the bridge's session in the fleet: resumed, never expiring, with the window the
+    remote allows. It stays in the fleet with persist off too (its subscriptions at QoS 0), so what comes
+    while the remote is away is counted as dropped, or kept when queue.storeQos0 asks for it."""
+    props: dict[int, Any] = {Prop.RECEIVE_MAXIMUM: window, Prop.SESSION_EXPIRY_INTERVAL: LOCAL_EXPIRY}
+    return Connect(cfg.session_id, proto_level=MQTT5, clean_start=False, keepalive=0, properties=props)
 
 
 def local_subscriptions(cfg: BridgeConfig) -> list[tuple[str, SubOpts]]:

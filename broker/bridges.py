@@ -158,7 +158,11 @@ class BridgeQueue(_Model):
     overflow: Literal["dropOldest", "dropNew"] = Field(
         "dropOldest", description="Which message goes when the queue is full"
     )
-    store_qos0: bool = Field(False, description="Keep QoS 0 messages across an outage of the remote too")
+    store_qos0: bool = Field(
+        False,
+        description="Keep QoS 0 messages (all messages when persist is false) in the queue while the "
+        "remote is away, instead of dropping them",
+    )
 
 
 class Reconnect(_Model):
@@ -193,7 +197,7 @@ class BridgeConfig(_Model):
     persist: bool = Field(
         True,
         description="Keep QoS 1/2 messages in the store until the remote has them; false sends everything "
-        "as QoS 0 (best effort, lost in an outage)",
+        "as QoS 0 (best effort: what comes while the remote is away is dropped unless queue.storeQos0)",
     )
     queue: BridgeQueue = Field(default_factory=BridgeQueue, description=BridgeQueue.__doc__)
     max_inflight: int = Field(

@@ -132,7 +132,8 @@ class BridgeDropReason(StrEnum):
     LOOP = "loop"  # it went through the destination before (path, hop count)
     TOO_LARGE = "too_large"  # larger than the remote's Maximum Packet Size
     QOS0_OFFLINE = "qos0_offline"  # QoS 0 while the remote was away and storeQos0 is off
-    NOT_PERSISTED = "not_persisted"  # sent as QoS 0 (persist: false) and the link failed
+    # persist: false (everything goes as QoS 0): it came while the remote was away and storeQos0 is off
+    NOT_PERSISTED = "not_persisted"
     EXCLUDED = "excluded"  # matched an exclude, or no forward any more (a changed config)
     UNMAPPED = "unmapped"  # fewer topic levels than its destination template takes
     REMOTE_REFUSED = "remote_refused"  # the remote acknowledged it with an error reason code

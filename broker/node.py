@@ -19,13 +19,14 @@ from typing import Any
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
-from .bridge import Bridge, Lease
+from .bridge import Bridge, Lease, summary
 from .bridges import BridgeConfig
 from .channel import Channel, ChannelIO
 from .cluster import Cluster
 from .cm import ChannelManager
 from .config import BrokerConfig
 from .events import EventLog
+from .eventschema import BridgeDropReason, DropReason
 from .metrics import Metrics
 from .rebalance import Order, Progress
 from .redisclient import StoreConnections
@@ -147,7 +148,8 @@ class Node:
         if self.rebalance is not None:
             out["rebalance"] = self.rebalance.encode()
         if self.bridges:  # (the operator's MqttBridge status: which pod leads, connected, queue, drops)
-            out["bridges"] = json.dumps({b.cfg.name: b.summary() for b in self.bridges}, sort_keys=True)
+            reports = self._bridge_reports()
+            out["bridges"] = json.dumps({n: summary(r) for n, r in reports.items()}, sort_keys=True)
         return out
 
     def _ordered(self, raw: bytes | None) -> None:
@@ -284,13 +286,20 @@ class Node:
 
     def _bridge_reports(self) -> dict[str, dict[str, Any]]:
         """Each bridge's report, with what its session's queue dropped here (a full queue in this node's
-        copy, or in the store when this node routed to it: each node counts its own, Prometheus sums)."""
+        copy, or in the store when this node routed to it: each node counts its own, Prometheus sums) and
+        its session's delivery latency, which is the forward latency: publish to the remote's ack."""
         out = {}
         for b in self.bridges:
             r = out[b.cfg.name] = b.report()
             zone = self.zones.get(b.cfg.session_id)
-            if zone is not None:
-                r["dropped"].update({str(k): v for k, v in zone.telemetry.counters.dropped.items() if v})
+            if zone is None:
+                continue
+            counters = zone.telemetry.counters
+            for reason, n in counters.dropped.items():
+                if n:  # (persist off: the session takes QoS 0 only, so a message for the away remote)
+                    off = reason == DropReason.QOS0_OFFLINE and not b.cfg.persist
+                    r["dropped"][BridgeDropReason.NOT_PERSISTED if off else str(reason)] += n
+            r["latency"] = counters.latency
         return out
 
     def _start_bridge(self, cfg: BridgeConfig) -> None:

@@ -250,10 +250,12 @@ def start_mosquitto(
     port: int | None = None,
     websockets: bool = False,
     wss: tuple[str, str] | None = None,
+    queue_qos0: bool = False,
 ) -> BrokerProc:
     """mosquitto on loopback; `persistence` keeps its sessions and queues in workdir across restarts
     (a remote broker of a bridge), `port` reuses one (a restart); `websockets` adds a WebSocket
-    listener (its port in `ports["ws"]`), `wss` (certificate file, key file) one over TLS (`ports["wss"]`)."""
+    listener (its port in `ports["ws"]`), `wss` (certificate file, key file) one over TLS (`ports["wss"]`);
+    `queue_qos0`: QoS 0 messages wait for an offline persistent session too (queue_qos0_messages)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     name = uid("mosquitto-")
@@ -266,6 +268,8 @@ def start_mosquitto(
     # (`user`: run as root, mosquitto drops to user mosquitto, which can neither write its persistence file
     # nor read a test's key here)
     persist += f"user {getpass.getuser()}\n"
+    if queue_qos0:
+        persist += "queue_qos0_messages true\n"
     ws_port = free_port() if websockets else None
     ws = f"listener {ws_port} {HOST}\nprotocol websockets\n" if ws_port else ""
     wss_port = free_port() if wss else None

@@ -379,6 +379,64 @@ def test_a_full_queue_drops_by_its_overflow_policy_and_counts_every_drop(
     assert dropped() == 4000
 
 
+@pytest.mark.parametrize("store_qos0", [False, True])
+def test_persist_false_sends_qos0_and_keeps_what_comes_in_an_outage_only_with_store_qos0(
+    fleet, tmp_path, redis_server, store_qos0
+):
+    """persist: false: QoS 1 and 2 published on either node reach the remote as QoS 0, and each node says
+    so once in its log. While the remote is away, what comes for it is dropped and counted (not_persisted),
+    unless queue.storeQos0 keeps it in the store until the remote is back."""
+    remote_dir = tmp_path / "remote"
+    rem = start_mosquitto(remote_dir, persistence=True, queue_qos0=True)  # (QoS 0 waits for the collector)
+    col = Collector(rem.host, rem.port, "site1/#", client_id=uid("np-"))
+    bridge = _bridge(rem, persist=False, queue={"store_qos0": store_qos0})
+    nodes = fleet(2, None, {"event_log": {"fleet": "edge"}, "bridges": [bridge]})
+
+    def connected() -> float:
+        return sum(bp.metric("fleetmq_bridge_connected", bridge="cloud") for bp in nodes)
+
+    def dropped() -> float:
+        return sum(bp.metric("fleetmq_bridge_messages_dropped_total", bridge="cloud", reason="not_persisted")
+                   for bp in nodes)  # fmt: skip
+
+    pubs = [_publisher(bp) for bp in nodes]
+    live = [f"live-{i:04d}".encode() for i in range(200)]
+    away = [f"away-{i:04d}".encode() for i in range(50)]
+    try:
+        wait_until(lambda: connected() == 1, timeout=20, msg="the bridge connected")
+        _publish_all(pubs[0], "up/q1", live[:100], 1)
+        _publish_all(pubs[1], "up/q2", live[100:], 2)
+        wait_until(lambda: col.has_all("site1/up/q1", live[:100]) and col.has_all("site1/up/q2", live[100:]),
+                   timeout=30, msg="the messages at the remote")  # fmt: skip
+        assert {q for _t, _p, q, _pr in col.got} == {0}
+        for bp in nodes:
+            assert bp.log().count("persist is false") == 1, bp.log()[-2000:]
+        rem.stop()
+        wait_until(lambda: connected() == 0, timeout=10, msg="the bridge saw the remote go")
+        _publish_all(pubs[0], "up/away", away[:25], 1)
+        _publish_all(pubs[1], "up/away", away[25:], 2)
+        if store_qos0:
+            wait_until(lambda: redis_server.command("LLEN", "fmq:{$bridge:cloud}:q") == 50, timeout=10,
+                       msg="what came meanwhile queued in the store")  # fmt: skip
+        else:
+            wait_until(lambda: dropped() == 50, timeout=10, msg="what came meanwhile dropped and counted")
+        rem = start_mosquitto(remote_dir, persistence=True, queue_qos0=True, port=rem.port)
+        wait_until(lambda: connected() == 1, timeout=20, msg="the bridge back")
+        _publish_all(pubs[0], "up/after", [b"marker"], 1)  # (sent after anything the bridge still had)
+        wait_until(lambda: col.payloads("site1/up/after"), timeout=30, msg="the marker at the remote")
+        if store_qos0:
+            wait_until(lambda: col.has_all("site1/up/away", away), timeout=10, msg="the kept messages")
+    finally:
+        for pub in pubs:
+            pub.loop_stop()
+            pub.disconnect()
+        col.stop()
+        rem.stop()
+    assert sorted(col.payloads("site1/up/away")) == (away if store_qos0 else [])
+    assert dropped() == (0 if store_qos0 else 50)
+    assert redis_server.command("LLEN", "fmq:{$bridge:cloud}:q") == 0
+
+
 def test_a_bridge_changed_live_forwards_under_its_new_destination_and_a_removed_one_stops(
     fleet, remote, redis_server
 ):
