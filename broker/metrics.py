@@ -297,6 +297,11 @@ def _bridge_families(reports: dict[str, dict[str, Any]]) -> Iterator[Metric]:
     rec = family(CounterMetricFamily, "reconnects", "Ended or failed connections to the remote.", ("reason",))
     lead = family(CounterMetricFamily, "leader_changes", "Times this node became the bridge's leader.")
     lost = family(CounterMetricFamily, "session_lost", "Connections finding the remote had lost the session.")
+    latency = family(
+        HistogramMetricFamily,
+        "forward_latency_seconds",
+        "Local publish to the remote's acknowledgement (PUBACK or PUBCOMP) of QoS 1/2 messages forwarded.",
+    )
     for name, r in sorted(reports.items()):
         connected.add_metric([name], int(r["connected"]))
         leader.add_metric([name], int(r["leader"]))
@@ -311,4 +316,6 @@ def _bridge_families(reports: dict[str, dict[str, Any]]) -> Iterator[Metric]:
             rec.add_metric([name, reason], r["reconnects"].get(reason, 0))
         lead.add_metric([name], r["leader_changes"])
         lost.add_metric([name], r["sessions_lost"])
-    yield from (connected, leader, queue, limit, inflight, fwd, rcv, drop, rec, lead, lost)
+        if (hist := r.get("latency")) is not None:
+            latency.add_metric([name], hist.buckets(), hist.sum)
+    yield from (connected, leader, queue, limit, inflight, fwd, rcv, drop, rec, lead, lost, latency)

@@ -724,6 +724,16 @@ def _bridges_row(d: Dashboard) -> None:
             "ops",
         )
     )
+    d.add(
+        quantiles(
+            "Bridge forward latency",
+            "Local publish to the remote's acknowledgement (PUBACK / PUBCOMP) of QoS 1/2 messages a bridge "
+            "forwarded: time queued while the remote was away included.",
+            "fleetmq_bridge_forward_latency_seconds_bucket",
+            FLEET,
+            by="bridge",
+        )
+    )
 
 
 def windows_and_queues() -> Dashboard:

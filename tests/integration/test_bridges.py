@@ -181,6 +181,12 @@ def test_forwarding_maps_topics_caps_qos_adds_properties_over_one_connection(fle
     assert {q for _p, q, _props in capped} == {1} and len({p for p, _q, _props in capped}) == n
     log = remote.log_path.read_text()
     assert len(re.findall(r"New client connected .* as edge-cloud", log)) == 1, "one bridge connection"
+    # the forward latency: one observation per QoS 1/2 message the remote acknowledged (the leader's)
+    acked = sum(bp.metric("fleetmq_bridge_messages_forwarded_total", bridge="cloud") for bp in nodes)
+    timed = sum(bp.metric("fleetmq_bridge_forward_latency_seconds_count", bridge="cloud") for bp in nodes)
+    total = sum(bp.metric("fleetmq_bridge_forward_latency_seconds_sum", bridge="cloud") for bp in nodes)
+    assert timed == 3 * n and acked >= timed, (timed, acked)
+    assert 0 < total / timed < 5.0, total / timed
 
 
 def _bridge(remote, **kw) -> dict:
