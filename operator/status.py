@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetmq.broker.eventschema import BRIDGE_LOST
 from pydantic import ValidationError
 
 from .crds import RedisSpec
@@ -401,7 +402,8 @@ def bridge_status(
     timestamp: str | None = None,
 ) -> dict[str, Any]:
     """The MqttBridge's status: Accepted (valid, its Secrets there), Connected (the pod leading it is
-    connected to the remote) and Degraded (no leader, or messages dropped), from the pods' reports."""
+    connected to the remote) and Degraded (no leader, or messages lost since the last status: drops that
+    lose what someone meant to pass on, not a two-way bridge's loop drops), from the pods' reports."""
     timestamp = timestamp or now()
     meta = bridge["metadata"]
     name, gen = meta["name"], meta.get("generation")
@@ -446,12 +448,18 @@ def bridge_status(
     problems = []
     if reports and leader is None:
         problems.append("no broker pod leads the bridge")
-    if status["dropped"]:
-        problems.append("dropped " + ", ".join(f"{n} {reason}" for reason, n in status["dropped"].items()))
+    before = (bridge.get("status") or {}).get("dropped") or {}
+    lost = {  # (counts only grow, but a restarted pod starts over: then nothing is taken for new)
+        reason: n - int(before.get(reason) or 0)
+        for reason, n in status["dropped"].items()
+        if reason in BRIDGE_LOST and n > int(before.get(reason) or 0)
+    }
+    if lost:
+        problems.append("lost " + ", ".join(f"{n} {reason}" for reason, n in lost.items()) + " lately")
     if problems:
         conds = set_condition(conds, "Degraded", True, "Degraded", "; ".join(problems), gen, timestamp)
     else:
-        conds = set_condition(conds, "Degraded", False, "Healthy", "nothing dropped", gen, timestamp)
+        conds = set_condition(conds, "Degraded", False, "Healthy", "nothing lost lately", gen, timestamp)
     status["conditions"] = conds
     return status
 

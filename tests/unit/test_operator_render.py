@@ -398,8 +398,20 @@ def test_bridge_status_from_the_pods_reports():
     conds = {c["type"]: (c["status"], c["reason"]) for c in st["conditions"]}
     assert (st["leader"], st["connected"], st["queueMessages"], st["forwarded"]) == ("edge-1", True, 7, 15)
     assert conds == {"Accepted": ("True", "Accepted"), "Connected": ("True", "Connected"),
-                     "Degraded": ("True", "Degraded")}  # fmt: skip
-    assert st["dropped"] == {"loop": 2}
+                     "Degraded": ("False", "Healthy")}  # fmt: skip
+    assert st["dropped"] == {"loop": 2}  # (loop drops are by design: not Degraded)
+    # messages lost since the last status: Degraded, saying how many; none more since: healthy again
+    lossy = json.loads(reports["edge-1"]["bridges"])
+    lossy["cloud"]["dropped"] = {"queue_full": 30}
+    reports["edge-1"]["bridges"] = json.dumps(lossy)
+    b["status"] = {**st, "dropped": {"loop": 2, "queue_full": 10}}
+    st = bridge_status(b, None, r, Observed(nodeinfo=reports), timestamp="t")
+    degraded = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["message"]) == ("True", "lost 20 queue_full lately")
+    assert st["dropped"] == {"loop": 2, "queue_full": 30}
+    b["status"] = st
+    st = bridge_status(b, None, r, Observed(nodeinfo=reports), timestamp="t")
+    assert next(c for c in st["conditions"] if c["type"] == "Degraded")["status"] == "False"
     down = {"edge-1": {"bridges": json.dumps({"cloud": {"leader": True, "connected": False, "queue": 40,
                                                         "forwarded": 0, "dropped": {}, "last_error": "refused"}})}}  # fmt: skip
     st = bridge_status(b, render.Rejection("SecretMissing", "spec.remote.passwordSecretRef: ..."), r,
