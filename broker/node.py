@@ -296,7 +296,8 @@ class Node:
                 continue
             counters = zone.telemetry.counters
             for reason, n in counters.dropped.items():
-                if n:  # (persist off: the session takes QoS 0 only, so a message for the away remote)
+                if n:  # (persist off: every message is QoS 0 to the session, so qos0_offline means it
+                    # came while the remote was away: the bridge's not_persisted)
                     off = reason == DropReason.QOS0_OFFLINE and not b.cfg.persist
                     r["dropped"][BridgeDropReason.NOT_PERSISTED if off else str(reason)] += n
             r["latency"] = counters.latency

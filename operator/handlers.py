@@ -20,7 +20,6 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import kopf
@@ -33,6 +32,7 @@ from .reports import ReportReader
 from .status import (
     Observed,
     bridge_status,
+    epoch,
     fleet_status,
     now,
     pod_generations,
@@ -237,7 +237,7 @@ class Operator:
                 log.warning("cannot read the events of StatefulSet %s: %s", name, e)
                 continue
             since = time.time() - CREATE_FAILURE_WINDOW
-            recent = [(t, e) for e in events if (t := _event_time(e)) >= since]
+            recent = [(t, e) for e in events if (t := _event_time(e)) is not None and t >= since]
             if recent:
                 out.append((name, max(recent, key=lambda te: te[0])[1].get("message", "")))
         return out
@@ -692,12 +692,10 @@ class Operator:
                 await reader.close()
 
 
-def _event_time(event: dict[str, Any]) -> float:
-    stamp = event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp")
-    try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
+def _event_time(event: dict[str, Any]) -> float | None:
+    return epoch(
+        event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp")
+    )
 
 
 def _replacing(new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from fleetmq.broker.rebalance import Order, Progress
 
 from .crds import RebalanceSpec
+from .status import epoch
 
 #: a new value starts a rebalance (as `kubectl rollout restart` does with its annotation)
 ANNOTATION = "fleetmq.io/rebalance"
@@ -124,7 +124,7 @@ def _running(
             done = False
     moved = sum(e["moved"] for e in pods.values())
     out = {**prev, "pods": pods, "moved": moved}
-    started = _epoch(prev.get("startedAt"))
+    started = epoch(prev.get("startedAt"))
     if not steady:
         phase, reason = "Interrupted", "RebalanceInterrupted"
     elif done:
@@ -138,9 +138,3 @@ def _running(
         out["replicas"] = len(nodeinfo)
     message = f"{moved} of {sum(e['asked'] for e in pods.values())} connections moved"
     return Step(out, orders=dict.fromkeys(pods), event=(reason, message))
-
-
-def _epoch(timestamp: str | None) -> float | None:
-    if not timestamp:
-        return None
-    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()

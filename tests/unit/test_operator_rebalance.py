@@ -5,6 +5,7 @@ from __future__ import annotations
 from fleetmq.broker.rebalance import Order, Progress
 from fleetmq.operator import rebalance, rollout
 from fleetmq.operator.crds import RebalanceSpec
+from fleetmq.operator.status import epoch
 
 T0 = 1_800_000_000.0
 STAMP = "2027-01-15T08:00:00Z"
@@ -107,7 +108,7 @@ def test_a_report_of_an_older_order_does_not_count():
 
 def test_a_rebalance_ends_at_its_timeout_or_when_the_fleet_stops_being_steady():
     spec = RebalanceSpec(timeoutSeconds=60)
-    started = rebalance._epoch(STAMP)
+    started = epoch(STAMP)
     assert started is not None
     prev = running({"e-0": 50})
     nodes = {"e-0": info(120, Progress("r1", 50, 10, False)), "e-1": info(10)}
