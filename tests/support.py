@@ -5,6 +5,8 @@
     wait_until(lambda: ready(), timeout=5, msg="x")   # poll a predicate, AssertionError on timeout
     stop_process(proc, grace=5)                       # SIGTERM by pid, SIGKILL after grace; reaped
     kill_process(proc)                                # SIGKILL by pid; reaped
+    srv = TcpServer(handle)                           # a thread calling handle(conn) per connection
+    srv.close()                                       # the port is free when this returns
 
     rs = RedisServer(tmp_path / "redis")              # redis-server on a free port, AOF with fsync always
     rs.command("SET", "k", "v")                       # -> "OK", through redis-py on a fresh connection
@@ -28,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -81,6 +84,35 @@ def wait_port(host: str, port: int, timeout: float = 15.0, proc: subprocess.Pope
 
 
 # ------------------------------------------------------------------ processes
+class TcpServer:
+    """A listening socket on a free loopback port whose thread hands each connection to `handle`.
+
+    close() shuts the socket down before closing it: a bare close() leaves a listener blocked in accept()
+    in another thread listening, so the port stays taken (a server started on it next fails to bind) and
+    one more connection is accepted."""
+
+    def __init__(self, handle: Callable[[socket.socket], None], host: str = HOST) -> None:
+        self._handle = handle
+        self._srv = socket.create_server((host, 0))
+        self.host, self.port = host, int(self._srv.getsockname()[1])
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            self._handle(conn)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._srv.shutdown(socket.SHUT_RDWR)
+        self._srv.close()
+        self._thread.join(timeout=10)
+
+
 def _signal(proc: subprocess.Popen[Any], sig: int) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):

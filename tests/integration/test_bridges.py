@@ -18,7 +18,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from tests.integration.harness import MOSQUITTO, start_mosquitto, uid
-from tests.support import wait_until
+from tests.support import TcpServer, wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")]
 
@@ -80,19 +80,12 @@ class Tap:
         self.upstream = upstream
         self.sent: list[tuple[float, str, bytes, bool]] = []  # (time, topic, payload, dup)
         self.opened: list[float] = []  # when each connection from the bridge came
-        self._srv = socket.create_server(("127.0.0.1", 0))
-        self.host, self.port = self._srv.getsockname()[:2]
-        self._stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._srv = TcpServer(self._opened)
+        self.host, self.port = self._srv.host, self._srv.port
 
-    def _accept(self) -> None:
-        while not self._stop:
-            try:
-                down, _ = self._srv.accept()
-            except OSError:
-                return
-            self.opened.append(time.monotonic())
-            threading.Thread(target=self._serve, args=(down,), daemon=True).start()
+    def _opened(self, down: socket.socket) -> None:
+        self.opened.append(time.monotonic())
+        threading.Thread(target=self._serve, args=(down,), daemon=True).start()
 
     def _serve(self, down: socket.socket) -> None:
         try:
@@ -122,7 +115,6 @@ class Tap:
                     sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        self._stop = True
         self._srv.close()
 
 
@@ -671,26 +663,20 @@ class Slammer:
     def __init__(self, reply: bytes = b"") -> None:
         self.reply = reply
         self.attempts: list[tuple[float, str]] = []
-        self._srv = socket.create_server(("127.0.0.1", 0))
-        self.host, self.port = self._srv.getsockname()[:2]
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._srv = TcpServer(self._attempt)
+        self.host, self.port = self._srv.host, self._srv.port
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._srv.accept()
-            except OSError:
-                return
-            now = time.monotonic()
-            with conn:
-                conn.settimeout(2.0)
-                parser, got = Parser(), []
-                with contextlib.suppress(OSError, ValueError):
-                    while not got and (data := conn.recv(4096)):
-                        got = [p for p in parser.feed(data) if isinstance(p, Connect)]
-                    if got and self.reply:
-                        conn.sendall(self.reply)
-                self.attempts.append((now, got[0].client_id if got else "?"))
+    def _attempt(self, conn: socket.socket) -> None:
+        now = time.monotonic()
+        with conn:
+            conn.settimeout(2.0)
+            parser, got = Parser(), []
+            with contextlib.suppress(OSError, ValueError):
+                while not got and (data := conn.recv(4096)):
+                    got = [p for p in parser.feed(data) if isinstance(p, Connect)]
+                if got and self.reply:
+                    conn.sendall(self.reply)
+            self.attempts.append((now, got[0].client_id if got else "?"))
 
     def close(self) -> None:
         self._srv.close()
@@ -777,28 +763,22 @@ def test_a_remote_that_requires_a_client_certificate_gets_the_one_in_the_tls_sec
     ctx.load_cert_chain(*pki["server"])
     ctx.load_verify_locations(pki["ca"])
     ctx.verify_mode = ssl.CERT_REQUIRED
-    srv = socket.create_server(("127.0.0.1", 0))
-    port = srv.getsockname()[1]
     peers: list[str] = []
     held: list[socket.socket] = []
 
-    def serve() -> None:
-        while True:
-            try:
-                raw, _ = srv.accept()
-            except OSError:
-                return
-            try:
-                conn = ctx.wrap_socket(raw, server_side=True)
-                conn.recv(4096)  # its CONNECT
-                subject = dict(x[0] for x in conn.getpeercert()["subject"])
-                peers.append(subject["commonName"])
-                conn.sendall(bytes([0x20, 3, 0, 0, 0]))  # CONNACK: success, no properties
-                held.append(conn)
-            except (OSError, ssl.SSLError):
-                raw.close()
+    def serve(raw: socket.socket) -> None:
+        try:
+            conn = ctx.wrap_socket(raw, server_side=True)
+            conn.recv(4096)  # its CONNECT
+            subject = dict(x[0] for x in conn.getpeercert()["subject"])
+            peers.append(subject["commonName"])
+            conn.sendall(bytes([0x20, 3, 0, 0, 0]))  # CONNACK: success, no properties
+            held.append(conn)
+        except (OSError, ssl.SSLError):
+            raw.close()
 
-    threading.Thread(target=serve, daemon=True).start()
+    srv = TcpServer(serve)
+    port = srv.port
     bridge = {"name": "cloud",
               "remote": {"host": "127.0.0.1", "port": port, "transport": "tls", "tls": {"cafile": str(secret / "ca.crt"), "certfile": str(secret / "tls.crt"),
                                                                                 "keyfile": str(secret / "tls.key")}},
