@@ -138,3 +138,48 @@ def test_a_rollout_steers_by_revision_whatever_the_donors():
     rolling = {"status": {"currentRevision": "r1", "updateRevision": "r2"}}
     pods = [pod("e-0"), pod("e-1"), pod("e-2", revision="r2")]
     assert rollout.serving_labels(rolling, pods, {"e-2"}) == {"e-0": "false", "e-1": "false"}
+
+
+def sts(current: str, update: str, partition: int | None = None) -> dict[str, object]:
+    spec = {} if partition is None else {"updateStrategy": {"rollingUpdate": {"partition": partition}}}
+    return {"spec": spec, "status": {"currentRevision": current, "updateRevision": update}}
+
+
+def test_the_operator_lowers_the_partition_one_pod_at_a_time_once_steering_has_settled():
+    # not rolling: the highest ordinal, so a new template rolls one pod first
+    assert rollout.partition(sts("r1", "r1"), [pod("e-0"), pod("e-1"), pod("e-2")], 3, False) == 2
+    assert rollout.partition(None, [], 3, False) == 2
+    # the first pod being recreated, then updated but not Ready: held
+    rolling = sts("r1", "r2", 2)
+    assert rollout.partition(rolling, [pod("e-0"), pod("e-1")], 3, True) == 2
+    assert rollout.partition(rolling, [pod("e-0"), pod("e-1"), pod("e-2", "r2", ready=False)], 3, True) == 2
+    # updated and Ready: one lower only once the old pods are steered away and the Services followed
+    up = [pod("e-0", serving="false"), pod("e-1", serving="false"), pod("e-2", "r2")]
+    assert rollout.partition(rolling, up, 3, False) == 2
+    assert rollout.partition(rolling, up, 3, True) == 1
+    # e-1 gone (recreated from the update revision, at the partition): held until it is back and Ready
+    assert rollout.partition(sts("r1", "r2", 1), [up[0], up[2]], 3, True) == 1
+    assert rollout.partition(sts("r1", "r2", 1), [up[0], pod("e-1", "r2"), up[2]], 3, True) == 0
+    # the pods cannot be listed: held where it is
+    assert rollout.partition(sts("r1", "r2", 1), None, 3, True) == 1
+
+
+def test_the_partition_never_rises_above_an_updated_pod():
+    # a pod below the partition is recreated from the old revision: an updated one must stay above it
+    done_to_1 = [pod("e-0"), pod("e-1", "r2", ready=False), pod("e-2", "r2")]
+    assert rollout.partition(sts("r1", "r2", 1), done_to_1, 3, True) == 1
+    # e-0 missing below the partition comes back old: not counted as updated
+    assert rollout.partition(sts("r1", "r2", 1), [pod("e-1", "r2"), pod("e-2", "r2")], 3, True) == 0
+    # a newer template in mid-rollout: its own rollout starts again from the top
+    assert rollout.partition(sts("r1", "r3", 1), done_to_1, 3, True) == 2
+    # scaled down in mid-rollout: within the new replicas
+    assert rollout.partition(sts("r1", "r2", 2), [pod("e-0"), pod("e-1", "r2")], 2, True) == 0
+
+
+def test_steered_means_every_old_pod_is_out_of_the_services():
+    rolling = sts("r1", "r2", 2)
+    assert not rollout.steered(rolling, [pod("e-0"), pod("e-1", serving="false"), pod("e-2", "r2")])
+    assert rollout.steered(
+        rolling, [pod("e-0", serving="false"), pod("e-1", serving="false"), pod("e-2", "r2")]
+    )
+    assert not rollout.steered(sts("r2", "r2"), [pod("e-0", "r2")])  # (no rollout: nothing to steer)
