@@ -32,7 +32,6 @@ from .reports import ReportReader
 from .status import (
     Observed,
     bridge_status,
-    condition,
     epoch,
     fleet_status,
     now,
@@ -51,9 +50,6 @@ USERS = (GROUP, VERSION, "mqttusers")
 VERIFIED_LIMIT = 10_000
 #: a FailedCreate event older than this is taken for a mistake since fixed (the controller retries with backoff)
 CREATE_FAILURE_WINDOW = 600.0
-#: a fleet's status is refreshed this often while its store changes, and for STORE_SETTLE seconds after
-STORE_REFRESH = 5.0
-STORE_SETTLE = 30.0
 CHILD_LABELS = {render.L_MANAGED: render.MANAGER}
 PRUNED_KINDS = ("Service", "StatefulSet", "Job", "PodDisruptionBudget", "ConfigMap", "ServiceMonitor")
 
@@ -79,12 +75,8 @@ class Operator:
     last_reconcile: dict[tuple[str, str], float] = field(default_factory=dict)
     verified: dict[tuple[str, str], bool] = field(default_factory=dict)
     rechecks: set[asyncio.Task[None]] = field(default_factory=set)
-    recheck_due: dict[tuple[str, str], set[float]] = field(default_factory=dict)  # pending (monotonic)
     #: when the operator last turned an old pod's serving label off in a fleet's rollout (monotonic)
     steered_at: dict[tuple[str, str], float] = field(default_factory=dict)
-    #: until when a fleet's store is taken for changing (a failover): its status is refreshed every
-    #: STORE_REFRESH seconds meanwhile, as the brokers' reports of it come with no Kubernetes event
-    store_changing: dict[tuple[str, str], float] = field(default_factory=dict)
 
     async def request(self, namespace: str, name: str) -> None:
         """Reconcile the fleet now, or once more after the pass that is running."""
@@ -117,8 +109,7 @@ class Operator:
         kube = self.kube
         fleet = await kube.get("BrokerFleet", namespace, name)
         if fleet is None or fleet["metadata"].get("deletionTimestamp"):
-            for state in (self.zone_counts, self.steered_at, self.store_changing):
-                state.pop((namespace, name), None)
+            self.zone_counts.pop((namespace, name), None)
             if (reader := self.readers.pop((namespace, name), None)) is not None:
                 await reader.close()
             metrics.forget_fleet(namespace, name)
@@ -212,7 +203,6 @@ class Operator:
         if pods_listed:
             await self._steer((namespace, name), observed, balancing.donors if balancing else set())
         status = fleet_status(fleet, rendered, render_error, observed)
-        self._follow_store((namespace, name), fleet.get("status") or {}, status)
         if balancing is not None and balancing.status is not None:
             status["rebalance"] = _replacing(balancing.status, (fleet.get("status") or {}).get("rebalance"))
         await self._patch_status(fleet, status)
@@ -303,41 +293,14 @@ class Operator:
         return step
 
     def _recheck(self, namespace: str, name: str, delay: float) -> None:
-        """Reconcile the fleet again in `delay` seconds, unless a look already due in the second before
-        covers it (each pass asks for what it still waits for, so passes in a burst ask for one)."""
-        key, due = (namespace, name), time.monotonic() + delay
-        pending = self.recheck_due.setdefault(key, set())
-        if any(due - 1.0 <= d <= due for d in pending):
-            return
-        pending.add(due)
-
         async def later() -> None:
-            try:
-                await asyncio.sleep(delay)
-            finally:
-                pending.discard(due)
+            await asyncio.sleep(delay)
             with contextlib.suppress(Exception):  # (reconcile logged it; the next event or resync retries)
                 await self.request(namespace, name)
 
         task = asyncio.get_running_loop().create_task(later())
         self.rechecks.add(task)
         task.add_done_callback(self.rechecks.discard)
-
-    def _follow_store(self, key: tuple[str, str], before: dict[str, Any], after: dict[str, Any]) -> None:
-        """While the store is not ready, and for STORE_SETTLE seconds after it changed (primary, failovers,
-        readiness), look again every STORE_REFRESH seconds instead of waiting for the resync."""
-        ready = (condition(after, "StoreReady") or {}).get("status")
-        changed = (
-            before.get("store") != after.get("store")
-            or (condition(before, "StoreReady") or {}).get("status") != ready
-        )
-        now = time.monotonic()
-        if changed or ready != "True":
-            self.store_changing[key] = now + STORE_SETTLE
-        if self.store_changing.get(key, 0.0) > now:
-            self._recheck(*key, STORE_REFRESH)
-        else:
-            self.store_changing.pop(key, None)
 
     def _partition(
         self,
