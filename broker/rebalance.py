@@ -21,8 +21,6 @@ class Order:
     count: int  # connections to move
     rate: float  # a second
     until: float  # wall-clock seconds: an order is not started after, and stops at, this time
-    #: wall-clock seconds: nobody is let go before (the operator's steering of the Services goes first)
-    start: float = 0.0
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -32,9 +30,7 @@ class Order:
         """The order in `raw`; ValueError says what is wrong with it."""
         try:
             d = json.loads(raw)
-            order = cls(
-                str(d["id"]), int(d["count"]), float(d["rate"]), float(d["until"]), float(d.get("start", 0.0))
-            )
+            order = cls(str(d["id"]), int(d["count"]), float(d["rate"]), float(d["until"]))
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"not a rebalance order: {raw[:200]!r}") from e
         if order.count < 0 or order.rate <= 0:

@@ -307,7 +307,6 @@ class Server:
         return evicted
 
     async def _rebalance(self, order: Order, progress: Progress) -> None:
-        await asyncio.sleep(max(0.0, order.start - time.time()))
         deadline = asyncio.get_running_loop().time() + max(0.0, order.until - time.time())
         await self._evict(order.rate, deadline, progress)
 

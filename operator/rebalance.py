@@ -4,8 +4,7 @@ Pods added by a scale-up start empty: clients stay on the pod they connected to.
 pod with more than its share (a donor; EMQX's thresholds: above the average by a factor and by a count)
 to let go of what it has above the average, at a paced rate, through an order in Redis that the pod
 reads with its heartbeat (fleetmq.broker.rebalance). While it runs, donors are not serving (rollout.py's
-label, which the orders give the Services STEER_SETTLE seconds to follow before their start), so the
-clients they let go reconnect to the other pods; it ends when every donor reports its
+label), so the clients they let go reconnect to the other pods; it ends when every donor reports its
 order done, at the timeout, or (Interrupted) when the fleet stops being steady: a pod not Ready, a
 rollout, a scale.
 
@@ -21,7 +20,6 @@ from typing import Any
 from fleetmq.broker.rebalance import Order, Progress
 
 from .crds import RebalanceSpec
-from .rollout import STEER_SETTLE
 from .status import epoch
 
 #: a new value starts a rebalance (as `kubectl rollout restart` does with its annotation)
@@ -99,13 +97,10 @@ def step(
     )
     return Step(
         out,
-        # (the donors leave the Services first: their clients must not come back to them)
-        orders={
-            pod: Order(new_id, n, spec.evictionRate, until, now + STEER_SETTLE) for pod, n in moves.items()
-        },
+        orders={pod: Order(new_id, n, spec.evictionRate, until) for pod, n in moves.items()},
         donors=set(moves),
         event=("RebalanceStarted", message),
-        recheck=STEER_SETTLE + max(moves.values()) / spec.evictionRate + 2.0,
+        recheck=max(moves.values()) / spec.evictionRate + 2.0,
     )
 
 

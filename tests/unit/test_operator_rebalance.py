@@ -37,16 +37,14 @@ def test_a_scale_up_starts_a_rebalance_once_the_fleet_is_steady():
 
     s = rebalance.step(spec, before, None, True, three, T0, STAMP, "id1")
     assert s.status is not None and s.status["phase"] == "Running" and s.status["reason"] == "ScaleUp"
-    # (begun once the donors are out of the Services: rollout.STEER_SETTLE)
-    start = T0 + rollout.STEER_SETTLE
     assert s.orders == {
-        "e-0": Order("id1", 50, 20, T0 + spec.timeoutSeconds, start),
-        "e-1": Order("id1", 50, 20, T0 + spec.timeoutSeconds, start),
+        "e-0": Order("id1", 50, 20, T0 + spec.timeoutSeconds),
+        "e-1": Order("id1", 50, 20, T0 + spec.timeoutSeconds),
     }
     assert s.donors == {"e-0", "e-1"}
     assert s.status["pods"] == {"e-0": {"asked": 50, "moved": 0}, "e-1": {"asked": 50, "moved": 0}}
     assert s.event is not None and s.event[0] == "RebalanceStarted" and "100 connections" in s.event[1]
-    assert s.recheck == rollout.STEER_SETTLE + 50 / 20 + 2.0
+    assert s.recheck == 50 / 20 + 2.0
 
 
 def test_without_afterScaleUp_only_the_annotation_starts_one_and_only_once_per_value():
@@ -56,7 +54,7 @@ def test_without_afterScaleUp_only_the_annotation_starts_one_and_only_once_per_v
     assert quiet.status == {"replicas": 3} and not quiet.orders
     s = rebalance.step(spec, {"replicas": 3}, "now", True, three, T0, STAMP, "id2")
     assert s.status is not None and s.status["reason"] == "Requested" and s.status["requested"] == "now"
-    assert s.orders == {"e-0": Order("id2", 200, 50, T0 + 600, T0 + rollout.STEER_SETTLE)}
+    assert s.orders == {"e-0": Order("id2", 200, 50, T0 + 600)}
     done = {**s.status, "phase": "Completed"}
     again = rebalance.step(spec, done, "now", True, three, T0 + 60, STAMP, "id3")
     assert not again.orders and again.status is not None and again.status["id"] == "id2"
@@ -185,9 +183,3 @@ def test_steered_means_every_old_pod_is_out_of_the_services():
         rolling, [pod("e-0", serving="false"), pod("e-1", serving="false"), pod("e-2", "r2")]
     )
     assert not rollout.steered(sts("r2", "r2"), [pod("e-0", "r2")])  # (no rollout: nothing to steer)
-
-
-def test_an_order_without_a_start_begins_at_once():
-    # (as an operator before the start existed wrote it)
-    assert Order.parse(b'{"count": 5, "id": "a", "rate": 10, "until": 99}') == Order("a", 5, 10.0, 99.0, 0.0)
-    assert Order.parse(Order("b", 1, 2.0, 9.0, 4.0).encode()).start == 4.0
