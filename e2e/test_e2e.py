@@ -1088,9 +1088,9 @@ def test_helm_upgrade_from_the_previous_release_with_a_fleet_running(cluster: Cl
     """A cluster that ran only the previous release (its CRDs, its chart, a fleet it made with 60
     persistent clients): `helm upgrade` to this chart while a publisher keeps sending. The new operator
     brings the CRDs up to date itself (helm never does), the fleet rolls to this release's broker image
-    (the fleet names none: 0.1.0 wrote its default into the spec, which counts as none), steered so that
-    no client moves more than twice, every acknowledged message arrives, and a kind new in this release
-    works once its CRD is applied as the README says."""
+    (the fleet names none: 0.1.0 wrote its default into the spec, which counts as none), every
+    acknowledged message arrives, and a kind new in this release works once its CRD is applied as the
+    README says."""
     c = cluster
     tree = Path(os.environ.get("FLEETMQ_PREVIOUS_DIR", ""))
     if not (tree / "charts" / "fleetmq").is_dir():
@@ -1161,10 +1161,6 @@ def test_helm_upgrade_from_the_previous_release_with_a_fleet_running(cluster: Cl
     print(f"helm upgrade {old} -> {VERSION} with {n} clients: fleet on {IMAGE} after {upgrade_s:.0f}s; "
           f"disconnects per client mean {sum(counts) / n:.2f} max {max(counts)}; {seq} messages "
           f"acknowledged, none lost")  # fmt: skip
-    # 0.1.0's pods close all their clients at once when they stop: the first pod's clients land on old
-    # pods and move again, but every later pod stops only once the old ones are out of the Services
-    # (rollout.py: the operator lowers the StatefulSet's partition), so nobody moves a third time
-    assert max(counts) <= 2 and sum(counts) / n <= 1.5, f"clients moved {sorted(counts)}"
 
     # the kind new in this release, once its CRD is applied as the README says
     c.kubectl("apply", "--server-side", "-f", CHART / "crds")

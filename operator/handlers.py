@@ -75,8 +75,6 @@ class Operator:
     last_reconcile: dict[tuple[str, str], float] = field(default_factory=dict)
     verified: dict[tuple[str, str], bool] = field(default_factory=dict)
     rechecks: set[asyncio.Task[None]] = field(default_factory=set)
-    #: when the operator last turned an old pod's serving label off in a fleet's rollout (monotonic)
-    steered_at: dict[tuple[str, str], float] = field(default_factory=dict)
 
     async def request(self, namespace: str, name: str) -> None:
         """Reconcile the fleet now, or once more after the pass that is running."""
@@ -153,16 +151,6 @@ class Operator:
         metrics.ZONES.labels("rejected").set(sum(r for _, r in self.zone_counts.values()))
         metrics.FLEETS.set(len(self.zone_counts))
         observed = Observed(rejected=rejected)
-        before = await kube.get("StatefulSet", namespace, render.names(name)["statefulset"])
-        pods_listed = True
-        try:
-            observed.pods = await kube.list("Pod", namespace, f"{render.L_FLEET}={name}")
-        except ApiError:  # status without pod problems rather than no status
-            metrics.RECONCILE_ERRORS.labels("pods").inc()
-            pods_listed = False
-        partition = self._partition(
-            (namespace, name), before, observed.pods if pods_listed else None, replicas
-        )
         rendered: render.Rendered | None = None
         render_error = ""
         passwords: tuple[str | None, str | None] = (None, None)
@@ -182,7 +170,6 @@ class Operator:
                 bridge_files=bridge_files,
                 users=users,
                 user_history=render.user_history(current_cm),
-                partition=partition,
             )
         except (render.RenderError, ValueError) as e:
             metrics.RECONCILE_ERRORS.labels("render").inc()
@@ -195,13 +182,19 @@ class Operator:
             observed.store_children = await self._store_children(rendered)
         observed.statefulset = await kube.get("StatefulSet", namespace, render.names(name)["statefulset"])
         observed.create_failures = await self._create_failures(namespace, observed)
+        pods_listed = True
+        try:
+            observed.pods = await kube.list("Pod", namespace, f"{render.L_FLEET}={name}")
+        except ApiError:  # status without pod problems rather than no status
+            metrics.RECONCILE_ERRORS.labels("pods").inc()
+            pods_listed = False
         if rendered is not None:
             observed.nodeinfo, observed.nodeinfo_error = await self._nodeinfo(
                 fleet, rendered.config["store"], passwords
             )
         balancing = await self._rebalance(fleet, observed) if rendered is not None else None
         if pods_listed:
-            await self._steer((namespace, name), observed, balancing.donors if balancing else set())
+            await self._steer(namespace, observed, balancing.donors if balancing else set())
         status = fleet_status(fleet, rendered, render_error, observed)
         if balancing is not None and balancing.status is not None:
             status["rebalance"] = _replacing(balancing.status, (fleet.get("status") or {}).get("rebalance"))
@@ -295,47 +288,27 @@ class Operator:
     def _recheck(self, namespace: str, name: str, delay: float) -> None:
         async def later() -> None:
             await asyncio.sleep(delay)
-            with contextlib.suppress(Exception):  # (reconcile logged it; the next event or resync retries)
-                await self.request(namespace, name)
+            await self.request(namespace, name)
 
         task = asyncio.get_running_loop().create_task(later())
         self.rechecks.add(task)
         task.add_done_callback(self.rechecks.discard)
 
-    def _partition(
-        self,
-        key: tuple[str, str],
-        statefulset: dict[str, Any] | None,
-        pods: list[dict[str, Any]] | None,
-        replicas: int,
-    ) -> int:
-        """The broker StatefulSet's partition for this pass (rollout.partition); looks again once the
-        Services have had time to follow the steering."""
-        brokers = None if pods is None else _brokers(pods)
-        settled = False
-        if brokers is not None and rollout.steered(statefulset, brokers):
-            wait = self.steered_at.setdefault(key, time.monotonic()) + rollout.STEER_SETTLE - time.monotonic()
-            settled = wait <= 0
-            if not settled:
-                self._recheck(*key, wait + 0.1)
-        elif not rollout.rolling(statefulset):
-            self.steered_at.pop(key, None)
-        return rollout.partition(statefulset, brokers, replicas, settled)
-
-    async def _steer(self, key: tuple[str, str], observed: Observed, donors: set[str]) -> None:
+    async def _steer(self, namespace: str, observed: Observed, donors: set[str]) -> None:
         """During a rollout, only updated pods take new connections (rollout.py); during a rebalance, only
         the pods not giving connections away (rebalance.py)."""
-        labels = rollout.serving_labels(observed.statefulset, _brokers(observed.pods), donors)
-        for pod, value in labels.items():
+        brokers = [
+            p
+            for p in observed.pods
+            if (p["metadata"].get("labels") or {}).get(render.L_COMPONENT) == "broker"
+        ]
+        for pod, value in rollout.serving_labels(observed.statefulset, brokers, donors).items():
             try:
-                await self.kube.patch_labels("Pod", key[0], pod, {rollout.L_SERVING: value})
+                await self.kube.patch_labels("Pod", namespace, pod, {rollout.L_SERVING: value})
             except ApiError as e:
                 if e.status != 404:  # (a pod gone meanwhile)
                     metrics.RECONCILE_ERRORS.labels("pods").inc()
                     log.warning("cannot label pod %s %s=%s: %s", pod, rollout.L_SERVING, value, e)
-        if rollout.rolling(observed.statefulset) and "false" in labels.values():
-            self.steered_at[key] = time.monotonic()  # (the rollout goes on once the Services follow)
-            self._recheck(*key, rollout.STEER_SETTLE + 0.1)
 
     async def _bridges_with_secrets(
         self, namespace: str, bridges: list[render.Bridge], last: dict[str, render.Bridge]
@@ -713,9 +686,6 @@ class Operator:
             log.warning("cannot record event %s on %s: %s", reason, obj["metadata"]["name"], e)
 
     async def close(self) -> None:
-        for task in list(self.rechecks):
-            task.cancel()
-        await asyncio.gather(*self.rechecks, return_exceptions=True)
         await self.kube.close()
         for reader in self.readers.values():
             with contextlib.suppress(Exception):
@@ -907,11 +877,6 @@ async def user_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     fleet_name = (body.get("spec") or {}).get("fleetRef", {}).get("name")
     if fleet_name:
         await _op(memo).request(_ns(body.metadata.namespace), fleet_name)
-
-
-def _brokers(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The broker pods among a fleet's pods (the managed Redis' carry the fleet's label too)."""
-    return [p for p in pods if (p["metadata"].get("labels") or {}).get(render.L_COMPONENT) == "broker"]
 
 
 # ------------------------------------------------------------------------------------------- children

@@ -575,15 +575,13 @@ def render(
     bridge_files: dict[str, str] | None = None,
     users: list[User] = (),  # type: ignore[assignment]
     user_history: dict[str, dict[str, str]] | None = None,
-    partition: int = 0,
 ) -> Rendered:
     """Everything the operator applies for a fleet (raises RenderError, applying nothing, if invalid).
 
     bridge_files: the bridges' Secrets' files (bridge_secret_files), copied into the fleet's own bridge
     Secret, which every pod mounts: adding a bridge or rotating its credentials never changes the pods'
     template (kubelet brings the files within its sync period; a bridge reads them at each connection).
-    users: the MqttUsers with their password hashes, into the fleet's users Secret (mounted always, too).
-    partition: the broker StatefulSet's, by which the operator drives a rollout (rollout.partition)."""
+    users: the MqttUsers with their password hashes, into the fleet's users Secret (mounted always, too)."""
     bridge_files = bridge_files or {}
     config = broker_config(fleet, zones, bridges, bridge_files, users)
     digest = expected_hash(config)
@@ -603,7 +601,7 @@ def render(
         config_map(fleet, config, digest, zones, hist, bridges, out.user_history),
         bridge_secret(fleet, bridge_files),
         users_secret(fleet, user_files(zones, users)),
-        statefulset(fleet, spec, zones, restart_hash(config, hashed_password), bridges, partition),
+        statefulset(fleet, spec, zones, restart_hash(config, hashed_password), bridges),
         headless_service(fleet, spec),
         pdb(fleet),
         *client_services(fleet, spec, zones),
@@ -877,7 +875,6 @@ def statefulset(
     zones: list[Zone],
     restart: str,
     bridges: list[Bridge] = (),  # type: ignore[assignment]
-    partition: int = 0,
 ) -> dict[str, Any]:
     name = fleet["metadata"]["name"]
     n = names(name)
@@ -946,8 +943,7 @@ def statefulset(
             "replicas": spec.replicas,
             "serviceName": n["headless"],
             "podManagementPolicy": "Parallel",
-            # one pod at a time, each waiting for readiness, as far down as the operator lets it
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}},
+            "updateStrategy": {"type": "RollingUpdate"},  # one pod at a time, each waiting for readiness
             "selector": {"matchLabels": selector_labels(name)},
             "template": template,
         },
