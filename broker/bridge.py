@@ -23,7 +23,7 @@ import logging
 import ssl
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from . import keys
@@ -46,6 +46,7 @@ from .codec import (
 from .eventschema import BridgeCloseReason as Close
 from .negotiation import INTERNAL
 from .redisclient import read_secret
+from .router import Subscription
 from .telemetry import Telemetry
 from .websocket import ClientWebSocket
 
@@ -54,6 +55,7 @@ log = logging.getLogger("fleetmq.bridge")
 LEASE_TTL = 5.0  # seconds a leader's lease lasts unless renewed
 RENEW_EVERY = 1.0
 CONNECT_TIMEOUT = 10.0
+ROUTE_RETRY_MIN, ROUTE_RETRY_MAX = 0.5, 5.0  # seconds between attempts to route a bridge's forwards
 
 #: makes the in-process channel of a bridge's session: (its IO, peer, listener) -> channel
 NewChannel = Callable[[ChannelIO, str, str], Channel]
@@ -69,6 +71,20 @@ def preferred(bridge: str, nodes: list[str]) -> str | None:
     if not nodes:
         return None
     return max(nodes, key=lambda n: hashlib.sha256(f"{bridge}\0{n}".encode()).digest())
+
+
+def routed(cfg: BridgeConfig, routes: Mapping[str, Subscription]) -> bool:
+    """Whether a route table (the bridge session's subscriptions in it) has every forward, as
+    subscribed: the options decide the QoS and retain flag a message is queued for the remote with."""
+    for topic_filter, opts in local_subscriptions(cfg):
+        sub = routes.get(topic_filter)
+        if sub is None or (sub.qos, sub.no_local, sub.retain_as_published) != (
+            opts.qos,
+            opts.no_local,
+            opts.retain_as_published,
+        ):
+            return False
+    return True
 
 
 class Lease:
@@ -300,6 +316,28 @@ class Bridge:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def route(self, routes: Callable[[], Mapping[str, Subscription]]) -> None:
+        """Return once this node routes every forward to the bridge's session, which keeps what they
+        match until a leader sends it: the node must not accept a publish before, or it would
+        acknowledge a message that no session takes. `routes` reads the session's subscriptions in the
+        node's route table, loaded from the store when the session has its forwards there already (a
+        restart, a bridge another node set up: nothing is touched, a live link stays up); otherwise (a
+        new session, a forward added or changed) the session is opened here with them, as a leader
+        does, retrying until the fleet answers."""
+        delay = ROUTE_RETRY_MIN
+        while not routed(self.cfg, routes()):
+            trouble = await self._open_session()
+            if trouble is None:
+                return
+            log.warning(
+                "bridge %s: cannot route its forwards in the fleet (%s); retrying in %.1fs",
+                self.cfg.name,
+                trouble,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, ROUTE_RETRY_MAX)
 
     async def drain(self, timeout: float) -> None:
         """Before a graceful stop: send nothing new, and wait up to `timeout` for the remote to acknowledge

@@ -64,6 +64,8 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.bridges: list[Bridge] = []
         self._started = False  # (bridges start once the node has joined the fleet)
+        self._bridges_changing = asyncio.Lock()  # (one config's bridges applied after the other)
+        self._bridges_applied: asyncio.Task[None] | None = None
         self.events: EventLog | None = None
         if config.event_log.enabled:
             log_cfg = config.event_log
@@ -209,28 +211,45 @@ class Node:
         if self.events is not None:
             self.events.set_zones(config.zones)
         if self._started:
-            self.spawn(self._apply_bridges())
+            self._bridges_applied = self.spawn(self._apply_bridges(config.bridges))
 
-    async def _apply_bridges(self) -> None:
+    async def bridges_applied(self) -> None:
+        """Wait until the bridges of the config applied last run, their forwards routed here: only then
+        is the config applied (a publish acknowledged from then on reaches a bridge added or changed)."""
+        if self._bridges_applied is not None:
+            await asyncio.wait([self._bridges_applied])  # (its failure is the task's to report)
+
+    async def _apply_bridges(self, bridges: list[BridgeConfig]) -> None:
         """Bridges added, removed or changed in a new config: a changed one stops (parking its session,
-        which keeps what is queued) and starts again with its new settings."""
-        wanted = {b.name: b for b in self.config.bridges}
-        for bridge in list(self.bridges):
-            cfg = wanted.get(bridge.cfg.name)
-            if cfg is None or cfg != bridge.cfg:
-                self.bridges.remove(bridge)
-                leading = bridge.leader
-                await bridge.stop()
-                if cfg is None and leading:
-                    await bridge.discard()
-                log.info(
-                    "bridge %s: %s", bridge.cfg.name, "removed" if cfg is None else "changed: restarting it"
-                )
-        running = {b.cfg.name for b in self.bridges}
-        for cfg in self.config.bridges:
-            if cfg.name not in running:
-                self.zones[cfg.session_id] = Zone(cfg.session_id, cfg.zone(), self._telemetry(cfg.session_id))
-                self._start_bridge(cfg)
+        which keeps what is queued and its routes) and starts again with its new settings."""
+        async with self._bridges_changing:
+            wanted = {b.name: b for b in bridges}
+            for bridge in list(self.bridges):
+                cfg = wanted.get(bridge.cfg.name)
+                if cfg is None or cfg != bridge.cfg:
+                    self.bridges.remove(bridge)
+                    leading = bridge.leader
+                    await bridge.stop()
+                    if cfg is None and leading:
+                        try:
+                            await bridge.discard()
+                        except TimeoutError:  # (its routes stay too: what they match queues, bounded)
+                            log.warning(
+                                "bridge %s: removed, but the fleet did not end its session in time",
+                                bridge.cfg.name,
+                            )
+                    log.info(
+                        "bridge %s: %s",
+                        bridge.cfg.name,
+                        "removed" if cfg is None else "changed: restarting it",
+                    )
+            running = {b.cfg.name for b in self.bridges}
+            for cfg in bridges:
+                if cfg.name not in running:
+                    self.zones[cfg.session_id] = Zone(
+                        cfg.session_id, cfg.zone(), self._telemetry(cfg.session_id)
+                    )
+                    await self._start_bridge(cfg)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run a background task, keeping a reference so it is not garbage collected mid-flight."""
@@ -251,7 +270,7 @@ class Node:
         await self._until_the_store_answers("loading routes and retained messages", self._load)
         if self.events is not None:
             await self.events.start()
-        self._start_bridges()
+        await self._start_bridges()
 
     async def _load(self) -> None:
         routes = await self.store.load_routes()
@@ -278,11 +297,12 @@ class Node:
                     with contextlib.suppress(Exception):
                         await self.store.drop_idle_connections()
 
-    def _start_bridges(self) -> None:
+    async def _start_bridges(self) -> None:
+        """Before the listeners open: each bridge's forwards are routed by then (Bridge.route)."""
         self._started = True
         self.metrics.bridges = self._bridge_reports
         for cfg in self.config.bridges:
-            self._start_bridge(cfg)
+            await self._start_bridge(cfg)
 
     def _bridge_reports(self) -> dict[str, dict[str, Any]]:
         """Each bridge's report, with what its session's queue dropped here (a full queue in this node's
@@ -303,7 +323,8 @@ class Node:
             r["latency"] = counters.latency
         return out
 
-    def _start_bridge(self, cfg: BridgeConfig) -> None:
+    async def _start_bridge(self, cfg: BridgeConfig) -> None:
+        """Route the bridge's forwards here, then run it (it leads when the lease says so)."""
         redis = None
         if isinstance(self.store, RedisStore):
             conns = self.store.conns
@@ -315,6 +336,7 @@ class Node:
         bridge = Bridge(
             cfg, self.config.fleet, partial(self.channel, cfg.session_id), lease, telemetry=telemetry
         )
+        await bridge.route(partial(self.router.subscriptions, cfg.session_id))
         self.bridges.append(bridge)
         bridge.start()
 

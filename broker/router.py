@@ -221,5 +221,20 @@ class Router:
             node = nxt
         return node.subs
 
+    def subscriptions(self, client_id: str) -> dict[str, Subscription]:
+        """One client's subscriptions as routed here, by filter (a bridge checks its forwards are in)."""
+        out: dict[str, Subscription] = {}
+        for topic_filter in self._by_client.get(client_id, ()):
+            group, real = parse_share(topic_filter)
+            if group is not None:
+                g = self._groups.get(real, {}).get(group)
+                sub = g.members.get(client_id) if g is not None else None
+            else:
+                subs = self._subs_for(real, create=False)
+                sub = subs.get(client_id) if subs is not None else None
+            if sub is not None:
+                out[topic_filter] = sub
+        return out
+
     def filters(self) -> int:
         return len(self._exact) + self._wild_count + sum(len(g) for g in self._groups.values())

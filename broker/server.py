@@ -206,6 +206,7 @@ class Server:
         self._pending = None
         if force:
             self._reload_certificates()
+        await self.node.bridges_applied()  # (a bridge added or changed: its forwards routed by now)
         log.info("config %s applied", new.config_hash())
         return True
 

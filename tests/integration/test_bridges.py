@@ -474,6 +474,90 @@ def test_a_bridge_changed_live_forwards_under_its_new_destination_and_a_removed_
         col.stop()
 
 
+#: how long the proxy holds a node's attempt to take a bridge's lease (SET NX): no node leads it meanwhile
+SLOW_LEASE = 8.0
+
+
+def _arrived(col: Collector, topic: str, payload: bytes) -> bool:
+    with col.lock:
+        return any(t == topic and p == payload for t, p, _q, _pr in col.got)
+
+
+def test_a_publish_acknowledged_as_a_node_starts_is_forwarded_though_no_node_leads_the_bridge_yet(
+    fleet, remote, redis_proxy
+):
+    """A node accepts publishes only once the bridge's forwards are routed: a fresh fleet of 2 whose
+    attempts to take the bridge's lease take 8 s gets a QoS 1 message through each node as soon as it
+    listens, before any node leads: both are acknowledged, so both reach the remote once one does.
+    Then the other node restarts, the session parked in Redis: it routes from the fleet's route table,
+    so what it acknowledges at once is queued and forwarded, and the leader's link is left alone."""
+    redis_proxy.delay(SLOW_LEASE, b":lease", b"NX")
+    nodes = fleet(2, None, {"bridges": [_bridge(remote)]}, redis_url=redis_proxy.url)
+    col = Collector(remote.host, remote.port, "site1/#")
+    pubs = [_publisher(bp) for bp in nodes]
+    try:
+        for i, pub in enumerate(pubs):
+            pub.publish("up/start", f"node-{i}".encode(), qos=1).wait_for_publish(10)
+        assert not any(bp.metric("fleetmq_bridge_leader", bridge="cloud") for bp in nodes), "led already"
+        for i in range(2):
+            wait_until(lambda i=i: _arrived(col, "site1/up/start", f"node-{i}".encode()), timeout=30,
+                       msg=f"the message acknowledged by node-{i} at the remote")  # fmt: skip
+        leader = next(bp for bp in nodes if bp.metric("fleetmq_bridge_leader", bridge="cloud"))
+        other = next(bp for bp in nodes if bp is not leader)
+        k = nodes.index(other)
+        pubs[k].loop_stop()
+        pubs[k].disconnect()
+        other.restart()  # (SIGTERM, then the same command line)
+        pubs[k] = _publisher(other)
+        pubs[k].publish("up/restart", b"1", qos=1).wait_for_publish(10)
+        wait_until(lambda: _arrived(col, "site1/up/restart", b"1"), timeout=15,
+                   msg="the message acknowledged by the restarted node at the remote")  # fmt: skip
+        assert leader.metric("fleetmq_bridge_reconnects_total", bridge="cloud") == 0, "the link was bumped"
+        assert leader.metric("fleetmq_bridge_connected", bridge="cloud") == 1
+    finally:
+        for p in pubs:
+            p.loop_stop()
+            p.disconnect()
+        col.stop()
+
+
+def test_a_bridge_added_or_changed_by_a_reload_forwards_what_is_acknowledged_once_it_applied(
+    fleet, remote, redis_proxy
+):
+    """A reload applies once the forwards of a bridge it adds or changes are routed: with the lease slow
+    to take (the bridge led 8 s later), a QoS 1 message published as soon as the node says the config
+    applied reaches the remote, under a bridge added live and under a forward added to it live."""
+    import yaml
+
+    (bp,) = fleet(1, None, None, redis_url=redis_proxy.url)
+    col = Collector(remote.host, remote.port, "site1/#")
+    pub = _publisher(bp)
+    redis_proxy.delay(SLOW_LEASE, b":lease", b"NX")
+
+    def reload(change) -> None:
+        applied = len(re.findall(r"config \w+ applied", bp.log()))
+        cfg = yaml.safe_load(bp.config_path.read_text())
+        change(cfg)
+        bp.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        wait_until(lambda: len(re.findall(r"config \w+ applied", bp.log())) > applied, timeout=30,
+                   msg="the config applied")  # fmt: skip
+
+    try:
+        reload(lambda c: c.update(bridges=[_bridge(remote)]))
+        pub.publish("up/a", b"added", qos=1).wait_for_publish(10)
+        reload(lambda c: c["bridges"][0]["forwards"].append({"filter": "down/#", "destination": "site1/{#}"}))
+        pub.publish("down/a", b"changed", qos=1).wait_for_publish(10)
+        assert not bp.metric("fleetmq_bridge_connected", bridge="cloud"), "the bridge connected already"
+        wait_until(lambda: _arrived(col, "site1/up/a", b"added"), timeout=30,
+                   msg="the message published once the bridge was added, at the remote")  # fmt: skip
+        wait_until(lambda: _arrived(col, "site1/down/a", b"changed"), timeout=30,
+                   msg="the message published once the forward changed, at the remote")  # fmt: skip
+    finally:
+        pub.loop_stop()
+        pub.disconnect()
+        col.stop()
+
+
 def test_two_fleets_bridged_both_ways_deliver_each_message_once_and_stop_the_loop(fleet, tmp_path):
     """Fleet fa forwards shared/# to fleet fb and fb forwards shared/# to fa: a message published on either
     reaches each subscriber once; going back where it came from is dropped (the path property) and
