@@ -34,8 +34,9 @@ class JournalChanges:
     next_pid: int
     order: int
     deliveries: dict[int, Delivery | None]
-    #: awaiting-PUBREL packet ids: the time received, and ":<receipt>" when the message has one
-    rel: dict[int, str | None]
+    #: awaiting-PUBREL packet ids: the time received (the event loop's clock) and the receipt its
+    #: message got (0: none)
+    rel: dict[int, tuple[float, int] | None]
     #: message ids of deliveries routed into the session here since the last commit (the store has no
     #: copy of them yet): if the session turns out to be fenced, they are queued for its new owner
     fresh: list[int]
@@ -66,7 +67,7 @@ class Journal:
         self.epoch = epoch
         self._sink = sink
         self._deliveries: dict[int, Delivery | None] = {}
-        self._rel: dict[int, str | None] = {}
+        self._rel: dict[int, tuple[float, int] | None] = {}
         self._fresh: list[int] = []
         self._seen: dict[str, int] = {}
         #: the session's receipts counter (kept current by the session), stored with every commit
@@ -109,7 +110,7 @@ class Journal:
     def awaiting(self, packet_id: int, ts: float, receipt: int = 0) -> None:
         """An incoming QoS 2 packet id awaits PUBREL (with the receipt its message got, if any)."""
         self._changed()
-        self._rel[packet_id] = f"{ts!r}:{receipt}" if receipt else repr(ts)
+        self._rel[packet_id] = (ts, receipt)
 
     def seen(self, incarnation: str, receipt: int) -> None:
         """The session accepted a message with this receipt of that publisher incarnation."""

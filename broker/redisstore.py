@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -521,6 +522,36 @@ class _Guards:
         return [len(self._numbers), *(str(epoch) for _cid, epoch in self._numbers)]
 
 
+def clock_offset() -> float:
+    """Wall-clock time minus the event loop's clock. Times a session keeps (when an awaiting-PUBREL
+    record was received) are the loop's, a monotonic clock of this host; the store keeps them as
+    wall-clock times, which mean the same on every node of the fleet."""
+    return time.time() - asyncio.get_running_loop().time()
+
+
+#: a stored time below this is a monotonic one, as earlier nodes stored them (seconds since their host
+#: booted, not since 1970): its age cannot be told here, so it counts as received now
+_WALL_CLOCK_FROM = 1e9
+
+
+def rel_value(wall: float, receipt: int) -> str:
+    """An awaiting-PUBREL record as stored: the wall-clock time received, then ":<receipt>" if any."""
+    return f"{wall:.3f}:{receipt}" if receipt else f"{wall:.3f}"
+
+
+def parse_rel_value(value: bytes, wall_offset: float) -> tuple[float, int]:
+    """(time received on the event loop's clock, receipt) of a stored awaiting-PUBREL record."""
+    ts, _, receipt = value.partition(b":")
+    wall = float(ts)
+    if wall < _WALL_CLOCK_FROM:
+        wall = time.time()
+    return wall - wall_offset, int(receipt or 0)
+
+
+def _received(rel: dict[int, tuple[float, int] | None]) -> Iterable[tuple[int, tuple[float, int]]]:
+    return ((pid, v) for pid, v in rel.items() if v is not None)
+
+
 def _pairs(flat: list[bytes]) -> Iterable[tuple[bytes, bytes]]:
     it = iter(flat)
     return zip(it, it, strict=True)
@@ -804,10 +835,11 @@ class RedisStore(SessionStore):
                 incarnation=res[7].decode(),
             )
         meta = {k.decode(): v for k, v in _pairs(res[3])}
+        wall = clock_offset()
         awaiting = []
         for pid, value in _pairs(res[6]):
-            ts, _, receipt = value.partition(b":")
-            awaiting.append((int(pid), float(ts), int(receipt or 0)))
+            ts, receipt = parse_rel_value(value, wall)
+            awaiting.append((int(pid), ts, receipt))
         stored = StoredSession(
             expiry_interval=float(meta.get("expiry", b"0")),
             next_pid=int(meta.get("next_pid", b"1")),
@@ -919,7 +951,8 @@ class RedisStore(SessionStore):
         """The JOURNAL script's guard keys and arguments for one session's changes."""
         puts = [(mid, d) for mid, d in op.deliveries.items() if d is not None]
         dels = [mid for mid, d in op.deliveries.items() if d is None]
-        rputs = [(pid, ts) for pid, ts in op.rel.items() if ts is not None]
+        wall = clock_offset()
+        rputs = [(pid, rel_value(ts + wall, receipt)) for pid, (ts, receipt) in _received(op.rel)]
         rdels = [pid for pid, ts in op.rel.items() if ts is None]
         body: list[Any] = [len(puts)]
         fresh: list[Any] = []

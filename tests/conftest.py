@@ -192,7 +192,8 @@ def redis_server(tmp_path):
 
 @pytest.fixture
 def fleet(redis_server, tmp_path):
-    """Factory: fleet(n, zone_overrides=None, config=None, *, extra_args=()) -> list[BrokerProc].
+    """Factory: fleet(n, zone_overrides=None, config=None, *, extra_args=(), redis_url=None, wrap=())
+    -> list[BrokerProc] (`wrap`: harness.start_fleetmq's).
 
     Starts n fleetmq nodes sharing `redis_server` (through `redis_url`, a redis_proxy, if given): each gets its own listener/metrics ports, config file and
     log under tmp_path/node-<i>, `node_id: node-<i>` and `store: {kind: redis, url: redis_server.url}`
@@ -208,6 +209,7 @@ def fleet(redis_server, tmp_path):
         *,
         extra_args=(),
         redis_url: str | None = None,
+        wrap=(),
     ) -> list[BrokerProc]:
         if MOSQUITTO:
             pytest.skip("needs fleetmq broker nodes sharing Redis")
@@ -220,7 +222,7 @@ def fleet(redis_server, tmp_path):
                 url = redis_url or redis_server.url  # another address (a redis_proxy) reaches the same server
                 cfg["store"] = {**cfg.get("store", {}), "kind": "redis", "url": url}
             bp = harness.start_fleetmq(
-                tmp_path / f"node-{i}", cfg, zone_overrides=zone_overrides, extra_args=extra_args
+                tmp_path / f"node-{i}", cfg, zone_overrides=zone_overrides, extra_args=extra_args, wrap=wrap
             )
             started.append(bp)
             nodes.append(bp)

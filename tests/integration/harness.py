@@ -195,8 +195,12 @@ def start_fleetmq(
     zone_overrides: dict | None = None,
     extra_args: tuple | list = (),
     wait_listeners: bool = True,
+    wrap: tuple | list = (),
 ) -> BrokerProc:
     """Start `python -m fleetmq.broker --config FILE --metrics ...`.
+
+    `wrap`: a command that execs the broker in place, e.g. ("unshare", "-T", "--monotonic", "86400"): a node
+    whose monotonic clock is a day ahead, as on a host that booted a day earlier (the pid stays the broker's).
 
     `config` entries replace the defaults (node_id, store, zones, listeners); listeners in `config` may
     use bind "127.0.0.1:0" to get a free port. `zone_overrides` are merged into zone "default".
@@ -219,6 +223,7 @@ def start_fleetmq(
     log_path = workdir / f"{name}.log"
     logf = open(log_path, "wb")  # noqa: SIM115
     cmd = [
+        *wrap,
         sys.executable,
         "-m",
         "fleetmq.broker",

@@ -693,7 +693,7 @@ def test_the_journal_records_each_change_and_asks_once_per_commit():
     s.await_rel(7, 1.0)
     assert sink.asked == 2  # asked again after the take
     changes = s.journal.take()
-    assert changes.deliveries == {a.msg.msg_id: None} and changes.rel == {7: "1.0"}
+    assert changes.deliveries == {a.msg.msg_id: None} and changes.rel == {7: (1.0, 0)}
     assert s.journal.take() is None
 
 
@@ -725,7 +725,7 @@ def test_qos2_receipts_number_messages_and_sessions_drop_repeats():
     assert pub.receipt_of(7) == ("inc1", 1) and pub.receipt_of(8) == ("inc1", 2)
     assert not pub.await_rel(7, 2.0, receipt=True) and pub.receipt_of(7) == ("inc1", 1)  # a resend
     changes = pub.journal.take()
-    assert changes.rel == {7: "1.0:1", 8: "1.0:2"} and changes.received == 2
+    assert changes.rel == {7: (1.0, 1), 8: (1.0, 2)} and changes.received == 2
     pub.release(7)
     assert pub.receipt_of(7) is None
     sub = Session("s", zone())

@@ -124,3 +124,18 @@ def test_replicas_in_sync_counts_online_replicas_not_far_behind():
     }
     assert replicas_in_sync(reply) == 1
     assert replicas_in_sync({"role": "master", "connected_slaves": 0}) == 0
+
+
+def test_awaiting_pubrel_records_are_stored_in_wall_clock_time_and_read_in_the_loops():
+    """A record's time means the same on every node (each host's monotonic clock differs): stored as
+    wall-clock time, read back on the reader's loop clock; a monotonic one an earlier node stored counts as
+    received now."""
+    import time
+
+    from fleetmq.broker.redisstore import parse_rel_value, rel_value
+
+    offset = 1_700_000_000.0  # wall-clock time minus this loop's clock
+    assert rel_value(1_700_000_005.25, 0) == "1700000005.250"
+    assert parse_rel_value(rel_value(1_700_000_005.25, 7).encode(), offset) == (5.25, 7)
+    ts, receipt = parse_rel_value(b"953.906:3", offset)  # stored by an earlier node: its host's uptime
+    assert receipt == 3 and abs(ts - (time.time() - offset)) < 5
