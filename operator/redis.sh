@@ -20,7 +20,8 @@
 # and, with defaults: REDIS_BIND ("* -::*"), REDIS_CONF_DIR
 # (/conf), REDIS_DATA_DIR (/data), REDIS_APPENDFSYNC (everysec), REDIS_MAXMEMORY (none), SENTINEL_QUORUM
 # (a majority), REDIS_LOCAL (127.0.0.1, where probes reach this pod), SENTINEL_DOWN_AFTER_MS (5000), SENTINEL_FAILOVER_TIMEOUT_MS (60000), CLUSTER_REPLICAS (1),
-# CLUSTER_NODE_TIMEOUT_MS (5000), CLUSTER_WAIT_SECONDS (600), REDIS_SERVER, REDIS_CLI.
+# CLUSTER_NODE_TIMEOUT_MS (5000), CLUSTER_WAIT_SECONDS (600), REDIS_PRIMARY_WAIT_SECONDS (30: how long a
+# starting server looks for a primary while the sentinels name one that is not), REDIS_SERVER, REDIS_CLI.
 set -eu
 
 REDIS_SERVER=${REDIS_SERVER:-redis-server}
@@ -52,41 +53,96 @@ count() { echo $#; }
 # value NAME: the line after the line NAME in a raw reply of field/value pairs (SENTINEL MASTER)
 value() { sed -n "/^$1\$/{n;p;q;}"; }
 
-# The primary the sentinels name (HOST:PORT); empty when none knows. Sentinels may disagree for a moment
-# during a failover: the one with the highest configuration epoch is right (Sentinel's own rule).
-sentinel_primary() {
-	best="" best_epoch=-1
+# role_of HOST:PORT: what that server says it is (ROLE: master, slave); empty when it does not answer
+role_of() { cli "$1" ROLE | head -n 1; }
+
+# The sentinels' views of the primary, "EPOCH HOST:PORT" a line (the configuration epoch of that view), one
+# from each other sentinel that answers.
+sentinel_views() {
 	for s in ${SENTINEL_NODES:-}; do
 		[ "$s" = "${SENTINEL_SELF:-}" ] && continue
 		epoch=$(cli "$s" SENTINEL MASTER "$SENTINEL_MASTER" | value config-epoch)
 		# shellcheck disable=SC2046  # host and port: two lines, two words
 		set -- $(cli "$s" SENTINEL get-master-addr-by-name "$SENTINEL_MASTER")
-		if [ $# -eq 2 ] && [ -n "$epoch" ] && [ "$epoch" -gt "$best_epoch" ]; then
-			best="$1:$2" best_epoch=$epoch
+		case $epoch in '' | *[!0-9]*) continue ;; esac
+		if [ $# -eq 2 ]; then
+			echo "$epoch $1:$2"
 		fi
 	done
-	echo "$best"
 }
 
 # A server (other than this one) that says it is a primary; empty when none does.
 peer_primary() {
 	for n in $REDIS_NODES; do
 		[ "$n" = "${REDIS_SELF:-}" ] && continue
-		if [ "$(cli "$n" ROLE | head -n 1)" = master ]; then
+		if [ "$(role_of "$n")" = master ]; then
 			echo "$n"
 			return
 		fi
 	done
 }
 
-# Where the primary is: the sentinels know (a failover may have moved it); else a server that is one (the
-# sentinels are all away); else pod 0, the primary of a new deployment.
+# find_primary WAIT: the primary a starting server or sentinel follows, "EPOCH HOST:PORT" (EPOCH: the
+# configuration epoch of the sentinels' view it matches, -1 when no sentinel answers). The server the
+# sentinels name is taken only once it says (ROLE) it is a master, for their views can be stale: sentinels
+# learn of a failover from the hellos of the one that led it, and when that one is replaced before they got
+# one, they still name the old primary, which is down or now a replica of the promoted one. In turn:
+#  1. the primary of the sentinels' view with the highest configuration epoch (Sentinel's own rule) among
+#     those whose primary says it is a master (this server itself, not running yet, never does);
+#  2. else a server that says it is a master (the sentinels' views are stale, or every sentinel is away),
+#     so a primary restarting after a failover its sentinels never heard of becomes a replica, not a second
+#     primary;
+#  3. else, with no sentinel answering: pod 0, the primary of a new deployment;
+#  4. else the sentinels name a server that is down or a replica and no server is a master (a failover to
+#     come, a primary restarting before one): this server itself when their latest view names it; else it
+#     looks again every second for WAIT seconds (a server; a sentinel does not wait: it joins the others'
+#     view and takes part in the failover), then follows that view.
 find_primary() {
-	primary=$(sentinel_primary)
-	[ -n "$primary" ] || primary=$(peer_primary)
-	# shellcheck disable=SC2086
-	[ -n "$primary" ] || primary=$(first $REDIS_NODES)
-	echo "$primary"
+	deadline=$(($(date +%s) + $1))
+	said=""
+	while :; do
+		views=$(sentinel_views)
+		latest="" latest_epoch=-1 named="" named_epoch=-1
+		while read -r epoch addr; do
+			[ -n "$addr" ] || continue
+			if [ "$epoch" -gt "$latest_epoch" ]; then
+				latest=$addr latest_epoch=$epoch
+			fi
+			if [ "$epoch" -gt "$named_epoch" ] && [ "$addr" != "${REDIS_SELF:-}" ] &&
+				[ "$(role_of "$addr")" = master ]; then
+				named=$addr named_epoch=$epoch
+			fi
+		done <<-EOF
+			$views
+		EOF
+		if [ -n "$named" ]; then
+			echo "$named_epoch $named"
+			return
+		fi
+		if [ -n "$latest" ] && [ "$latest" != "${REDIS_SELF:-}" ] && [ -z "$said" ]; then
+			log "the sentinels name $latest (configuration epoch $latest_epoch), which is not a master"
+		fi
+		peer=$(peer_primary)
+		if [ -n "$peer" ]; then
+			log "following $peer, which says it is the primary"
+			echo "$latest_epoch $peer"
+			return
+		fi
+		if [ -z "$latest" ]; then
+			# shellcheck disable=SC2086
+			echo "-1 $(first $REDIS_NODES)"
+			return
+		fi
+		if [ "$latest" = "${REDIS_SELF:-}" ] || [ "$(date +%s)" -ge "$deadline" ]; then
+			echo "$latest_epoch $latest"
+			return
+		fi
+		if [ -z "$said" ]; then
+			log "no server is a master: looking again for up to $1 s"
+			said=1
+		fi
+		sleep 1
+	done
 }
 
 # The config files hold the password: readable by this user only, in the pod's own emptyDir.
@@ -114,7 +170,9 @@ server() {
 		sentinel)
 			echo "replica-announce-ip ${REDIS_SELF%:*}"
 			echo "replica-announce-port ${REDIS_SELF##*:}"
-			primary=$(find_primary)
+			# shellcheck disable=SC2046  # epoch and address
+			set -- $(find_primary "${REDIS_PRIMARY_WAIT_SECONDS:-30}")
+			primary=$2
 			if [ "$primary" != "$REDIS_SELF" ]; then
 				echo "replicaof ${primary%:*} ${primary##*:}"
 				role="replica of $primary"
@@ -143,7 +201,9 @@ server() {
 
 sentinel() {
 	conf=$CONF_DIR/sentinel.conf
-	primary=$(find_primary)
+	# shellcheck disable=SC2046  # epoch and address
+	set -- $(find_primary 0)
+	epoch=$1 primary=$2
 	# shellcheck disable=SC2086
 	quorum=${SENTINEL_QUORUM:-$(($(count $SENTINEL_NODES) / 2 + 1))}
 	m=$SENTINEL_MASTER
@@ -160,6 +220,12 @@ sentinel() {
 		echo "requirepass $REDISCLI_AUTH"
 		echo "sentinel sentinel-pass $REDISCLI_AUTH"
 		echo "sentinel monitor $m ${primary%:*} ${primary##*:} $quorum"
+		# The configuration epoch of the view it joins: when that names another server than the others' latest
+		# view (theirs is stale: its primary is no master), an equal epoch keeps their hellos from moving this
+		# sentinel back to it, while a later failover's (a higher epoch) still does.
+		if [ "$epoch" -ge 0 ]; then
+			echo "sentinel config-epoch $m $epoch"
+		fi
 		echo "sentinel auth-pass $m $REDISCLI_AUTH"
 		echo "sentinel down-after-milliseconds $m ${SENTINEL_DOWN_AFTER_MS:-5000}"
 		echo "sentinel failover-timeout $m ${SENTINEL_FAILOVER_TIMEOUT_MS:-60000}"

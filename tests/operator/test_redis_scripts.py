@@ -5,7 +5,9 @@ file, the machine's redis-server and redis-cli.
 Sentinel: three servers and three sentinels form a primary with two replicas; the primary killed, the
 sentinels promote a replica and the old primary, started again through the script, rejoins as a replica
 of the new one; a sentinel started afresh finds the current primary; a stopping primary hands over first
-(prestop); a broker's StoreConnections reaches it all through the config the operator renders.
+(prestop); a broker's StoreConnections reaches it all through the config the operator renders. Sentinels
+whose view is stale (the one that led a failover replaced before they heard of it: they name the old
+primary, a replica now or down) mislead no starting sentinel or server: each follows the promoted one.
 Cluster: six servers, the create step forms 3 shards with a replica each, a second run does nothing, a
 killed primary's replica takes over and the restarted node rejoins from its nodes.conf.
 
@@ -88,7 +90,9 @@ def password_file(tmp_path) -> Path:
 class SentinelDeployment:
     """What the sentinel mode's two StatefulSets run: 3 Redis servers and 3 sentinels."""
 
-    def __init__(self, base: Path, password_file: Path, servers: int = 3, sentinels: int = 3):
+    def __init__(
+        self, base: Path, password_file: Path, servers: int = 3, sentinels: int = 3, down_after_ms: int = 1000
+    ):
         self.base = base
         self.server_ports = [free_port() for _ in range(servers)]
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
@@ -99,7 +103,7 @@ class SentinelDeployment:
             "REDIS_NODES": " ".join(f"{HOST}:{p}" for p in self.server_ports),
             "SENTINEL_NODES": " ".join(f"{HOST}:{p}" for p in self.sentinel_ports),
             "SENTINEL_MASTER": MASTER,
-            "SENTINEL_DOWN_AFTER_MS": "1000",
+            "SENTINEL_DOWN_AFTER_MS": str(down_after_ms),
             "SENTINEL_FAILOVER_TIMEOUT_MS": "6000",
         }
         self.servers = [
@@ -133,6 +137,18 @@ class SentinelDeployment:
     def named_primary(self, sentinel: RedisServer) -> str | None:
         reply = sentinel.command("SENTINEL", "get-master-addr-by-name", MASTER, decode=True)
         return f"{reply[0]}:{reply[1]}" if reply else None
+
+    def master_fields(self, sentinel: RedisServer) -> dict[str, str]:
+        info = sentinel.command("SENTINEL", "master", MASTER, decode=True)
+        return dict(zip(info[::2], info[1::2], strict=True))
+
+    def replace_sentinel(self, i: int) -> ScriptedRedis:
+        """Sentinel i's pod replaced: killed, its config (the pod's emptyDir) gone; not started again yet."""
+        sentinel = self.sentinels[i]
+        sentinel.kill()
+        for f in Path(sentinel.environment["REDIS_CONF_DIR"]).glob("*"):
+            f.unlink()
+        return sentinel
 
     def primaries(self) -> set[str | None]:
         return {self.named_primary(s) for s in self.sentinels if s.alive()}
@@ -286,6 +302,145 @@ def test_a_stopping_primary_hands_over_without_losing_an_acknowledged_write(sent
     stored = {int(v) for v in new.command("LRANGE", "acked", 0, -1, decode=True)}
     lost = [n for n in acked if n not in stored]
     assert not lost, f"{len(lost)} of {len(acked)} acknowledged writes lost in the handover: {lost[:10]}"
+
+
+def linked_to(replica: RedisServer, primary: RedisServer) -> bool:
+    try:
+        r = role(replica)
+    except OSError:  # a sentinel moving a server ends its clients' connections (CLIENT KILL TYPE normal)
+        return False
+    return r[0] == "slave" and r[2] == primary.port and r[3] == "connected"
+
+
+def stale_sentinel_views(d: SentinelDeployment) -> tuple[ScriptedRedis, ScriptedRedis, ScriptedRedis]:
+    """The race behind a flaky run, made deterministic: the sentinel that led a failover is replaced before
+    its hello reached the others, so they still name the old primary, now a replica of the promoted one.
+    Every sentinel first learns of one failover (configuration epoch 1, later than a new sentinel's 0), then
+    sentinel 0 is replaced and the next failover is done by hand, as its leader would have. The deployment's
+    down-after is long enough that the sentinels left do nothing about it while a test runs. Returns the old
+    primary they name, the promoted one (no sentinel knows it is the primary) and the third server."""
+    for server in d.servers:
+        server.start()
+    for sentinel in d.sentinels:
+        sentinel.start()
+
+    def knows_all(s: RedisServer) -> bool:
+        fields = d.master_fields(s)
+        return fields["num-slaves"] == "2" and fields["num-other-sentinels"] == "2"
+
+    wait_until(lambda: all(knows_all(s) for s in d.sentinels), timeout=30, msg="sentinels see everyone")
+    assert d.sentinels[0].command("SENTINEL", "FAILOVER", MASTER) == b"OK"
+
+    def failed_over() -> bool:
+        (named, *more) = d.primaries()
+        return (
+            not more
+            and named != d.servers[0].address
+            and all(d.master_fields(s)["config-epoch"] == "1" for s in d.sentinels)
+            and all(d.master_fields(s)["flags"] == "master" for s in d.sentinels)  # the failover ended
+        )
+
+    wait_until(failed_over, timeout=30, msg="every sentinel knows the first failover")
+    stale = d.server_at(d.named_primary(d.sentinels[1]))
+    promoted, third = (s for s in d.servers if s is not stale)
+    wait_until(lambda: linked_to(promoted, stale) and linked_to(third, stale), timeout=20, msg="linked")
+
+    d.replace_sentinel(0)
+
+    def fail_over() -> bool:
+        try:
+            promoted.command("REPLICAOF", "NO", "ONE")
+            for replica in (stale, third):
+                replica.command("REPLICAOF", HOST, str(promoted.port))
+        except OSError:  # (as in linked_to)
+            return False
+        return True
+
+    wait_until(fail_over, timeout=10, msg="a failover by hand")
+    # the sentinels left go by what each server said at their last INFO (every 10 s): until they hear the old
+    # primary say it is a replica they may move a server back to it (+convert-to-slave, +fix-slave-config);
+    # after, a primary that says it is a replica is no primary they force their view of, so no sentinel does
+    wait_until(lambda: all(d.master_fields(s)["role-reported"] == "slave" for s in d.sentinels[1:]), timeout=30,
+               msg="the sentinels left hear the old primary is a replica")  # fmt: skip
+    wait_until(fail_over, timeout=10, msg="a failover by hand")  # again, in case one of them did
+    wait_until(lambda: linked_to(stale, promoted) and linked_to(third, promoted), timeout=20, msg="relinked")
+    for s in d.sentinels[1:]:  # what a fresh server or sentinel finds: a view naming a replica
+        assert d.named_primary(s) == stale.address and d.master_fields(s)["config-epoch"] == "1"
+    return stale, promoted, third
+
+
+@pytest.fixture
+def stale_deployment(tmp_path, password_file):
+    d = SentinelDeployment(tmp_path, password_file, down_after_ms=120_000)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def test_a_fresh_sentinel_follows_the_primary_not_a_stale_view(stale_deployment):
+    """The sentinels left name the old primary (a replica now, then down): a sentinel started afresh
+    watches the promoted one, and their hellos (an epoch as late as its own) do not move it back."""
+    d = stale_deployment
+    stale, promoted, _ = stale_sentinel_views(d)
+    fresh = d.sentinels[0]
+    fresh.start()
+    assert d.named_primary(fresh) == promoted.address, fresh.log()
+    # once it has heard a hello from each of the others (that is how it knows them) it still does
+    wait_until(lambda: d.master_fields(fresh)["num-other-sentinels"] == "2", timeout=20, msg="hellos heard")
+    assert d.named_primary(fresh) == promoted.address, fresh.log()
+    assert d.master_fields(fresh)["config-epoch"] == "1"
+    wait_until(lambda: d.probe("sentinel-ready", fresh) == 0, timeout=20, msg="sentinel ready")
+
+    # the old primary down: the same
+    stale.kill()
+    d.replace_sentinel(0)
+    fresh.start()
+    assert d.named_primary(fresh) == promoted.address, fresh.log()
+    wait_until(lambda: d.master_fields(fresh)["num-other-sentinels"] == "2", timeout=20, msg="hellos heard")
+    assert d.named_primary(fresh) == promoted.address, fresh.log()
+
+
+def test_a_starting_server_follows_the_primary_not_a_stale_view(stale_deployment):
+    """The sentinels name the old primary, a replica now: restarting, it does not become a second primary,
+    and a restarting replica does not replicate it; with no master anywhere (a failover to come) a starting
+    server looks again until one is."""
+    d = stale_deployment
+    stale, promoted, third = stale_sentinel_views(d)
+    promoted.command("SET", "fmq:{c}:m", "after")
+    assert promoted.command("WAIT", "2", "5000") == 2
+
+    stale.kill()
+    stale.start()
+    assert role(stale)[0] == "slave" and role(stale)[2] == promoted.port, stale.log()
+    assert "following" in stale.log() and promoted.address in stale.log()
+    wait_until(lambda: stale.command("GET", "fmq:{c}:m") == b"after", timeout=20, msg="old primary in sync")
+
+    third.kill()
+    third.start()
+    assert role(third)[0] == "slave" and role(third)[2] == promoted.port, third.log()
+
+    # no master: the one the sentinels name is down and the promoted one is (for now) a replica
+    stale.kill()
+    promoted.command("REPLICAOF", HOST, str(stale.port))
+    third.kill()
+    failed: list[Exception] = []
+
+    def start() -> None:
+        try:
+            third.start(timeout=30)
+        except Exception as e:  # reported below
+            failed.append(e)
+
+    starting = threading.Thread(target=start, daemon=True)
+    starting.start()
+    wait_until(lambda: "looking again" in third.log() or not starting.is_alive(), timeout=20, msg="a look")
+    assert "looking again" in third.log(), third.log()
+    promoted.command("REPLICAOF", "NO", "ONE")
+    starting.join(30)
+    assert not starting.is_alive() and not failed, failed
+    assert role(third)[0] == "slave" and role(third)[2] == promoted.port, third.log()
+    wait_until(lambda: third.command("GET", "fmq:{c}:m") == b"after", timeout=20, msg="third in sync")
 
 
 # ------------------------------------------------------------------------------------------- cluster
