@@ -87,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         "their node and do not cross nodes), 'redis-no-aof' runs redis-server without persistence, 'relay' "
         "puts a relay in front of every node that loses, duplicates and reorders a few deliveries",
     )
+    p.add_argument(
+        "--direct",
+        action="store_true",
+        help="with --store redis: the nodes reach redis-server directly, as pods reach a Redis Service "
+        "(no proxy, so no proxy faults)",
+    )
     p.add_argument("--logs", type=Path, help="directory for node and Redis logs (default chaos/results/...)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--history", type=Path, help="write everything the clients saw as JSON here (large)")
@@ -107,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             subscribers=a.subscribers, rate=a.rate, topics=a.topics, window=a.window, gap=a.gap,
             max_down=a.max_down, drain=a.drain, stuck_after=a.stuck_after, zone=zone,
             store="memory" if a.broken == "memory" else a.store, aof=a.broken != "redis-no-aof",
-            relay=a.broken == "relay",
+            relay=a.broken == "relay", proxied=not a.direct,
             logs=(a.logs / f"seed{a.seed + i}") if a.logs else None, examples=a.examples,
         )  # fmt: skip
         try:

@@ -22,17 +22,19 @@ KINDS = (
     "node-pause",  # SIGSTOP a node, SIGCONT after a while (some pauses outlast the heartbeat TTL)
     "redis-kill",  # kill -9 redis-server, restart it on the same port and data dir (AOF)
     "redis-pause",  # SIGSTOP redis-server, SIGCONT after a while
+    "redis-term",  # SIGTERM a Redis (a primary): a graceful shutdown, as a pod deletion or a node drain does
     "takeover",  # a client connects to another node while its old connection is still open
     "proxy-drop",  # reset the Redis connections of one node or of all
     "proxy-blackhole",  # forward nothing between one node (or all) and Redis for a while
     "proxy-delay",  # delay everything between one node (or all) and Redis
+    "reply-lost",  # Redis gets and runs what one node (or all) sends, no reply comes back, then a reset
     "primary-kill",  # kill -9 a primary (Sentinel's, or a cluster shard's), restart it (it comes back a replica)
     "failover",  # a graceful switch to a replica (SENTINEL FAILOVER, CLUSTER FAILOVER)
     "replica-lag",  # SIGSTOP a replica, SIGCONT after a while (WAIT for it times out meanwhile)
 )
-PROXY_KINDS = ("proxy-drop", "proxy-blackhole", "proxy-delay")
+PROXY_KINDS = ("proxy-drop", "proxy-blackhole", "proxy-delay", "reply-lost")
 REPLICATED_KINDS = ("primary-kill", "failover", "replica-lag")
-REDIS_KINDS = ("redis-kill", "redis-pause", *PROXY_KINDS, *REPLICATED_KINDS)
+REDIS_KINDS = ("redis-kill", "redis-pause", "redis-term", *PROXY_KINDS, *REPLICATED_KINDS)
 # named sets: the faults of the nodes alone, and those of Redis and the way to it (issue 13 found every
 # failure after a Redis outage)
 PRESETS = {
@@ -182,6 +184,16 @@ class Nemesis:
                 await asyncio.sleep(hold)
                 node.resume()
                 h.healed(f)
+        elif step.kind == "redis-term":
+            servers = await fleet.primaries() if len(fleet.redis) > 1 else fleet.redis
+            if not servers:
+                return
+            rs = servers[int(step.pick * len(servers))]
+            f = h.fault("redis-term", rs.name, f"pid {rs.pid} SIGTERM, down {hold:.1f}s")
+            code = await rs.terminate()
+            await asyncio.sleep(hold)
+            await fleet.start_redis(rs)
+            h.healed(f, f"exited {code}; new pid {rs.pid}")
         elif step.kind in ("redis-kill", "redis-pause"):
             rs = fleet.redis[int(step.pick * len(fleet.redis))]
             if step.kind == "redis-kill":
@@ -255,6 +267,16 @@ class Nemesis:
                 await asyncio.sleep(hold)
                 for p in chosen:
                     p.heal(flush=step.flush)
+                h.healed(f)
+            elif step.kind == "reply-lost":
+                # short: the point is writes that ran unheard, not a timeout (the nodes' is 5 s)
+                deaf = 0.05 + step.latency
+                f = h.fault("reply-lost", target, f"replies dropped for {deaf * 1000:.0f} ms, then reset")
+                for p in chosen:
+                    p.deafen(True)
+                await asyncio.sleep(deaf)
+                for p in chosen:
+                    p.deafen(False)
                 h.healed(f)
             else:
                 f = h.fault("proxy-delay", target, f"+{step.latency * 1000:.0f} ms for {hold:.1f}s")

@@ -11,7 +11,12 @@ where each request ends, so a fault can land between two requests of one pipelin
 - hold(True): a black hole: nothing is forwarded either way and new connections do not reach Redis;
   hold(False) delivers what was held (a partition shorter than TCP's patience), heal(flush=False)
   resets the connections instead;
-- drop_all(): every open connection is reset at once (the node reconnects through the proxy).
+- drop_all(): every open connection is reset at once (the node reconnects through the proxy);
+- lose_reply(needles): the next request holding every needle, and what follows it, reach Redis, but no
+  reply comes back on that connection from then on; a moment later it is reset. Redis ran the request,
+  the node cannot know it did (a reply lost to a shutdown, a failover or a network cut);
+- deafen(True): the same on every connection, for as long as it lasts: requests are forwarded, replies
+  dropped; deafen(False) (or heal()) then resets every connection.
 Self-contained on purpose (no broker code, nothing else from chaos), so the tests can import it alone.
 """
 
@@ -25,6 +30,8 @@ import threading
 from dataclasses import dataclass, field
 
 HOST = "127.0.0.1"
+#: how long a connection whose replies are lost stays open (Redis reads and runs what was sent meanwhile)
+LOSE_AFTER = 0.1
 
 
 def free_port() -> int:
@@ -64,6 +71,7 @@ class Rule:
     needles: tuple[bytes, ...]
     delay: float = 0.0
     cut: bool = False
+    lose: bool = False  # forward it, then drop every reply on its connection and reset it
     fired: threading.Event = field(default_factory=threading.Event)
 
     def matches(self, request: bytes) -> bool:
@@ -82,6 +90,7 @@ class _Pipe:
         self.up_w: asyncio.StreamWriter | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.closed = False
+        self.deaf = False  # replies are dropped (a lose rule fired on this connection)
 
     async def run(self) -> None:
         await self.proxy.flowing.wait()  # a black-holed connection does not reach Redis
@@ -121,6 +130,8 @@ class _Pipe:
         try:
             while chunk := await r.read(65536):
                 if not requests:
+                    if self.deaf or proxy.deaf:
+                        continue  # a reply lost on its way back
                     last = max(last, loop.time() + proxy.latency)
                     q.append((last, chunk, None))
                     ready.set()
@@ -137,6 +148,12 @@ class _Pipe:
                     del buf[:end]
                     rule = next((x for x in proxy.rules if x.matches(request)), None)
                     wait = proxy.latency
+                    if rule is not None and rule.lose:
+                        proxy.rules.remove(rule)  # once
+                        self.deaf = True
+                        rule.fired.set()
+                        loop.call_later(LOSE_AFTER, self.abort)
+                        rule = None
                     if rule is not None:
                         if rule.cut:
                             proxy.rules.remove(rule)  # once
@@ -221,6 +238,7 @@ class Proxy:
         self.flowing = asyncio.Event()
         self.flowing.set()
         self.pipes: set[_Pipe] = set()
+        self.deaf = False
         self.accepted = self.dropped = 0
         self._server: asyncio.Server | None = None
 
@@ -248,6 +266,21 @@ class Proxy:
         self.rules.append(rule)
         return rule.fired
 
+    def lose_reply(self, *needles: bytes) -> threading.Event:
+        rule = Rule(needles, lose=True)
+        self.rules.append(rule)
+        return rule.fired
+
+    def deafen(self, on: bool) -> None:
+        """Replies dropped on every connection while on; turned off, every connection is reset (what
+        was sent meanwhile ran, or is still running, and nobody heard back)."""
+        if on:
+            self.deaf = True
+            return
+        if self.deaf:
+            self.drop_all()
+            self.deaf = False
+
     def clear(self) -> None:
         self.rules.clear()
 
@@ -272,6 +305,7 @@ class Proxy:
         """Back to a plain pipe: no latency, no rules, flowing (after a reset when not `flush`)."""
         self.latency = 0.0
         self.rules.clear()
+        self.deafen(False)
         if not self.flowing.is_set() and not flush:
             self.drop_all()
         self.flowing.set()

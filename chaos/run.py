@@ -42,6 +42,7 @@ class Options:
     store: str = "redis"
     relay: bool = False  # clients reach the nodes through relays that lose, duplicate, reorder (broken)
     aof: bool = True  # False: redis-server without persistence (a deliberately broken fleet)
+    proxied: bool = True  # False: the nodes reach a single redis-server directly (no proxy faults then)
     gap: tuple[float, float] = (1.0, 4.0)
     max_down: float = 8.0
     drain: float = 30.0
@@ -102,7 +103,9 @@ class Fleet:
             }
         for i in range(opts.nodes):
             name = f"n{i}"
-            if opts.store == "redis":
+            if opts.store == "redis" and not opts.proxied:
+                store = {"kind": "redis", "url": f"redis://{HOST}:{self.redis[0].port}/0"}
+            elif opts.store == "redis":
                 proxy = Proxy(f"{name}-redis-proxy", self.redis[0].port)
                 self.proxies[name] = proxy
                 store = {"kind": "redis", "url": f"redis://{HOST}:{proxy.port}/0"}

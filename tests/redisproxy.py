@@ -4,6 +4,7 @@ the test's thread and returns once the proxy has applied it.
 
     proxy = RedisProxy(redis_server.port)    # nodes use proxy.url
     proxy.cut_after(b"EVALSHA", b"abc...")   # the next pipeline holding that script is cut right after it
+    proxy.lose_reply(b"EVALSHA", b"abc...")  # it runs, its reply never comes back, the connection is reset
     proxy.delay(0.3, b"EVALSHA", b"abc...")  # requests holding all the given byte strings wait 0.3 s
     proxy.drop_all(); proxy.hold(True)
     proxy.close()
@@ -52,6 +53,16 @@ class RedisProxy:
         """Cut the connection of the next request holding every needle right after forwarding it (what
         follows it in the same pipeline never reaches Redis). The event is set when it happened."""
         return self._call(lambda: self._proxy.cut_after(*needles))
+
+    def lose_reply(self, *needles: bytes) -> threading.Event:
+        """The next request holding every needle reaches Redis (and what follows it on its connection), but
+        no reply comes back on that connection, which is reset a moment later: Redis ran it, the node cannot
+        know. The event is set when it was forwarded."""
+        return self._call(lambda: self._proxy.lose_reply(*needles))
+
+    def deafen(self, on: bool) -> None:
+        """While on, every connection's requests reach Redis and no reply comes back; off, all are reset."""
+        self._call(lambda: self._proxy.deafen(on))
 
     def delay(self, seconds: float, *needles: bytes) -> threading.Event:
         """Hold every request holding all needles (and what follows on its connection) for `seconds`."""
