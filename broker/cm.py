@@ -521,7 +521,7 @@ class ChannelManager:
 
     # -- what the store did --------------------------------------------------------------------------
     def _committed(self, result: CommitResult) -> None:
-        self._fenced_last = set(result.fenced)
+        self._fenced_last = {cid for cid, _epoch in result.fenced}
         for zone, cid, n in result.dropped:
             z = self.zones.get(zone)
             if z is not None:  # the oldest messages of a full queue in the store (ids unknown)
@@ -534,9 +534,10 @@ class ChannelManager:
         for op in result.missing:  # the session ended (expired) somewhere: its routes go too
             if op.client_id not in self.channels:
                 self.router.remove_client(op.client_id)
-        for cid in result.fenced:
+        for cid, epoch in result.fenced:
             ch = self.channels.get(cid)
-            if ch is not None:
+            # (a write of an older connection's, sent again after a failed commit, says nothing of this one)
+            if ch is not None and (ch.session is None or ch.session.epoch <= epoch):
                 self._fence(ch)
         if result.refused:
             log.info(

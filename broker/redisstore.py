@@ -27,8 +27,16 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import (
+    ClusterDownError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import keys, wire
 from .config import RedisStoreConfig
@@ -64,6 +72,14 @@ from .zones import ZoneSettings
 log = logging.getLogger("fleetmq.redis")
 
 CHUNK = 512  # values per HSET/RPUSH call inside scripts (Lua's unpack() has a limit)
+#: error replies that say Redis did not run a command for a passing reason: a replica now (a failover), out of
+#: memory, a cluster slot moving or a shard without its primary (loading its data comes as a connection
+#: error); and those redis-py leaves unparsed: a slow script running, too few replicas
+_TRANSIENT = (
+    RedisConnectionError | RedisTimeoutError | OSError | TimeoutError
+    | ReadOnlyError | OutOfMemoryError | TryAgainError | ClusterDownError
+)  # fmt: skip
+_TRANSIENT_CODES = ("BUSY ", "NOREPLICAS ")
 
 
 # -- scripts ---------------------------------------------------------------------------------------
@@ -762,6 +778,11 @@ class RedisStore(SessionStore):
 
         asyncio.get_running_loop().create_task(refresh())
 
+    def transient(self, error: Exception) -> bool:
+        return isinstance(error, _TRANSIENT) or (
+            isinstance(error, ResponseError) and str(error).startswith(_TRANSIENT_CODES)
+        )
+
     async def drop_idle_connections(self) -> None:
         """Close the pool's idle connections (after Redis was away they are dead, and the next operation to
         pick one would fail with an outcome it cannot know)."""
@@ -923,9 +944,9 @@ class RedisStore(SessionStore):
                         result.skipped_qos0.append((zone, cid, int(reply[2])))
                     result.refused += int(reply[3])
             elif isinstance(kind, Route) and reply == -1:
-                result.fenced.append(kind.client_id)
+                result.fenced.append((kind.client_id, kind.epoch))
             elif isinstance(kind, JournalChanges) and reply != 1:
-                result.fenced.append(kind.client_id)
+                result.fenced.append((kind.client_id, kind.epoch))
                 dropped, zone, refused = int(reply[1]), reply[2].decode(), int(reply[3])
                 result.rerouted += int(reply[4])
                 result.refused += refused

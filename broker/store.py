@@ -25,6 +25,10 @@ from .zones import ZoneSettings
 
 log = logging.getLogger("fleetmq.store")
 
+#: after a failed commit, its idempotent writes go out again this long after (doubling up to RETRY_MAX)
+RETRY_FIRST = 0.1
+RETRY_MAX = 2.0
+
 
 @dataclass(slots=True)
 class Save:
@@ -85,7 +89,8 @@ class CommitResult:
     # (zone, client, n) QoS0 messages not queued for an offline session (mqueue_store_qos0: false)
     skipped_qos0: list[tuple[str, str, int]] = field(default_factory=list)
     missing: list[Enqueue] = field(default_factory=list)  # enqueues for sessions that no longer exist
-    fenced: list[str] = field(default_factory=list)  # sessions another node owns now (stale epoch)
+    #: sessions another node owns now: (client id, the stale epoch this node wrote at)
+    fenced: list[tuple[str, int]] = field(default_factory=list)
     refused: int = 0  # guarded deliveries not stored: their publisher's session was fenced
     rerouted: int = 0  # deliveries routed into a fenced session's stale copy here, queued for its owner
     duration: float = 0.0
@@ -170,6 +175,12 @@ class SessionStore(ABC):
     @abstractmethod
     async def commit(self, ops: list[Op]) -> CommitResult:
         """Apply the writes of one event-loop turn atomically, in one round trip."""
+
+    def transient(self, error: Exception) -> bool:
+        """Whether a failed call may succeed if sent again once the store is back: its outcome is unknown
+        (sent, no reply) or the store refused it for a passing reason (restarting, failing over). An
+        error that running it again would only repeat (a bad request) is not."""
+        return False
 
     @abstractmethod
     def offline_sessions(self) -> list[Session]:
@@ -258,6 +269,8 @@ class GroupCommitter:
         self._waiters: list[Callable[[bool], Any]] = []
         self._scheduled = False
         self._inflight: asyncio.Task[None] | None = None
+        self._retry: asyncio.TimerHandle | None = None  # the next attempt of idempotent writes that failed
+        self._backoff = RETRY_FIRST
         self.batches = 0
 
     @property
@@ -283,6 +296,8 @@ class GroupCommitter:
         self._schedule()
 
     def _schedule(self) -> None:
+        if self._retry is not None:
+            return  # failed writes go first, once their backoff is over
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -308,6 +323,7 @@ class GroupCommitter:
 
     async def _commit(self, ops: list[Op], waiters: list[Callable[[bool], Any]]) -> None:
         ok = True
+        retry = False
         later: tuple[list[Op], list[Callable[[bool], Any]]] = ([], [])
         try:
             if ops:
@@ -315,6 +331,7 @@ class GroupCommitter:
                 result = await self.store.commit(ops)
                 self.metrics.store_ops["commit"].observe(time.perf_counter() - t0)
                 self.batches += 1
+                self._backoff = RETRY_FIRST
                 if self.on_result is not None:
                     self.on_result(result)
         except Exception as e:  # a store failure must not kill the node: acks are simply withheld
@@ -322,6 +339,7 @@ class GroupCommitter:
             self.metrics.store_errors += 1
             log.warning("session store commit of %d writes failed: %s", len(ops), e)
             later = self._take_dependent()
+            retry = self.store.transient(e) and self._again(ops)
             if self.on_failure is not None:
                 self.on_failure(ops)
         finally:
@@ -333,6 +351,26 @@ class GroupCommitter:
                 if self.on_failure is not None:
                     self.on_failure(later[0])
             self._notify(later[1], False)
+        if retry:
+            delay, self._backoff = self._backoff, min(self._backoff * 2, RETRY_MAX)
+            self._retry = asyncio.get_running_loop().call_later(delay, self._retry_now)
+        elif self._ops or self._waiters or self._touched:
+            self._schedule()
+
+    def _again(self, ops: list[Op]) -> bool:
+        """After a failed commit: put its writes that say where a session stands (parked, ended, its
+        routes, a retained message) back in front of what came since, to go out again. Each is
+        idempotent, so running it twice (the failed attempt may have run) leaves what running it once
+        does; dropping it would leave the store behind the node for good: a session marked online with
+        no TTL, its will never stored, a route the node no longer has. Returns whether there are any."""
+        again = [op for op in ops if not isinstance(op, Enqueue | JournalChanges)]
+        if again:
+            log.warning("%d writes of the failed commit will be sent again", len(again))
+            self._ops[:0] = again
+        return bool(again)
+
+    def _retry_now(self) -> None:
+        self._retry = None
         if self._ops or self._waiters or self._touched:
             self._schedule()
 
@@ -373,9 +411,17 @@ class GroupCommitter:
         return await fut
 
     async def drain(self) -> None:
-        """Wait until every write made so far is committed (graceful shutdown)."""
-        while self._ops or self._waiters or self._touched or self._inflight is not None or self._scheduled:
+        """Wait until every write made so far is committed (graceful shutdown; writes that keep failing
+        keep it waiting: the caller bounds it)."""
+        while (
+            self._ops
+            or self._waiters
+            or self._touched
+            or self._inflight is not None
+            or self._scheduled
+            or self._retry is not None
+        ):
             if self._inflight is not None:
                 await asyncio.shield(self._inflight)
             else:
-                await asyncio.sleep(0)
+                await asyncio.sleep(0.01 if self._retry is not None else 0)

@@ -10,12 +10,15 @@ import shutil
 import time
 
 import pytest
+from fleetmq.broker import keys
 
 from tests.integration import mqttraw
-from tests.integration.harness import MOSQUITTO, uid
+from tests.integration.harness import MOSQUITTO, Client, uid
 from tests.integration.mqttraw import PUBCOMP, PUBREC
+from tests.integration.test_fleet_faults import sha
 from tests.integration.test_fleet_support import AppView, ack_loop, parse_seq, raw_connect, seq_payload
 from tests.integration.test_fleet_takeover import wait_route
+from tests.support import wait_until
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")
 
@@ -54,3 +57,55 @@ def test_a_qos2_receipt_resumed_on_a_node_with_another_monotonic_clock_is_kept(f
     pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
     pub.expect(PUBCOMP)
     assert qos2_view(sub) == [("c", 1)], "a QoS 2 message reached the subscriber twice"
+
+
+def test_a_session_parked_in_a_failed_commit_is_parked_when_the_store_answers(
+    fleet, redis_server, redis_proxy
+):
+    """A client dropped off with a will delay: its node parks the session (offline, its expiry as TTL, the
+    will and when it is due). When that commit failed, the park was never sent again: the session stayed
+    marked online at the node for good, with no TTL, and the will was never published (its node's timer
+    found no will due in the store). Idempotent writes of a failed commit now go out again."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic = uid("parked/")
+    watcher = Client(b.host, b.port, uid("watch"), version=5)
+    watcher.subscribe(topic, 1)
+    cid = uid("w")
+    w = Client(
+        a.host,
+        a.port,
+        cid,
+        version=5,
+        clean=False,
+        session_expiry=60,
+        will={"topic": topic, "payload": b"due", "qos": 1, "props": {"WillDelayInterval": 1}},
+    )
+    cut = redis_proxy.cut_after(b"EVALSHA", sha("park"))  # the commit's MULTI never gets its EXEC
+    w.stop()  # gone without DISCONNECT: parked, its will due in 1 s
+    assert cut.wait(5), "the park never went through the proxy"
+    got, _ = watcher.wait_topic(topic, timeout=10)
+    assert got.payload == b"due"
+    meta = keys.session_keys(cid)[keys.META]
+    assert redis_server.command("HGET", meta, "online") == b"0"
+    assert redis_server.command("PTTL", meta) > 0, "a parked session expires with its session expiry"
+    watcher.disconnect()
+
+
+def test_a_session_ended_in_a_failed_commit_is_ended_when_the_store_answers(fleet, redis_server, redis_proxy):
+    """A clean session ends when its client leaves. When that commit failed, the session stayed in the
+    store for good (no TTL), still in the fleet's route table: what other nodes routed to it piled up in
+    its queue, which is never trimmed while it is marked online."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic = uid("ended/")
+    cid = uid("clean")
+    c, _ = raw_connect(a, cid, 4, clean=True)
+    c.subscribe([(topic, 1)])
+    wait_route(b, c, topic)
+    cut = redis_proxy.cut_after(b"EVALSHA", sha("discard"))
+    c.close()
+    assert cut.wait(5), "the discard never went through the proxy"
+    wait_until(
+        lambda: not redis_server.keys(f"fmq:{{{cid}}}:*"), timeout=10, msg="the ended session left the store"
+    )

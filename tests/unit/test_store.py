@@ -108,3 +108,71 @@ async def test_routings_made_while_a_failed_commit_was_in_flight_fail_with_it():
     assert not any(isinstance(op, Enqueue) for batch in store.batches[1:] for op in batch), store.batches
     assert [op for batch in store.batches[1:] for op in batch] == [Discard("gone")]
     assert [len(f) for f in failed] == [3, 1]
+
+
+class Flaky(SlowStore):
+    """Fails its first `failures` commits as a lost reply does (Redis may have run them), then works."""
+
+    def __init__(self, failures: int, transient: bool = True) -> None:
+        super().__init__()
+        self.failures = failures
+        self._transient = transient
+
+    async def commit(self, ops: list[Op]) -> CommitResult:
+        result = await super().commit(ops)
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("Connection closed by server.")
+        return result
+
+    def transient(self, error: Exception) -> bool:
+        return self._transient
+
+
+async def test_writes_that_say_where_a_session_stands_go_out_again_after_an_unknown_outcome():
+    """Issue 25: a session parked (or ended, its route changed, a retained message set) in a commit whose
+    reply was lost stayed as the store had it before: marked online with no TTL, its will never stored.
+    Those writes are idempotent: they go out again, ahead of what came since, until they land; routings
+    and journal changes do not (their sessions resynchronise from the store instead)."""
+    from fleetmq.broker.message import Delivery, Message
+    from fleetmq.broker.store import Enqueue
+
+    store = Flaky(failures=2)
+    c = GroupCommitter(store, Metrics())
+    c.add(Discard("ended"))
+    c.add(Enqueue("sub", Delivery(Message("t", b"x", 1, False), 1, False, None)))
+    assert await c.barrier() is False
+    c.add(Discard("later"))
+    assert await c.barrier() is False  # the second attempt failed too; "later" was in it, after "ended"
+    assert await c.barrier() is True
+    assert store.batches[1] == [Discard("ended"), Discard("later")]
+    assert store.batches[2] == [Discard("ended"), Discard("later")]
+    assert not any(isinstance(op, Enqueue) for batch in store.batches[1:] for op in batch)
+
+
+async def test_a_commit_the_store_refused_for_good_is_not_sent_again():
+    store = Flaky(failures=1, transient=False)
+    c = GroupCommitter(store, Metrics())
+    c.add(Discard("ended"))
+    assert await c.barrier() is False
+    await asyncio.sleep(0.3)  # (longer than the first retry's backoff)
+    assert len(store.batches) == 1
+
+
+def test_the_redis_store_sends_again_what_failed_for_a_passing_reason_only():
+    import redis.exceptions as rx
+    from fleetmq.broker.redisstore import RedisStore
+
+    transient = RedisStore.transient
+    store = RedisStore.__new__(RedisStore)
+    for error in (
+        rx.ConnectionError("Connection closed by server."),  # sent, no reply: unknown
+        rx.TimeoutError("Timeout reading from socket"),
+        rx.ReadOnlyError("You can't write against a read only replica."),  # failed over
+        rx.BusyLoadingError("Redis is loading the dataset in memory"),
+        rx.ClusterDownError("The cluster is down"),
+        rx.ResponseError("NOREPLICAS Not enough good replicas to write."),
+        OSError(111, "Connection refused"),
+    ):
+        assert transient(store, error), error
+    assert not transient(store, rx.ResponseError("ERR wrong number of arguments for 'evalsha' command"))
