@@ -30,7 +30,18 @@ from .negotiation import NEVER_EXPIRE, Negotiated
 from .retained import Retained
 from .router import Router, Subscription
 from .session import Session
-from .store import CommitResult, Discard, Enqueue, GroupCommitter, Op, Retain, Route, Save, SessionStore
+from .store import (
+    ClaimOutcome,
+    CommitResult,
+    Discard,
+    Enqueue,
+    GroupCommitter,
+    Op,
+    Retain,
+    Route,
+    Save,
+    SessionStore,
+)
 from .zone import Zone
 
 log = logging.getLogger("fleetmq.cm")
@@ -80,6 +91,8 @@ Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
 #: positions reserved, when a session opens here, for what the store still queues for it (Fleet.catch_up):
 #: more than a queue ever holds, so the order is never short of room
 CATCH_UP = 1 << 24
+#: how long a node keeps trying to read back a claim whose reply was lost (seconds)
+READ_BACK_FOR = 600.0
 Target = tuple[str, int, bool, tuple[int, ...] | None]  # client id, subscription QoS, RAP, subscription ids
 
 
@@ -246,7 +259,12 @@ class ChannelManager:
                 session = None
             elif session is not None:
                 session.expiry_interval = expiry
-                await self.store.set_will(session, ch.will, ch.will_delay)  # the new connection's
+                try:
+                    await self.store.set_will(session, ch.will, ch.will_delay)  # the new connection's
+                except Exception:
+                    # refused: the session waits for its client, as its old connection left it
+                    self.committer.add(Save(session, session.expiry_interval))
+                    raise
         epoch = session.epoch if session is not None else 0
         incarnation = ""
         if session is None:
@@ -257,9 +275,16 @@ class ChannelManager:
                 # A Save of this session (and messages queued for it) may still be on the way to the
                 # store; it stays parked meanwhile, so messages published now are queued, not lost.
                 await self.committer.barrier()
-            claimed = await self.store.claim(
-                cid, ch.settings, ch.zone_name, ch.clean_start, ch.will, ch.will_delay, expiry, ch.username
-            )
+            token = os.urandom(8).hex()
+            try:
+                claimed = await self.store.claim(
+                    cid, ch.settings, ch.zone_name, ch.clean_start, ch.will, ch.will_delay, expiry, ch.username,
+                    token,
+                )  # fmt: skip
+            except Exception as e:
+                if self.store.transient(e):  # it may have run: find out once the store answers
+                    self.spawn(self._read_back_claim(cid, token))
+                raise
             epoch, session, incarnation = claimed.epoch, claimed.session, claimed.incarnation
             if claimed.stored is not None:
                 session = Session(cid, ch.settings, ch.zone_name)
@@ -288,17 +313,18 @@ class ChannelManager:
                     parked.expiry.cancel()
                 if parked.will_timer is not None:
                     parked.will_timer.cancel()
-                    if ch.clean_start and parked.will is not None:
-                        self.publish_will(parked.will)  # the old session ends: its will goes now
+                    if ch.clean_start and parked.will is not None and not self.store.durable:
+                        # the old session ends: its will goes now (a durable store's claim took it from
+                        # the store and answered with it: published below, once)
+                        self.publish_will(parked.will)
             if claimed.ended_will is not None:
                 self.publish_will(claimed.ended_will)
             if self.fleet is not None:
                 # what this client published through another node before is in Redis for sessions here:
                 # it reaches them before anything it publishes here now goes to them directly
                 await self.fleet.sync()
-            if claimed.discarded is not None:
-                for topic_filter in claimed.discarded:
-                    self.router.remove(cid, topic_filter)
+            if claimed.discarded:
+                self.router.remove_client(cid)
                 telemetry.session("discarded", cid)
         present = session is not None
         if session is None:
@@ -321,6 +347,43 @@ class ChannelManager:
         if self.fleet is not None and session.journal is None:
             self.fleet.wake(cid)  # deliveries queued in Redis while we claimed (their wake found no one)
         return session, present
+
+    async def _read_back_claim(self, cid: str, token: str) -> None:
+        """A claim whose reply never came may have run: its client was refused (server unavailable) all
+        the same. Once the store answers, find out; if it ran, do what its answer would have had done
+        (the routes of a session Clean Start ended go, its will goes out) and undo what the refused
+        client would leave behind (a session marked connected here for good). Gives up after
+        READ_BACK_FOR, or on an error that would only repeat."""
+        delay, deadline = 0.5, time.monotonic() + READ_BACK_FOR
+        outcome: ClaimOutcome | None = None
+        while True:
+            entry = self._locks.get(cid)
+            if entry is None:
+                entry = self._locks[cid] = _ClientLock()
+            entry.users += 1
+            try:
+                async with entry.lock:  # (after a CONNECT of this client being handled, never during)
+                    if outcome is None:
+                        outcome = await self.store.claimed(cid, token)
+                        if not outcome.ran:
+                            return
+                        log.info("a claim of %r whose reply was lost had run; undoing it", cid)
+                        if outcome.discarded and cid not in self.channels:
+                            self.router.remove_client(cid)
+                        if outcome.ended_will is not None:
+                            self.publish_will(outcome.ended_will)
+                    await self.store.abandon(cid, token)
+                    return
+            except Exception as e:
+                if not self.store.transient(e) or time.monotonic() > deadline:
+                    log.warning("gave up reading back a claim of %r whose reply was lost: %s", cid, e)
+                    return
+            finally:
+                entry.users -= 1
+                if not entry.users:
+                    del self._locks[cid]
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     # -- a connection ends ---------------------------------------------------------------------------
     def closed(self, ch: Channel) -> None:

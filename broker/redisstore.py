@@ -47,6 +47,7 @@ from .router import Subscription
 from .session import Session
 from .store import (
     Claimed,
+    ClaimOutcome,
     CommitResult,
     Discard,
     Enqueue,
@@ -217,29 +218,45 @@ def _script(body: str, channels: keys.Channels = keys.Channels(sharded=False)) -
 
 
 # KEYS: m s q i r, events channel. ARGV: node, clean start, client id, packed will ('' = none), will delay,
-# expiry, zone, username, 1|0 (whether there is a username), an incarnation for a new session. The will is
-# kept with the session so that, if this node dies, another node publishes it, as the zone's rules allow
-# for that client (zone and username). A session gets an incarnation when it is created (Message.receipt).
-# Returns {epoch, 0|1 (new | Clean Start discarded it), discarded filters, previous owner, ended will,
-# its zone, its username, incarnation} or {epoch, 2, previous owner, meta, subscriptions, journal,
-# awaiting rel}.
+# expiry, zone, username, 1|0 (whether there is a username), an incarnation for a new session, the claim's
+# token. The will is kept with the session so that, if this node dies, another node publishes it, as the
+# zone's rules allow for that client (zone and username). A session gets an incarnation when it is created
+# (Message.receipt). The claim's token, kind, previous owner and the will of a session Clean Start ended
+# stay in the meta (ctok, ckind, cprev, cew/cez/ceu) until the next claim: the same claim sent again (its
+# reply was lost) gets the same answer, and a claimer that never heard back reads them (CLAIMED).
+# Returns {epoch, 0|1 (new | Clean Start discarded one), {}, previous owner, ended will, its zone, its
+# username, incarnation} or {epoch, 2, previous owner, meta, subscriptions, journal, awaiting rel}.
 CLAIM = """
+local function state(epoch, kind, previous)
+  if kind ~= 2 then
+    local e = redis.call('HMGET', KEYS[1], 'cew', 'cez', 'ceu', 'inc')
+    return {epoch, kind, {}, previous, e[1] or '', e[2], e[3], e[4]}
+  end
+  return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
+          redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
+end
+-- the same claim sent again (its reply was lost): the same answer, nothing done twice
+local ran = redis.call('HMGET', KEYS[1], 'ctok', 'epoch', 'ckind', 'cprev')
+if ran[1] == ARGV[11] then return state(tonumber(ran[2]), tonumber(ran[3]), ran[4] or '') end
 local existed = redis.call('EXISTS', KEYS[1]) == 1
 local prev = redis.call('HMGET', KEYS[1], 'node', 'online')
 local previous = ''
 if prev[2] == '1' and prev[1] then previous = prev[1] end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-local filters = {}
-local ended = {'', false, false}
+local ended = {false, false, false}
 if existed and ARGV[2] == '1' then
-  filters = redis.call('HKEYS', KEYS[2])
   -- Clean Start ends the stored session: a will it still had waiting goes out now [MQTT-3.1.3-9]
   if redis.call('HEXISTS', KEYS[1], 'will_at') == 1 then ended = redis.call('HMGET', KEYS[1], 'will', 'zone', 'user') end
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
   redis.call('HSET', KEYS[1], 'epoch', epoch)
   redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[1], ARGV[3]))
 end
-redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1', 'expiry', ARGV[6], 'zone', ARGV[7])
+local kind = (not existed) and 0 or (ARGV[2] == '1' and 1 or 2)
+redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1', 'expiry', ARGV[6], 'zone', ARGV[7],
+           'ctok', ARGV[11], 'ckind', kind, 'cprev', previous)
+redis.call('HDEL', KEYS[1], 'cew', 'cez', 'ceu')
+if ended[1] then redis.call('HSET', KEYS[1], 'cew', ended[1], 'cez', ended[2] or '') end
+if ended[1] and ended[3] then redis.call('HSET', KEYS[1], 'ceu', ended[3]) end
 redis.call('HSETNX', KEYS[1], 'inc', ARGV[10])
 if ARGV[9] == '1' then redis.call('HSET', KEYS[1], 'user', ARGV[8]) else redis.call('HDEL', KEYS[1], 'user') end
 -- the reconnect cancels a will still waiting for its delay [MQTT-3.1.3-9]; the new connection brings its own
@@ -250,13 +267,8 @@ else
   redis.call('HDEL', KEYS[1], 'will', 'will_delay')
 end
 for k = 1, 5 do redis.call('PERSIST', KEYS[k]) end
-if not existed or ARGV[2] == '1' then
-  return {epoch, existed and 1 or 0, filters, previous, ended[1], ended[2], ended[3],
-          redis.call('HGET', KEYS[1], 'inc')}
-end
-move_queue(KEYS[1], KEYS[3], KEYS[4], 0)
-return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
-        redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
+if kind == 2 then move_queue(KEYS[1], KEYS[3], KEYS[4], 0) end
+return state(epoch, kind, previous)
 """
 
 # KEYS: m i r q, wakes channel prefix, then the meta keys of the guards' publisher sessions (none on a Redis
@@ -466,6 +478,34 @@ for k = 1, 5 do redis.call('PERSIST', KEYS[k]) end
 return 2
 """
 
+# KEYS: m. ARGV: a claim's token. Whether that claim ran (its claimer never heard back), read without
+# changing anything: {0} if not (or a later claim ran since), else {1, its kind, ended will, its zone, its
+# username}.
+CLAIMED = """
+local c = redis.call('HMGET', KEYS[1], 'ctok', 'ckind', 'cew', 'cez', 'ceu')
+if c[1] ~= ARGV[1] then return {0} end
+return {1, tonumber(c[2]), c[3] or '', c[4], c[5]}
+"""
+
+# KEYS: m s q i r, events channel. ARGV: a claim's token, node, client id. Undo what a claim whose client was
+# refused left behind (its claimer never heard back, so the CONNACK said the server was unavailable):
+# a session it resumed waits for its client again (its expiry as TTL), one it created ends; nothing if a
+# later claim, or another node, took the session since. Returns 1 (undone, or nothing to undo).
+ABANDON = """
+local c = redis.call('HMGET', KEYS[1], 'ctok', 'ckind', 'node', 'online', 'expiry')
+if c[1] ~= ARGV[1] or c[3] ~= ARGV[2] or c[4] ~= '1' then return 1 end
+local ttl = math.floor(tonumber(c[5] or '0') * 1000)
+if c[2] ~= '2' or ttl <= 0 then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+  redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[2], ARGV[3]))
+  return 1
+end
+redis.call('HSET', KEYS[1], 'online', '0', 'node', '')
+redis.call('HDEL', KEYS[1], 'will', 'will_delay', 'ctok')
+for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], ttl) end
+return 1
+"""
+
 # KEYS: m. The node a session's client is connected to, if any.
 OWNER = """
 local m = redis.call('HMGET', KEYS[1], 'node', 'online')
@@ -487,6 +527,8 @@ SCRIPTS = {
     "reap": REAP,
     "takewill": TAKEWILL,
     "reassert": REASSERT,
+    "claimed": CLAIMED,
+    "abandon": ABANDON,
 }
 
 
@@ -820,8 +862,10 @@ class RedisStore(SessionStore):
         will_delay: float = 0.0,
         expiry: float = 0.0,
         username: str | None = None,
+        token: str = "",
     ) -> Claimed:
-        """Take ownership of a session for this node (epoch + 1); returns its stored state."""
+        """Take ownership of a session for this node (epoch + 1); returns its stored state. Sent again
+        (its reply lost), the same claim (`token`) gets the same answer and does nothing twice."""
         packed_will = pack_message(will) if will is not None else b""
         args = [
             self.node_id,
@@ -834,23 +878,22 @@ class RedisStore(SessionStore):
             username or "",
             "0" if username is None else "1",
             os.urandom(8).hex(),  # (the incarnation, if the claim creates the session)
+            token or os.urandom(8).hex(),
         ]
         mine = keys.node_sessions(self.node_id)
         calls = [
             self._script("claim", self._session(client_id, events=True), args),
             self._sadd(mine, client_id),  # so that, should this node die, others find it
         ]
-        # (a claim may run twice: the epoch grows once more)
         res = (await self._send(calls, atomic=True, may_repeat=True))[0]
         if isinstance(res, Exception):
             raise res
         epoch = int(res[0])
         if int(res[1]) != 2:
-            discarded = [f.decode() for f in res[2]] if int(res[1]) == 1 else None
             ended_will = _stored_will(res[4], res[5], res[6])
             return Claimed(
                 epoch,
-                discarded=discarded,
+                discarded=int(res[1]) == 1,
                 previous=res[3].decode() or None,
                 ended_will=ended_will,
                 incarnation=res[7].decode(),
@@ -1073,6 +1116,25 @@ class RedisStore(SessionStore):
                 raise r
             out.append(int(r))
         return out
+
+    async def claimed(self, client_id: str, token: str) -> ClaimOutcome:
+        """Whether a claim whose reply never came ran, and what it ended (read, nothing changed)."""
+        script = self._script("claimed", self._session(client_id, slice(1)), [token])
+        (r,) = await self._send([script], may_repeat=True, write=False)
+        if isinstance(r, Exception):
+            raise r
+        if not int(r[0]):
+            return ClaimOutcome(ran=False)
+        return ClaimOutcome(ran=True, discarded=int(r[1]) == 1, ended_will=_stored_will(r[2], r[3], r[4]))
+
+    async def abandon(self, client_id: str, token: str) -> None:
+        """Undo what a claim left that its client never got (idempotent)."""
+        args = [token, self.node_id, client_id]
+        (r,) = await self._send(
+            [self._script("abandon", self._session(client_id, events=True), args)], may_repeat=True
+        )
+        if isinstance(r, Exception):
+            raise r
 
     async def owner(self, client_id: str) -> str | None:
         """The node the client is connected to, if any (from the session's meta)."""

@@ -120,10 +120,19 @@ class Claimed:
     epoch: int  # grows on every claim: writes from an older owner are refused (fencing)
     session: Session | None = None
     stored: StoredSession | None = None
-    discarded: list[str] | None = None  # Clean Start ended a stored session: its subscriptions
+    discarded: bool = False  # Clean Start ended a stored session (its routes go)
     previous: str | None = None  # the node the client was connected to before (it is told to let go)
     ended_will: Will | None = None  # Clean Start ended a session whose will was waiting: publish it
     incarnation: str = ""  # of a session the claim created (a stored one's is in `stored`)
+
+
+@dataclass(slots=True)
+class ClaimOutcome:
+    """What a claim whose reply never came did, read back once the store answers (SessionStore.claimed)."""
+
+    ran: bool
+    discarded: bool = False  # Clean Start ended a stored session (its routes go)
+    ended_will: Will | None = None  # that session's will, still to publish
 
 
 class SessionStore(ABC):
@@ -153,9 +162,21 @@ class SessionStore(ABC):
         will_delay: float = 0.0,
         expiry: float = 0.0,
         username: str | None = None,
+        token: str = "",
     ) -> Claimed:
         """Take a stored session over for a connecting client on this node (with its will and expiry, and
-        the username its will is authorized by)."""
+        the username its will is authorized by). `token` names this claim: a store that may run it
+        without answering (its reply lost) keeps it, so that `claimed` can tell later."""
+
+    async def claimed(self, client_id: str, token: str) -> ClaimOutcome:
+        """Whether the claim named `token`, whose outcome is unknown, ran (a store in memory always
+        answers, so never has to say)."""
+        return ClaimOutcome(ran=False)
+
+    async def abandon(self, client_id: str, token: str) -> None:
+        """Undo what a claim that ran left behind, its client refused meanwhile: a session it resumed waits
+        for its client again, one it created ends. Idempotent."""
+        return None
 
     async def take_will(self, client_id: str, will_at: float) -> Will | None:
         """Claim a will whose delay ran out; None if another node published it or the client came back."""
@@ -210,11 +231,12 @@ class MemoryStore(SessionStore):
         will_delay: float = 0.0,
         expiry: float = 0.0,
         username: str | None = None,
+        token: str = "",
     ) -> Claimed:
         epoch = self._epochs[client_id] = self._epochs.get(client_id, 0) + 1
         session = self._sessions.pop(client_id, None)
         if session is not None and clean_start:
-            return Claimed(epoch, discarded=list(session.subscriptions))
+            return Claimed(epoch, discarded=True)
         if session is not None:
             session.epoch = epoch
         return Claimed(epoch, session)

@@ -109,3 +109,92 @@ def test_a_session_ended_in_a_failed_commit_is_ended_when_the_store_answers(flee
     wait_until(
         lambda: not redis_server.keys(f"fmq:{{{cid}}}:*"), timeout=10, msg="the ended session left the store"
     )
+
+
+def _parked_with_a_will(a, cid: str, topic: str, will_topic: str) -> None:
+    """A persistent v5 session on `a` subscribed to `topic`, whose client dropped off with a will due in
+    60 s: parked in the store, the will waiting."""
+    c = mqttraw.RawClient(a.host, a.port, version=5)
+    c.connect(
+        cid,
+        clean=False,
+        props={"session_expiry_interval": 300},
+        will={"topic": will_topic, "payload": b"ended", "qos": 1, "props": {"will_delay_interval": 60}},
+    )
+    c.subscribe([(topic, 1)])
+    c.close()  # no DISCONNECT: the will waits for its delay
+
+
+def test_a_clean_start_claim_sent_again_after_its_reply_was_lost_gets_the_same_answer(fleet, redis_proxy):
+    """A claim is sent again on a fresh connection when its reply is lost. Run twice, a Clean Start claim
+    ended the stored session the first time and the fresh one it had just made the second time, and
+    answered as if there had been nothing to end: the node kept routing the old subscriptions to the new
+    session (which never subscribed), and the old session's waiting will, due at its end, was never
+    published."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic, will_topic, cid = uid("cs/"), uid("csw/"), uid("c")
+    watcher = Client(b.host, b.port, uid("watch"), version=5)
+    watcher.subscribe(will_topic, 1)
+    _parked_with_a_will(a, cid, topic, will_topic)
+    time.sleep(0.3)
+    lost = redis_proxy.lose_reply(b"EVALSHA", sha("claim"))
+    c = mqttraw.RawClient(a.host, a.port, version=5)
+    ack = c.connect(cid, clean=True, props={"session_expiry_interval": 300})
+    assert lost.is_set(), "the claim never went through the proxy"
+    assert not ack.session_present
+    got, _ = watcher.wait_topic(will_topic, timeout=5)
+    assert got.payload == b"ended", "the will of the session Clean Start ended"
+    assert not [m for m in watcher.drain(1.0) if m.topic == will_topic], "the will published twice"
+    pub, _ = raw_connect(a, uid("pub"), 5, clean=True)
+    pub.send(mqttraw.publish(topic, b"old subscription", qos=1, packet_id=1, version=5))
+    pub.expect(mqttraw.PUBACK)
+    assert c.recv(1.0) is None, "a message for a subscription of the session Clean Start ended"
+    watcher.disconnect()
+
+
+def test_a_claim_whose_client_was_refused_is_read_back_and_undone(fleet, redis_server, redis_proxy):
+    """A claim ran but neither it nor its resend was answered (Redis went away): the client was refused
+    (server unavailable), yet the store kept its session marked connected to the node for good, with no
+    TTL. Once Redis answers, the node reads the claim back and parks the session again."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    topic, cid = uid("rb/"), uid("c")
+    c = mqttraw.RawClient(a.host, a.port, version=5)
+    c.connect(cid, clean=False, props={"session_expiry_interval": 300})
+    c.subscribe([(topic, 1)])
+    c.send(mqttraw.disconnect(version=5))
+    c.close()
+    meta = keys.session_keys(cid)[keys.META]
+    wait_until(lambda: redis_server.command("HGET", meta, "online") == b"0", timeout=5, msg="parked")
+    lost = redis_proxy.lose_reply(b"EVALSHA", sha("claim"))
+    c = mqttraw.RawClient(a.host, a.port, version=5, timeout=15)
+    c.send(mqttraw.connect(cid, version=5, clean=False, props={"session_expiry_interval": 300}))
+    assert lost.wait(5), "the claim never went through the proxy"
+    redis_proxy.hold(True)  # the resend gets no answer either
+    ack = c.expect(mqttraw.CONNACK, timeout=15)
+    assert ack.reason == 0x88, ack
+    assert redis_server.command("HGET", meta, "online") == b"1", "(the claim ran)"
+    redis_proxy.hold(False)
+    wait_until(
+        lambda: redis_server.command("HGET", meta, "online") == b"0", timeout=10, msg="the claim undone"
+    )
+    assert redis_server.command("PTTL", meta) > 0
+    c, ack = raw_connect(a, cid, 5)
+    assert ack.session_present, "the session is still there for its client"
+
+
+def test_the_will_of_a_session_clean_start_ends_is_published_once(fleet):
+    """A client reconnecting with Clean Start to the node that parked its session: the node published the
+    waiting will from its own memory, and again as the claim's answer (the store's copy)."""
+    [a] = fleet(1)
+    topic, will_topic, cid = uid("cs/"), uid("csw/"), uid("c")
+    watcher = Client(a.host, a.port, uid("watch"), version=5)
+    watcher.subscribe(will_topic, 1)
+    _parked_with_a_will(a, cid, topic, will_topic)
+    time.sleep(0.3)
+    c = mqttraw.RawClient(a.host, a.port, version=5)
+    c.connect(cid, clean=True, props={"session_expiry_interval": 300})
+    got, _ = watcher.wait_topic(will_topic, timeout=5)
+    assert got.payload == b"ended"
+    assert not [m for m in watcher.drain(1.0) if m.topic == will_topic], "the will published twice"
+    watcher.disconnect()
