@@ -16,9 +16,9 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .channel import Channel, State
 from .codec import MQTT5, RC
@@ -45,6 +45,7 @@ from .store import (
 from .zone import Zone
 
 log = logging.getLogger("fleetmq.cm")
+T = TypeVar("T")
 
 
 class Fleet(Protocol):
@@ -124,6 +125,8 @@ class ChannelManager:
         self._fenced_last: set[str] = set()  # sessions the last commit found owned elsewhere
         self._client_ids = itertools.count(1)
         self._id_prefix = f"fleetmq-{node_id}-{os.getpid():x}-"
+        #: how long a CONNECT waits for a store that does not answer before it is refused (seconds)
+        self.claim_wait = 0.0
         committer.on_result = self._committed
         committer.on_failure = self._commit_failed
 
@@ -268,18 +271,31 @@ class ChannelManager:
         epoch = session.epoch if session is not None else 0
         incarnation = ""
         if session is None:
+            # A store away for a moment (a restart, a failover) is waited for, up to claim_wait, rather
+            # than refusing the client: some clients mishandle a refused reconnect (paho-mqtt resends a
+            # released QoS 2 PUBLISH as a new one after two connection attempts: README Known limits).
+            deadline = time.monotonic() + self.claim_wait
+            fleet = self.fleet
             # connected on another node? it hands the session over first (and counts the takeover)
-            if self.fleet is not None and await self.fleet.take_over(cid, ch.clean_start) is not None:
+            if (
+                fleet is not None
+                and await self._until_store(lambda: fleet.take_over(cid, ch.clean_start), ch, deadline)
+                is not None
+            ):
                 telemetry.taken_over(cid, "remote", counted=False)
             if self.committer.pending:
                 # A Save of this session (and messages queued for it) may still be on the way to the
                 # store; it stays parked meanwhile, so messages published now are queued, not lost.
                 await self.committer.barrier()
-            token = os.urandom(8).hex()
+            token = os.urandom(8).hex()  # (sent again, the same claim gets the same answer)
             try:
-                claimed = await self.store.claim(
-                    cid, ch.settings, ch.zone_name, ch.clean_start, ch.will, ch.will_delay, expiry, ch.username,
-                    token,
+                claimed = await self._until_store(
+                    lambda: self.store.claim(
+                        cid, ch.settings, ch.zone_name, ch.clean_start, ch.will, ch.will_delay, expiry,
+                        ch.username, token,
+                    ),
+                    ch,
+                    deadline,
                 )  # fmt: skip
             except Exception as e:
                 if self.store.transient(e):  # it may have run: find out once the store answers
@@ -347,6 +363,23 @@ class ChannelManager:
         if self.fleet is not None and session.journal is None:
             self.fleet.wake(cid)  # deliveries queued in Redis while we claimed (their wake found no one)
         return session, present
+
+    async def _until_store(self, call: Callable[[], Awaitable[T]], ch: Channel, deadline: float) -> T:
+        """`call`, made again while the store fails for a passing reason, until `deadline` or the client
+        leaves (each call must be safe to make twice)."""
+        delay = 0.05
+        while True:
+            try:
+                return await call()
+            except Exception as e:
+                if (
+                    not self.store.transient(e)
+                    or ch.state == State.CLOSED
+                    or time.monotonic() + delay > deadline
+                ):
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def _read_back_claim(self, cid: str, token: str) -> None:
         """A claim whose reply never came may have run: its client was refused (server unavailable) all

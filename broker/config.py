@@ -96,6 +96,12 @@ class RedisStoreConfig(_Model):
     wait_timeout_ms: int = Field(
         1000, ge=1, description="How long a write waits for wait_replicas; past it, it counts as failed"
     )
+    connect_wait_ms: int = Field(
+        5000,
+        ge=0,
+        description="How long a CONNECT waits for a store that does not answer (restarting, failing over) "
+        "before the client is refused as server unavailable; 0 refuses at once",
+    )
 
     @model_validator(mode="after")
     def _one_topology(self) -> RedisStoreConfig:

@@ -24,7 +24,7 @@ from .bridges import BridgeConfig
 from .channel import Channel, ChannelIO
 from .cluster import Cluster
 from .cm import ChannelManager
-from .config import BrokerConfig
+from .config import BrokerConfig, RedisStoreConfig
 from .events import EventLog
 from .eventschema import BridgeDropReason, DropReason
 from .metrics import Metrics
@@ -94,6 +94,8 @@ class Node:
             self.metrics,
             self.spawn,
         )
+        if isinstance(config.store, RedisStoreConfig):
+            self.cm.claim_wait = config.store.connect_wait_ms / 1000
         self.cluster: Cluster | None = None
         if isinstance(self.store, RedisStore):
             self.cluster = self.cm.fleet = Cluster(

@@ -198,3 +198,59 @@ def test_the_will_of_a_session_clean_start_ends_is_published_once(fleet):
     assert got.payload == b"ended"
     assert not [m for m in watcher.drain(1.0) if m.topic == will_topic], "the will published twice"
     watcher.disconnect()
+
+
+def test_a_reconnect_during_a_short_redis_restart_waits_instead_of_being_refused(fleet, redis_server):
+    """A client reconnecting while Redis restarts (SIGTERM, back 1.5 s later) waits for its CONNACK
+    instead of being refused: paho-mqtt, refused once, resends a QoS 2 PUBLISH it had already released
+    as a new message on its next attempt (a second copy for every subscriber); refusing only past
+    store.connect_wait_ms keeps that to outages longer than that."""
+    [a] = fleet(1)
+    cid = uid("c")
+    c, _ = raw_connect(a, cid, 5)
+    c.close()
+    redis_server.stop()  # SIGTERM: a graceful shutdown, as a pod deletion does
+    c = mqttraw.RawClient(a.host, a.port, version=5, timeout=15)
+    c.send(mqttraw.connect(cid, version=5, clean=False, props={"session_expiry_interval": 300}))
+    time.sleep(1.5)
+    redis_server.start()
+    ack = c.expect(mqttraw.CONNACK, timeout=15)
+    assert ack.reason == 0 and ack.session_present, ack
+
+
+def test_a_paho_client_whose_pubrel_met_a_redis_restart_gets_its_message_delivered_once(
+    fleet, redis_server, redis_proxy
+):
+    """Issue 25's duplicates, as a user saw them with paho-mqtt: a QoS 2 message whose PUBREL was being
+    stored when Redis shut down (SIGTERM) reached every subscriber twice. paho turns a PUBREL it still
+    owes into a PUBLISH of the same message (DUP=0) when a reconnect is refused and the next one is
+    accepted: a new message by the protocol, since the id was released. Holding CONNECTs while Redis is
+    back within store.connect_wait_ms keeps paho's first reconnect from being refused."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic = uid("paho/")
+    sub, _ = raw_connect(b, uid("sub"), 5)
+    sub.subscribe([(topic, 2)])
+    wait_route(a, sub, topic)
+    redis_proxy.delay(1.0, b"EVALSHA", sha("enqueue"))  # the PUBLISH's commit (routing + record) waits
+    pub = paho.Client(CallbackAPIVersion.VERSION2, client_id=uid("pub"), clean_session=False)
+    pub.reconnect_delay_set(min_delay=1, max_delay=1)
+    pub.connect(a.host, a.port, keepalive=30)
+    pub.loop_start()
+    try:
+        time.sleep(0.5)
+        pub.publish(topic, seq_payload("p", 1), qos=2)
+        time.sleep(0.2)
+        # the PUBREL's commit (the record's removal, no routing) runs, its reply is lost, Redis goes
+        lost = redis_proxy.lose_reply(b"EVALSHA", sha("journal"))
+        assert lost.wait(10), "the PUBREL's commit never went through the proxy"
+        redis_server.stop()
+        time.sleep(2.5)  # paho reconnects meanwhile
+        redis_server.start()
+        assert qos2_view(sub, quiet=4.0) == [("p", 1)], "a QoS 2 message reached the subscriber twice"
+    finally:
+        pub.loop_stop()
+        pub.disconnect()
