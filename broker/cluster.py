@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
@@ -35,6 +36,7 @@ from .redisstore import RedisStore, text
 from .retained import Retained
 from .router import Router
 from .session import Session
+from .store import retrying
 
 log = logging.getLogger("fleetmq.cluster")
 
@@ -48,6 +50,7 @@ PULL_BATCH = 1000
 SUBSCRIBE_TIMEOUT = 5.0  # for Redis to confirm the event stream's subscriptions
 REPLICA_LAG = 1  # seconds since a replica last acknowledged: more, and it is not in sync
 SYNC_TIMEOUT = 3.0  # for Redis to answer a PING on the event stream (sync)
+RELEASE_FOR = 10.0  # a dead node's release is sent again (its reply lost) for this long
 
 
 def replicas_in_sync(replication: dict[str, Any]) -> int:
@@ -243,42 +246,39 @@ class Cluster:
             log.warning("node %s stopped heartbeating; released its %d sessions", dead, n)
 
     async def _release(self, dead: str) -> int:
-        """Its sessions wait for their clients (or end, if clean); their wills go out after their delay."""
+        """Its sessions wait for their clients (or end, if clean); their wills go out after their delay.
+        A release whose reply is lost is sent again with the same token (the same answer)."""
         theirs = keys.node_sessions(dead)
         redis = self._client(theirs)
         cids = [text(c) for c in await redis.smembers(theirs)]
         if not cids:
             return 0
-        released = await self.store.reap(dead, cids)
+        token = os.urandom(8).hex()
+        released = await retrying(
+            self.store, lambda: self.store.reap(dead, cids, token), time.monotonic() + RELEASE_FOR
+        )
         await redis.delete(theirs)
         loop = asyncio.get_running_loop()
-        for cid, will, delay, expiry, kind in released:
-            if kind == 2:  # parked by the dead node with a will still waiting: due at `delay` (will_at)
-                wait = max(0.0, delay - time.time())
-                loop.call_later(wait, self._later, self._due_will, cid, delay)
-                continue
-            if expiry <= 0:
+        for cid, _will, will_at, _expiry, kind in released:
+            if kind in (1, 3):  # ended: its routes go
                 self.router.remove_client(cid)
-            if will is None:
-                continue
-            delay = min(delay, expiry)
-            if delay <= 0:
-                self.sessions.publish_will(will)
-            else:
-                loop.call_later(delay, self._later, self._delayed_will, cid, will)
+            if kind in (2, 3):  # its will is due at will_at: exactly one taker publishes it
+                loop.call_later(max(0.0, will_at - time.time()), self._later, self._due_will, cid, will_at)
         return len(released)
 
     def _later(self, task: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
         self.spawn(task(*args))
 
     async def _due_will(self, client_id: str, will_at: float) -> None:
-        will = await self.store.take_will(client_id, will_at)
+        token = os.urandom(8).hex()  # (a take whose reply is lost is asked again: the same answer)
+        try:
+            will = await retrying(
+                self.store, lambda: self.store.take_will(client_id, will_at, token), time.monotonic() + 60.0
+            )
+        except Exception as e:
+            log.warning("the will of %r was not published: the store did not answer (%s)", client_id, e)
+            return
         if will is not None:
-            self.sessions.publish_will(will)
-
-    async def _delayed_will(self, client_id: str, will: Will) -> None:
-        """A will delay passed: publish unless the client came back meanwhile [MQTT-3.1.3-9]."""
-        if await self.store.owner(client_id) is None:
             self.sessions.publish_will(will)
 
     # -- takeover --------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from .store import (
     Route,
     Save,
     SessionStore,
+    retrying,
 )
 from .zone import Zone
 
@@ -94,6 +95,8 @@ Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
 CATCH_UP = 1 << 24
 #: how long a node keeps trying to read back a claim whose reply was lost (seconds)
 READ_BACK_FOR = 600.0
+#: how long a node keeps asking the store for a will that fell due (seconds)
+WILL_TAKE_FOR = 60.0
 Target = tuple[str, int, bool, tuple[int, ...] | None]  # client id, subscription QoS, RAP, subscription ids
 
 
@@ -367,19 +370,7 @@ class ChannelManager:
     async def _until_store(self, call: Callable[[], Awaitable[T]], ch: Channel, deadline: float) -> T:
         """`call`, made again while the store fails for a passing reason, until `deadline` or the client
         leaves (each call must be safe to make twice)."""
-        delay = 0.05
-        while True:
-            try:
-                return await call()
-            except Exception as e:
-                if (
-                    not self.store.transient(e)
-                    or ch.state == State.CLOSED
-                    or time.monotonic() + delay > deadline
-                ):
-                    raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+        return await retrying(self.store, call, deadline, lambda: ch.state == State.CLOSED)
 
     async def _read_back_claim(self, cid: str, token: str) -> None:
         """A claim whose reply never came may have run: its client was refused (server unavailable) all
@@ -493,8 +484,19 @@ class ChannelManager:
             return
 
         async def take_and_publish(will_at: float) -> None:
-            # the will is also in Redis (so it survives this node): exactly one node publishes it
-            if await self.store.take_will(cid, will_at) is not None:
+            # the will is also in Redis (so it survives this node): exactly one node publishes it, and a
+            # take whose reply is lost is asked again (the same token gets the same answer)
+            token = os.urandom(8).hex()
+            try:
+                taken = await retrying(
+                    self.store,
+                    lambda: self.store.take_will(cid, will_at, token),
+                    time.monotonic() + WILL_TAKE_FOR,
+                )
+            except Exception as e:
+                log.warning("the will of %r was not published: the store did not answer (%s)", cid, e)
+                return
+            if taken is not None:
                 self.publish_will(will)
 
         self.spawn(take_and_publish(parked.will_at))

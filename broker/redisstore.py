@@ -239,22 +239,24 @@ end
 local ran = redis.call('HMGET', KEYS[1], 'ctok', 'epoch', 'ckind', 'cprev')
 if ran[1] == ARGV[11] then return state(tonumber(ran[2]), tonumber(ran[3]), ran[4] or '') end
 local existed = redis.call('EXISTS', KEYS[1]) == 1
+-- a session reaped as ended, kept only for its will: ended now whatever the Clean Start flag says
+local clean = ARGV[2] == '1' or redis.call('HGET', KEYS[1], 'gone') == '1'
 local prev = redis.call('HMGET', KEYS[1], 'node', 'online')
 local previous = ''
 if prev[2] == '1' and prev[1] then previous = prev[1] end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 local ended = {false, false, false}
-if existed and ARGV[2] == '1' then
+if existed and clean then
   -- Clean Start ends the stored session: a will it still had waiting goes out now [MQTT-3.1.3-9]
   if redis.call('HEXISTS', KEYS[1], 'will_at') == 1 then ended = redis.call('HMGET', KEYS[1], 'will', 'zone', 'user') end
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
   redis.call('HSET', KEYS[1], 'epoch', epoch)
   redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[1], ARGV[3]))
 end
-local kind = (not existed) and 0 or (ARGV[2] == '1' and 1 or 2)
+local kind = (not existed) and 0 or (clean and 1 or 2)
 redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1', 'expiry', ARGV[6], 'zone', ARGV[7],
            'ctok', ARGV[11], 'ckind', kind, 'cprev', previous)
-redis.call('HDEL', KEYS[1], 'cew', 'cez', 'ceu')
+redis.call('HDEL', KEYS[1], 'cew', 'cez', 'ceu', 'rtok', 'wtok')
 if ended[1] then redis.call('HSET', KEYS[1], 'cew', ended[1], 'cez', ended[2] or '') end
 if ended[1] and ended[3] then redis.call('HSET', KEYS[1], 'ceu', ended[3]) end
 redis.call('HSETNX', KEYS[1], 'inc', ARGV[10])
@@ -299,7 +301,9 @@ for j = fresh + 1, fresh + 4 * nf, 4 do
   if g > 0 and not ok[g] then refused[tonumber(ARGV[j])] = true; nrefused = nrefused + 1 end
 end
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
-  if nf == nrefused or redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, '', nrefused, 0} end
+  if nf == nrefused or redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'gone') == 1 then
+    return {0, 0, '', nrefused, 0}
+  end
   local items = {}
   for j = fresh + 1, fresh + 4 * nf, 4 do
     local n = tonumber(ARGV[j])
@@ -335,7 +339,7 @@ return 1
 # along) waits for it until the TTL ends it. Meta may carry a will waiting for its delay (will, will_at).
 PARK = """
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
-redis.call('HDEL', KEYS[1], 'will', 'will_delay', 'will_at')
+redis.call('HDEL', KEYS[1], 'will', 'will_delay', 'will_at', 'wtok', 'rtok')
 -- a will waiting for its delay is kept with its due time: if this node dies first, another publishes it
 hset_pairs(KEYS[1], ARGV, 4, tonumber(ARGV[3]))
 local ttl = tonumber(ARGV[2])
@@ -354,7 +358,8 @@ return 1
 # session connected somewhere is woken there by the same script: no stale owner cache.
 ENQUEUE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local meta = redis.call('HMGET', KEYS[1], 'qos0', 'online')
+local meta = redis.call('HMGET', KEYS[1], 'qos0', 'online', 'gone')
+if meta[3] then return -1 end  -- ended, kept only for its will (REAP)
 local skip_qos0 = meta[1] == '0' and meta[2] ~= '1'
 local ng = tonumber(ARGV[2])
 local ok = guards_ok(4, 3, ng)
@@ -425,36 +430,56 @@ end
 return 1
 """
 
-# KEYS: m. ARGV: will_at. Hands a will whose delay ran out to exactly one publisher (its node's timer,
-# or the node releasing a dead node's sessions); nothing if the client came back meanwhile.
-# Returns {will, zone, username} or nil.
+# KEYS: m. ARGV: will_at, the taker's token. Hands a will whose delay ran out to exactly one publisher (its
+# node's timer, or the node releasing a dead node's sessions); nothing if the client came back meanwhile.
+# The same taker asking again (its reply was lost) gets it again. Returns {will, zone, username} or nil.
 TAKEWILL = """
-if redis.call('HGET', KEYS[1], 'will_at') ~= ARGV[1] then return false end
-local will = redis.call('HMGET', KEYS[1], 'will', 'zone', 'user')
-redis.call('HDEL', KEYS[1], 'will', 'will_delay', 'will_at')
-return will
+local w = redis.call('HMGET', KEYS[1], 'will_at', 'wtok')
+if w[2] ~= ARGV[2] then
+  if w[1] ~= ARGV[1] then return false end
+  redis.call('HSET', KEYS[1], 'wtok', ARGV[2])
+  redis.call('HDEL', KEYS[1], 'will_at')
+end
+return redis.call('HMGET', KEYS[1], 'will', 'zone', 'user')
 """
 
-# KEYS: m s q i r, events channel. ARGV: dead node, node, client id. A session whose node died: it waits for its client
-# like any other (TTL = its expiry), or ends now if it had none. Returns {will, will delay, expiry, kind,
-# zone, username}: kind 0 = released, 1 = ended, 2 = parked earlier with a will still waiting (will delay
-# = its will_at).
+# KEYS: m s q i r, events channel. ARGV: dead node, node, client id, the reaper's token, now (wall clock). A
+# session whose node died: it waits for its client like any other (TTL = its expiry), or ends now if it had
+# none. Its will is kept, due at will_at, for TAKEWILL to hand out once (a reaper whose reply is lost asks
+# again, with its token, and gets the same answer); an ended session keeps only that, marked gone, for a
+# minute. Returns {will, will_at or '0', expiry, kind, zone, username}: kind 0 = released, 1 = ended, 2 =
+# parked (earlier, or now) with a will waiting, 3 = ended with a will due now.
 REAP = """
-local m = redis.call('HMGET', KEYS[1], 'node', 'online', 'expiry', 'will', 'will_delay', 'will_at', 'zone', 'user')
-if m[2] ~= '1' and m[6] then return {m[4], m[6], m[3] or '0', 2, m[7], m[8]} end
+local m = redis.call('HMGET', KEYS[1], 'node', 'online', 'expiry', 'will', 'will_delay', 'will_at', 'zone', 'user',
+                     'rtok', 'gone')
+if m[9] == ARGV[4] then
+  return {m[4] or '', m[6] or '0', m[3] or '0', m[10] == '1' and 3 or (m[6] and 2 or 0), m[7], m[8]}
+end
+if m[2] ~= '1' and m[6] then return {m[4], m[6], m[3] or '0', m[10] == '1' and 3 or 2, m[7], m[8]} end
 if m[1] ~= ARGV[1] or m[2] ~= '1' then return false end
 local expiry = tonumber(m[3] or '0')
-local will = m[4] or ''
-local delay = m[5] or '0'
+local now = tonumber(ARGV[5])
 if expiry <= 0 then
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
   redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[2], ARGV[3]))
-  return {will, delay, '0', 1, m[7], m[8]}
+  if not m[4] then
+    redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+    return {'', '0', '0', 1, m[7], m[8]}
+  end
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+  local due = string.format('%.3f', now)
+  redis.call('HINCRBY', KEYS[1], 'epoch', 1)  -- (whatever its node still writes is fenced)
+  redis.call('HSET', KEYS[1], 'online', '0', 'node', '', 'gone', '1', 'rtok', ARGV[4], 'will_at', due)
+  redis.call('PEXPIRE', KEYS[1], 60000)
+  return {m[4], due, '0', 3, m[7], m[8]}
 end
-redis.call('HSET', KEYS[1], 'online', '0', 'node', '')
-redis.call('HDEL', KEYS[1], 'will', 'will_delay')
+redis.call('HSET', KEYS[1], 'online', '0', 'node', '', 'rtok', ARGV[4])
+local due = '0'
+if m[4] then
+  due = string.format('%.3f', now + math.min(tonumber(m[5] or '0'), expiry))
+  redis.call('HSET', KEYS[1], 'will_at', due)
+end
 for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], math.floor(expiry * 1000)) end
-return {will, delay, m[3], 0, m[7], m[8]}
+return {m[4] or '', due, m[3], m[4] and 2 or 0, m[7], m[8]}
 """
 
 # KEYS: m s q i r. ARGV: epoch, node, packed will ('' = none), will delay. A node back from losing Redis
@@ -1073,11 +1098,13 @@ class RedisStore(SessionStore):
             raise reply
 
     async def reap(
-        self, dead: str, client_ids: list[str]
+        self, dead: str, client_ids: list[str], token: str
     ) -> list[tuple[str, Will | None, float, float, int]]:
-        """Let go of the sessions of a dead node: (client id, will, will delay or will_at, expiry, kind)."""
+        """Let go of the sessions of a dead node: (client id, will, will_at, expiry, kind: REAP's). Sent
+        again with the same `token` (its reply lost), the same answer."""
+        now = f"{time.time():.3f}"
         calls = [
-            self._script("reap", self._session(cid, events=True), [dead, self.node_id, cid])
+            self._script("reap", self._session(cid, events=True), [dead, self.node_id, cid, token, now])
             for cid in client_ids
         ]
         out = []
@@ -1088,11 +1115,16 @@ class RedisStore(SessionStore):
                 out.append((cid, _stored_will(r[0], r[4], r[5]), float(r[1]), float(r[2]), int(r[3])))
         return out
 
-    async def take_will(self, client_id: str, will_at: float) -> Will | None:
-        """The will due at `will_at`, if it is still due (exactly one caller gets it)."""
+    async def take_will(self, client_id: str, will_at: float, token: str = "") -> Will | None:
+        """The will due at `will_at`, if it is still due (exactly one caller gets it; the same `token`
+        asking again, its reply lost, gets it again)."""
         mine = keys.node_sessions(self.node_id)
         calls = [
-            self._script("takewill", self._session(client_id, slice(1)), [f"{will_at:.3f}"]),
+            self._script(
+                "takewill",
+                self._session(client_id, slice(1)),
+                [f"{will_at:.3f}", token or os.urandom(8).hex()],
+            ),
             _Call(mine, lambda pipe: pipe.srem(mine, client_id)),
         ]
         raw_will = (await self._send(calls, atomic=True))[0]

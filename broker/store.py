@@ -12,9 +12,9 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from .journal import Journal, JournalChanges
 from .message import Delivery, Message, Will
@@ -24,6 +24,7 @@ from .session import Session
 from .zones import ZoneSettings
 
 log = logging.getLogger("fleetmq.store")
+T = TypeVar("T")
 
 #: after a failed commit, its idempotent writes go out again this long after (doubling up to RETRY_MAX)
 RETRY_FIRST = 0.1
@@ -178,8 +179,9 @@ class SessionStore(ABC):
         for its client again, one it created ends. Idempotent."""
         return None
 
-    async def take_will(self, client_id: str, will_at: float) -> Will | None:
-        """Claim a will whose delay ran out; None if another node published it or the client came back."""
+    async def take_will(self, client_id: str, will_at: float, token: str = "") -> Will | None:
+        """Claim a will whose delay ran out; None if another node published it or the client came back.
+        The same `token` asking again (its reply lost) gets the same answer."""
         raise NotImplementedError
 
     async def set_will(self, session: Session, will: Message | None, will_delay: float) -> None:
@@ -206,6 +208,26 @@ class SessionStore(ABC):
     @abstractmethod
     def offline_sessions(self) -> list[Session]:
         """Sessions held for absent clients (for gauges and expiry bookkeeping)."""
+
+
+async def retrying(
+    store: SessionStore,
+    call: Callable[[], Awaitable[T]],
+    deadline: float,
+    stop: Callable[[], bool] = lambda: False,
+) -> T:
+    """`call`, made again while `store` fails for a passing reason (transient), until `deadline`
+    (time.monotonic()) or `stop()`; then its error is raised. Each call must be safe to make twice: the
+    failed one may have run."""
+    delay = 0.05
+    while True:
+        try:
+            return await call()
+        except Exception as e:
+            if not store.transient(e) or stop() or time.monotonic() + delay > deadline:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
 
 
 class MemoryStore(SessionStore):

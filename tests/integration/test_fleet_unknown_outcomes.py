@@ -254,3 +254,70 @@ def test_a_paho_client_whose_pubrel_met_a_redis_restart_gets_its_message_deliver
     finally:
         pub.loop_stop()
         pub.disconnect()
+
+
+def test_a_will_whose_take_lost_its_reply_is_published_once(fleet, redis_proxy):
+    """A will falls due: the node takes it from the store (exactly one taker publishes it). The take ran
+    but its reply was lost: the will was gone from the store and never published."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic = uid("take/")
+    watcher = Client(b.host, b.port, uid("watch"), version=5)
+    watcher.subscribe(topic, 1)
+    w = Client(
+        a.host,
+        a.port,
+        uid("w"),
+        version=5,
+        clean=False,
+        session_expiry=60,
+        will={"topic": topic, "payload": b"due", "qos": 1, "props": {"WillDelayInterval": 1}},
+    )
+    lost = redis_proxy.lose_reply(b"EVALSHA", sha("takewill"))
+    w.stop()
+    assert lost.wait(10), "the take never went through the proxy"
+    got, _ = watcher.wait_topic(topic, timeout=10)
+    assert got.payload == b"due"
+    assert not [m for m in watcher.drain(1.5) if m.topic == topic], "the will published twice"
+    watcher.disconnect()
+
+
+def test_the_wills_of_a_dead_node_survive_a_release_whose_reply_was_lost(fleet, redis_server, redis_proxy):
+    """A node dies; another releases its sessions and publishes their wills. The release ran but its reply
+    was lost: the wills were gone from the store (taken with the release) and never published, and the
+    releasing node kept the routes of the sessions that had ended."""
+    [a] = fleet(1)
+    [b] = fleet(1, redis_url=redis_proxy.url)  # the node that releases a's sessions
+    topic = uid("reap/")
+    watcher = Client(b.host, b.port, uid("watch"), version=5)
+    watcher.subscribe(topic + "/w/#", 1)
+    now = Client(
+        a.host, a.port, uid("now"), version=5, will={"topic": topic + "/w/now", "payload": b"n", "qos": 1}
+    )
+    later = Client(
+        a.host,
+        a.port,
+        uid("later"),
+        version=5,
+        clean=False,
+        session_expiry=60,
+        will={"topic": topic + "/w/later", "payload": b"l", "qos": 1, "props": {"WillDelayInterval": 1}},
+    )
+    clean_cid = uid("clean")
+    clean, _ = raw_connect(a, clean_cid, 4, clean=True)
+    clean.subscribe([(topic + "/c", 1)])
+    wait_route(b, clean, topic + "/c")
+    lost = redis_proxy.lose_reply(b"EVALSHA", sha("reap"))
+    a.kill()
+    for c in (now, later):
+        c.stop()
+    clean.close()
+    assert lost.wait(30), "the release never went through the proxy"
+    got = {m.topic: m.payload for m in watcher.wait_for(2, timeout=15)}
+    assert got == {topic + "/w/now": b"n", topic + "/w/later": b"l"}
+    assert not watcher.drain(1.5), "a will published twice"
+    pub, _ = raw_connect(b, uid("pub"), 4, clean=True)
+    pub.send(mqttraw.publish(topic + "/c", b"x", qos=1, packet_id=1))
+    pub.expect(mqttraw.PUBACK)
+    assert not redis_server.keys(f"fmq:{{{clean_cid}}}:*"), "an ended session routed to"
+    watcher.disconnect()
