@@ -647,11 +647,22 @@ class Cluster:
                 gone += 1
         if gone:
             log.warning("%d sessions connected here were ended or taken over while Redis was away", gone)
+        before = {cid: self.router.filters_of(cid) for cid in self.router.clients()}
         routes = await self.store.load_routes()
         connected = set(self.sessions.connected())
+        stored: dict[str, set[str]] = {}
         for cid, topic_filter, sub in routes:
             if cid not in connected:
                 self.router.add(cid, topic_filter, sub)
+                stored.setdefault(cid, set()).add(topic_filter)
+        # What changed during the gap without this node hearing of it (a session ended, a filter
+        # removed), or what it routed itself by a write whose outcome it never learnt (a Clean Start
+        # claim's), goes too: for the sessions not connected here, the store's routes are the routes
+        # (but those the event stream brought while the store was read, which the read may have missed).
+        for cid, filters in before.items():
+            if cid not in connected:
+                for topic_filter in filters - stored.get(cid, set()):
+                    self.router.remove(cid, topic_filter)
         for msg in await self.store.load_retained():
             self.retained.put(msg)
         for cid in connected:

@@ -221,6 +221,14 @@ class Router:
             node = nxt
         return node.subs
 
+    def clients(self) -> list[str]:
+        """Every client with a subscription routed here."""
+        return list(self._by_client)
+
+    def filters_of(self, client_id: str) -> set[str]:
+        """One client's filters routed here."""
+        return set(self._by_client.get(client_id, ()))
+
     def subscriptions(self, client_id: str) -> dict[str, Subscription]:
         """One client's subscriptions as routed here, by filter (a bridge checks its forwards are in)."""
         out: dict[str, Subscription] = {}

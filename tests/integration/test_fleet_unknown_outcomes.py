@@ -321,3 +321,28 @@ def test_the_wills_of_a_dead_node_survive_a_release_whose_reply_was_lost(fleet, 
     pub.expect(mqttraw.PUBACK)
     assert not redis_server.keys(f"fmq:{{{clean_cid}}}:*"), "an ended session routed to"
     watcher.disconnect()
+
+
+def test_a_node_that_missed_a_route_removal_while_cut_off_drops_the_route_when_back(fleet, redis_proxy):
+    """A node back from losing Redis reloads the fleet's routes. It only added what it found: a filter
+    removed while it was cut off (the event never reached it) stayed routed from it for good, and its
+    publishers' messages reached a client that had unsubscribed."""
+    [a] = fleet(1)
+    [b] = fleet(1, redis_url=redis_proxy.url)
+    t, u, cid = uid("t/"), uid("u/"), uid("c")
+    c, _ = raw_connect(a, cid, 4)
+    c.subscribe([(t, 1), (u, 1)])
+    wait_route(b, c, t)
+    wait_route(b, c, u)
+    redis_proxy.hold(True)  # b hears nothing
+    c.send(mqttraw.unsubscribe(7, [t]))
+    assert c.expect(mqttraw.UNSUBACK).packet_id == 7
+    time.sleep(0.5)
+    redis_proxy.drop_all()  # b's connections reset (what was held is lost): it reconnects and resyncs
+    redis_proxy.hold(False)
+    wait_route(b, c, u, timeout=15)  # (b routes through Redis again)
+    pub, _ = raw_connect(b, uid("pub"), 4, clean=True)
+    pub.send(mqttraw.publish(t, b"unsubscribed", qos=1, packet_id=1))
+    pub.expect(mqttraw.PUBACK)
+    got = c.recv(1.5)
+    assert got is None, f"a message on a filter the client had unsubscribed from: {got}"
