@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from enum import IntEnum
 from pathlib import Path
 
-from .topic import covers, overlaps, topic_matches
+from .topic import CACHED_TOPIC_MAX, covers, overlaps, topic_matches
 from .zones import AclRule, ZoneSettings
 
 SCHEME = "pbkdf2_sha256"
@@ -127,7 +127,9 @@ class Access(IntEnum):
     DENIED = 2  # refused
 
 
-#: cached decisions per client and action; a client cycling through more topics than this starts over
+#: cached decisions per client and action; a client cycling through more topics than this starts over.
+#: Topics longer than topic.CACHED_TOPIC_MAX are decided afresh each time, so a cache holds at most
+#: CACHE_LIMIT x CACHED_TOPIC_MAX characters of topics (about 1 MiB), whatever topics a client makes up.
 CACHE_LIMIT = 4096
 
 Rules = tuple[tuple[bool, str], ...]  # (allow, filter) in order, first match wins
@@ -218,9 +220,10 @@ class ClientAcl:
             if topic_matches(pattern, topic):
                 ok = allow
                 break
-        if len(cache) >= CACHE_LIMIT:
-            cache.clear()
-        cache[topic] = ok
+        if len(topic) <= CACHED_TOPIC_MAX:
+            if len(cache) >= CACHE_LIMIT:
+                cache.clear()
+            cache[topic] = ok
         return ok
 
     def subscribe_access(self, topic_filter: str) -> Access:

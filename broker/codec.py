@@ -498,9 +498,12 @@ _ACK_CLASSES: dict[
 ] = {}  # filled after the class definitions below
 
 #: Validated PUBLISH topic bytes -> str, shared by all parsers: brokers see the same topics over
-#: and over, and a dict hit is cheaper than UTF-8 decoding plus the wildcard/NUL scans.
+#: and over, and a dict hit is cheaper than UTF-8 decoding plus the wildcard/NUL scans. Topics longer
+#: than _TOPIC_CACHE_MAX_LEN bytes are decoded each time (as topic.CACHED_TOPIC_MAX for the other caches):
+#: the cache holds at most 4096 x 256 bytes of topics (with their str, about 3 MiB), whatever clients send.
 _TOPIC_CACHE: dict[bytes, str] = {}
 _TOPIC_CACHE_SIZE = 4096
+_TOPIC_CACHE_MAX_LEN = 256
 
 # ----------------------------------------------------------------------------------------------
 # Decoding helpers.  All take (buffer, position, end) and bound-check against `end` because the
@@ -960,7 +963,7 @@ class Parser:
                         raise ProtocolError(RC.TOPIC_NAME_INVALID, "wildcard in PUBLISH topic")
                     if "\x00" in topic:
                         raise _malformed("UTF-8 string contains U+0000")
-                    if topic:  # only validated, non-empty topics are cached
+                    if topic and len(raw) <= _TOPIC_CACHE_MAX_LEN:  # validated, non-empty, short
                         if len(topic_cache) >= _TOPIC_CACHE_SIZE:
                             topic_cache.clear()
                         topic_cache[raw] = topic

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from .topic import is_wild, parse_share, topic_matches
+from .topic import CACHED_TOPIC_MAX, is_wild, parse_share, topic_matches
 
 
 @dataclass(slots=True)
@@ -73,7 +73,8 @@ class Router:
         # real filter -> group name -> members
         self._groups: dict[str, dict[str, _Group]] = {}
         # topic -> (trie nodes with subscribers, shared groups) it matches; cleared by any change to
-        # wildcard or shared subscriptions, which are rare next to publishes.
+        # wildcard or shared subscriptions, which are rare next to publishes. Topics longer than
+        # CACHED_TOPIC_MAX are walked each time: the cache's bytes stay bounded whatever topics come.
         self._cache: dict[str, tuple[list[_Node], list[dict[str, _Group]]]] = {}
         self._by_client: dict[str, set[str]] = {}  # client id -> its filters, to drop them all at once
 
@@ -175,10 +176,11 @@ class Router:
     def _lookup(self, topic: str) -> tuple[list[_Node], list[dict[str, _Group]]]:
         nodes = list(self._walk(topic)) if self._wild_count else []
         shared = [groups for real, groups in self._groups.items() if topic_matches(real, topic)]
-        cache = self._cache
-        if len(cache) >= CACHE_SIZE:
-            cache.clear()
-        cache[topic] = (nodes, shared)
+        if len(topic) <= CACHED_TOPIC_MAX:
+            cache = self._cache
+            if len(cache) >= CACHE_SIZE:
+                cache.clear()
+            cache[topic] = (nodes, shared)
         return nodes, shared
 
     def _walk(self, topic: str) -> Iterable[_Node]:

@@ -42,6 +42,12 @@ def valid_topic(topic: str) -> bool:
     return bool(topic) and "+" not in topic and "#" not in topic
 
 
+#: Topics longer than this (in characters) are not cached by topic (the router's matches, ACL decisions):
+#: a cache holds every topic it keeps, so its bytes stay bounded by its entries times this, whatever
+#: topics clients make up. (The codec's cache of topic bytes has the same limit: codec._TOPIC_CACHE_MAX_LEN.)
+CACHED_TOPIC_MAX = 256
+
+
 def is_wild(topic_filter: str) -> bool:
     return "+" in topic_filter or "#" in topic_filter
 

@@ -15,6 +15,8 @@ where each request ends, so a fault can land between two requests of one pipelin
 - lose_reply(needles): the next request holding every needle, and what follows it, reach Redis, but no
   reply comes back on that connection from then on; a moment later it is reset. Redis ran the request,
   the node cannot know it did (a reply lost to a shutdown, a failover or a network cut);
+- hold_reply(seconds, needles): the next request holding every needle reaches Redis at once, but what
+  comes back on its connection waits that long (a reply slower than what other connections carry);
 - deafen(True): the same on every connection, for as long as it lasts: requests are forwarded, replies
   dropped; deafen(False) (or heal()) then resets every connection.
 Self-contained on purpose (no broker code, nothing else from chaos), so the tests can import it alone.
@@ -72,6 +74,7 @@ class Rule:
     delay: float = 0.0
     cut: bool = False
     lose: bool = False  # forward it, then drop every reply on its connection and reset it
+    hold_reply: float = 0.0  # forward it, then hold what comes back on its connection this long
     fired: threading.Event = field(default_factory=threading.Event)
 
     def matches(self, request: bytes) -> bool:
@@ -91,6 +94,7 @@ class _Pipe:
         self.tasks: list[asyncio.Task[None]] = []
         self.closed = False
         self.deaf = False  # replies are dropped (a lose rule fired on this connection)
+        self.replies_from = 0.0  # replies wait until this loop time (a hold_reply rule fired)
 
     async def run(self) -> None:
         await self.proxy.flowing.wait()  # a black-holed connection does not reach Redis
@@ -132,7 +136,7 @@ class _Pipe:
                 if not requests:
                     if self.deaf or proxy.deaf:
                         continue  # a reply lost on its way back
-                    last = max(last, loop.time() + proxy.latency)
+                    last = max(last, loop.time() + proxy.latency, self.replies_from)
                     q.append((last, chunk, None))
                     ready.set()
                     continue
@@ -148,6 +152,11 @@ class _Pipe:
                     del buf[:end]
                     rule = next((x for x in proxy.rules if x.matches(request)), None)
                     wait = proxy.latency
+                    if rule is not None and rule.hold_reply:
+                        proxy.rules.remove(rule)  # once
+                        self.replies_from = loop.time() + rule.hold_reply
+                        rule.fired.set()
+                        rule = None
                     if rule is not None and rule.lose:
                         proxy.rules.remove(rule)  # once
                         self.deaf = True
@@ -268,6 +277,11 @@ class Proxy:
 
     def lose_reply(self, *needles: bytes) -> threading.Event:
         rule = Rule(needles, lose=True)
+        self.rules.append(rule)
+        return rule.fired
+
+    def hold_reply(self, seconds: float, *needles: bytes) -> threading.Event:
+        rule = Rule(needles, hold_reply=seconds)
         self.rules.append(rule)
         return rule.fired
 

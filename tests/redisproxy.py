@@ -60,6 +60,11 @@ class RedisProxy:
         know. The event is set when it was forwarded."""
         return self._call(lambda: self._proxy.lose_reply(*needles))
 
+    def hold_reply(self, seconds: float, *needles: bytes) -> threading.Event:
+        """The next request holding every needle reaches Redis at once, but its reply (and what follows on
+        its connection) comes back `seconds` later: later than what other connections carry meanwhile."""
+        return self._call(lambda: self._proxy.hold_reply(seconds, *needles))
+
     def deafen(self, on: bool) -> None:
         """While on, every connection's requests reach Redis and no reply comes back; off, all are reset."""
         self._call(lambda: self._proxy.deafen(on))

@@ -346,3 +346,38 @@ def test_a_node_that_missed_a_route_removal_while_cut_off_drops_the_route_when_b
     pub.expect(mqttraw.PUBACK)
     got = c.recv(1.5)
     assert got is None, f"a message on a filter the client had unsubscribed from: {got}"
+
+
+def test_a_publisher_moving_while_its_subscriber_catches_up_keeps_publish_order(fleet, redis_proxy):
+    """The race README "Known limits" called known in theory, made to happen: a subscriber opens on node b
+    and catches up on what Redis queued for it (its last pull ran, its reply is late). Its publisher,
+    still on node a, publishes m1: queued in Redis after that pull ran, and b woken, which leaves the wake
+    to the catch-up (the session pulls itself until it has caught up, then once more). The publisher moves
+    to b and publishes m2, straight to the subscriber. It cannot overtake m1: the move's sync waits for a
+    pull of every session being pulled when it looked, begun after it looked (here the one after the
+    catch-up, which brings m1, its reply late too), and the CONNACK waits for the sync."""
+    [a] = fleet(1)
+    [b] = fleet(1, redis_url=redis_proxy.url)
+    topic, scid, pcid = uid("order/"), uid("sub"), uid("pub")
+    s, _ = raw_connect(a, scid, 4)
+    s.subscribe([(topic, 1)])
+    s.send(mqttraw.disconnect())
+    s.close()
+    pub, _ = raw_connect(a, pcid, 4)
+    pub.send(mqttraw.publish(uid("warm/"), b"w", qos=1, packet_id=1))
+    pub.expect(mqttraw.PUBACK)
+    held = redis_proxy.hold_reply(1.5, b"EVALSHA", sha("pull"))  # b's catch-up pull: its reply late
+    s, ack = raw_connect(b, scid, 4)
+    assert ack.session_present
+    assert held.wait(5), "the catch-up pull never went through the proxy"
+    redis_proxy.hold_reply(1.0, b"EVALSHA", sha("pull"))  # and the pull that brings m1, after it
+    pub.send(mqttraw.publish(topic, seq_payload("o", 1), qos=1, packet_id=2))  # m1, through Redis
+    pub.expect(mqttraw.PUBACK)
+    pub.close()
+    pub, ack = raw_connect(b, pcid, 4)  # the publisher moves to the subscriber's node
+    assert ack.session_present
+    pub.send(mqttraw.publish(topic, seq_payload("o", 2), qos=1, packet_id=3))  # m2, straight to it
+    pub.expect(mqttraw.PUBACK, timeout=10)
+    view = AppView()
+    ack_loop(s, view, until=2, timeout=10, tag="o")
+    assert [parse_seq(p) for p in view.delivered] == [("o", 1), ("o", 2)], "a newer message overtook"
