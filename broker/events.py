@@ -19,8 +19,15 @@ shard redirects (MOVED: its slot moved, so it did not run) is sent again once th
 
 Overload: the buffer holds at most ``max_buffer`` records; past that, and for records whose send failed
 while Redis (a shard) is slow or down, records are dropped and counted (``dropped``), never waited for.
-The records of a failed send are retried while they fit in the buffer, so an outcome-unknown send may
-store a record twice; the unique ``eid`` lets readers drop the copy.
+
+Exactly once: the records of a failed send are retried while they fit in the buffer, and a send whose
+reply was lost (it may have run) is idempotent. Each record carries its log's seq (eid = run + seq); next
+to each partition stream the script keeps, in the same slot and the same call, the highest seq it stored
+there for this run (``<stream>:stored:<run>``, zone_config records their own), and skips records at or
+below it. That mark is right because a partition's records are sent in seq order: once a partition's send
+failed, its later records wait for the next flush, behind the retried ones. A mark lives ``MARK_TTL``
+after its run's last batch; records are retried for at most half that, then dropped and counted. The
+pipeline still drops repeated eids (records older brokers resent).
 
 Sampling (``sample`` < 1) keeps the per-message events (``SAMPLED_EVENTS``) of a deterministic subset of
 message ids, the same subset on every node, so a sampled message keeps its publish_in, deliver, ack and
@@ -68,30 +75,39 @@ log = logging.getLogger("fleetmq.events")
 _RECORD = ("seq", "ts_ms", "zone", "event", "client", *FIELDS[6:14])
 _CONFIG_RECORD = ("seq", "ts_ms", "zone", "event", "max_inflight", "max_mqueue_len", "sample")
 
-# XADD each record of a batch. ARGV: max_len, node, run, n, the n field names of a record, then the records'
-# values one after the other (n each). "" and "-1" mean absent and are left out of the entry; ts_ms comes as
-# integer microseconds and is stored as milliseconds with three decimals. Returns the number stored.
-# (Values arrive as separate arguments: splitting packed strings in Lua cost Redis ~40 µs a record.)
-_XADD_BATCH = """
-local key, maxlen, node, run = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+# XADD each record of a batch not stored yet. KEYS: the partition's stream, its mark for this run (the
+# highest seq stored). ARGV: max_len, node, run, n, the mark's ttl, the n field names of a record, then the
+# records' values one after the other (n each), in seq order: those at or below the mark (stored by a send
+# whose reply was lost) are a prefix, skipped with one comparison each, and the rest cost what they did
+# before marks. "" and "-1" mean absent and are left out of the entry; ts_ms comes as integer microseconds
+# and is stored as milliseconds with three decimals. Returns the number stored now.
+# (Values arrive as separate arguments: splitting packed strings in Lua cost Redis ~40 µs a record. Bytes:
+# packed as they are, with no encoding per batch.)
+_XADD_BATCH = b"""
+local key, mark, maxlen, node, run = KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3]
 local n = tonumber(ARGV[4])
-local stored = 0
-for a = 5 + n, #ARGV - n + 1, n do
+local first, last = 6 + n, #ARGV - n + 1
+local done = tonumber(redis.call('GET', mark) or 0)
+while first <= last and tonumber(ARGV[first]) <= done do first = first + n end
+for a = first, last, n do
   local us = ARGV[a + 1]
   local fv = {'eid', run .. '-' .. ARGV[a], 'ts_ms', string.sub(us, 1, -4) .. '.' .. string.sub(us, -3),
               'node', node}
   for i = 2, n - 1 do
     local v = ARGV[a + i]
     if v ~= '' and v ~= '-1' then
-      fv[#fv + 1] = ARGV[5 + i]
+      fv[#fv + 1] = ARGV[6 + i]
       fv[#fv + 1] = v
     end
   end
   redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', unpack(fv))
-  stored = stored + 1
 end
-return stored
+if first > last then return 0 end
+redis.call('SET', mark, ARGV[last], 'EX', ARGV[5])
+return (last - first) / n + 1
 """
+#: how long a run's marks outlive its last batch (s); its records are retried for at most half that
+MARK_TTL = 86_400
 _VALUE_TYPES = (str, int, float)
 #: sends of one batch to the shard a cluster's map names, while shards answer MOVED (the map is changing)
 _REDIRECT_TRIES = 4
@@ -176,6 +192,10 @@ class EventLog:
         self._node_partition = partition(-1, client_hash(node))
         self.run = os.urandom(6).hex()  # eid prefix: unique per log instance, so eids never repeat
         self._seq = itertools.count(1)
+        # each partition's mark for this run, and the node partition's for zone_config records (a sequence of
+        # their own: they are sent ahead of records numbered before them)
+        self._marks = tuple(f"{s}:stored:{self.run}" for s in self.streams)
+        self._config_mark = f"{self.streams[self._node_partition]}:stored:{self.run}:config"
         self._buf: list[tuple[Any, ...]] = []
         self._configs: list[tuple[Any, ...]] = []
         self._zones: dict[str, tuple[int, int]] = {}
@@ -183,6 +203,8 @@ class EventLog:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        # (monotonic) the start of the current failure: every send of unknown outcome came after it
+        self._failing_since = 0.0
         self._config_due = 0.0
         self._closing = False
         self._sending = 0
@@ -190,6 +212,8 @@ class EventLog:
         #: that timed out may still have been stored), failed sends (their records retried or dropped), and
         #: round trips (one per shard a batch touches)
         self.written = 0
+        #: of those written, the records a retry found stored already (a send whose reply was lost)
+        self.repeated = 0
         self.dropped = 0
         self.errors = 0
         self.round_trips = 0
@@ -357,7 +381,7 @@ class EventLog:
                 await self.flush(retry=not self._closing)
             except Exception:  # never let the task die: the data path keeps emitting
                 log.exception("event log flush failed unexpectedly")
-                self._failing = True
+                self._fail()
             # while Redis fails, retry with a growing pause instead of every interval
             backoff = min(max(backoff * 2, self.interval), 5.0) if self._failing else 0.0
         if self._buf:
@@ -371,32 +395,35 @@ class EventLog:
         ]
 
     async def flush(self, *, retry: bool = True) -> None:
-        """Send everything buffered now, batch by batch; once a shard fails, the rest of its records are not
-        sent this time (the other shards' are). The records of failed sends (and of the batch a cancel cut
-        off) go back to the buffer, as far as it has room (retry=False: none do); the rest are counted
-        dropped."""
+        """Send everything buffered now, batch by batch; once a shard or a partition fails, the rest of its
+        records are not sent this time (the others' are), so each partition's go in seq order. The records
+        of failed sends (and of the batch a cancel cut off) go back to the front of the buffer, as far as it
+        has room (retry=False, or failing for MARK_TTL / 2: none do); the rest are counted dropped."""
         pending, self._buf = self._buf, []
         self._sending = len(pending)
         unsent: list[tuple[Any, ...]] = []
         down: set[str] = set()  # the shards that failed in this flush
+        held: set[int] = set()  # the partitions whose send failed in this flush
         i = 0
         try:
             if self._configs:  # rare (start, reload, every config_interval): its own round trip
-                configs = {self._node_partition: self._configs}
-                stored, self._configs = await self._send(_CONFIG_RECORD, configs, down)  # (kept if unsent)
+                configs = {self._node_partition: self._configs}  # (kept if unsent)
+                stored, self._configs = await self._send(_CONFIG_RECORD, configs, down, set())
                 self.written += stored
             while i < len(pending):
                 chunk = pending[i : i + self.batch]
-                stored, failed = await self._send(_RECORD, self._partitioned(chunk), down)
+                stored, failed = await self._send(_RECORD, self._partitioned(chunk), down, held)
                 i += len(chunk)
                 self.written += stored
-                self.dropped += len(chunk) - stored - len(failed)  # malformed records the script skipped
+                self.dropped += len(chunk) - stored - len(failed)  # malformed records _eval left out
                 unsent += failed
         finally:
             self._sending = 0
             rest = unsent + pending[i:]
             if rest:
-                keep = rest if retry else []
+                # past MARK_TTL / 2 of failing, a send whose outcome is unknown may have outlived its mark
+                stale = self._failing and time.monotonic() - self._failing_since >= MARK_TTL / 2
+                keep = rest if retry and not stale else []
                 self.dropped += len(rest) - len(keep)
                 overflow = len(keep) + len(self._buf) - self.max_buffer
                 if overflow > 0:
@@ -420,13 +447,18 @@ class EventLog:
         return groups
 
     async def _send(
-        self, layout: tuple[str, ...], groups: dict[int, list[tuple[Any, ...]]], down: set[str]
+        self,
+        layout: tuple[str, ...],
+        groups: dict[int, list[tuple[Any, ...]]],
+        down: set[str],
+        held: set[int],
     ) -> tuple[int, list[tuple[Any, ...]]]:
         """Each partition's records as one EVAL, those of one shard pipelined in one round trip, the shards
-        in parallel, except to shards in ``down`` (those that failed, to which this adds). Returns how many
-        records Redis stored and those of the partitions not sent or whose send failed (Redis refused it,
-        or its outcome is unknown); a record with a value that is not a str, int or float is in neither.
-        EVALs a shard redirected (they did not run) go again where the map, read again, says."""
+        in parallel, except to shards in ``down`` and partitions in ``held`` (those that failed, to which
+        this adds). Returns how many records Redis holds (stored now or by a send whose reply was lost) and
+        those of the partitions not sent or whose send failed (Redis refused it, or its outcome is unknown);
+        a record with a value that is not a str, int or float is in neither. EVALs a shard redirected (they
+        did not run) go again where the map, read again, says."""
         evals: dict[int, bytes] = {}
         for p, records in groups.items():
             evals[p], groups[p] = self._eval(layout, p, records)
@@ -437,7 +469,7 @@ class EventLog:
             by_shard: dict[str, tuple[Shard, list[int]]] = {}
             for p in todo:
                 shard = self._conns.shard_for(self.streams[p])
-                if shard.address in down:
+                if shard.address in down or p in held:
                     failed.append(p)
                 else:
                     by_shard.setdefault(shard.address, (shard, []))[1].append(p)
@@ -464,7 +496,8 @@ class EventLog:
                         self._failed(reply, shard)
                         failed.append(p)
                     else:
-                        stored += int(reply)
+                        stored += len(groups[p])
+                        self.repeated += len(groups[p]) - int(reply)
             if not (todo or lost) or not self._conns.sharded:
                 break
             # a shard redirected (its slots moved) or went away (a replica may be taking over)
@@ -475,6 +508,7 @@ class EventLog:
         if todo:
             self._failed(RedisError(f"still redirected after {_REDIRECT_TRIES} sends"))
             failed += todo
+        held.update(failed)
         return stored, [rec for p in failed for rec in groups[p]]
 
     async def _refresh(self) -> bool:
@@ -500,16 +534,19 @@ class EventLog:
         """The EVAL of one partition's records, and the records it holds (those with sendable values)."""
         # EVAL rather than EVALSHA: the script is small next to a batch and Redis caches it by its sha, so
         # there is no NOSCRIPT to recover from after a Redis restart or a failover
+        mark = self._marks[p] if layout is _RECORD else self._config_mark
         args: list[Any] = [
-            "EVAL", _XADD_BATCH, 1, self.streams[p], self._partition_len, self.node, self.run, len(layout)
+            "EVAL", _XADD_BATCH, 2, self.streams[p], mark, self._partition_len, self.node, self.run,
+            len(layout), MARK_TTL,
         ]  # fmt: skip
+        head = len(args)
         args += layout
         for rec in records:
             args += rec
         try:
             return hiredis.pack_command(tuple(args)), records
         except TypeError:  # a bad value (None...): leave its records out rather than lose the batch
-            del args[8 + len(layout) :]
+            del args[head + len(layout) :]
             records = [
                 rec
                 for rec in records
@@ -545,10 +582,14 @@ class EventLog:
         self.round_trips += 1
         return replies
 
+    def _fail(self) -> None:
+        if not self._failing:
+            self._failing, self._failing_since = True, time.monotonic()
+
     def _failed(self, error: BaseException, shard: Shard | None = None) -> None:
         self.errors += 1
         if not self._failing:
-            self._failing = True
+            self._fail()
             where = (
                 f" {shard.address}" if shard and self._conns.sharded else ""
             )  # (a url may hold a password)

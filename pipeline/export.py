@@ -7,7 +7,9 @@ renamed into place; only then are its entries XACKed. A crash before the rename 
 (ignored by readers, removed at the next start); a crash after it leaves the entries pending, and the next
 run reads its pending entries first (XREADGROUP from id 0) and writes them again under the same names
 (``part-<partition>-<first id>-<last id>``: the stream's short name and the stream ids of the file's own
-rows; the stream of old keeps ``part-<first id>-<last id>``), replacing the files with the same rows. Within a batch duplicate eids (a writer's resend) are dropped; the Spark job deduplicates anyway.
+rows; the stream of old keeps ``part-<first id>-<last id>``), replacing the files with the same rows. Within
+a batch duplicate eids (an older broker's resend: brokers now store each record once) are dropped; the
+Spark job deduplicates anyway.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def weigh(events: DataFrame, settings: DataFrame) -> DataFrame:
 
 
 def prepare(events: DataFrame, window: str) -> DataFrame:
-    """Drop duplicate eids (a writer's resend, an exporter's rewrite) and add the event's window."""
+    """Drop duplicate eids (an older broker's resend, an exporter's rewrite) and add the event's window."""
     w = F.window(F.timestamp_millis(F.col("ts_ms").cast("long")), window)
     return (
         events.dropDuplicates(["eid"])

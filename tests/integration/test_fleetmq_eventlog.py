@@ -1,5 +1,6 @@
 """The broker's event log (`--event-log` / event_log:): what a real broker writes to its fleet's Redis
-Streams for a scenario with a full window, queue drops, acks and a takeover."""
+Streams for a scenario with a full window, queue drops, acks and a takeover, and that a batch whose reply
+was lost is stored once."""
 
 from __future__ import annotations
 
@@ -63,3 +64,29 @@ def test_events_of_a_full_window_drops_acks_and_takeover(fleet, redis_server):
     assert by("takeover") and len({e["client"] for e in by("connect")}) == 2
     assert sub_id not in {e.get("client") for e in events}  # client ids are hashed
     assert bp.metric("fleetmq_event_log_records_total", outcome="written") >= len(events)
+
+
+def test_an_event_batch_whose_reply_was_lost_is_stored_once(fleet, redis_server, redis_proxy):
+    """Issue 25: Redis ran a batch of the node's events and its reply never came back (the proxy lost it and
+    reset the connection). The node sends the batch again, and Redis skips what it stored: every event
+    once. Before, every record of the batch was stored twice."""
+    (bp,) = fleet(1, None, {"event_log": {"enabled": True, "fleet": "t2"}}, redis_url=redis_proxy.url)
+    wait_until(lambda: stream(redis_server, "t2"), timeout=5, msg="the zone_config record")
+    lost = redis_proxy.lose_reply(b"EVAL", b"'XADD'")  # (only the event log's script holds an XADD)
+    topic = uid("ev/")
+    pub, _ = raw_connect(bp, uid("pub"), 5)
+    for i in range(20):
+        pub.publish(topic, b"m%d" % i, qos=1)
+    pub.recv_n(20, ptype=PUBACK)
+    wait_until(lost.is_set, timeout=5, msg="an event batch sent")
+
+    def confirmed() -> bool:  # the resend's reply came: every event stored is counted written
+        stored = {e["eid"] for e in stream(redis_server, "t2")}
+        return bp.metric("fleetmq_event_log_records_total", outcome="written") >= len(stored)
+
+    wait_until(confirmed, timeout=10, msg="the batch sent again")
+    events = stream(redis_server, "t2")
+    eids = [e["eid"] for e in events]
+    assert len(eids) == len(set(eids)), "an event was stored twice"
+    assert len([e for e in events if e["event"] == "publish_in"]) == 20
+    assert bp.metric("fleetmq_event_log_records_total", outcome="dropped") == 0
