@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from enum import IntEnum
 from pathlib import Path
 
-from .topic import CACHED_TOPIC_MAX, covers, overlaps, topic_matches
+from .topic import CACHED_TOPIC_MAX, covers, is_sys, overlaps, topic_matches
 from .zones import AclRule, ZoneSettings
 
 SCHEME = "pbkdf2_sha256"
@@ -154,7 +154,9 @@ class Acl:
 
         A rule about the user does not apply to anonymous clients. A name holding '/', '+' or '#' would
         turn into other levels or wildcards, so an allow rule it would widen is left out (the client gets
-        nothing from it), while a deny rule is kept as substituted (it can only deny more).
+        nothing from it), while a deny rule is kept as substituted (it can only deny more). So is an allow
+        rule that a name starting with '$' would turn into one about the server's topics ($SYS): only a
+        rule written so allows publishing there.
         """
         publish: list[tuple[bool, str]] = []
         read: list[tuple[bool, str]] = []
@@ -170,6 +172,8 @@ class Acl:
                 if allow and _UNSAFE.intersection(client_id):
                     continue
                 pattern = pattern.replace("%c", client_id)
+            if allow and pattern.startswith("$") and not rule.filter.startswith("$"):
+                continue
             if rule.action != "subscribe":
                 publish.append((allow, pattern))
             if rule.action != "publish":
@@ -188,9 +192,21 @@ _UNSAFE = frozenset("/+#")
 
 
 class ClientAcl:
-    """One client's rules, with its per-topic decisions cached (a live ACL change binds a new one)."""
+    """One client's rules, with its per-topic decisions cached (a live ACL change binds a new one).
 
-    __slots__ = ("_pub_cache", "_publish", "_read", "_read_cache", "default_allow", "guards_read")
+    A publish on $SYS (topic.is_sys) is refused whatever the default, unless a rule allows it: wildcards
+    at the first level never match a '$' topic, so only a rule naming $SYS can (MQTT 5 section 4.7.2).
+    """
+
+    __slots__ = (
+        "_pub_cache",
+        "_publish",
+        "_read",
+        "_read_cache",
+        "default_allow",
+        "guards_read",
+        "publish_open",
+    )
 
     def __init__(self, publish: Rules, read: Rules, default_allow: bool) -> None:
         self._publish = publish
@@ -198,24 +214,28 @@ class ClientAcl:
         self.default_allow = default_allow
         #: whether any topic can be denied to this client's reading; if not, nothing is ever checked
         self.guards_read = not default_allow or any(not allow for allow, _ in read)
+        #: whether every publish but one on $SYS is allowed: no rule to match (Channel's cheaper check)
+        self.publish_open = default_allow and not publish
         self._pub_cache: dict[str, bool] = {}
         self._read_cache: dict[str, bool] = {}
 
     def can_publish(self, topic: str) -> bool:
         ok = self._pub_cache.get(topic)
         if ok is None:
-            ok = self._decide(self._publish, topic, self._pub_cache)
+            default = self.default_allow and not is_sys(topic)
+            ok = self._decide(self._publish, topic, self._pub_cache, default)
         return ok
 
     def can_read(self, topic: str) -> bool:
         """Whether a message on `topic` may be delivered to this client (mosquitto's read access)."""
         ok = self._read_cache.get(topic)
         if ok is None:
-            ok = self._decide(self._read, topic, self._read_cache)
+            ok = self._decide(self._read, topic, self._read_cache, self.default_allow)
         return ok
 
-    def _decide(self, rules: Rules, topic: str, cache: dict[str, bool]) -> bool:
-        ok = self.default_allow
+    @staticmethod
+    def _decide(rules: Rules, topic: str, cache: dict[str, bool], default: bool) -> bool:
+        ok = default
         for allow, pattern in rules:
             if topic_matches(pattern, topic):
                 ok = allow

@@ -51,7 +51,7 @@ from .message import Delivery, Message
 from .negotiation import INTERNAL, NEVER_EXPIRE, V3_CONNACK, Negotiated, Refusal, negotiate
 from .router import Subscription
 from .session import AwaitingRelFull, Session
-from .topic import parse_share, valid_filter
+from .topic import is_sys, parse_share, valid_filter
 from .zone import Zone
 from .zones import ZoneSettings
 
@@ -155,18 +155,31 @@ def _check_acl(ch: Channel, p: Publish, topic: str) -> Refused | None:
     return None
 
 
+def _check_sys(ch: Channel, p: Publish, topic: str) -> Refused | None:
+    """_check_acl for a client whose rules allow every publish but those on $SYS (no rule to match); only
+    a client that published on a '$' topic gets it (Channel._bind_rules), so the others pay nothing."""
+    if is_sys(topic):
+        return RC.NOT_AUTHORIZED, DropReason.NOT_AUTHORIZED, "not authorized ($SYS)"
+    return None
+
+
 PublishCheck = Callable[["Channel", Publish, str], Refused | None]
 
 
-def publish_checks(settings: ZoneSettings, acl: ClientAcl | None, version: int) -> tuple[PublishCheck, ...]:
-    """The checks a client's PUBLISH goes through: only those its zone and protocol call for."""
+def publish_checks(
+    settings: ZoneSettings, acl: ClientAcl | None, version: int, dollar: bool = False
+) -> tuple[PublishCheck, ...]:
+    """The checks a client's PUBLISH goes through: only those its zone and protocol call for (`dollar`: on
+    a topic starting with '$')."""
     checks: list[PublishCheck] = []
     if version >= MQTT5:
         checks.append(_check_payload_format)
         if settings.max_publish_rate:
             checks.append(_check_publish_rate)
-    if acl is not None:
-        checks.append(_check_acl)
+    if acl is not None and not acl.publish_open:
+        checks.append(_check_acl)  # (it refuses $SYS too)
+    elif acl is not None and dollar:
+        checks.append(_check_sys)
     return tuple(checks)
 
 
@@ -177,6 +190,7 @@ class Channel:
         "_aliases_out",
         "_backlog",
         "_checks",
+        "_dollar_checks",  # the checks of a client that publishes on '$' topics
         "_holding",
         "_in_process",
         "_ka_timer",
@@ -259,6 +273,7 @@ class Channel:
         self.read_guard = False
         self.publish_rate: TokenBucket | None = None
         self._checks: tuple[PublishCheck, ...] = ()
+        self._dollar_checks: tuple[PublishCheck, ...] = ()
         self._holding = False  # catching up after opening here (Session.hold_back): nothing new goes out
         self._backlog: list[Any] | None = None  # packets held back by the publish rate
         self._aliases_in: dict[int, str] | None = None
@@ -281,6 +296,8 @@ class Channel:
             packets = self.parser.feed(data)
         except ProtocolError as e:
             error, packets = e, e.packets  # packets before the bad one still count
+        if self.parser.dollar and self._checks is not self._dollar_checks:
+            self._checks = self._dollar_checks  # it publishes on '$' topics: checked from now on
         self._received(packets)
         if error is not None:
             self.protocol_error(error.reason, error.message)
@@ -423,13 +440,19 @@ class Channel:
     def _bind_rules(self) -> None:
         """This client's view of its zone's rules and limits (at CONNECT and after a live change)."""
         zone = self.zone
-        self.acl = zone.acl.bind(self.username, self.client_id) if zone.acl is not None else None
+        self.acl = zone.acl.bind(self.username, self.client_id)
         rate = self.settings.max_publish_rate
         if not rate:
             self.publish_rate = None
         elif self.publish_rate is None or self.publish_rate.rate != rate:
             self.publish_rate = TokenBucket(rate, self.io.time())
+        # Publishes on $SYS are refused unless a rule allows them. That is checked only for a client that
+        # sent a '$' topic (its parser tells), so the others pay nothing for it; a bridge's link (in
+        # process, set up by the operator) may bring the remote's $SYS in.
         self._checks = publish_checks(self.settings, self.acl, self.version)
+        self._dollar_checks = publish_checks(self.settings, self.acl, self.version, not self._in_process)
+        if self.parser.dollar:
+            self._checks = self._dollar_checks
 
     def session_opened(self, session: Session, present: bool, connack_props: dict[int, Any]) -> None:
         """The host opened the session: CONNACK, resend what was unacknowledged, then what queued."""

@@ -864,11 +864,14 @@ class Parser:
     to produce the payload/topic objects.  The unconsumed tail is saved once per ``feed()`` call.
     """
 
-    __slots__ = ("_buf", "_error", "_need", "max_packet_size", "version")
+    __slots__ = ("_buf", "_error", "_need", "dollar", "max_packet_size", "version")
 
     def __init__(self, max_packet_size: int = 0, version: int = 0) -> None:
         self.max_packet_size = max_packet_size  # 0 = unlimited
         self.version = version  # 0 = unknown until a CONNECT is decoded
+        #: whether a PUBLISH on a topic starting with '$' (the server's, MQTT 4.7.2) was decoded; such topics
+        #: are never cached, so telling costs nothing on the cached path
+        self.dollar = False
         self._buf = bytearray()
         self._need = 0  # bytes the buffered partial packet needs before a parse can make progress
         self._error: ProtocolError | None = None
@@ -963,7 +966,9 @@ class Parser:
                         raise ProtocolError(RC.TOPIC_NAME_INVALID, "wildcard in PUBLISH topic")
                     if "\x00" in topic:
                         raise _malformed("UTF-8 string contains U+0000")
-                    if topic and len(raw) <= _TOPIC_CACHE_MAX_LEN:  # validated, non-empty, short
+                    if topic and topic[0] == "$":
+                        self.dollar = True
+                    elif topic and len(raw) <= _TOPIC_CACHE_MAX_LEN:  # validated, non-empty, short
                         if len(topic_cache) >= _TOPIC_CACHE_SIZE:
                             topic_cache.clear()
                         topic_cache[raw] = topic

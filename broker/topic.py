@@ -48,6 +48,12 @@ def valid_topic(topic: str) -> bool:
 CACHED_TOPIC_MAX = 256
 
 
+def is_sys(topic: str) -> bool:
+    """A topic of the server's own ($SYS, MQTT 5 section 4.7.2): clients may not publish on it unless an
+    ACL rule says so explicitly."""
+    return topic.startswith("$SYS") and (len(topic) == 4 or topic[4] == "/")
+
+
 def is_wild(topic_filter: str) -> bool:
     return "+" in topic_filter or "#" in topic_filter
 

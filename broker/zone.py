@@ -44,14 +44,11 @@ class Zone:
         self.acl, self.auth = self.access(settings)
 
     @staticmethod
-    def access(settings: ZoneSettings) -> tuple[Acl | None, Authenticator | None]:
-        """Who may connect and what they may do (None: no checks configured). Raises UsersFileError
-        (UsersFilePending: a users file without the content the config pins yet)."""
-        acl = (
-            Acl(settings.acl, settings.acl_default, settings.user_acl)
-            if settings.acl or settings.user_acl or settings.acl_default == "deny"
-            else None
-        )
+    def access(settings: ZoneSettings) -> tuple[Acl, Authenticator | None]:
+        """Who may connect (None: no password checks) and what they may do: rules even where none are
+        configured, since publishing on $SYS needs a rule that allows it (auth.ClientAcl). Raises
+        UsersFileError (UsersFilePending: a users file without the content the config pins yet)."""
+        acl = Acl(settings.acl, settings.acl_default, settings.user_acl)
         users = zone_users(settings)
         return acl, Authenticator(users) if users is not None else None
 
