@@ -15,7 +15,8 @@ its zone's telemetry, once.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, cast
 
 from .auth import Access, ClientAcl
@@ -113,8 +114,9 @@ class ChannelHost(Protocol):
 
     def unsubscribe(self, ch: Channel, topic_filter: str) -> None: ...
 
-    def retained(self, topic_filter: str) -> list[Message]:
-        """The live retained messages a new subscription gets."""
+    def retained(self, topic_filter: str) -> Iterable[Message | None]:
+        """The live retained messages a new subscription gets, found as they are taken (None: nothing
+        found yet, a step of the search; Retained.scan)."""
 
     def after_commit(self, callback: Callable[[bool], None]) -> None:
         """Call back once every write made so far is stored (True) or failed (False)."""
@@ -183,6 +185,29 @@ def publish_checks(
     return tuple(checks)
 
 
+#: retained messages (or steps of their search) a new subscription gets per loop turn, and their bytes: a
+#: subscription to '#' over a large retained store must not keep the node from answering everyone else, nor
+#: put more than this in one turn's write buffer before its socket can say it is full
+RETAINED_BATCH = 64
+RETAINED_BATCH_BYTES = 256 * 1024
+
+
+class RetainedRun:
+    """The retained messages a new subscription still has to get: the search over the retained store,
+    taken as the client takes them (Channel._pump_retained); no message is copied meanwhile."""
+
+    __slots__ = ("guarded", "messages", "sub", "sub_ids", "topic_filter")
+
+    def __init__(
+        self, topic_filter: str, sub: Subscription, messages: Iterator[Message | None], guarded: bool
+    ) -> None:
+        self.topic_filter = topic_filter
+        self.sub = sub
+        self.messages = messages
+        self.guarded = guarded  # read access is checked per message (a deny rule reaches the filter)
+        self.sub_ids = (sub.sub_id,) if sub.sub_id else None
+
+
 class Channel:
     __slots__ = (
         "_acks_pending",
@@ -195,6 +220,8 @@ class Channel:
         "_in_process",
         "_ka_timer",
         "_rel_timer",
+        "_retained",
+        "_retained_timer",
         "_retry_timer",
         "_stash",
         "acl",
@@ -283,6 +310,8 @@ class Channel:
         self._ka_timer: Timer | None = io.call_later(self.settings.idle_timeout, self._connect_timeout)
         self._retry_timer: Timer | None = None
         self._rel_timer: Timer | None = None
+        self._retained: deque[RetainedRun] | None = None  # new subscriptions' retained messages still due
+        self._retained_timer: Timer | None = None
 
     # ---------------------------------------------------------------------------------------------
     # input
@@ -398,10 +427,11 @@ class Channel:
         self.host.closed(self)
 
     def _cancel_timers(self) -> None:
-        for t in (self._ka_timer, self._retry_timer, self._rel_timer):
+        for t in (self._ka_timer, self._retry_timer, self._rel_timer, self._retained_timer):
             if t is not None:
                 t.cancel()
-        self._ka_timer = self._retry_timer = self._rel_timer = None
+        self._ka_timer = self._retry_timer = self._rel_timer = self._retained_timer = None
+        self._retained = None
 
     # ---------------------------------------------------------------------------------------------
     # CONNECT
@@ -914,6 +944,8 @@ class Channel:
             sent, expired = session.refill(self.io.time())
         if self._retry_timer is None and self.retry and session.inflight:
             self._arm_retry()
+        if self._retained is not None and not session.mqueue:
+            self._pump_retained_soon()  # the queue emptied: retained messages still due may follow
 
     def _resend(self, d: Delivery) -> None:
         if d.stage == 0:
@@ -958,16 +990,65 @@ class Channel:
 
         def finish() -> None:
             self.io.write(suback)
-            acl = self.acl
+            if not retained:
+                return
+            runs = self._retained
+            if runs is None:
+                runs = self._retained = deque()
             for topic_filter, sub, guarded in retained:
-                sub_ids = (sub.sub_id,) if sub.sub_id else None
-                for msg in self.host.retained(topic_filter):
-                    if guarded and acl is not None and not acl.can_read(msg.topic):
-                        continue  # never sent, so not a drop: the retained message stays for others
-                    # [MQTT-3.3.1-9]: a retained message sent for a new subscription has RETAIN=1.
-                    self.deliver(msg, min(msg.qos, sub.qos), True, sub_ids)
+                runs.append(RetainedRun(topic_filter, sub, iter(self.host.retained(topic_filter)), guarded))
+            if self._retained_timer is None:
+                self._pump_retained()  # a first batch at once (a few retained messages: all of them)
 
         self._after_store(finish)
+
+    def _pump_retained(self) -> None:
+        """Deliver new subscriptions' retained messages, a batch per loop turn (RETAINED_BATCH messages,
+        RETAINED_BATCH_BYTES), as fast as the client takes them: only while its socket is not congested and
+        nothing waits in its Message Queue (QoS 1/2 go through the Inflight Window, which paces them as the
+        client acks). Resumed when the socket drains (set_congested) or the queue empties
+        (_send_deliveries); a client that reads nothing holds a search over the retained store, not the
+        messages."""
+        self._retained_timer = None
+        runs, session = self._retained, self.session
+        if runs is None or session is None or self.state != State.CONNECTED:
+            self._retained = None
+            return
+        acl = self.acl
+        budget, room = RETAINED_BATCH, RETAINED_BATCH_BYTES
+        while runs:
+            run = runs[0]
+            if session.subscriptions.get(run.topic_filter) is not run.sub:
+                runs.popleft()  # unsubscribed, or subscribed anew (with a run of its own)
+                continue
+            while True:
+                if self.congested or session.mqueue:
+                    return
+                if budget <= 0 or room <= 0:
+                    self._pump_retained_soon()
+                    return
+                budget -= 1
+                try:
+                    msg = next(run.messages)
+                except StopIteration:
+                    runs.popleft()
+                    break
+                if msg is None:
+                    continue  # a step of the search that found nothing
+                if run.guarded and acl is not None and not acl.can_read(msg.topic):
+                    continue  # never sent, so not a drop: the retained message stays for others
+                # [MQTT-3.3.1-9]: a retained message sent for a new subscription has RETAIN=1.
+                self.deliver(msg, min(msg.qos, run.sub.qos), True, run.sub_ids)
+                room -= len(msg.payload)
+                # It stays in the retained store, maybe for long: an encoding cached on it would double it.
+                msg.drop_encodings()
+                if self.state != State.CONNECTED:
+                    return
+        self._retained = None
+
+    def _pump_retained_soon(self) -> None:
+        if self._retained_timer is None and self._retained is not None:
+            self._retained_timer = self.io.call_later(0, self._pump_retained)
 
     def _after_store(self, reply: Callable[[], None]) -> None:
         """Answer once what this packet changed is stored (at once with nothing to wait for)."""
@@ -1043,15 +1124,14 @@ class Channel:
         self.disconnect(reason, why)
 
     def set_congested(self, congested: bool) -> None:
-        """The socket's write buffer crossed its high (True) or low (False) water mark."""
+        """The socket's write buffer crossed its high (True) or low (False) water mark, or the node's write
+        budget holds this connection back (connection.WriteBudget)."""
         self.congested = congested
-        if (
-            not congested
-            and self.state == State.CONNECTED
-            and self.session is not None
-            and self.session.mqueue
-        ):
+        if congested or self.state != State.CONNECTED or self.session is None:
+            return
+        if self.session.mqueue:
             self._send_deliveries(*self.session.refill(self.io.time()))
+        self._pump_retained_soon()
 
     def apply_zone(self) -> None:
         """Pick up changed zone settings and rules (window, queue limit, retry, ACL) at once."""

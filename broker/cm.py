@@ -150,8 +150,8 @@ class ChannelManager:
     def after_commit(self, callback: Callable[[bool], None]) -> None:
         self.committer.after(callback)
 
-    def retained(self, topic_filter: str) -> list[Message]:
-        return self.retained_msgs.match(topic_filter, time.time())
+    def retained(self, topic_filter: str) -> Iterable[Message | None]:
+        return self.retained_msgs.scan(topic_filter, time.time())
 
     def subscribe(self, ch: Channel, topic_filter: str, sub: Subscription) -> None:
         self.router.add(ch.client_id, topic_filter, sub)

@@ -183,6 +183,26 @@ class ShutdownConfig(_Model):
     )
 
 
+class WriteBuffersConfig(_Model):
+    """What a node holds for clients that read slower than it writes to them: bytes handed to a connection
+    that its socket has not taken yet. Past either limit a client counts as congested: QoS 0 deliveries to
+    it are dropped (counted, reason queue_full), QoS 1/2 wait in its Message Queue (max_mqueue_len), the
+    retained messages of its new subscriptions wait, until its socket drains. Applies at the next restart."""
+
+    connection: int = Field(
+        4 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Bytes buffered for one connection beyond which it is congested (the socket's "
+        "high-water mark; it is free again once under a quarter of it)",
+    )
+    node: int = Field(
+        128 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Bytes buffered for all the node's connections together beyond which every connection "
+        "still holding bytes is congested, until the total is under three quarters of it",
+    )
+
+
 class EventLogConfig(_Model):
     enabled: bool = Field(
         False, description="Append events to the fleet's Redis Streams (read by the pipeline)"
@@ -223,6 +243,9 @@ class BrokerConfig(_Model):
     event_log: EventLogConfig = Field(default_factory=EventLogConfig)
     bridges: list[BridgeConfig] = Field(default_factory=list, description="Bridges to remote brokers")
     shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig, description=ShutdownConfig.__doc__)
+    write_buffers: WriteBuffersConfig = Field(
+        default_factory=WriteBuffersConfig, description=WriteBuffersConfig.__doc__
+    )
 
     @field_validator("zones", mode="before")
     @classmethod

@@ -1,8 +1,15 @@
 """Socket I/O for one client: an asyncio Protocol feeding its Channel and batching its writes.
 
 Everything written to a connection during one event-loop turn (acks, deliveries from many publishers) is
-joined and handed to the transport once, at the end of the turn: one syscall instead of one per packet.
+joined and handed to the transport at the end of the turn: one syscall instead of one per packet.
 WsConnection carries the same byte stream in WebSocket frames (ws and wss listeners).
+
+What a node holds for clients that read slower than it writes is bounded twice (`write_buffers` in the
+config): per connection by its transport's high-water mark, past which the channel stops adding to it
+(Channel.congested), and for the node by a WriteBudget. A connection whose transport still held bytes at
+its last flush (a client slower than the node) has its writes counted and handed over past FLUSH_AT, so
+its transport says it is full while the turn still runs; one that keeps up is written to uncounted, at
+no cost, and holds at most what one loop turn routes to it (reads are bounded per turn: READ_TURN).
 """
 
 from __future__ import annotations
@@ -18,8 +25,14 @@ from .websocket import WebSocket
 
 log = logging.getLogger("fleetmq.connection")
 
-#: Bytes buffered for a client beyond which it counts as congested (see Channel.deliver).
+#: Bytes buffered for a client beyond which it counts as congested (see Channel.deliver), unless the
+#: config's write_buffers.connection says otherwise.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
+#: Bytes written to a slow client in one loop turn past which they go to its transport at once.
+FLUSH_AT = 64 * 1024
+#: Bytes read from one client after which it waits a loop turn: the transport would otherwise read a fast
+#: sender's socket over and over in one turn (libuv: up to 32 reads), and everyone else would wait for it.
+READ_TURN = 64 * 1024
 
 #: makes the channel of a new connection: (its IO, peer address, listener name) -> channel
 NewChannel = Callable[[ChannelIO, str, str], Channel]
@@ -34,16 +47,89 @@ def common_name(cert: dict[str, Any] | None) -> str | None:
     return None
 
 
+class WriteBudget:
+    """The bytes a node's transports hold for their clients, all connections together.
+
+    A connection reports what its transport still holds whenever it hands it bytes (and when the transport
+    drains below its low-water mark); those that hold bytes are looked at again every TICK, so bytes that
+    drained unnoticed leave the total. Past `limit`, a connection that holds bytes counts as congested, as
+    if its own socket were full, until the total is back under 3/4 of the limit or its transport is empty:
+    slow readers are held back, clients that keep up are not.
+    """
+
+    TICK = 0.1
+
+    __slots__ = ("_holders", "_throttled", "_timer", "connection_limit", "limit", "used")
+
+    def __init__(self, limit: int, connection_limit: int = WRITE_HIGH_WATER) -> None:
+        self.limit = limit
+        self.connection_limit = connection_limit
+        self.used = 0
+        self._holders: set[Connection] = set()
+        self._throttled: set[Connection] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def update(self, conn: Connection, held: int) -> None:
+        """What `conn`'s transport holds now."""
+        self.used += held - conn.held
+        conn.held = held
+        if not held:
+            self._holders.discard(conn)
+            return
+        self._holders.add(conn)
+        if self.used > self.limit and conn not in self._throttled:
+            self._throttled.add(conn)
+            conn.throttle(True)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.TICK, self._tick)
+
+    def forget(self, conn: Connection) -> None:
+        """A closed connection holds nothing any more."""
+        self.used -= conn.held
+        conn.held = 0
+        self._holders.discard(conn)
+        self._throttled.discard(conn)
+
+    def _tick(self) -> None:
+        self._timer = None
+        for conn in list(self._holders):
+            t = conn.transport
+            held = t.get_write_buffer_size() if t is not None and not t.is_closing() else 0
+            self.used += held - conn.held
+            conn.held = held
+            if not held:
+                self._holders.discard(conn)
+        under = self.used <= self.limit * 3 // 4
+        for conn in [c for c in self._throttled if under or not c.held]:
+            self._throttled.discard(conn)
+            conn.throttle(False)
+        if self._holders or self._throttled:
+            self._timer = asyncio.get_running_loop().call_later(self.TICK, self._tick)
+
+
+#: a connection made without a node's budget (tests, tools): bounded per connection only
+UNLIMITED = WriteBudget(1 << 62)
+
+
 class Connection(asyncio.Protocol):
     __slots__ = (
+        "_budget",
         "_buf",
+        "_careful",
         "_closing",
+        "_held_back",
         "_loop",
         "_new_channel",
+        "_paused",
         "_peer_cert",
+        "_pending",
+        "_read",
         "_registry",
         "_scheduled",
+        "_throttled",
+        "_yielding",
         "channel",
+        "held",
         "listener",
         "transport",
     )
@@ -54,14 +140,24 @@ class Connection(asyncio.Protocol):
         listener: str,
         connections: set[Connection],
         peer_cert_as_username: bool = False,
+        budget: WriteBudget = UNLIMITED,
     ) -> None:
         self._new_channel = new_channel
         self._peer_cert = peer_cert_as_username
         self.listener = listener
         self._loop = asyncio.get_running_loop()
         self._buf: list[bytes] = []
+        self._pending = 0  # bytes in _buf, while counted (_careful)
         self._scheduled = False
         self._closing = False
+        self._careful = False  # closing, or the transport holds bytes: writes are counted (_write_counted)
+        self._budget = budget
+        self.held = 0  # bytes the transport held when last looked at (WriteBudget)
+        self._paused = False  # the transport is past its high-water mark
+        self._throttled = False  # the node's write budget is spent and this connection holds bytes
+        self._read = 0  # bytes read since this connection last let a loop turn go by
+        self._yielding = False  # reading paused until the next loop turn (READ_TURN)
+        self._held_back = False  # reading paused by the channel (publish rate)
         self.transport: asyncio.Transport | None = None
         self.channel: Channel | None = None
         self._registry = connections
@@ -69,7 +165,7 @@ class Connection(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         t = self.transport = cast(asyncio.Transport, transport)  # a stream (uvloop's are not subclasses)
-        t.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        t.set_write_buffer_limits(high=self._budget.connection_limit)
         self._registry.add(self)
         peer = transport.get_extra_info("peername")
         self.channel = self._new_channel(self, f"{peer[0]}:{peer[1]}" if peer else "?", self.listener)
@@ -86,14 +182,50 @@ class Connection(asyncio.Protocol):
             log.exception("internal error handling data from %s", channel.client_id or channel.peer)
             channel.telemetry.counters.disconnects["internal_error"] += 1
             self.close()
+        self._read += len(data)
+        if self._read >= READ_TURN:
+            self._yield_turn()
+
+    def _yield_turn(self) -> None:
+        """Read no more from this client before the loop has served the others once."""
+        self._read = 0
+        t = self.transport
+        if t is not None and not self._closing and not self._yielding and t.is_reading():
+            t.pause_reading()
+            self._yielding = True
+            self._loop.call_soon(self._read_again)
+
+    def _read_again(self) -> None:
+        self._yielding = False
+        if not self._held_back:
+            self._resume()
 
     def pause_writing(self) -> None:
-        if self.channel is not None:
-            self.channel.set_congested(True)
+        self._paused = True
+        self._congestion()
 
     def resume_writing(self) -> None:
-        if self.channel is not None:
-            self.channel.set_congested(False)
+        self._paused = False
+        t = self.transport
+        self._budget.update(self, t.get_write_buffer_size() if t is not None else 0)
+        self._congestion()
+
+    def throttle(self, on: bool) -> None:
+        """The node's write budget holds this connection back (on) or lets it go (WriteBudget)."""
+        self._throttled = on
+        self._congestion()
+
+    def _congestion(self) -> None:
+        """Tell the channel whether it may add to what waits for the socket; count writes while anything
+        waits there."""
+        careful = self._closing or self._paused or self._throttled or self.held > 0
+        if careful and not self._careful:
+            self._pending = sum(map(len, self._buf))
+        self._careful = careful
+        channel = self.channel
+        congested = self._paused or self._throttled
+        if channel is not None and channel.congested != congested and not self._closing:
+            channel.set_congested(congested)
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -101,6 +233,8 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._registry.discard(self)
         self._buf.clear()
+        self._pending = 0
+        self._budget.forget(self)
         channel = self.channel
         if channel is not None:
             try:
@@ -110,27 +244,51 @@ class Connection(asyncio.Protocol):
 
     # -- ChannelIO ---------------------------------------------------------------------------------
     def write(self, data: bytes) -> None:
-        if self._closing:
+        if self._careful:  # (closing, or a client slower than the node)
+            self._write_counted(data)
             return
         self._buf.append(data)
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self._flush)
 
+    def _write_counted(self, data: bytes) -> None:
+        """A write to a connection whose transport holds bytes: past FLUSH_AT bytes this turn they go to
+        the transport at once, which says it is full (pause_writing) while the turn still runs."""
+        if self._closing:
+            return
+        self._buf.append(data)
+        pending = self._pending = self._pending + len(data)
+        if pending >= FLUSH_AT:
+            self._flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._flush)
+
     def _flush(self) -> None:
         self._scheduled = False
         buf = self._buf
-        if not buf or self.transport is None:
+        t = self.transport
+        if not buf or t is None:
             return
         data = buf[0] if len(buf) == 1 else b"".join(buf)
         buf.clear()
+        self._pending = 0
+        self._send(data)
+        held = t.get_write_buffer_size()
+        if held or self.held:  # (a client that keeps up costs one call here)
+            self._budget.update(self, held)
+            self._congestion()
+
+    def _send(self, data: bytes) -> None:
+        assert self.transport is not None
         self.transport.write(data)
 
     def close(self) -> None:
         if self._closing or self.transport is None:
             return
         self._flush()  # a DISCONNECT / CONNACK written just before closing still goes out
-        self._closing = True
+        self._closing = self._careful = True
         self.transport.close()
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
@@ -140,11 +298,17 @@ class Connection(asyncio.Protocol):
         return self._loop.time()
 
     def pause_reading(self) -> None:
+        self._held_back = True
         t = self.transport
         if t is not None and not self._closing and t.is_reading():
             t.pause_reading()
 
     def resume_reading(self) -> None:
+        self._held_back = False
+        if not self._yielding:
+            self._resume()
+
+    def _resume(self) -> None:
         t = self.transport
         if t is not None and not self._closing and not t.is_closing() and not t.is_reading():
             t.resume_reading()
@@ -162,8 +326,9 @@ class WsConnection(Connection):
         connections: set[Connection],
         path: str,
         peer_cert_as_username: bool = False,
+        budget: WriteBudget = UNLIMITED,
     ) -> None:
-        super().__init__(new_channel, listener, connections, peer_cert_as_username)
+        super().__init__(new_channel, listener, connections, peer_cert_as_username, budget)
         self.ws = WebSocket(path)
 
     def data_received(self, data: bytes) -> None:
@@ -186,19 +351,14 @@ class WsConnection(Connection):
                 self.channel.kick(RC.PROTOCOL_ERROR, "bad_websocket")
             self.close()
 
-    def _flush(self) -> None:
-        self._scheduled = False
-        buf = self._buf
-        if not buf or self.transport is None:
-            return
-        data = b"".join(buf)
-        buf.clear()
+    def _send(self, data: bytes) -> None:
+        assert self.transport is not None
         self.transport.write(self.ws.frame(data))
 
     def close(self) -> None:
         if self._closing or self.transport is None:
             return
         self._flush()
-        self._closing = True
+        self._closing = self._careful = True
         self.transport.write(self.ws.close())
         self.transport.close()

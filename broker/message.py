@@ -155,6 +155,11 @@ class Message:
             self._props_b = encode_properties(self.props) if self.props else b""
         return self._props_b
 
+    def drop_encodings(self) -> None:
+        """Forget the encodings cached for QoS 0 subscribers (a retained message, which may stay in the
+        retained store for long: kept, they would double what the store holds)."""
+        self._plain = None
+
     def _cached(self, version: int, retain: bool) -> bytes:
         key = (version, retain, False)
         cache = self._plain

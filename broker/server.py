@@ -21,7 +21,7 @@ from . import http
 from .auth import UsersFileError, UsersFilePending
 from .codec import RC
 from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
-from .connection import Connection, WsConnection
+from .connection import Connection, WriteBudget, WsConnection
 from .metrics import Metrics
 from .node import Node
 from .rebalance import Order, Progress
@@ -81,6 +81,8 @@ class Server:
         self.metrics = Metrics()
         self.node = Node(config, make_store(config), self.metrics, evict=self._rebalance)
         self.connections: set[Connection] = set()
+        buffers = config.write_buffers
+        self.write_budget = WriteBudget(buffers.node, buffers.connection)
         self.listeners: dict[str, asyncio.Server] = {}
         self._tls: dict[str, ssl.SSLContext] = {}  # of the open tls/wss listeners, by name
         self._http: asyncio.Server | None = None
@@ -110,10 +112,10 @@ class Server:
         by_cert = listener.peer_cert_as_username == "cn"
         if listener.protocol in ("ws", "wss"):
             factory: Callable[[], Connection] = partial(
-                WsConnection, *args, listener.path, peer_cert_as_username=by_cert
+                WsConnection, *args, listener.path, peer_cert_as_username=by_cert, budget=self.write_budget
             )
         else:
-            factory = partial(Connection, *args, peer_cert_as_username=by_cert)
+            factory = partial(Connection, *args, peer_cert_as_username=by_cert, budget=self.write_budget)
         ctx = tls_context(listener) if listener.protocol in ("tls", "wss") else None
         if ctx is not None:
             self._tls[listener.name] = ctx
