@@ -22,7 +22,7 @@ from typing import Any
 
 from redis import RedisError
 
-from bench import crash, driver, procs, report, stores
+from bench import crash, driver, memory, procs, report, stores
 from bench.brokers import (
     BROKERS,
     REPO,
@@ -60,7 +60,8 @@ TLS_ROWS = ["tls-pt2pt-q0", "tls-pt2pt-q1"]
 ACL_ROWS = ["acl-fanin-q1"]
 # fleetmq's per-message path in one process under callgrind: instructions per message, this checkout beside
 # each --baseline (repeatable whatever the machine does; bench/hotpath.py)
-HOTPATH_ROWS = ["hotpath-q0", "hotpath-q1", "hotpath-q2"]
+# (hotpath-conn: the same with each channel behind connection.Connection, its socket layer counted too)
+HOTPATH_ROWS = [f"hotpath{io}-q{q}" for io in ("", "-conn") for q in (0, 1, 2)]
 # egress through a bridge: publishers on one broker, subscribers on a mosquitto it forwards to (issue 16)
 BRIDGE_ROWS = ["bridge-pt2pt-q1"]
 BRIDGE_REPS = 3
@@ -71,6 +72,7 @@ ALL_ROWS = (
     + BRIDGE_ROWS
     + HOTPATH_ROWS
     + FLEET_ROWS
+    + memory.ROWS
     + ["idle"]
 )
 HOTPATH_MESSAGES = 5000  # callgrind runs N and 2N messages: (I(2N) - I(N)) / N leaves setup out
@@ -473,15 +475,17 @@ ACL_VARIANTS: dict[str, type[Broker]] = {
 
 def run_hotpath_row(key: str, baselines: list[Path]) -> Row:
     """Instructions per message of bench/hotpath.py under callgrind, for this checkout and each baseline."""
-    qos = int(key.rsplit("-q", 1)[1])
-    row = Row("hotpath", qos)
+    scenario, q = key.rsplit("-q", 1)
+    qos = int(q)
+    io = "connection" if scenario == "hotpath-conn" else "sink"
+    row = Row(scenario, qos)
     variants: dict[str, dict[str, str] | None] = {}
     for checkout in baselines:
         with tempfile.TemporaryDirectory(prefix="fleetmq-hotpath-") as tmp:
             at = FleetmqAt(Path(tmp), checkout)
             variants[at.name] = {"PYTHONPATH": f"{at.links}{os.pathsep}{REPO}"}
-            row.cells[at.name] = _instructions(qos, variants[at.name])
-    row.cells["fleetmq"] = _instructions(qos, {"PYTHONPATH": str(REPO)})
+            row.cells[at.name] = _instructions(qos, variants[at.name], io)
+    row.cells["fleetmq"] = _instructions(qos, {"PYTHONPATH": str(REPO)}, io)
     for name, cell in row.cells.items():
         if cell.result:
             log(f"{key:20} {name:16} {cell.result['instructions_per_msg']:,.0f} instructions/msg")
@@ -490,7 +494,7 @@ def run_hotpath_row(key: str, baselines: list[Path]) -> Row:
     return row
 
 
-def _instructions(qos: int, env: dict[str, str] | None) -> Cell:
+def _instructions(qos: int, env: dict[str, str] | None, io: str = "sink") -> Cell:
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         return Cell(error="valgrind not found (Debian package valgrind)")
@@ -508,6 +512,8 @@ def _instructions(qos: int, env: dict[str, str] | None) -> Cell:
                 str(qos),
                 "--messages",
                 str(n),
+                "--io",
+                io,
             ]
             done = subprocess.run(
                 cmd,
@@ -523,6 +529,33 @@ def _instructions(qos: int, env: dict[str, str] | None) -> Cell:
                 return Cell(error=f"callgrind run failed: {(done.stderr or done.stdout)[-300:]}")
             counts.append(int(refs.group(1).replace(",", "")))
     return Cell(result={"instructions_per_msg": (counts[1] - counts[0]) / HOTPATH_MESSAGES, "counts": counts})
+
+
+def run_memory_row(key: str, brokers: dict[str, Broker]) -> Row:
+    """Memory under clients that read nothing or make up topics (bench/memory.py): each broker fresh, with
+    its default limits, one at a time."""
+    row = Row(key, None)
+    for name, broker in brokers.items():
+        if name == "rumqttd":
+            continue  # (its config here is the lifted one; the rows compare default limits)
+        cell = row.cells[name] = memory.run_cell(key, broker)
+        r = cell.result
+        if r:
+            log(
+                f"{key:20} {name:16} RSS {r['rss_before_kb'] / 1024:,.0f} -> peak {r['rss_peak_kb'] / 1024:,.0f} MB "
+                f"(+{r['grown_mb']:,.0f} MB beyond baseline{' + store' if 'store_kb' in r else ''}"
+                + (f", held 3 s later +{r['held_mb']:,.0f} MB" if "held_mb" in r else "")
+                + f"); probe max {r['probe_max_ms'] or 0:,.0f} ms of {r['probe_rounds']} rounds"
+                + (
+                    f"; SUBACK {', '.join(f'{t:,.0f}' for t in r['suback_ms'])} ms"
+                    if "suback_ms" in r
+                    else ""
+                )
+                + (f"  error: {cell.error}" if cell.error else "")
+            )
+        else:
+            log(f"{key:20} {name:16} error: {cell.error}")
+    return row
 
 
 def run_acl_row(key: str, workdir: Path, binary: Path, args: argparse.Namespace) -> Row:
@@ -780,6 +813,13 @@ def main(argv: list[str] | None = None) -> int:
                 if key in HOTPATH_ROWS:
                     if "fleetmq" in brokers:
                         rows.append(run_hotpath_row(key, args.baseline))
+                    continue
+                if key in memory.ROWS:
+                    for broker in brokers.values():
+                        broker.stop()
+                    if fleet is not None:
+                        fleet.stop()
+                    rows.append(run_memory_row(key, brokers))
                     continue
                 if key in BRIDGE_ROWS:
                     if "fleetmq" in brokers:

@@ -129,6 +129,8 @@ class Mosquitto(Broker):
     """mosquitto with limits lifted to match fleetmq's zone (inflight/queue 0 = unlimited)."""
 
     name = "mosquitto"
+    #: the lifted limits (an empty string: mosquitto's defaults, for the memory rows)
+    limits = "max_inflight_messages 0\nmax_queued_messages 0\n"
 
     @staticmethod
     def binary() -> str:
@@ -145,8 +147,7 @@ class Mosquitto(Broker):
             f"listener {self.port} {HOST}\n"
             "max_connections -1\n"
             "allow_anonymous true\n"
-            "max_inflight_messages 0\n"
-            "max_queued_messages 0\n"
+            f"{self.limits}"
             "persistence false\n"
             "log_dest none\n"
             # as root, mosquitto would switch to its own user, who cannot read the bench's key file
@@ -170,6 +171,9 @@ class Fleetmq(Broker):
     """fleetmq from this checkout, in-memory store, one zone with unlimited inflight/queue/awaiting-rel."""
 
     name = "fleetmq"
+    # max_awaiting_rel 0: mosquitto has no cap on incoming QoS 2 awaiting PUBREL either, and the default
+    # (100) is below the loadgen's window of 200. An empty string: EMQX's defaults, for the memory rows.
+    limits = "max_inflight: 0, max_mqueue_len: 0, max_awaiting_rel: 0"
     #: more settings of the zone (flow style YAML, each with a leading ", ")
     zone_extra = ""
 
@@ -179,9 +183,7 @@ class Fleetmq(Broker):
             "node_id: bench\n"
             "store: {kind: memory}\n"
             "zones:\n"
-            # max_awaiting_rel 0: mosquitto has no cap on incoming QoS 2 awaiting PUBREL either,
-            # and the default (100) is below the loadgen's window of 200.
-            f"  bench: {{max_inflight: 0, max_mqueue_len: 0, max_awaiting_rel: 0{self.zone_extra}}}\n"
+            f"  bench: {{{', '.join(s for s in (self.limits, self.zone_extra.removeprefix(', ')) if s)}}}\n"
             "listeners:\n"
             f'  - {{name: mqtt, zone: bench, bind: "{HOST}:{self.port}", protocol: tcp}}\n'
             f'  - {{name: mqtts, zone: bench, bind: "{HOST}:{self.tls_port}", protocol: tls,\n'

@@ -7,6 +7,11 @@ parsed on the client side: the broker's packet ids are predictable (1, 2, 3, ...
 is encoded up front.
 
     python -m bench.hotpath --qos 1 --messages 20000        # CPU µs per message (process time)
+    python -m bench.hotpath --qos 0 --io connection         # through connection.Connection too
+
+`--io connection` puts each channel behind the real connection.Connection over a transport that takes
+every byte at once: the per-read and per-write bookkeeping of the socket layer (write batching, the write
+bounds, the read turns) is counted too.
 
 Under `valgrind --tool=callgrind` the instruction count is repeatable, whatever else the machine does:
 `bench/__main__.py --hotpath` runs it twice (N and 2N messages) and reports instructions per message
@@ -73,7 +78,62 @@ class _NoTimer:
         pass
 
 
-def new_channel(node: Node, zone: str, io: SinkIO) -> Any:
+class SinkTransport:
+    """A socket that takes every byte at once (the transport of `--io connection`)."""
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.reading = True
+
+    def write(self, data: bytes) -> None:
+        self.written += len(data)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if name == "peername" else default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def is_reading(self) -> bool:
+        return self.reading
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+class Endpoint:
+    """One client of the run: its channel, how bytes reach it, and what it was sent."""
+
+    def __init__(self, node: Node, zone: str, io: str) -> None:
+        if io == "connection":
+            from fleetmq.broker.connection import Connection
+
+            t = SinkTransport()
+            conn = Connection(lambda cio, peer, listener: new_channel(node, zone, cio), "bench", set())
+            conn.connection_made(t)  # type: ignore[arg-type]
+            self.channel = conn.channel
+            self.feed = conn.data_received
+            self.written = lambda: t.written
+        else:
+            sink = SinkIO()
+            self.channel = new_channel(node, zone, sink)
+            self.feed = self.channel.data_received
+            self.written = lambda: sink.written
+
+
+def new_channel(node: Node, zone: str, io: Any) -> Any:
     if hasattr(node, "channel"):  # the core since issue 12
         return node.channel(zone, io, "127.0.0.1:1", "bench")
     from fleetmq.broker.channel import Channel  # earlier: Channel(node, zone, io, ...)
@@ -85,7 +145,7 @@ def pid(i: int) -> int:
     return i % 65535 + 1
 
 
-async def run(qos: int, n: int) -> float:
+async def run(qos: int, n: int, io: str = "sink") -> float:
     node = Node(
         load_config(
             overrides={
@@ -94,13 +154,12 @@ async def run(qos: int, n: int) -> float:
             }
         )
     )
-    pub_io, sub_io = SinkIO(), SinkIO()
-    pub, sub = new_channel(node, "bench", pub_io), new_channel(node, "bench", sub_io)
-    sub.data_received(encode(Connect("sub", proto_level=MQTT311, keepalive=0), MQTT311))
-    pub.data_received(encode(Connect("pub", proto_level=MQTT311, keepalive=0), MQTT311))
+    pub, sub = Endpoint(node, "bench", io), Endpoint(node, "bench", io)
+    sub.feed(encode(Connect("sub", proto_level=MQTT311, keepalive=0), MQTT311))
+    pub.feed(encode(Connect("pub", proto_level=MQTT311, keepalive=0), MQTT311))
     for _ in range(10):
         await asyncio.sleep(0)
-    sub.data_received(encode(Subscribe(1, [("bench/t", SubOpts(qos=qos))]), MQTT311))
+    sub.feed(encode(Subscribe(1, [("bench/t", SubOpts(qos=qos))]), MQTT311))
     payload = b"x" * 64
     publishes = [
         encode(Publish("bench/t", payload, qos, packet_id=pid(i) if qos else 0), MQTT311) for i in range(n)
@@ -114,18 +173,18 @@ async def run(qos: int, n: int) -> float:
     t0 = time.process_time()
     for start in range(0, n, BATCH):
         end = min(start + BATCH, n)
-        pub.data_received(b"".join(publishes[start:end]))
+        pub.feed(b"".join(publishes[start:end]))
         if qos == 2:
-            pub.data_received(b"".join(pubrels[start:end]))
+            pub.feed(b"".join(pubrels[start:end]))
         if qos:
-            sub.data_received(b"".join(acks[start:end]))
+            sub.feed(b"".join(acks[start:end]))
         if qos == 2:
-            sub.data_received(b"".join(comps[start:end]))
+            sub.feed(b"".join(comps[start:end]))
         await asyncio.sleep(0)  # the loop turn a connection's read ends with (group commit, flushes)
     spent = time.process_time() - t0
-    session = sub.session
+    session = sub.channel.session
     assert session is not None and len(session.inflight) == 0, "the subscriber left messages unacknowledged"
-    assert sub_io.written >= n * len(payload), "the subscriber did not get every message"
+    assert sub.written() >= n * len(payload), "the subscriber did not get every message"
     return spent
 
 
@@ -133,9 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.hotpath", description=__doc__.splitlines()[0])
     p.add_argument("--qos", type=int, choices=(0, 1, 2), default=1)
     p.add_argument("--messages", type=int, default=20000)
+    p.add_argument("--io", choices=("sink", "connection"), default="sink", help="what the channels write to")
     args = p.parse_args(argv)
-    spent = asyncio.run(run(args.qos, args.messages))
-    json.dump({"qos": args.qos, "messages": args.messages, "cpu_s": spent}, sys.stdout)
+    spent = asyncio.run(run(args.qos, args.messages, args.io))
+    json.dump({"qos": args.qos, "messages": args.messages, "io": args.io, "cpu_s": spent}, sys.stdout)
     print()
     return 0
 

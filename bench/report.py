@@ -34,6 +34,10 @@ STORE_BALANCE_TARGET = 0.25
 ACL_NO_DENY_COST_TARGET = 1.05
 #: fleetmq's bridge beside mosquitto's own (issue 16: at least mosquitto's throughput)
 BRIDGE_RATIO_TARGET = 1.0
+# Issue 25, item 6: under clients that read nothing or make up topics, RSS within 256 MB of the baseline
+# (plus the retained store) and a health probe answering within 100 ms throughout
+MEMORY_GROWTH_TARGET_MB = 256.0
+MEMORY_PROBE_TARGET_MS = 100.0
 
 
 @dataclass
@@ -213,6 +217,41 @@ def _anchored_line(row: Row, brokers: list[str]) -> str:
     return f"| {row.scenario} | {row.qos} | {cells} | {tput} | {cpu} | {target} | {ok} |"
 
 
+def _memory_line(row: Row) -> str:
+    """RSS growth and the health probe's slowest round, every broker side by side."""
+    parts, ok = [], "—"
+    for name, cell in row.cells.items():
+        r = cell.result
+        if r is None:
+            parts.append(f"{name}: {_err(cell.error or 'no result')}")
+            continue
+        extra = f", held 3 s later +{r['held_mb']:,.0f} MB" if "held_mb" in r else ""
+        if "suback_ms" in r:
+            extra += f", SUBACK ≤ {max(r['suback_ms']):,.0f} ms"
+        probe = f"{r['probe_max_ms']:,.0f}" if r.get("probe_max_ms") is not None else "—"
+        parts.append(f"{name}: +{r['grown_mb']:,.0f} MB{extra}, probe ≤ {probe} ms")
+    f = row.cells.get("fleetmq")
+    if f is not None and f.result is not None:
+        r = f.result
+        fine = (
+            r["grown_mb"] < MEMORY_GROWTH_TARGET_MB
+            and (r.get("probe_max_ms") or 1e9) < MEMORY_PROBE_TARGET_MS
+        )
+        ok = "yes" if fine and not f.error else "no"
+    if f is not None and f.error:
+        ok = "error"
+    what = (
+        "3 subscribers to # that never read, 20,000 x 4 KiB retained"
+        if row.scenario == "memory-slow-subs"
+        else "8,192 publishes to distinct 64 KiB topics"
+    )
+    return (
+        f"| {row.scenario} ({what}; RSS beyond baseline{' + store' if 'slow' in row.scenario else ''}) | — "
+        f"| {'; '.join(parts)} | | | | | +< {MEMORY_GROWTH_TARGET_MB:.0f} MB, probe < "
+        f"{MEMORY_PROBE_TARGET_MS:.0f} ms | {ok} |"
+    )
+
+
 def _hotpath_line(row: Row) -> str:
     """Instructions per message in one process: this checkout against each baseline before it."""
     mine = row.cells.get("fleetmq")
@@ -227,8 +266,9 @@ def _hotpath_line(row: Row) -> str:
     if here is not None and bases:
         ok = "yes" if here <= min(bases) * 1.01 else "no"
     ratio = f"{here / bases[0]:.3f}" if here is not None and bases else "—"
+    through = " through connection.Connection" if row.scenario == "hotpath-conn" else ""
     return (
-        f"| hotpath (one process, callgrind instructions per message) | {row.qos} | {'; '.join(parts)} "
+        f"| hotpath (one process{through}, callgrind instructions per message) | {row.qos} | {'; '.join(parts)} "
         f"| | {ratio} (this / baseline) | | | this ≤ baseline (±1%) | {ok} |"
     )
 
@@ -295,8 +335,10 @@ def _flow_line(row: Row) -> str:
         return _acl_line(row)
     if row.scenario.startswith("bridge-"):
         return _bridge_line(row)
-    if row.scenario == "hotpath":
+    if row.scenario in ("hotpath", "hotpath-conn"):
         return _hotpath_line(row)
+    if row.scenario.startswith("memory-"):
+        return _memory_line(row)
     m, f = row.cells.get("mosquitto"), row.cells.get("fleetmq")
     if row.scenario == "cross-node-pt2pt":  # mosquitto has no cluster: nothing to compare with
         ok = "error" if f and f.error else "—"
