@@ -15,7 +15,7 @@ from fleetmq.broker import keys
 from tests.integration import mqttraw
 from tests.integration.harness import MOSQUITTO, Client, uid
 from tests.integration.mqttraw import PUBCOMP, PUBREC
-from tests.integration.test_fleet_faults import sha
+from tests.integration.test_fleet_faults import closed_without, sha
 from tests.integration.test_fleet_support import AppView, ack_loop, parse_seq, raw_connect, seq_payload
 from tests.integration.test_fleet_takeover import wait_route
 from tests.support import wait_until
@@ -381,3 +381,84 @@ def test_a_publisher_moving_while_its_subscriber_catches_up_keeps_publish_order(
     view = AppView()
     ack_loop(s, view, until=2, timeout=10, tag="o")
     assert [parse_seq(p) for p in view.delivered] == [("o", 1), ("o", 2)], "a newer message overtook"
+
+
+@pytest.mark.parametrize("subscriber_here", [False, True], ids=["subscriber-elsewhere", "subscriber-here"])
+def test_a_qos2_publish_whose_commit_ran_unheard_is_routed_once(fleet, redis_proxy, subscriber_here):
+    """The commit that stores a QoS 2 message's routing and its publisher's awaiting-PUBREL record runs,
+    its reply is lost: the publisher is not acknowledged, resends on another node, and that resend finds
+    the record the first attempt stored: every subscriber gets the message once."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic, scid = uid("gc/"), uid("sub")
+    sub, _ = raw_connect(a if subscriber_here else b, scid, 5)
+    sub.subscribe([(topic, 2)])
+    if not subscriber_here:
+        wait_route(a, sub, topic)
+    pcid = uid("pub")
+    pub, _ = raw_connect(a, pcid, 5)
+    lost = redis_proxy.lose_reply(b"EVALSHA", sha("journal"))
+    pub.send(mqttraw.publish(topic, seq_payload("g", 1), qos=2, packet_id=9, version=5))
+    assert lost.wait(5), "the commit never went through the proxy"
+    assert closed_without(pub, PUBREC), "PUBREC for a write whose outcome the node cannot know"
+    pub.close()
+    pub, ack = raw_connect(b, pcid, 5)
+    assert ack.session_present
+    pub.send(mqttraw.publish(topic, seq_payload("g", 1), qos=2, packet_id=9, dup=True, version=5))
+    rec = pub.expect(PUBREC)
+    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
+    pub.expect(PUBCOMP)
+    if subscriber_here:  # (its session was closed too: its copy is journaled, it resumes elsewhere)
+        sub.close()
+        sub, ack = raw_connect(b, scid, 5)
+        assert ack.session_present
+    assert qos2_view(sub, quiet=3.0) == [("g", 1)], "a QoS 2 message reached the subscriber twice"
+
+
+def test_queued_messages_whose_pull_ran_unheard_are_delivered_once(fleet, redis_proxy):
+    """A node pulls what Redis queued for a session connected to it; the pull runs (the messages move into
+    the session's journal) and its reply is lost. The session resumes from Redis: each message once."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic, scid = uid("pull/"), uid("sub")
+    sub, _ = raw_connect(a, scid, 5)
+    sub.subscribe([(topic, 2)])
+    wait_route(b, sub, topic)
+    lost = redis_proxy.lose_reply(b"EVALSHA", sha("pull"))
+    pub, _ = raw_connect(b, uid("pub"), 5, clean=True)
+    for n in range(1, 4):
+        pub.send(mqttraw.publish(topic, seq_payload("q", n), qos=2, packet_id=n, version=5))
+        rec = pub.expect(PUBREC)
+        pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
+        pub.expect(PUBCOMP)
+    assert lost.wait(5), "the pull never went through the proxy"
+    view = AppView()
+    ack_loop(sub, view, quiet=1.0, timeout=5)  # until the node closes it (it resynchronises)
+    sub.close()
+    sub, ack = raw_connect(b, scid, 5)
+    assert ack.session_present
+    ack_loop(sub, view, quiet=2.0, timeout=10)
+    assert sorted(parse_seq(p) for p in view.delivered) == [("q", 1), ("q", 2), ("q", 3)]
+
+
+def test_a_session_handed_over_by_a_commit_that_ran_unheard_resumes_whole(fleet, redis_proxy):
+    """A takeover: the old node stores the session it hands over; that commit runs, its reply is lost. The
+    new node claims the session all the same (fencing the old one) and the client gets what was queued."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic, scid = uid("ho/"), uid("sub")
+    old, _ = raw_connect(a, scid, 5)
+    old.subscribe([(topic, 1)])
+    wait_route(b, old, topic)
+    pub, _ = raw_connect(b, uid("pub"), 5, clean=True)
+    lost = redis_proxy.lose_reply(b"EVALSHA", sha("park"))
+    new, ack = raw_connect(b, scid, 5, timeout=10)
+    assert ack.session_present
+    assert lost.wait(5), "the handover's park never went through the proxy"
+    for n in range(1, 4):
+        pub.send(mqttraw.publish(topic, seq_payload("h", n), qos=1, packet_id=n, version=5))
+        pub.expect(mqttraw.PUBACK)
+    view = AppView()
+    ack_loop(new, view, until=3, timeout=10, tag="h")
+    assert [parse_seq(p) for p in view.delivered] == [("h", 1), ("h", 2), ("h", 3)]
+    old.close()
