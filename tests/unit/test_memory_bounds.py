@@ -25,7 +25,7 @@ from fleetmq.broker.codec import (
     Unsubscribe,
     encode,
 )
-from fleetmq.broker.config import load_config
+from fleetmq.broker.config import ConfigError, load_config
 from fleetmq.broker.connection import FLUSH_AT, READ_TURN, Connection, WriteBudget
 from fleetmq.broker.message import Message
 from fleetmq.broker.node import Node
@@ -399,3 +399,17 @@ async def test_the_server_bounds_its_connections_by_the_config():
         for w in writers:
             w.close()
         await server.drain(timeout=1)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ({"connection": 1000}, "write_buffers.connection: Input should be greater than or equal to 65536"),
+        ({"node": 0}, "write_buffers.node: Input should be greater than or equal to 1048576"),
+        ({"nodes": 1 << 30}, "write_buffers.nodes: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_write_buffers_name_the_field(bad, error):
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={"write_buffers": bad})
+    assert str(e.value) == error
