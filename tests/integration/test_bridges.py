@@ -912,3 +912,23 @@ def test_a_bridge_forwards_over_websocket(fleet, tmp_path, pki, transport):
     finally:
         rem.stop()
     assert sorted(col.payloads("site1/up/q2")) == every, "QoS 2 lost or duplicated over WebSocket"
+
+
+def test_a_bridge_lease_taken_by_a_request_whose_reply_was_lost_is_read_back(fleet, remote, redis_proxy):
+    """Issue 25: the request that takes a bridge's lease runs (the lease is this node's), its reply is lost.
+    The node reads the lease back (its holder is this node) and leads: it does not wait for its own
+    lease to lapse, nor take the failure for a lease another node holds."""
+    lost = redis_proxy.lose_reply(b":lease", b"NX")
+    (bp,) = fleet(1, None, {"bridges": [_bridge(remote)]}, redis_url=redis_proxy.url)
+    assert lost.wait(10), "the lease's request never went through the proxy"
+    col = Collector(remote.host, remote.port, "site1/#")
+    pub = _publisher(bp)
+    try:
+        pub.publish("up/lease", b"1", qos=1).wait_for_publish(10)
+        wait_until(lambda: _arrived(col, "site1/up/lease", b"1"), timeout=10,
+                   msg="the message at the remote")  # fmt: skip
+        assert bp.metric("fleetmq_bridge_leader", bridge="cloud") == 1
+    finally:
+        pub.loop_stop()
+        pub.disconnect()
+        col.stop()
