@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         default="redis",
         help="redis: one redis-server, each node through a proxy (default); sentinel: a primary, 2 "
         "replicas, 3 sentinels; cluster: a Redis Cluster of 3 primaries and 3 replicas (wait_replicas 1 "
-        "for both)",
+        "for both, every server behind a proxy that it announces, so nodes, sentinels and replicas reach "
+        "it only through that)",
     )
     p.add_argument(
         "--nemesis",
@@ -90,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--direct",
         action="store_true",
-        help="with --store redis: the nodes reach redis-server directly, as pods reach a Redis Service "
-        "(no proxy, so no proxy faults)",
+        help="no proxies: the nodes (and sentinels, replicas) reach the Redis servers directly, as pods "
+        "reach a Redis Service (so no proxy faults)",
     )
     p.add_argument("--logs", type=Path, help="directory for node and Redis logs (default chaos/results/...)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")

@@ -340,21 +340,37 @@ class Publisher(Client):
         self.qos, self.topics, self.rate, self.window = qos, topics, rate, window
         self.pending: collections.deque[tuple[MsgKey, bytes]] = collections.deque()
         self.seqs = dict.fromkeys(topics, 0)
+        self._made = 0
         self.producing = True
 
     async def produce(self) -> None:
         """Make messages at the rate; while the fleet cannot take them, make no more than a window's worth."""
-        i = 0
         while self.producing and not self.stopping:
             if len(self.pending) < self.window:
-                topic = self.topics[i % len(self.topics)]
-                i += 1
-                seq = self.seqs[topic]
-                self.seqs[topic] = seq + 1
-                key = (self.cid, topic, seq)
-                self.pending.append((key, payload_of(*key, pad=16)))
+                self._make()
                 self._room.set()
             await asyncio.sleep(1.0 / self.rate)
+
+    def _make(self) -> None:
+        topic = self.topics[self._made % len(self.topics)]
+        self._made += 1
+        seq = self.seqs[topic]
+        self.seqs[topic] = seq + 1
+        key = (self.cid, topic, seq)
+        self.pending.append((key, payload_of(*key, pad=16)))
+
+    def burst(self, n: int) -> int:
+        """Queue `n` messages at once (at most what the window has room for now), so that the send loop
+        writes them back to back and they are in flight together; returns how many. Nothing while the
+        producer is stopped (draining) or the client is not connected."""
+        if not self.producing or self.stopping or self.link is None:
+            return 0
+        n = max(0, min(n, min(self.window, self._receive_maximum) - len(self.out) - len(self.pending)))
+        for _ in range(n):
+            self._make()
+        if n:
+            self._room.set()
+        return n
 
     def idle(self) -> bool:
         return not self.pending and not self.out

@@ -154,6 +154,10 @@ class History:
 
     def healed(self, f: Fault, detail: str = "") -> None:
         f.end = self.now()
+        self.more(f, detail)
+
+    def more(self, f: Fault, detail: str) -> None:
+        """Add to what the timeline says a fault did (while it is still under way)."""
         if detail:
             f.detail = f"{f.detail}; {detail}" if f.detail else detail
 

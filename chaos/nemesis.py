@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
-from chaos.client import Client
+from chaos.client import Client, Publisher
 from chaos.history import History
 from chaos.procs import Node, Redis
 from chaos.proxy import Proxy
@@ -23,6 +23,9 @@ KINDS = (
     "redis-kill",  # kill -9 redis-server, restart it on the same port and data dir (AOF)
     "redis-pause",  # SIGSTOP redis-server, SIGCONT after a while
     "redis-term",  # SIGTERM a Redis (a primary): a graceful shutdown, as a pod deletion or a node drain does
+    "redis-shutdown",  # the SHUTDOWN command (or SHUTDOWN NOW) to a primary, restarted after a while
+    "primary-stop",  # a primary's pod deleted: redis.sh's prestop handover, SIGTERM, started again as a pod
+    "redis-restart-under-load",  # a burst of QoS 2 publishes, within ms a Redis (primary) stopped, restarted
     "takeover",  # a client connects to another node while its old connection is still open
     "proxy-drop",  # reset the Redis connections of one node or of all
     "proxy-blackhole",  # forward nothing between one node (or all) and Redis for a while
@@ -32,26 +35,34 @@ KINDS = (
     "failover",  # a graceful switch to a replica (SENTINEL FAILOVER, CLUSTER FAILOVER)
     "replica-lag",  # SIGSTOP a replica, SIGCONT after a while (WAIT for it times out meanwhile)
 )
+NODE_KINDS = ("node-kill", "node-pause", "takeover")
+# faults of the proxies: before a single redis-server one per node, before every server of Sentinel or a
+# cluster one per server (which the nodes, the sentinels and the replicas all go through)
 PROXY_KINDS = ("proxy-drop", "proxy-blackhole", "proxy-delay", "reply-lost")
-REPLICATED_KINDS = ("primary-kill", "failover", "replica-lag")
-REDIS_KINDS = ("redis-kill", "redis-pause", "redis-term", *PROXY_KINDS, *REPLICATED_KINDS)
+REPLICATED_KINDS = ("redis-shutdown", "primary-stop", "primary-kill", "failover", "replica-lag")
+REDIS_KINDS = tuple(k for k in KINDS if k not in NODE_KINDS)
 # named sets: the faults of the nodes alone, and those of Redis and the way to it (issue 13 found every
 # failure after a Redis outage)
 PRESETS = {
     "all": KINDS,
-    "nodes": ("node-kill", "node-pause", "takeover"),
+    "nodes": NODE_KINDS,
     "redis": REDIS_KINDS,
 }
+#: the stops of a Redis (a primary where there are several) that a restart heals
+STOPS = ("redis-term", "redis-shutdown", "primary-stop", "redis-restart-under-load")
 
 
-def applicable(kind: str, store: str) -> bool:
-    """Whether a fault means something for a fleet on `store` (the run options' store): proxies stand only
-    before a single redis-server, replicas only in Sentinel and Cluster setups, no Redis in memory."""
+def applicable(kind: str, store: str, proxied: bool = True) -> bool:
+    """Whether a fault means something for a fleet on `store` (the run options' store): proxy faults where
+    the nodes reach Redis through proxies (every form, unless --direct), replicas only in Sentinel and
+    Cluster setups, no Redis in memory."""
     if store == "memory":
         return kind not in REDIS_KINDS
+    if kind in PROXY_KINDS:
+        return proxied
     if store == "redis":
         return kind not in REPLICATED_KINDS
-    return kind not in PROXY_KINDS
+    return True
 
 
 def parse_kinds(spec: str) -> list[str]:
@@ -96,6 +107,16 @@ class Fleet(Protocol):
     async def replicas(self) -> list[Redis]: ...
 
     async def failover(self, pick: float) -> str: ...
+
+    async def prestop(self, old: Redis) -> str:
+        """What a primary's pod does when it is deleted, before its SIGTERM (a handover to a replica)."""
+        ...
+
+    def quiet_limit(self) -> float | None:
+        """How long a Redis may go unheard through its proxy before the store fails it over (None: any)."""
+        ...
+
+    async def proxy_role(self, proxy: Proxy) -> str: ...
 
     async def start_redis(self, rs: Redis) -> None: ...
 
@@ -184,16 +205,8 @@ class Nemesis:
                 await asyncio.sleep(hold)
                 node.resume()
                 h.healed(f)
-        elif step.kind == "redis-term":
-            servers = await fleet.primaries() if len(fleet.redis) > 1 else fleet.redis
-            if not servers:
-                return
-            rs = servers[int(step.pick * len(servers))]
-            f = h.fault("redis-term", rs.name, f"pid {rs.pid} SIGTERM, down {hold:.1f}s")
-            code = await rs.terminate()
-            await asyncio.sleep(hold)
-            await fleet.start_redis(rs)
-            h.healed(f, f"exited {code}; new pid {rs.pid}")
+        elif step.kind in STOPS:
+            await self._stop(step, hold)
         elif step.kind in ("redis-kill", "redis-pause"):
             rs = fleet.redis[int(step.pick * len(fleet.redis))]
             if step.kind == "redis-kill":
@@ -252,26 +265,46 @@ class Nemesis:
             proxies = list(fleet.proxies.values())
             if not proxies:
                 return
+            per_server = set(fleet.proxies) <= {r.name for r in fleet.redis}  # (else one per node)
+            if per_server and not step.all_nodes:
+                # one server's: a primary's (the nodes write there and its replicas read from it; a
+                # replica's proxy carries little more than its sentinels' checks)
+                primaries = [
+                    fleet.proxies[r.name] for r in await fleet.primaries() if r.name in fleet.proxies
+                ]
+                proxies = primaries or proxies
             chosen = proxies if step.all_nodes else [proxies[int(step.pick * len(proxies))]]
-            target = "all nodes" if step.all_nodes else chosen[0].name
+            role = "" if step.all_nodes else await fleet.proxy_role(chosen[0])
+            target = ("every Redis" if per_server else "all nodes") if step.all_nodes else chosen[0].name
+            behind = f" ({role})" if role else ""
+            # where the sentinels reach the servers through the proxies too: short enough that they do not
+            # take a server for failed (a failover is other faults' business)
+            limit = fleet.quiet_limit()
+            capped = " (capped: the sentinels go through it)" if limit is not None else ""
             if step.kind == "proxy-drop":
-                f = h.fault("proxy-drop", target)
+                f = h.fault("proxy-drop", target, role)
                 n = sum(p.drop_all() for p in chosen)
                 h.healed(f, f"{n} connections reset")
             elif step.kind == "proxy-blackhole":
+                held = min(hold, limit) if limit is not None else hold
                 f = h.fault(
-                    "proxy-blackhole", target, f"{hold:.1f}s, then {'flush' if step.flush else 'reset'}"
+                    "proxy-blackhole",
+                    target,
+                    f"{held:.1f}s{capped if held < hold else ''}, then {'flush' if step.flush else 'reset'}"
+                    + behind,
                 )
                 for p in chosen:
                     p.hold(True)
-                await asyncio.sleep(hold)
+                await asyncio.sleep(held)
                 for p in chosen:
                     p.heal(flush=step.flush)
                 h.healed(f)
             elif step.kind == "reply-lost":
                 # short: the point is writes that ran unheard, not a timeout (the nodes' is 5 s)
                 deaf = 0.05 + step.latency
-                f = h.fault("reply-lost", target, f"replies dropped for {deaf * 1000:.0f} ms, then reset")
+                f = h.fault(
+                    "reply-lost", target, f"replies dropped for {deaf * 1000:.0f} ms, then reset{behind}"
+                )
                 for p in chosen:
                     p.deafen(True)
                 await asyncio.sleep(deaf)
@@ -279,13 +312,67 @@ class Nemesis:
                     p.deafen(False)
                 h.healed(f)
             else:
-                f = h.fault("proxy-delay", target, f"+{step.latency * 1000:.0f} ms for {hold:.1f}s")
+                # (each way: a round trip takes twice as long)
+                latency = min(step.latency, limit / 3) if limit is not None else step.latency
+                f = h.fault(
+                    "proxy-delay",
+                    target,
+                    f"+{latency * 1000:.0f} ms{capped if latency < step.latency else ''} for {hold:.1f}s"
+                    + behind,
+                )
                 for p in chosen:
-                    p.slow(step.latency)
+                    p.slow(latency)
                 await asyncio.sleep(hold)
                 for p in chosen:
                     p.heal()
                 h.healed(f)
+
+    async def _stop(self, step: Step, hold: float) -> None:
+        """A Redis stopped (the single server, else a primary), then started again as its pod would be:
+        SIGTERM (redis-term); the SHUTDOWN command, or SHUTDOWN NOW (redis-shutdown, `flush` picks); the
+        managed Redis' pod deletion, prestop first (primary-stop); or, within a few milliseconds of a burst
+        of QoS 2 publishes (a window's worth from every QoS 2 publisher), kill -9 or SIGTERM
+        (redis-restart-under-load, `flush` picks; `latency` / 10 is how long after the burst)."""
+        h, fleet = self.history, self.fleet
+        servers = await fleet.primaries() if len(fleet.redis) > 1 else fleet.redis
+        if not servers:
+            return
+        rs = servers[int(step.pick * len(servers))]
+        pid = rs.pid
+        if step.kind == "redis-term":
+            f = h.fault(step.kind, rs.name, f"pid {pid} SIGTERM, down {hold:.1f}s")
+            code = await rs.terminate()
+        elif step.kind == "redis-shutdown":
+            args = ("NOW",) if step.flush else ()
+            f = h.fault(step.kind, rs.name, f"pid {pid} {' '.join(('SHUTDOWN', *args))}, down {hold:.1f}s")
+            code = await rs.shutdown(*args)
+        elif step.kind == "primary-stop":
+            f = h.fault(step.kind, rs.name, f"pid {pid}: prestop, then SIGTERM, down {hold:.1f}s")
+            h.more(f, f"prestop: {await fleet.prestop(rs)}")
+            code = await rs.terminate()
+        else:
+            after = step.latency / 10
+            how = "SIGTERM" if step.flush else "kill -9"
+            pubs = [c for c in fleet.clients if isinstance(c, Publisher) and c.qos == 2]
+            f = h.fault(
+                step.kind, rs.name, f"pid {pid} {how} {after * 1000:.0f} ms after a burst, down {hold:.1f}s"
+            )
+            queued = {p.cid: p.burst(p.window) for p in pubs}
+            await asyncio.sleep(after)
+            in_flight = sum(len(p.out) for p in pubs)
+            if step.flush:
+                code = await rs.terminate()
+            else:
+                rs.kill()
+                code = rs.proc.returncode if rs.proc else None
+            burst = ", ".join(f"{cid} {n}" for cid, n in queued.items() if n)
+            h.more(
+                f,
+                f"burst {burst or 'none (windows full or publishers away)'}; {in_flight} in flight at the stop",
+            )
+        await asyncio.sleep(hold)
+        await fleet.start_redis(rs)
+        h.healed(f, f"exited {code}; new pid {rs.pid}")
 
     async def heal_all(self) -> None:
         """Everything back to normal: resumed, restarted, proxies flowing."""

@@ -13,12 +13,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from chaos.proxy import free_port as free_port  # (re-exported: one allocator for the harness)
 
 HOST = "127.0.0.1"
 REDIS_SERVER = os.environ.get("REDIS_SERVER_BIN") or shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -27,12 +28,6 @@ REDIS_SENTINEL = (
 )
 REDIS_CLI = os.environ.get("REDIS_CLI_BIN") or shutil.which("redis-cli") or "/usr/bin/redis-cli"
 STARTED: list[subprocess.Popen[bytes]] = []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float, what: str) -> None:
@@ -113,6 +108,12 @@ class Proc:
         if self.paused:
             self.resume()
         self.signal(signal.SIGTERM)
+        return await self.exited(grace)
+
+    async def exited(self, grace: float) -> int | None:
+        """Until the process exits, SIGKILL after `grace`; returns the exit status (-9 when killed)."""
+        if self.proc is None:
+            return None
         deadline = time.monotonic() + grace
         while self.proc.poll() is None and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -163,7 +164,9 @@ async def _reply(r: asyncio.StreamReader) -> Any:
 class Redis(Proc):
     """redis-server on a fixed loopback port with its data dir; AOF with appendfsync always unless `aof`
     is False (a Redis that forgets everything on restart: one of the deliberately broken fleets). `extra`:
-    more arguments (a replica's --replicaof, a cluster node's settings)."""
+    more arguments (a replica's --replicaof, a cluster node's settings); `announce`: those naming the
+    address the others know it by, kept across restarts (`public_port`: a proxy's in front of it, else its
+    own port)."""
 
     def __init__(
         self, name: str, data_dir: Path, log_dir: Path, *, aof: bool = True, extra: list[str] | None = None
@@ -171,7 +174,9 @@ class Redis(Proc):
         super().__init__()
         self.name, self.data_dir, self.aof = name, data_dir, aof
         self.port = free_port()
+        self.public_port = self.port
         self.extra = extra or []
+        self.announce: list[str] = []
         data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"
 
@@ -179,11 +184,30 @@ class Redis(Proc):
         return [
             REDIS_SERVER, "--port", str(self.port), "--bind", HOST, "--dir", str(self.data_dir),
             "--appendonly", "yes" if self.aof else "no", "--appendfsync", "always", "--save", "",
-            "--daemonize", "no", "--protected-mode", "no", *self.extra,
+            "--daemonize", "no", "--protected-mode", "no", *self.announce, *self.extra,
         ]  # fmt: skip
+
+    def known_as(self, port: int | None) -> bool:
+        """Whether `port` (as a sentinel, a replica or the cluster names it) is this server."""
+        return port is not None and port in (self.port, self.public_port)
 
     async def command(self, *args: str) -> Any:
         return await resp(self.port, *args)
+
+    async def info(self, section: str = "replication") -> dict[str, str]:
+        """INFO `section` as a dict (the harness's own connection, never through a proxy)."""
+        text = str(await self.command("INFO", section))
+        return dict(line.split(":", 1) for line in text.split() if ":" in line)
+
+    async def shutdown(self, *args: str, grace: float = 15.0) -> int | None:
+        """The SHUTDOWN command (with `args`, e.g. NOW), sent as a client would; until the process exits
+        (SIGKILL after `grace`: a SHUTDOWN that failed). Returns the exit status."""
+        self.down = True
+        if self.paused:
+            self.resume()
+        with contextlib.suppress(OSError, TimeoutError, RuntimeError):  # (no reply: the connection ends)
+            await resp(self.port, "SHUTDOWN", *args, timeout=grace)
+        return await self.exited(grace)
 
     async def role(self) -> str | None:
         """master or slave, None when it does not answer."""
@@ -221,8 +245,9 @@ class Redis(Proc):
 
 
 class Sentinel(Redis):
-    """redis-sentinel on loopback watching `primary` under MASTER, with a config file of its own (Sentinel
-    rewrites it as it learns replicas, other sentinels and failovers)."""
+    """redis-sentinel on loopback watching `primary` under MASTER (at its public port: through its proxy
+    when it has one), with a config file of its own (Sentinel rewrites it as it learns replicas, other
+    sentinels and failovers)."""
 
     MASTER = "chaos"
 
@@ -231,7 +256,7 @@ class Sentinel(Redis):
         self.conf = data_dir / "sentinel.conf"
         self.conf.write_text(
             f"port {self.port}\nbind {HOST}\nprotected-mode no\ndaemonize no\ndir {data_dir}\n"
-            f"sentinel monitor {self.MASTER} {HOST} {primary.port} {quorum}\n"
+            f"sentinel monitor {self.MASTER} {HOST} {primary.public_port} {quorum}\n"
             f"sentinel down-after-milliseconds {self.MASTER} 2000\n"
             f"sentinel failover-timeout {self.MASTER} 10000\n"
             f"sentinel parallel-syncs {self.MASTER} 1\n"

@@ -37,12 +37,12 @@ class Options:
     topics: int = 2  # topics per publisher
     window: int = 8  # publisher's in-flight window
     # "redis": one redis-server behind a proxy per node; "sentinel": a primary, 2 replicas and 3 sentinels;
-    # "cluster": a Redis Cluster of 3 primaries and 3 replicas; "memory": every node with in-memory
-    # sessions (a deliberately broken fleet)
+    # "cluster": a Redis Cluster of 3 primaries and 3 replicas (each server of those two behind a proxy of
+    # its own, which it announces); "memory": every node with in-memory sessions (a deliberately broken fleet)
     store: str = "redis"
     relay: bool = False  # clients reach the nodes through relays that lose, duplicate, reorder (broken)
     aof: bool = True  # False: redis-server without persistence (a deliberately broken fleet)
-    proxied: bool = True  # False: the nodes reach a single redis-server directly (no proxy faults then)
+    proxied: bool = True  # False: everyone reaches the Redis servers directly (no proxy faults then)
     gap: tuple[float, float] = (1.0, 4.0)
     max_down: float = 8.0
     drain: float = 30.0
@@ -66,16 +66,15 @@ class Fleet:
         if opts.store == "redis":
             self.redis.append(Redis("redis-0", workdir / "redis-0", logdir, aof=opts.aof))
         elif opts.store == "sentinel":
-            primary = Redis("redis-0", workdir / "redis-0", logdir)
-            self.redis = [primary] + [
-                Redis(
-                    f"redis-{i}",
-                    workdir / f"redis-{i}",
-                    logdir,
-                    extra=["--replicaof", HOST, str(primary.port)],
-                )
-                for i in (1, 2)
-            ]
+            self.redis = [Redis(f"redis-{i}", workdir / f"redis-{i}", logdir) for i in range(3)]
+            if opts.proxied:
+                for rs in self.redis:
+                    # Sentinel learns a replica's address from what it announces, and names a promoted one
+                    # by it: every address it gives the nodes (and the replicas their primary's) is a proxy's
+                    self._front(rs, ["--replica-announce-ip", HOST, "--replica-announce-port"])
+            primary = self.redis[0]
+            for rs in self.redis[1:]:
+                rs.extra = ["--replicaof", HOST, str(primary.public_port)]
             self.sentinels = [
                 Sentinel(f"sentinel-{i}", workdir / f"sentinel-{i}", logdir, primary) for i in range(3)
             ]
@@ -88,17 +87,21 @@ class Fleet:
                 "wait_replicas": 1,
             }
         elif opts.store == "cluster":
-            self.redis = [
-                Redis(f"redis-{i}", workdir / f"redis-{i}", logdir, extra=[
+            for i in range(6):
+                bus = free_port()
+                rs = Redis(f"redis-{i}", workdir / f"redis-{i}", logdir, extra=[
                     "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                    "--cluster-node-timeout", "2000", "--cluster-port", str(free_port()),
+                    "--cluster-node-timeout", "2000", "--cluster-port", str(bus),
                     "--repl-diskless-sync-delay", "0",
-                ])
-                for i in range(6)
-            ]  # fmt: skip
+                ])  # fmt: skip
+                if opts.proxied:
+                    # CLUSTER SHARDS, MOVED and the replicas' links name the proxy; the bus stays direct, so
+                    # a proxy fault never makes the cluster think a node failed
+                    self._front(rs, ["--cluster-announce-bus-port", str(bus), "--cluster-announce-port"])
+                self.redis.append(rs)
             store = {
                 "kind": "redis",
-                "cluster": {"nodes": [f"{HOST}:{r.port}" for r in self.redis]},
+                "cluster": {"nodes": [f"{HOST}:{r.public_port}" for r in self.redis]},
                 "wait_replicas": 1,
             }
         for i in range(opts.nodes):
@@ -121,7 +124,17 @@ class Fleet:
         self._watch: asyncio.Task[None] | None = None
         self._restarting: set[str] = set()
 
+    def _front(self, rs: Redis, announce: list[str]) -> None:
+        """A proxy in front of `rs`, which announces the proxy's port (the last of `announce`): everyone
+        (nodes, sentinels, replicas) reaches it through the proxy; only the harness goes straight to it."""
+        proxy = Proxy(f"{rs.name}-proxy", rs.port)
+        self.proxies[rs.name] = proxy
+        rs.public_port = proxy.port
+        rs.announce = [*announce, str(proxy.port)]
+
     async def start(self) -> None:
+        for p in self.proxies.values():  # (replicas reach their primary through its proxy)
+            await p.start()
         for rs in self.redis:
             await rs.start()
         if self.opts.store == "cluster":
@@ -130,8 +143,6 @@ class Fleet:
             await x.start()
         if self.sentinels:
             await self._until("every sentinel knows both replicas", self._sentinels_ready)
-        for p in self.proxies.values():
-            await p.start()
         await asyncio.gather(*(n.start() for n in self.nodes))
         for r in self.relays.values():
             await r.start()
@@ -149,12 +160,17 @@ class Fleet:
         await self._until("the cluster whole, every replica in sync", self._cluster_ready)
 
     async def _cluster_ready(self) -> bool:
+        public = {r.public_port for r in self.redis}
         for r in self.redis:
             info = await r.command("CLUSTER", "INFO")
             if "cluster_state:ok" not in info:
                 return False
             repl = await r.command("INFO", "replication")
             if "role:slave" in repl and "master_link_status:up" not in repl:
+                return False
+            # every node known by its public address (its proxy's) yet, not the one it was met at
+            nodes = str(await r.command("CLUSTER", "NODES")).splitlines()
+            if any(int(line.split()[1].split("@")[0].rpartition(":")[2]) not in public for line in nodes):
                 return False
         return True
 
@@ -184,7 +200,7 @@ class Fleet:
             for x in self.sentinels:
                 port = await x.primary_port()
                 if port is not None:
-                    return [r for r in self.redis if r.port == port]
+                    return [r for r in self.redis if r.known_as(port)]
             return []
         return [r for r in self.redis if r.alive() and not r.paused and await r.role() == "master"]
 
@@ -193,11 +209,7 @@ class Fleet:
         """Until every replica of `primary` has its whole replication stream (or `timeout`)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            info = dict(
-                line.split(":", 1)
-                for line in str(await primary.command("INFO", "replication")).split()
-                if ":" in line
-            )
+            info = await primary.info()
             offset = int(info.get("master_repl_offset", "0"))
             offsets = [int(dict(kv.split("=") for kv in v.split(","))["offset"]) for k, v in info.items()
                        if k.startswith("slave") and k[5:].isdigit()]  # fmt: skip
@@ -213,7 +225,7 @@ class Fleet:
         if self.sentinels:
             for x in self.sentinels:
                 if x.alive() and not x.paused and (port := await x.primary_port()) is not None:
-                    rs.extra = [] if port == rs.port else ["--replicaof", HOST, str(port)]
+                    rs.extra = [] if rs.known_as(port) else ["--replicaof", HOST, str(port)]
                     break
         await rs.start()
 
@@ -235,11 +247,7 @@ class Fleet:
         primaries = await self.primaries()
         if not primaries or not primaries[0].alive() or primaries[0].paused:
             return False
-        info = dict(
-            line.split(":", 1)
-            for line in str(await primaries[0].command("INFO", "replication")).split()
-            if ":" in line
-        )
+        info = await primaries[0].info()
         if info.get("role") != "master":
             return False
         replicas = [dict(kv.split("=") for kv in v.split(",")) for k, v in info.items()
@@ -254,31 +262,14 @@ class Fleet:
 
     async def failover(self, pick: float) -> str:
         """A planned switch of a primary to one of its replicas. On Sentinel, as a fleet's managed Redis does
-        it when its primary's pod stops (operator/redis.sh prestop): writes paused on the primary, replicas
-        caught up, SENTINEL FAILOVER, the old primary made a replica of the new one, writes let go (a bare
-        SENTINEL FAILOVER loses what a replica acknowledged while the primary took writes after another
-        replica's promotion). On a cluster, CLUSTER FAILOVER on a replica (Redis pauses the primary itself)."""
+        it when its primary's pod stops (see prestop). On a cluster, CLUSTER FAILOVER on a replica (Redis
+        pauses the primary itself)."""
         try:
             if self.sentinels:
-                live = [x for x in self.sentinels if x.alive() and not x.paused]
                 primaries = await self.primaries()
-                if not live or not primaries or not primaries[0].alive() or primaries[0].paused:
-                    return "no sentinel or no primary"
-                old = primaries[0]
-                await old.command("CLIENT", "PAUSE", "30000", "WRITE")
-                try:
-                    await self._caught_up(old)
-                    await live[0].command("SENTINEL", "FAILOVER", Sentinel.MASTER)
-                    deadline = time.monotonic() + 20
-                    while time.monotonic() < deadline:
-                        port = await live[0].primary_port()
-                        if port is not None and port != old.port:
-                            await old.command("REPLICAOF", HOST, str(port))
-                            return f"asked {live[0].name}; :{old.port} now a replica of :{port}"
-                        await asyncio.sleep(0.2)
-                    return f"asked {live[0].name}; no switch within 20 s"
-                finally:
-                    await old.command("CLIENT", "UNPAUSE")
+                if not primaries or not primaries[0].alive() or primaries[0].paused:
+                    return "no primary"
+                return await self.prestop(primaries[0])
             replicas = await self.replicas()
             if not replicas:
                 return "no replica"
@@ -287,6 +278,66 @@ class Fleet:
             return f"{r.name} takes over"
         except (OSError, TimeoutError, RuntimeError) as e:  # (one in progress already, a node away...)
             return f"refused: {e}"
+
+    async def prestop(self, old: Redis) -> str:
+        """What the stop of a primary's pod does before its SIGTERM. On Sentinel, operator/redis.sh's
+        prestop: writes paused on the primary, replicas caught up, SENTINEL FAILOVER, the old primary made
+        a replica of the new one, writes let go (a bare SENTINEL FAILOVER loses what a replica acknowledged
+        while the primary took writes after another replica's promotion). redis.sh hands over in sentinel
+        mode only; on a cluster this does the same with CLUSTER FAILOVER on one of its replicas (the
+        replica has Redis pause the primary's writes, catches up, takes over) and waits for the old primary
+        to say it is a replica. Returns what happened."""
+        try:
+            if self.sentinels:
+                live = [x for x in self.sentinels if x.alive() and not x.paused]
+                if not live:
+                    return "no sentinel"
+                await old.command("CLIENT", "PAUSE", "30000", "WRITE")
+                try:
+                    await self._caught_up(old)
+                    await live[0].command("SENTINEL", "FAILOVER", Sentinel.MASTER)
+                    deadline = time.monotonic() + 20
+                    while time.monotonic() < deadline:
+                        port = await live[0].primary_port()
+                        if port is not None and not old.known_as(port):
+                            await old.command("REPLICAOF", HOST, str(port))
+                            return f"asked {live[0].name}; {old.name} now a replica of :{port}"
+                        await asyncio.sleep(0.2)
+                    return f"asked {live[0].name}; no switch within 20 s"
+                finally:
+                    await old.command("CLIENT", "UNPAUSE")
+            replicas = [
+                r
+                for r in self.redis
+                if r is not old and r.alive() and not r.paused
+                and old.known_as(int((await r.info()).get("master_port", "0")))
+            ]  # fmt: skip
+            if not replicas:
+                return "no replica"
+            await replicas[0].command("CLUSTER", "FAILOVER")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if await old.role() == "slave":
+                    return f"CLUSTER FAILOVER on {replicas[0].name}; {old.name} now a replica"
+                await asyncio.sleep(0.1)
+            return f"CLUSTER FAILOVER on {replicas[0].name}; {old.name} still a primary after 20 s"
+        except (OSError, TimeoutError, RuntimeError) as e:  # (one in progress already, a node away...)
+            return f"refused: {e}"
+
+    def quiet_limit(self) -> float | None:
+        """How long a Redis may go unheard (behind a black-holed or slowed proxy) before the store takes it
+        for failed: on Sentinel the sentinels, which reach the servers through the same proxies, fail a
+        primary over after down-after (2 s); a cluster's bus is direct, a single server has no failover."""
+        return 1.5 if self.sentinels and self.proxies else None
+
+    async def proxy_role(self, proxy: Proxy) -> str:
+        """What stands behind a proxy, for the timeline: '' for a node's own proxy, else the server's name
+        and role (primary, replica)."""
+        rs = next((r for r in self.redis if self.proxies.get(r.name) is proxy), None)
+        if rs is None:
+            return ""
+        role = {"master": "primary", "slave": "replica"}.get(await rs.role() or "", "down")
+        return f"{rs.name} {role}"
 
     def live_nodes(self) -> list[Node]:
         return [n for n in self.nodes if n.alive() and not n.paused and not n.down]
@@ -408,7 +459,7 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
     workdir = Path(tempfile.mkdtemp(prefix="chaos-"))
     logdir = opts.logs or Path("chaos/results") / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{opts.seed}"
     logdir.mkdir(parents=True, exist_ok=True)
-    kinds = [k for k in opts.kinds if applicable(k, opts.store)]
+    kinds = [k for k in opts.kinds if applicable(k, opts.store, opts.proxied)]
     fleet = Fleet(opts, h, workdir, logdir)
     pubs, subs = _clients(opts, fleet, h, run_id)
     fleet.clients = [*pubs, *subs]
@@ -466,6 +517,7 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
                 unrecovered.append(f"{s.cid}: never subscribed (connected: {s.link is not None})")
         h.end = h.now()
         extra["metrics"] = await _metrics(fleet)
+        extra["proxies"] = {name: p.accepted for name, p in fleet.proxies.items()}
         if fleet.relays:
             extra["relay"] = dict(next(iter(fleet.relays.values())).budget.done)
     finally:
@@ -509,9 +561,12 @@ def summary(opts: Options, h: History, rep: Report, extra: dict[str, Any]) -> st
     lines = [
         f"chaos: seed {opts.seed}, {opts.nodes} nodes{' behind broken relays' if opts.relay else ''}, store {opts.store}"
         + {
-            "redis": f" (redis-server, AOF {'appendfsync always' if opts.aof else 'OFF'}, each node through its proxy)",
-            "sentinel": " (a primary, 2 replicas, 3 sentinels; AOF appendfsync always, wait_replicas 1)",
-            "cluster": " (3 primaries, 3 replicas; AOF appendfsync always, wait_replicas 1)",
+            "redis": f" (redis-server, AOF {'appendfsync always' if opts.aof else 'OFF'}"
+            + (", each node through its proxy)" if opts.proxied else ", reached directly)"),
+            "sentinel": " (a primary, 2 replicas, 3 sentinels; AOF appendfsync always, wait_replicas 1"
+            + (", every server behind a proxy)" if opts.proxied else ")"),
+            "cluster": " (3 primaries, 3 replicas; AOF appendfsync always, wait_replicas 1"
+            + (", every server behind a proxy)" if opts.proxied else ")"),
         }.get(opts.store, "")
         + f", {opts.publishers} publishers x {opts.topics} topics at {opts.rate:g} msg/s, {opts.subscribers} subscribers",
         f"nemesis: {', '.join(extra.get('kinds', [])) or 'none'}; {nemesis_s:.0f}s under the nemesis, "
@@ -525,6 +580,11 @@ def summary(opts: Options, h: History, rep: Report, extra: dict[str, Any]) -> st
     if extra.get("relay"):
         lines.append(
             "broken relays (--broken relay) did: " + ", ".join(f"{k} {v}" for k, v in extra["relay"].items())
+        )
+    if extra.get("proxies"):
+        lines.append(
+            "connections through the proxies: "
+            + ", ".join(f"{name} {n:,}" for name, n in extra["proxies"].items())
         )
     if extra.get("metrics"):
         lines.append(

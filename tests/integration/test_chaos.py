@@ -39,10 +39,20 @@ def chaos(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, Any]]:
 
 
 def test_short_seeded_run_of_every_fault_is_clean(tmp_path):
-    """Seed 8 with these gaps and holds injects all eight kinds of fault in 40 s (the nemesis's plan
-    depends on the seed alone)."""
+    """Seed 2850 with these gaps and holds injects all eleven kinds of fault of a single redis-server in
+    40 s, the last (node-kill) about 26 s in (the nemesis's plan depends on the seed alone)."""
     code, summary, run = chaos(
-        tmp_path, "--seed", "8", "--duration", "40", "--gap", "0.5:2", "--max-down", "4", "--nemesis", "all"
+        tmp_path,
+        "--seed",
+        "2850",
+        "--duration",
+        "40",
+        "--gap",
+        "0.5:1.5",
+        "--max-down",
+        "3",
+        "--nemesis",
+        "all",
     )
     assert code == 0, summary
     assert run["ok"] and not any(run["counts"].values()), summary
@@ -51,7 +61,7 @@ def test_short_seeded_run_of_every_fault_is_clean(tmp_path):
         run["stats"]["acked"] > 1000
         and run["stats"]["delivered_first"] >= run["stats"]["expected_deliveries"]
     )
-    assert "RESULT PASS seed=8" in summary
+    assert "RESULT PASS seed=2850" in summary
 
 
 def test_it_fails_a_relay_that_loses_duplicates_and_reorders(tmp_path):
