@@ -235,9 +235,14 @@ local function state(epoch, kind, previous)
   return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
           redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
 end
--- the same claim sent again (its reply was lost): the same answer, nothing done twice
+-- The same claim sent again (its reply was lost): the same answer, nothing done twice. What was queued
+-- for the session since is moved into its journal as the first run moved what was queued before: the
+-- receipts the answer carries (x:) count those too, so it must hold them.
 local ran = redis.call('HMGET', KEYS[1], 'ctok', 'epoch', 'ckind', 'cprev')
-if ran[1] == ARGV[11] then return state(tonumber(ran[2]), tonumber(ran[3]), ran[4] or '') end
+if ran[1] == ARGV[11] then
+  if ran[3] == '2' then move_queue(KEYS[1], KEYS[3], KEYS[4], 0) end
+  return state(tonumber(ran[2]), tonumber(ran[3]), ran[4] or '')
+end
 local existed = redis.call('EXISTS', KEYS[1]) == 1
 -- a session reaped as ended, kept only for its will: ended now whatever the Clean Start flag says
 local clean = ARGV[2] == '1' or redis.call('HGET', KEYS[1], 'gone') == '1'

@@ -10,6 +10,7 @@ from fleetmq.broker import keys, wire
 from fleetmq.broker.journal import JournalChanges
 from fleetmq.broker.message import Delivery, Message
 from fleetmq.broker.redisstore import RedisStore
+from fleetmq.broker.store import Enqueue, Save
 from fleetmq.broker.zones import ZoneSettings
 
 pytestmark = pytest.mark.redis
@@ -55,7 +56,7 @@ async def test_a_fenced_journal_queues_what_was_routed_into_the_stale_copy(redis
                 )
             ]
         )
-        assert result.fenced == [cid]
+        assert result.fenced == [(cid, first.epoch)]
         assert (result.rerouted, result.refused) == (2, 1)
         m, _s, q, i, _r = keys.session_keys(cid)
         items = [wire.unpack_delivery(raw) for raw in await new.redis.lrange(q, 0, -1)]
@@ -90,7 +91,7 @@ async def test_a_fenced_journal_of_an_offline_session_keeps_its_queue_limit(redi
         )  # ...and left
         routed = [delivery(b"r%d" % n, 1, n) for n in range(3)]
         result = await old.commit([changes(cid, first.epoch, routed, routed)])
-        assert result.fenced == [cid] and result.dropped == [("default", cid, 1)]
+        assert result.fenced == [(cid, first.epoch)] and result.dropped == [("default", cid, 1)]
         q = keys.session_keys(cid)[keys.QUEUE]
         assert [wire.unpack_delivery(r).msg.payload for r in await old.redis.lrange(q, 0, -1)] == [
             b"r1",
@@ -153,3 +154,37 @@ async def test_an_offline_queue_is_bounded_by_bytes_as_its_overflow_policy_says(
         assert await store.redis.hget(meta, "qb") is None  # (the queue moved into the session: drained)
     finally:
         await store.close()
+
+
+async def test_a_claim_sent_again_brings_what_was_queued_between_its_two_runs(redis_server):
+    """Issue 25, found by `python -m chaos --store cluster --nemesis redis-term --seed 1` (50 lost): a claim
+    whose reply was lost is sent again with its token and gets the same answer. The answer was read
+    afresh, its receipts (x:) counting what had been queued for the session since the first run, but what
+    was queued stayed in the queue: the catch-up pulled it and took it for repeats of what the session
+    had already seen. The re-run moves it into the journal, as the first run moved what was queued."""
+    store = RedisStore.from_url(redis_server.url, "n")
+    await store.open()
+    try:
+        cid = "sub-3"
+        await store.claim(cid, ZONE, "default", False, expiry=60)
+        await store.commit([Save(await _session(store, cid), 60.0)])  # parked: routings queue for it
+        first = await store.claim(cid, ZONE, "default", False, expiry=60, token="t1")
+        msg = Message("t/x", b"queued meanwhile", 2, sender="pub")
+        msg.receipt = ("inc1", 5)
+        await store.commit([Enqueue(cid, Delivery(msg, 2, False))])
+        again = await store.claim(cid, ZONE, "default", False, expiry=60, token="t1")
+        assert again.epoch == first.epoch, "the same claim, not a second one"
+        assert again.stored is not None
+        assert again.stored.seen == {"inc1": 5}
+        assert [d.msg.payload for d in again.stored.deliveries] == [b"queued meanwhile"]
+        assert await store.redis.llen(keys.session_keys(cid)[keys.QUEUE]) == 0
+    finally:
+        await store.close()
+
+
+async def _session(store: RedisStore, cid: str):
+    from fleetmq.broker.session import Session
+
+    s = Session(cid, ZONE, expiry_interval=60)
+    s.epoch = int(await store.redis.hget(keys.session_keys(cid)[keys.META], "epoch"))
+    return s
