@@ -619,7 +619,7 @@ class ChannelManager:
 
     # -- what the store did --------------------------------------------------------------------------
     def _committed(self, result: CommitResult) -> None:
-        self._fenced_last = {cid for cid, _epoch in result.fenced}
+        self._fenced_last = {cid for cid, _epoch in result.fenced} | {cid for cid, _e in result.refused_from}
         for zone, cid, n in result.dropped:
             z = self.zones.get(zone)
             if z is not None:  # the oldest messages of a full queue in the store (ids unknown)
@@ -632,10 +632,13 @@ class ChannelManager:
         for op in result.missing:  # the session ended (expired) somewhere: its routes go too
             if op.client_id not in self.channels:
                 self.router.remove_client(op.client_id)
-        for cid, epoch in result.fenced:
+        for cid, epoch in [*result.fenced, *result.refused_from]:
             ch = self.channels.get(cid)
             # (a write of an older connection's, sent again after a failed commit, says nothing of this one)
             if ch is not None and (ch.session is None or ch.session.epoch <= epoch):
+                # Another node owns the session now: what this connection published and this commit
+                # routed was refused for it (a publisher's), so it must not be acknowledged: the channel
+                # goes before the acks waiting for this commit run, and its client sends it again.
                 self._fence(ch)
         if result.refused:
             log.info(

@@ -144,6 +144,12 @@ local function guards_ok(first_key, first_arg, n)
   for g = 1, n do ok[g] = redis.call('HGET', KEYS[first_key + g - 1], 'epoch') == ARGV[first_arg + g - 1] end
   return ok
 end
+-- The numbers of the guards that failed: their publishers' nodes must not acknowledge what was refused.
+local function failed(ok)
+  local out = {}
+  for g = 1, #ok do if not ok[g] then out[#out + 1] = g end end
+  return out
+end
 -- Whether a message with the receipt (publisher incarnation `inc`, number `n`) is new to the session with
 -- meta m, which remembers the highest number it accepted of each incarnation (field x:<inc>); always true
 -- without a receipt (inc = '').
@@ -307,7 +313,7 @@ for j = fresh + 1, fresh + 4 * nf, 4 do
 end
 if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
   if nf == nrefused or redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'gone') == 1 then
-    return {0, 0, '', nrefused, 0}
+    return {0, 0, '', nrefused, 0, failed(ok)}
   end
   local items = {}
   for j = fresh + 1, fresh + 4 * nf, 4 do
@@ -317,7 +323,7 @@ if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
     end
   end
   local dropped, zone = queue_push(KEYS[1], KEYS[4], KEYS[5], ARGV[4], items)
-  return {0, dropped, zone, nrefused, #items}
+  return {0, dropped, zone, nrefused, #items, failed(ok)}
 end
 local m = redis.call('HMGET', KEYS[1], 'order', 'rcv')
 local order = math.max(tonumber(m[1] or '0'), tonumber(ARGV[3]))
@@ -337,6 +343,7 @@ end
 hdel_list(KEYS[2], ARGV, dels + 1, tonumber(ARGV[dels]))
 hset_pairs(KEYS[3], ARGV, rputs + 1, tonumber(ARGV[rputs]))
 hdel_list(KEYS[3], ARGV, rdels + 1, tonumber(ARGV[rdels]))
+if nrefused > 0 then return {1, failed(ok)} end
 return 1
 """
 
@@ -380,7 +387,7 @@ for j = 3 + ng, #ARGV, 5 do
   end
 end
 local dropped, zone = queue_push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], items)
-return {dropped, zone, skipped, refused}
+return {dropped, zone, skipped, refused, refused > 0 and failed(ok) or {}}
 """
 
 # KEYS: m s q i r, events channel. ARGV: epoch ('' = unfenced), node, client id
@@ -604,6 +611,11 @@ class _Guards:
     @property
     def keys(self) -> list[str]:
         return [keys.session_keys(cid)[keys.META] for cid, _epoch in self._numbers]
+
+    def publishers(self, numbers: Iterable[Any]) -> list[tuple[str, int]]:
+        """The publisher sessions (client id, epoch) of these guard numbers."""
+        by_number = {n: publisher for publisher, n in self._numbers.items()}
+        return [by_number[int(n)] for n in numbers]
 
     @property
     def args(self) -> list[Any]:
@@ -955,6 +967,7 @@ class RedisStore(SessionStore):
                 enqueues.setdefault(op.client_id, []).append(op)
         calls: list[_Call] = []
         kinds: list[Op | list[Enqueue] | None] = []  # what each call's reply belongs to
+        guarded: dict[int, _Guards] = {}  # call index -> the publisher guards it checks
         mine = keys.node_sessions(self.node_id)
 
         def forget_here(cid: str) -> None:
@@ -974,12 +987,15 @@ class RedisStore(SessionStore):
                     items += [pack_delivery(d), str(d.qos), guards.of(d), inc, number]
                 k = keys.session_keys(op.client_id)
                 script_keys = [k[0], k[2], self._wakes(op.client_id), *guards.keys]
+                guarded[len(calls)] = guards
                 calls.append(self._script("enqueue", script_keys, [op.client_id, *guards.args, *items]))
                 kinds.append(group)
                 continue
             if isinstance(op, JournalChanges):
                 k = keys.session_keys(op.client_id)
-                jkeys, args = self._journal_args(op, self._guards())
+                guards = self._guards()
+                jkeys, args = self._journal_args(op, guards)
+                guarded[len(calls)] = guards
                 calls.append(
                     self._script("journal", [k[0], k[3], k[4], k[2], self._wakes(op.client_id), *jkeys], args)
                 )
@@ -1003,7 +1019,7 @@ class RedisStore(SessionStore):
 
         replies = await self._send(calls, atomic=True)
         result = CommitResult()
-        for kind, reply in zip(kinds, replies, strict=True):
+        for n, (kind, reply) in enumerate(zip(kinds, replies, strict=True)):
             if isinstance(reply, Exception):
                 raise reply
             if isinstance(kind, list):
@@ -1015,14 +1031,20 @@ class RedisStore(SessionStore):
                         result.dropped.append((zone, cid, int(reply[0])))
                     if int(reply[2]):
                         result.skipped_qos0.append((zone, cid, int(reply[2])))
-                    result.refused += int(reply[3])
+                    if int(reply[3]):
+                        result.refused += int(reply[3])
+                        result.refused_from.update(guarded[n].publishers(reply[4]))
             elif isinstance(kind, Route) and reply == -1:
                 result.fenced.append((kind.client_id, kind.epoch))
             elif isinstance(kind, JournalChanges) and reply != 1:
+                if int(reply[0]):  # stored, but what fenced publishers routed into it was refused
+                    result.refused_from.update(guarded[n].publishers(reply[1]))
+                    continue
                 result.fenced.append((kind.client_id, kind.epoch))
                 dropped, zone, refused = int(reply[1]), reply[2].decode(), int(reply[3])
                 result.rerouted += int(reply[4])
                 result.refused += refused
+                result.refused_from.update(guarded[n].publishers(reply[5]))
                 if dropped:
                     result.dropped.append((zone, kind.client_id, dropped))
         return result

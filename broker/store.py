@@ -117,6 +117,9 @@ class CommitResult:
     #: sessions another node owns now: (client id, the stale epoch this node wrote at)
     fenced: list[tuple[str, int]] = field(default_factory=list)
     refused: int = 0  # guarded deliveries not stored: their publisher's session was fenced
+    #: those publishers' sessions (client id, the epoch they routed at): another node owns each now, so
+    #: this one must not acknowledge what they published (their clients send it again to the new owner)
+    refused_from: set[tuple[str, int]] = field(default_factory=set)
     rerouted: int = 0  # deliveries routed into a fenced session's stale copy here, queued for its owner
     duration: float = 0.0
 

@@ -462,3 +462,34 @@ def test_a_session_handed_over_by_a_commit_that_ran_unheard_resumes_whole(fleet,
     ack_loop(new, view, until=3, timeout=10, tag="h")
     assert [parse_seq(p) for p in view.delivered] == [("h", 1), ("h", 2), ("h", 3)]
     old.close()
+
+
+def test_a_publish_refused_for_a_publisher_taken_over_meanwhile_is_not_acknowledged(
+    fleet, redis_server, redis_proxy
+):
+    """Found by `python -m chaos --store sentinel --nemesis redis-term --seed 1` (8 QoS 1 messages lost): a
+    node routes what a publisher connected to it sends, guarded by the publisher's session epoch, and its
+    commit is slow. Meanwhile another node takes the session over without it (its event stream was down:
+    nobody answered the handover). The commit then lands: the routing is refused (the publisher's session
+    is the other node's), yet the publisher was acknowledged and never sent the message again: lost."""
+    [a] = fleet(1, redis_url=redis_proxy.url)
+    [b] = fleet(1)
+    topic, pcid = uid("refused/"), uid("pub")
+    sub, _ = raw_connect(b, uid("sub"), 5)
+    sub.subscribe([(topic, 1)])
+    wait_route(a, sub, topic)
+    old, _ = raw_connect(a, pcid, 5)
+    redis_proxy.delay(3.0, b"EVALSHA", sha("enqueue"))  # a's routing of the message lands 3 s late
+    redis_proxy.delay(10.0, b"SUBSCRIBE")  # and its event stream, once broken, stays down
+    old.send(mqttraw.publish(topic, seq_payload("r", 1), qos=1, packet_id=5, version=5))
+    time.sleep(0.2)
+    redis_server.command("CLIENT", "KILL", "TYPE", "pubsub")
+    time.sleep(0.2)
+    new, ack = raw_connect(b, pcid, 5, timeout=10)  # b: nobody listens for a; it claims at once
+    assert ack.session_present
+    assert closed_without(old, mqttraw.PUBACK, timeout=10), "acknowledged, yet stored for nobody"
+    new.send(mqttraw.publish(topic, seq_payload("r", 1), qos=1, packet_id=5, dup=True, version=5))
+    new.expect(mqttraw.PUBACK)
+    view = AppView()
+    ack_loop(sub, view, until=1, timeout=10, tag="r")
+    assert [parse_seq(p) for p in view.delivered] == [("r", 1)]
