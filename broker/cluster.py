@@ -516,14 +516,20 @@ class Cluster:
         conns = self.store.conns
         if conns.sharded:
             await conns.refresh()
+        # The map as it is now: another task may read it again while this one waits for Redis (a
+        # failover), and a shard of the old map is then no longer in the new one. A stream subscribed on
+        # a shard whose slots move is told so (sunsubscribe) and opened again.
+        plan = []
+        for shard in conns.shards:
+            channels = self.channels.subscriptions(self.node_id, conns.slots_of(shard))
+            if conns.sharded and conns.shard_for(self.channel) is shard:
+                channels.append(self.channel)
+            plan.append((shard, channels))
         streams: list[tuple[Shard, PubSub]] = []
         try:
-            for shard in conns.shards:
+            for shard, channels in plan:
                 pubsub = shard.redis.pubsub()
                 streams.append((shard, pubsub))
-                channels = self.channels.subscriptions(self.node_id, conns.slots_of(shard))
-                if conns.sharded and conns.shard_for(self.channel) is shard:
-                    channels.append(self.channel)
                 await self._subscribe(pubsub, channels)
         except BaseException:
             for _shard, pubsub in streams:
@@ -607,6 +613,9 @@ class Cluster:
                 finally:
                     for t in pumps:
                         t.cancel()
+                    # (a pump that failed too meanwhile: its error is the same story, not one to leave
+                    # unretrieved)
+                    await asyncio.gather(*pumps, return_exceptions=True)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
