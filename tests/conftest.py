@@ -107,8 +107,9 @@ def start_broker(tmp_path):
     """Factory: start_broker(config=None, *, zone_overrides=None, extra_args=()) -> BrokerProc.
 
     A fleetmq broker with its own config (zone "default" + overrides); stopped at teardown."""
-    if "redis_proxy" in request.fixturenames:
-        request.getfixturevalue("redis_proxy")
+    for store in ("redis_proxy", "replicated_redis", "redis_cluster"):
+        if store in request.fixturenames:
+            request.getfixturevalue(store)
     started: list[BrokerProc] = []
 
     def start(config: dict | None = None, *, zone_overrides: dict | None = None, extra_args=()):
@@ -197,16 +198,18 @@ def fleet(redis_server, tmp_path, request):
     """Factory: fleet(n, zone_overrides=None, config=None, *, extra_args=(), redis_url=None, wrap=())
     -> list[BrokerProc] (`wrap`: harness.start_fleetmq's).
 
-    A test that also uses `redis_proxy` has it set up first, so it is closed after the nodes stopped: a
-    node stopping can still store what it parks (it would wait out its shutdown timeout otherwise).
+    The stores a test also uses (`redis_proxy`, `replicated_redis`, `redis_cluster`) are set up first, so
+    they stop after the nodes: a node stopping can still store what it parks (it would wait out its
+    shutdown timeout otherwise).
 
     Starts n fleetmq nodes sharing `redis_server` (through `redis_url`, a redis_proxy, if given): each gets its own listener/metrics ports, config file and
     log under tmp_path/node-<i>, `node_id: node-<i>` and `store: {kind: redis, url: redis_server.url}`
     (other keys of config["store"], e.g. wait_replicas, are kept; a config["store"] naming sentinels or a
     cluster is used as it is). Node numbers continue across calls.
     BrokerProc.kill()/pause()/resume()/restart() act on one node. All nodes stopped at teardown."""
-    if "redis_proxy" in request.fixturenames:
-        request.getfixturevalue("redis_proxy")
+    for store in ("redis_proxy", "replicated_redis", "redis_cluster"):
+        if store in request.fixturenames:
+            request.getfixturevalue(store)
     started: list[BrokerProc] = []
 
     def start(
