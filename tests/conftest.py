@@ -103,7 +103,7 @@ def broker(_module_broker) -> BrokerProc:
 
 
 @pytest.fixture
-def start_broker(tmp_path):
+def start_broker(tmp_path, request):
     """Factory: start_broker(config=None, *, zone_overrides=None, extra_args=()) -> BrokerProc.
 
     A fleetmq broker with its own config (zone "default" + overrides); stopped at teardown."""
