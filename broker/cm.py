@@ -12,11 +12,12 @@ methods under "for the fleet".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -229,20 +230,26 @@ class ChannelManager:
             if ch.session is session:
                 ch.caught_up()
 
-    async def _open_locked(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
-        """Find or create the session of a connecting client; returns (session, session present)."""
-        cid = ch.client_id
+    @contextlib.asynccontextmanager
+    async def _client_id(self, cid: str) -> AsyncIterator[None]:
+        """One client id at a time: two CONNECTs with it (or a CONNECT and the read-back of a claim) are
+        handled one after the other."""
         entry = self._locks.get(cid)
         if entry is None:
             entry = self._locks[cid] = _ClientLock()
         entry.users += 1
         try:
-            async with entry.lock:  # two CONNECTs with one client id are handled one after the other
-                return await self._open(ch, expiry, receive_max)
+            async with entry.lock:
+                yield
         finally:
             entry.users -= 1
             if not entry.users:
                 del self._locks[cid]
+
+    async def _open_locked(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
+        """Find or create the session of a connecting client; returns (session, session present)."""
+        async with self._client_id(ch.client_id):
+            return await self._open(ch, expiry, receive_max)
 
     async def _open(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
         cid = ch.client_id
@@ -378,36 +385,27 @@ class ChannelManager:
         (the routes of a session Clean Start ended go, its will goes out) and undo what the refused
         client would leave behind (a session marked connected here for good). Gives up after
         READ_BACK_FOR, or on an error that would only repeat."""
-        delay, deadline = 0.5, time.monotonic() + READ_BACK_FOR
         outcome: ClaimOutcome | None = None
-        while True:
-            entry = self._locks.get(cid)
-            if entry is None:
-                entry = self._locks[cid] = _ClientLock()
-            entry.users += 1
-            try:
-                async with entry.lock:  # (after a CONNECT of this client being handled, never during)
-                    if outcome is None:
-                        outcome = await self.store.claimed(cid, token)
-                        if not outcome.ran:
-                            return
-                        log.info("a claim of %r whose reply was lost had run; undoing it", cid)
-                        if outcome.discarded and cid not in self.channels:
-                            self.router.remove_client(cid)
-                        if outcome.ended_will is not None:
-                            self.publish_will(outcome.ended_will)
+
+        async def read_back() -> None:
+            nonlocal outcome
+            async with self._client_id(cid):
+                if outcome is None:
+                    outcome = await self.store.claimed(cid, token)
+                    if not outcome.ran:
+                        return
+                    log.info("a claim of %r whose reply was lost had run; undoing it", cid)
+                    if outcome.discarded and cid not in self.channels:
+                        self.router.remove_client(cid)
+                    if outcome.ended_will is not None:
+                        self.publish_will(outcome.ended_will)
+                if outcome.ran:
                     await self.store.abandon(cid, token)
-                    return
-            except Exception as e:
-                if not self.store.transient(e) or time.monotonic() > deadline:
-                    log.warning("gave up reading back a claim of %r whose reply was lost: %s", cid, e)
-                    return
-            finally:
-                entry.users -= 1
-                if not entry.users:
-                    del self._locks[cid]
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+
+        try:
+            await retrying(self.store, read_back, time.monotonic() + READ_BACK_FOR)
+        except Exception as e:
+            log.warning("gave up reading back a claim of %r whose reply was lost: %s", cid, e)
 
     # -- a connection ends ---------------------------------------------------------------------------
     def closed(self, ch: Channel) -> None:
