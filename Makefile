@@ -39,6 +39,17 @@ crds: $(VENV)/.installed
 dashboards: $(VENV)/.installed
 	$(BIN)/python -m fleetmq.operator.grafana
 
+# The docs site (mkdocs.yml, docs/) built with --strict into site/ (git-ignored): a broken link, a page
+# missing from the nav fails.
+SITE ?= site
+.PHONY: docs
+$(VENV)/.docs-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(BIN)/mkdocs build --strict --site-dir $(SITE)
+
 run: $(VENV)/.installed
 	$(BIN)/fleetmq-broker --listen $(LISTEN)
 
