@@ -40,14 +40,19 @@ dashboards: $(VENV)/.installed
 	$(BIN)/python -m fleetmq.operator.grafana
 
 # The docs site (mkdocs.yml, docs/) built with --strict into site/ (git-ignored): a broken link, a page
-# missing from the nav fails.
+# missing from the nav or a stale reference page fails. The reference pages (docs/reference/) are generated
+# from the code by scripts/docsgen.py (`make docs-reference`; a unit test fails when they are stale).
 SITE ?= site
-.PHONY: docs
+.PHONY: docs docs-reference
 $(VENV)/.docs-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[docs]'
 	touch $@
 
+docs-reference: $(VENV)/.docs-installed
+	$(BIN)/python -m scripts.docsgen
+
 docs: $(VENV)/.docs-installed
+	$(BIN)/python -m scripts.docsgen --check
 	$(BIN)/mkdocs build --strict --site-dir $(SITE)
 
 run: $(VENV)/.installed
