@@ -2,7 +2,7 @@
 with two replicas and three sentinels (tests/support.py's ReplicatedRedis), and a Redis Cluster of three
 primaries with a replica each (RedisCluster), all without persistence like the bench's Redis, so that the
 rows show what replication and sharding cost, not the disk. A StoreNode is fleetmq node `a`'s config
-pointed at one of them (`store:` as DESIGN.md's config forms)."""
+pointed at one of them (`store:` as docs/design.md's config forms)."""
 
 from __future__ import annotations
 

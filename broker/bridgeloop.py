@@ -1,7 +1,7 @@
 """Loop prevention across bridges, on a message's MQTT 5 user properties.
 
 Two fleets bridged both ways on one topic would pass each message back and forth forever. Three marks
-stop that (DESIGN.md "Bridges"): remote subscriptions use No Local, so a remote never returns what the
+stop that (docs/design.md "Bridges"): remote subscriptions use No Local, so a remote never returns what the
 bridge itself published there; ``fmq-bridge-path`` lists the fleets a message went through, so egress
 skips a remote already in it and ingress drops a message that has been here before; and HiveMQ's
 ``hmq-bridge-hop-count`` is honoured for setups mixing fleetmq and HiveMQ bridges. MQTT 3.1.1 has no

@@ -1,4 +1,4 @@
-"""Bridges' settings: a fleet forwarding to and from one remote MQTT broker each (DESIGN.md "Bridges").
+"""Bridges' settings: a fleet forwarding to and from one remote MQTT broker each (docs/design.md "Bridges").
 
 Like zones.py, these models are the single source of truth: the broker validates the `bridges:` list of
 its config file with them, and the operator derives the MqttBridge CRD from them. Defaults follow the

@@ -18,7 +18,7 @@ DEFAULT_LISTEN = "127.0.0.1:1883"
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fleetmq-broker", description="Run a fleetmq MQTT broker node.")
-    p.add_argument("--config", metavar="FILE", help="YAML config file (validated; see DESIGN.md)")
+    p.add_argument("--config", metavar="FILE", help="YAML config file (validated; see docs/design.md)")
     p.add_argument(
         "--listen",
         metavar="HOST:PORT",

@@ -277,7 +277,7 @@ class _Collector(Collector):
 
 
 def _bridge_families(reports: dict[str, dict[str, Any]]) -> Iterator[Metric]:
-    """fleetmq_bridge_* from this node's view of each bridge (DESIGN.md "Bridges")."""
+    """fleetmq_bridge_* from this node's view of each bridge (docs/design.md "Bridges")."""
 
     def family(kind: type, name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
         return kind(f"fleetmq_bridge_{name}", doc, labels=["bridge", *extra])

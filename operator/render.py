@@ -441,7 +441,7 @@ def listener_name(zone: str, listener: str) -> str:
 
 
 def store_config(fleet_name: str, namespace: str, spec: BrokerFleetSpec) -> dict[str, Any]:
-    """The broker config's store: where the fleet's Redis is and how to reach it (DESIGN.md's contract).
+    """The broker config's store: where the fleet's Redis is and how to reach it (docs/design.md's contract).
     Passwords are files mounted from Secrets (REDIS_AUTH_DIR, SENTINEL_AUTH_DIR), never in the config."""
     redis = spec.redis
     password_file = f"{REDIS_AUTH_DIR}/{PASSWORD_KEY}"
@@ -477,7 +477,7 @@ def broker_config(
     bridge_files: Collection[str] = (),
     users: list[User] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
-    """The broker config file (snake_case, the DESIGN.md contract) of a fleet, its zones, bridges and
+    """The broker config file (snake_case, the docs/design.md contract) of a fleet, its zones, bridges and
     users."""
     files = user_files(zones, users)
     meta = fleet["metadata"]

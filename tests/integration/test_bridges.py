@@ -271,7 +271,7 @@ def test_the_leader_killed_midway_loses_nothing_acknowledged_and_qos2_stays_exac
 
 def test_the_leader_stopped_gracefully_hands_over_without_sending_anything_twice(fleet, remote, redis_server):
     """SIGTERM of the forwarding node at message 2,500 of 5,000 QoS 1 + 5,000 QoS 2: it waits for the
-    remote's acks before it hands over (DESIGN.md "Bridges"), so the bridge sends no message twice, not
+    remote's acks before it hands over (docs/design.md "Bridges"), so the bridge sends no message twice, not
     even QoS 1; everything arrives once and another node forwards within a few seconds."""
     n = 5_000
 

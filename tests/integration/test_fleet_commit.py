@@ -1,4 +1,4 @@
-"""Publisher confirms with group commit (DESIGN.md "Publisher confirms", issue 3): a PUBACK waits until the
+"""Publisher confirms with group commit (docs/design.md "Publisher confirms", issue 3): a PUBACK waits until the
 message is stored for every matching persistent session, and the store writes of one event-loop turn go to
 Redis together, so a pipelining publisher costs far fewer Redis round trips than messages."""
 

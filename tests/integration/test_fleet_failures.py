@@ -1,4 +1,4 @@
-"""Failures in a fleet sharing one Redis (issue 3, DESIGN.md "Sessions in Redis"): kill -9 of a node under
+"""Failures in a fleet sharing one Redis (issue 3, docs/design.md "Sessions in Redis"): kill -9 of a node under
 load, Redis stopped for 10 s, a stale node (SIGSTOP past its heartbeat TTL, then SIGCONT), and session
 expiry enforced by Redis whichever node is alive. The invariant everywhere: a message acknowledged to its
 publisher is delivered (QoS1 at least once, QoS2 exactly once)."""

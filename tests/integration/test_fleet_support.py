@@ -134,7 +134,7 @@ def distinct(view: AppView, tag: str | None = None) -> set[int]:
 class Publisher(threading.Thread):
     """A raw publisher thread: sends `tag:<seq>` messages at `qos`, at most `window` unacknowledged, and
     records the sequence numbers the broker acknowledged: `acked` = PUBACK (QoS1) / PUBCOMP (QoS2),
-    `pubrec` = QoS2 PUBREC (the broker owns the message, DESIGN.md "Publisher confirms").
+    `pubrec` = QoS2 PUBREC (the broker owns the message, docs/design.md "Publisher confirms").
 
     It stops at `count` messages or at stop(). When its connection ends it does not resend what was not
     acked (that simply is not counted as acked); with `reconnect` it connects again (to the next node of

@@ -1,4 +1,4 @@
-"""The broker's layering (DESIGN.md "Core layering"): calls go one way, so imports do.
+"""The broker's layering (docs/design.md "Core layering"): calls go one way, so imports do.
 
 Each module of broker/ sits in one layer below; it may import only modules of lower layers (imports for
 type checking count too: a lower module that needs a higher one declares a Protocol instead). A module
