@@ -220,12 +220,6 @@ class _LocalIO:
             self.closed = True
             self._loop.call_soon(self._on_close)
 
-    def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
-        return self._loop.call_later(delay, callback)
-
-    def time(self) -> float:
-        return self._loop.time()
-
     def pause_reading(self) -> None:
         pass
 

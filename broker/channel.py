@@ -5,7 +5,7 @@ refused, the socket closed or congested, a message routed to it, its zone change
 through the `ChannelIO` it is given, and asks its `ChannelHost` for what lies beyond one client: opening
 its session (credentials, connection limits, takeover and the store are awaited there), routing a
 publish, keeping a subscription, and waiting until what a packet changed is stored before answering it.
-It never awaits, runs no executor and reads no clock but the one its IO gives it.
+It never awaits, runs no executor and reads no clock but the `Clock` it is given (its timers too).
 
 It applies the EMQX delivery rules with its session: QoS 0 goes out at once, QoS 1/2 through the Inflight
 Window with the Message Queue behind it, retransmission in original order. Every observable fact goes to
@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, cast
 
 from .auth import Access, ClientAcl
+from .clock import Clock, Timer
 from .codec import (
     MQTT5,
     PINGRESP_BYTES,
@@ -61,15 +62,20 @@ log = logging.getLogger("fleetmq.channel")
 PUBACK, PUBREC, PUBREL, PUBCOMP = PacketType.PUBACK, PacketType.PUBREC, PacketType.PUBREL, PacketType.PUBCOMP
 
 
+# What a channel's reply waits for the store with (Channel._replies): a kind, then its data. Replies are
+# held as data, in the order their packets came, not as a closure per packet.
+_ACK = 0  # ptype, packet id, reason code: a publisher's PUBACK, PUBREC or PUBCOMP (counted in _acks_pending)
+_ROUTE = 1  # message, packet id: a QoS 2 message whose receipt is being stored; routed, then PUBREC'd
+_SEND = 2  # bytes: PUBREL, UNSUBACK
+_PUBLISH = 3  # bytes, delivery, inflight: a QoS 2 PUBLISH once its packet id is stored
+_SUBACK = 4  # bytes, the retained messages due: SUBACK, then those
+
+
 def reason_name(code: int) -> str:
     try:
         return RC(code).name.lower()
     except ValueError:
         return f"0x{code:02x}"
-
-
-class Timer(Protocol):
-    def cancel(self) -> None: ...
 
 
 class ChannelIO(Protocol):
@@ -78,10 +84,6 @@ class ChannelIO(Protocol):
     def write(self, data: bytes) -> None: ...
 
     def close(self) -> None: ...
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer: ...
-
-    def time(self) -> float: ...
 
     def pause_reading(self) -> None: ...
 
@@ -145,7 +147,7 @@ def _check_payload_format(ch: Channel, p: Publish, topic: str) -> Refused | None
 def _check_publish_rate(ch: Channel, p: Publish, topic: str) -> Refused | None:
     """v5 is refused and told (v3 cannot be told, so it is slowed down instead: Channel._dispatch)."""
     bucket = ch.publish_rate
-    if bucket is not None and bucket.take(ch.io.time()):
+    if bucket is not None and bucket.take(ch.clock.time()):
         return RC.QUOTA_EXCEEDED, DropReason.RATE_LIMITED, "publish rate exceeded"
     return None
 
@@ -219,7 +221,9 @@ class Channel:
         "_holding",
         "_in_process",
         "_ka_timer",
+        "_on_commit",
         "_rel_timer",
+        "_replies",
         "_retained",
         "_retained_timer",
         "_retry_timer",
@@ -230,6 +234,7 @@ class Channel:
         "client_alias_max",
         "client_id",
         "client_max_packet",
+        "clock",
         "close_reason",
         "congested",
         "connected_at",
@@ -258,7 +263,13 @@ class Channel:
     )
 
     def __init__(
-        self, host: ChannelHost, zone: Zone, io: ChannelIO, peer: str = "", listener: str = ""
+        self,
+        host: ChannelHost,
+        zone: Zone,
+        io: ChannelIO,
+        clock: Clock,
+        peer: str = "",
+        listener: str = "",
     ) -> None:
         self.host = host
         self.zone = zone
@@ -266,6 +277,7 @@ class Channel:
         self.settings = zone.settings  # as this channel applied them (apply_zone takes a change)
         self.telemetry = zone.telemetry
         self.io = io
+        self.clock = clock
         # An in-process client (a bridge's link) takes its PUBLISH packets as they are: no encoding here
         # for it to parse again (its IO's write_packet keeps them in order with the bytes of the rest).
         packet_out = getattr(io, "write_packet", None)
@@ -291,7 +303,7 @@ class Channel:
         self.congested = False
         self.counted = False  # in its zone's connection count (the host counts and uncounts)
         self.close_reason: str | None = None
-        self.last_recv = io.time()
+        self.last_recv = clock.time()
         self.connected_at = 0.0
         self.acl: ClientAcl | None = None  # the zone's rules bound to this client at CONNECT
         # Whether deliveries on the local path are checked for read access: set once a subscription
@@ -305,9 +317,11 @@ class Channel:
         self._backlog: list[Any] | None = None  # packets held back by the publish rate
         self._aliases_in: dict[int, str] | None = None
         self._aliases_out: dict[str, int] | None = None
-        self._acks_pending = 0
+        self._acks_pending = 0  # publisher acks waiting in _replies
+        self._replies: deque[tuple[int, Any, Any, Any]] = deque()
+        self._on_commit = self._committed  # (bound once: the host is handed it per reply)
         self._stash: list[Any] | None = None
-        self._ka_timer: Timer | None = io.call_later(self.settings.idle_timeout, self._connect_timeout)
+        self._ka_timer: Timer | None = clock.call_later(self.settings.idle_timeout, self._connect_timeout)
         self._retry_timer: Timer | None = None
         self._rel_timer: Timer | None = None
         self._retained: deque[RetainedRun] | None = None  # new subscriptions' retained messages still due
@@ -319,7 +333,7 @@ class Channel:
     def data_received(self, data: bytes) -> None:
         if self.state == State.CLOSED:
             return
-        self.last_recv = self.io.time()
+        self.last_recv = self.clock.time()
         error: ProtocolError | None = None
         try:
             packets = self.parser.feed(data)
@@ -335,7 +349,7 @@ class Channel:
         """Packets from an in-process client (a bridge's link), already parsed: they skip the codec."""
         if self.state == State.CLOSED:
             return
-        self.last_recv = self.io.time()
+        self.last_recv = self.clock.time()
         self._received(packets)
 
     def _received(self, packets: list[Any]) -> None:
@@ -349,7 +363,7 @@ class Channel:
             state = self.state
             if state == State.CONNECTED:
                 if self.publish_rate is not None and type(packet) is Publish and self.version < MQTT5:
-                    wait = self.publish_rate.take(self.io.time())
+                    wait = self.publish_rate.take(self.clock.time())
                     if wait:  # over the zone's publish rate: v3 cannot be told, so it is slowed down
                         self._hold_back(packets[i:], wait)
                         return
@@ -376,7 +390,7 @@ class Channel:
         slows the client down; nothing is dropped)."""
         self._backlog = packets
         self.io.pause_reading()
-        self.io.call_later(wait, self._release_backlog)
+        self.clock.call_later(wait, self._release_backlog)
 
     def _release_backlog(self) -> None:
         packets, self._backlog = self._backlog or [], None
@@ -450,7 +464,12 @@ class Channel:
     def _on_connect(self, p: Connect) -> None:
         self.version = p.proto_level
         result = negotiate(
-            p, self.settings, self.host.new_client_id, self.listener == INTERNAL, self.cert_name
+            p,
+            self.settings,
+            self.host.new_client_id,
+            self.clock.wall(),
+            self.listener == INTERNAL,
+            self.cert_name,
         )
         if isinstance(result, Refusal):
             return self.refuse(result.reason, result.why, result.reason_string)
@@ -475,7 +494,7 @@ class Channel:
         if not rate:
             self.publish_rate = None
         elif self.publish_rate is None or self.publish_rate.rate != rate:
-            self.publish_rate = TokenBucket(rate, self.io.time())
+            self.publish_rate = TokenBucket(rate, self.clock.time())
         # Publishes on $SYS are refused unless a rule allows them. That is checked only for a client that
         # sent a '$' topic (its parser tells), so the others pay nothing for it; a bridge's link (in
         # process, set up by the operator) may bring the remote's $SYS in.
@@ -492,13 +511,13 @@ class Channel:
             return
         self.session = session
         self.state = State.CONNECTED
-        self.connected_at = self.io.time()
+        self.connected_at = self.clock.time()
         self._holding = session.held_from is not None
         unreadable = self._guard_session()
         self.io.write(encode(Connack(present, 0, connack_props), self.version))
         self._arm_keepalive()
         self.telemetry.connected(self.client_id, present, session)
-        now = self.io.time()
+        now = self.clock.time()
         if present:
             for d in session.pending_resend(now):
                 self._resend(d)
@@ -533,15 +552,15 @@ class Channel:
             self._ka_timer = None
         ka = self.keepalive
         if ka is not None and ka.enabled:
-            self._ka_timer = self.io.call_later(ka.timeout, self._check_keepalive)
+            self._ka_timer = self.clock.call_later(ka.timeout, self._check_keepalive)
 
     def _check_keepalive(self) -> None:
         self._ka_timer = None
         if self.state != State.CONNECTED or self.keepalive is None:
             return
-        left = self.keepalive.remaining(self.last_recv, self.io.time())
+        left = self.keepalive.remaining(self.last_recv, self.clock.time())
         if left > 0:
-            self._ka_timer = self.io.call_later(left, self._check_keepalive)
+            self._ka_timer = self.clock.call_later(left, self._check_keepalive)
             return
         self.telemetry.keepalive_timeout(self.client_id)
         log.info("keep alive timeout for %r after %.1fs of silence", self.client_id, self.keepalive.timeout)
@@ -552,13 +571,13 @@ class Channel:
             return
         due = self.session.next_retry(self.settings.retry_interval)
         if due is not None:
-            self._retry_timer = self.io.call_later(max(0.0, due - self.io.time()), self._on_retry)
+            self._retry_timer = self.clock.call_later(max(0.0, due - self.clock.time()), self._on_retry)
 
     def _on_retry(self) -> None:
         self._retry_timer = None
         if self.state != State.CONNECTED or self.session is None:
             return
-        for d in self.session.retry_due(self.io.time(), self.settings.retry_interval):
+        for d in self.session.retry_due(self.clock.time(), self.settings.retry_interval):
             self._resend(d)
         self._arm_retry()
 
@@ -567,13 +586,13 @@ class Channel:
             return
         due = self.session.next_awaiting_rel_expiry()
         if due is not None:
-            self._rel_timer = self.io.call_later(max(0.0, due - self.io.time()), self._on_rel_timer)
+            self._rel_timer = self.clock.call_later(max(0.0, due - self.clock.time()), self._on_rel_timer)
 
     def _on_rel_timer(self) -> None:
         self._rel_timer = None
         if self.state != State.CONNECTED or self.session is None:
             return
-        n = self.session.expire_awaiting_rel(self.io.time())
+        n = self.session.expire_awaiting_rel(self.clock.time())
         if n:
             self.telemetry.awaiting_rel_timeout(self.client_id, n)
         self._arm_rel_timer()
@@ -582,22 +601,12 @@ class Channel:
     # PUBLISH from the client
     # ---------------------------------------------------------------------------------------------
     def _on_publish(self, p: Publish) -> None:
+        """Admission first (topic alias, then the client's checks), then the path of its QoS."""
         topic = p.topic
-        props = p.properties
-        if props and self.version >= MQTT5:
-            alias = props.get(Prop.TOPIC_ALIAS)
-            if alias is not None:
-                if alias > self.settings.max_topic_alias:
-                    return self.protocol_error(RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} above maximum")
-                aliases = self._aliases_in
-                if aliases is None:
-                    aliases = self._aliases_in = {}
-                if topic:
-                    aliases[alias] = topic
-                else:
-                    topic = aliases.get(alias, "")
-                    if not topic:
-                        return self.protocol_error(RC.PROTOCOL_ERROR, f"unknown topic alias {alias}")
+        if p.properties and self.version >= MQTT5:
+            topic = self._resolve_alias(p)
+            if not topic:
+                return
         if self._checks:  # (most clients have none: no loop to start)
             for check in self._checks:
                 refused = check(self, p, topic)
@@ -606,52 +615,111 @@ class Channel:
                     self.telemetry.dropped(reason, self.client_id, None, p.qos)
                     return self._publish_refused(p, rc)
         qos = p.qos
+        if qos == 1:
+            self._publish_qos1(p, topic)
+        elif qos == 2:
+            self._publish_qos2(p, topic)
+        else:
+            msg = Message.from_publish(
+                topic, p.payload, 0, p.retain, p.properties, self.client_id, self.clock.wall()
+            )
+            self.telemetry.received(self.client_id, msg, 0, self.session)
+            self.host.publish(msg, self.zone_name)
+
+    def _resolve_alias(self, p: Publish) -> str:
+        """The topic a v5 PUBLISH names, through its topic alias if it has one ("" after a protocol error)."""
+        topic = p.topic
+        alias = p.properties.get(Prop.TOPIC_ALIAS)
+        if alias is None:
+            return topic
+        if alias > self.settings.max_topic_alias:
+            self.protocol_error(RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} above maximum")
+            return ""
+        aliases = self._aliases_in
+        if aliases is None:
+            aliases = self._aliases_in = {}
+        if topic:
+            aliases[alias] = topic
+            return topic
+        topic = aliases.get(alias, "")
+        if not topic:
+            self.protocol_error(RC.PROTOCOL_ERROR, f"unknown topic alias {alias}")
+        return topic
+
+    def _over_receive_maximum(self, session: Session, packet_id: int) -> bool:
+        """A v5 client sent more unacknowledged QoS 1/2 PUBLISH than the Receive Maximum we gave it (a
+        resend of a packet id awaiting PUBREL is not a new one): a protocol error, closed."""
+        if (
+            self.version >= MQTT5
+            and len(session.awaiting_rel) + self._acks_pending >= self.settings.receive_maximum
+            and packet_id not in session.awaiting_rel
+        ):
+            self.protocol_error(RC.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged PUBLISH than allowed")
+            return True
+        return False
+
+    def _publish_qos1(self, p: Publish, topic: str) -> None:
+        """Route, then PUBACK: once stored if routing wrote to the store (a publisher confirm), or if an
+        earlier ack still waits for a commit (acks go out in order)."""
         session = self.session
         assert session is not None
-        if (
-            qos
-            and self.version >= MQTT5
-            and len(session.awaiting_rel) + self._acks_pending >= self.settings.receive_maximum
-            and p.packet_id not in session.awaiting_rel
-        ):
-            return self.protocol_error(
-                RC.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged PUBLISH than allowed"
-            )
-        receipt = qos == 2 and session.journal is not None and self.host.receipts_first
-        if qos == 2:
-            try:
-                fresh = session.await_rel(p.packet_id, self.io.time(), receipt)
-            except AwaitingRelFull:
-                self.telemetry.dropped(DropReason.AWAITING_REL_FULL, self.client_id, None, 2)
-                if self.version >= MQTT5:  # refused, and the client can see it was
-                    self._send_ack(PUBREC, p.packet_id, RC.RECEIVE_MAXIMUM_EXCEEDED)
-                else:  # a v3 PUBREC cannot say "refused": close unacked so the client resends later
-                    self.protocol_error(RC.RECEIVE_MAXIMUM_EXCEEDED, "too many QoS2 messages awaiting PUBREL")
-                return
-            if not fresh and (not receipt or session.receipt_of(p.packet_id) is None):
-                self._send_ack(PUBREC, p.packet_id, 0)  # a resent PUBLISH before PUBREL: delivered once
-                return
-            if self._rel_timer is None:
-                self._arm_rel_timer()
-        msg = Message.from_publish(topic, p.payload, qos, p.retain, props, self.client_id)
+        if self._over_receive_maximum(session, p.packet_id):
+            return
+        msg = Message.from_publish(
+            topic, p.payload, 1, p.retain, p.properties, self.client_id, self.clock.wall()
+        )
+        self.telemetry.received(self.client_id, msg, p.packet_id, session)
+        matched, needs_commit = self.host.publish(msg, self.zone_name)
+        rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
+        if needs_commit or self._acks_pending:
+            self._ack_when_stored(PUBACK, p.packet_id, rc)
+        else:
+            self._send_ack(PUBACK, p.packet_id, rc)
+
+    def _publish_qos2(self, p: Publish, topic: str) -> None:
+        """Record the packet id as awaiting PUBREL (a resend before PUBREL is answered, not routed again),
+        route, then PUBREC. A journaled session on a store that routes by receipt stores the receipt
+        first (`_route_once_received`)."""
+        session = self.session
+        assert session is not None
+        packet_id = p.packet_id
+        if self._over_receive_maximum(session, packet_id):
+            return
+        receipt = session.journal is not None and self.host.receipts_first
+        try:
+            fresh = session.await_rel(packet_id, self.clock.time(), receipt)
+        except AwaitingRelFull:
+            self.telemetry.dropped(DropReason.AWAITING_REL_FULL, self.client_id, None, 2)
+            if self.version >= MQTT5:  # refused, and the client can see it was
+                self._send_ack(PUBREC, packet_id, RC.RECEIVE_MAXIMUM_EXCEEDED)
+            else:  # a v3 PUBREC cannot say "refused": close unacked so the client resends later
+                self.protocol_error(RC.RECEIVE_MAXIMUM_EXCEEDED, "too many QoS2 messages awaiting PUBREL")
+            return
+        if not fresh and (not receipt or session.receipt_of(packet_id) is None):
+            self._send_ack(PUBREC, packet_id, 0)  # a resent PUBLISH before PUBREL: delivered once
+            return
+        if self._rel_timer is None:
+            self._arm_rel_timer()
+        msg = Message.from_publish(
+            topic, p.payload, 2, p.retain, p.properties, self.client_id, self.clock.wall()
+        )
         if receipt:
             # Its receipt first, then its routing: a resend finding the receipt routes it again under
             # it, and whoever got it already drops the repeat (Message.receipt).
-            msg.receipt = session.receipt_of(p.packet_id)
+            msg.receipt = session.receipt_of(packet_id)
             if fresh:
-                self.telemetry.received(self.client_id, msg, p.packet_id, session)
-            self._publish_once_received(msg, p.packet_id)
+                self.telemetry.received(self.client_id, msg, packet_id, session)
+            self._acks_pending += 1
+            self._when_stored(_ROUTE, msg, packet_id)
             return
-        self.telemetry.received(self.client_id, msg, p.packet_id, session)
+        self.telemetry.received(self.client_id, msg, packet_id, session)
         matched, needs_commit = self.host.publish(msg, self.zone_name)
-        if qos:
-            rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
-            ptype = PUBACK if qos == 1 else PUBREC
-            # A journaled QoS2 receipt (awaiting PUBREL) must be stored before PUBREC says "got it".
-            if needs_commit or self._acks_pending or (qos == 2 and session.journal is not None):
-                self._ack_after_commit(ptype, p.packet_id, rc)
-            else:
-                self._send_ack(ptype, p.packet_id, rc)
+        rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
+        # A journaled QoS2 receipt (awaiting PUBREL) must be stored before PUBREC says "got it".
+        if needs_commit or self._acks_pending or session.journal is not None:
+            self._ack_when_stored(PUBREC, packet_id, rc)
+        else:
+            self._send_ack(PUBREC, packet_id, rc)
 
     def _publish_refused(self, p: Publish, rc: int) -> None:
         """Not accepted: v5 clients learn why from the ack's reason code; v3 acks cannot say it (EMQX's
@@ -664,7 +732,7 @@ class Channel:
     def _send_ack(self, ptype: int, packet_id: int, rc: int) -> None:
         self.io.write(encode_ack(ptype, packet_id, rc if self.version >= MQTT5 else 0, self.version))
 
-    def _ack_after_commit(self, ptype: int, packet_id: int, rc: int) -> None:
+    def _ack_when_stored(self, ptype: int, packet_id: int, rc: int) -> None:
         """Publisher confirm: the ack waits until the message is stored for every persistent session.
         If that fails, the client resends on its next connection. The session keeps what it recorded
         (a QoS 2 packet id awaiting PUBREL, its receipt): a failed commit's outcome is unknown, and if
@@ -672,46 +740,14 @@ class Channel:
         (ChannelManager.resync); forgetting a record the store does hold would route the resend again
         under a new receipt, a second copy for every subscriber."""
         self._acks_pending += 1
-
-        def release(ok: bool) -> None:
-            self._acks_pending -= 1
-            if self.state != State.CONNECTED:
-                return
-            if ok:
-                self._send_ack(ptype, packet_id, rc)
-            else:  # not stored, so not acknowledged: the client resends on its next connection
-                self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
-
-        self.host.after_commit(release)
-
-    def _publish_once_received(self, msg: Message, packet_id: int) -> None:
-        """Route a QoS 2 message once its receipt is stored, then PUBREC once its routing is. Only while
-        the session is still this connection's: if the commit found it another node's (fenced), the
-        receipt was refused and its number is the new owner's to give, so routing under it would make
-        a later message look like a repeat of this one. Unacknowledged, the client sends it again, and
-        the resend is routed under the receipt if one was stored."""
-        self._acks_pending += 1
-
-        def received(ok: bool) -> None:
-            self._acks_pending -= 1
-            session = self.session
-            if self.state != State.CONNECTED or session is None:
-                return  # left, taken over, fenced or resynchronising meanwhile
-            if not ok:  # (the receipt stays: see _ack_after_commit)
-                self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
-                return
-            matched, _ = self.host.publish(msg, self.zone_name)
-            rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
-            self._ack_after_commit(PUBREC, packet_id, rc)
-
-        self.host.after_commit(received)
+        self._when_stored(_ACK, ptype, packet_id, rc)
 
     def _on_pubrel(self, p: Pubrel) -> None:
         assert self.session is not None
         found = self.session.release(p.packet_id)
         rc = 0 if found else RC.PACKET_IDENTIFIER_NOT_FOUND
         if self._acks_pending or self.session.journal is not None:
-            self._ack_after_commit(PUBCOMP, p.packet_id, rc)
+            self._ack_when_stored(PUBCOMP, p.packet_id, rc)
         else:
             self._send_ack(PUBCOMP, p.packet_id, rc)
 
@@ -726,25 +762,24 @@ class Channel:
             return  # unknown or duplicate ack: harmless
         self.telemetry.acked(self.client_id, d, session)
         if session.mqueue:
-            self._send_deliveries(*session.refill(self.io.time()))
+            self._send_deliveries(*session.refill(self.clock.time()))
 
     def _on_pubrec(self, p: Pubrec) -> None:
         session = self.session
         assert session is not None
         failed = p.reason_code >= 0x80
-        d = session.pubrec(p.packet_id, self.io.time(), failed)
+        d = session.pubrec(p.packet_id, self.clock.time(), failed)
         if d is None:
             self._send_ack(PUBREL, p.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND)
             return
         if failed:
             if session.mqueue:
-                self._send_deliveries(*session.refill(self.io.time()))
+                self._send_deliveries(*session.refill(self.clock.time()))
             return
         if session.journal is not None:
             # The PUBREL stage must be stored before PUBREL goes out: a node taking over after a crash
             # would otherwise resend the PUBLISH, which the client (having released the id) takes as new.
-            pid = p.packet_id
-            self._after_store(lambda: self._send_ack(PUBREL, pid, 0))
+            self._reply_when_stored(_SEND, encode_ack(PUBREL, p.packet_id, 0, self.version))
         else:
             self._send_ack(PUBREL, p.packet_id, 0)
 
@@ -756,7 +791,7 @@ class Channel:
             return
         self.telemetry.acked(self.client_id, d, session)
         if session.mqueue:
-            self._send_deliveries(*session.refill(self.io.time()))
+            self._send_deliveries(*session.refill(self.clock.time()))
 
     # ---------------------------------------------------------------------------------------------
     # read access (the subscriber's zone rules decide, whatever filter matched and wherever it came from)
@@ -861,15 +896,15 @@ class Channel:
             session.drop(d.packet_id)
         session.take_queued(lambda d: d.msg is msg)
         if session.mqueue and not session.inflight.full():
-            self._send_deliveries(*session.refill(self.io.time()))
+            self._send_deliveries(*session.refill(self.clock.time()))
 
     def _deliver(self, d: Delivery) -> None:
         session = self.session
         assert session is not None
-        sent, dropped = session.deliver(d, self.io.time(), hold=self.congested)
+        sent, dropped = session.deliver(d, self.clock.time(), hold=self.congested)
         if sent is not None:
             if not self._send_publish(sent) and session.mqueue:
-                self._send_deliveries(*session.refill(self.io.time()))
+                self._send_deliveries(*session.refill(self.clock.time()))
             elif self._retry_timer is None and self.retry:
                 self._arm_retry()
         else:
@@ -917,8 +952,7 @@ class Channel:
             # Exactly once across a crash: the packet id must be stored before the client sees it, or a
             # node taking over could give that id to another message, which the client would take for a
             # resend of this one. (Unless it was taken back meanwhile: `retract`.)
-            inflight = session.inflight
-            self._after_store(lambda: self.write_publish(data) if inflight.get(d.packet_id) is d else None)
+            self._reply_when_stored(_PUBLISH, data, d, session.inflight)
         else:
             self.write_publish(data)
         return True
@@ -941,7 +975,7 @@ class Channel:
                 self.telemetry.dropped_all(DropReason.EXPIRED, self.client_id, expired, session)
             if not (freed and session.mqueue):
                 break
-            sent, expired = session.refill(self.io.time())
+            sent, expired = session.refill(self.clock.time())
         if self._retry_timer is None and self.retry and session.inflight:
             self._arm_retry()
         if self._retained is not None and not session.mqueue:
@@ -986,21 +1020,20 @@ class Channel:
             codes.append(opts.qos)
             if group is None and (opts.retain_handling == 0 or (opts.retain_handling == 1 and not existed)):
                 retained.append((topic_filter, sub, guarded))
-        suback = encode(Suback(p.packet_id, codes), self.version)
+        self._reply_when_stored(_SUBACK, encode(Suback(p.packet_id, codes), self.version), retained)
 
-        def finish() -> None:
-            self.io.write(suback)
-            if not retained:
-                return
-            runs = self._retained
-            if runs is None:
-                runs = self._retained = deque()
-            for topic_filter, sub, guarded in retained:
-                runs.append(RetainedRun(topic_filter, sub, iter(self.host.retained(topic_filter)), guarded))
-            if self._retained_timer is None:
-                self._pump_retained()  # a first batch at once (a few retained messages: all of them)
-
-        self._after_store(finish)
+    def _subscribed(self, suback: bytes, retained: list[tuple[str, Subscription, bool]]) -> None:
+        """The subscriptions are stored: SUBACK, then the retained messages of those that get them."""
+        self.io.write(suback)
+        if not retained:
+            return
+        runs = self._retained
+        if runs is None:
+            runs = self._retained = deque()
+        for topic_filter, sub, guarded in retained:
+            runs.append(RetainedRun(topic_filter, sub, iter(self.host.retained(topic_filter)), guarded))
+        if self._retained_timer is None:
+            self._pump_retained()  # a first batch at once (a few retained messages: all of them)
 
     def _pump_retained(self) -> None:
         """Deliver new subscriptions' retained messages, a batch per loop turn (RETAINED_BATCH messages,
@@ -1048,23 +1081,63 @@ class Channel:
 
     def _pump_retained_soon(self) -> None:
         if self._retained_timer is None and self._retained is not None:
-            self._retained_timer = self.io.call_later(0, self._pump_retained)
+            self._retained_timer = self.clock.call_later(0, self._pump_retained)
 
-    def _after_store(self, reply: Callable[[], None]) -> None:
-        """Answer once what this packet changed is stored (at once with nothing to wait for)."""
-        if not self.host.durable:
-            reply()
+    # ---------------------------------------------------------------------------------------------
+    # replies that wait until what their packet changed is stored
+    # ---------------------------------------------------------------------------------------------
+    def _reply_when_stored(self, kind: int, a: Any, b: Any = None, c: Any = None) -> None:
+        """A reply of `kind` (see _ACK) once what this packet changed is stored; at once when the store
+        keeps nothing across a restart."""
+        if self.host.durable:
+            self._when_stored(kind, a, b, c)
+        else:
+            self._reply(kind, a, b, c)
+
+    def _when_stored(self, kind: int, a: Any, b: Any = None, c: Any = None) -> None:
+        # (entered before the host is asked: with nothing to commit, it answers at once)
+        self._replies.append((kind, a, b, c))
+        self.host.after_commit(self._on_commit)
+
+    def _committed(self, ok: bool) -> None:
+        """The commit the oldest waiting reply waited for is over (the host answers in the order asked)."""
+        if not self._replies:  # pragma: no cover - one answer per question
             return
+        kind, a, b, c = self._replies.popleft()
+        if kind <= _ROUTE:
+            self._acks_pending -= 1
+        if self.state != State.CONNECTED:
+            return  # left, taken over, fenced or resynchronising meanwhile
+        if ok:
+            self._reply(kind, a, b, c)
+        else:  # not stored, so not answered: the client sends it again on its next connection
+            self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
 
-        def done(ok: bool) -> None:
-            if self.state != State.CONNECTED:
-                return
-            if ok:
-                reply()
-            else:
-                self.disconnect(RC.SERVER_UNAVAILABLE if self.version >= MQTT5 else 0, "store_error")
+    def _reply(self, kind: int, a: Any, b: Any, c: Any) -> None:
+        if kind == _ACK:
+            self._send_ack(a, b, c)
+        elif kind == _ROUTE:
+            self._route_once_received(a, b)
+        elif kind == _SEND:
+            self.io.write(a)
+        elif kind == _PUBLISH:
+            if c.get(b.packet_id) is b:  # (unless taken back meanwhile: `retract`)
+                self.write_publish(a)
+        else:
+            self._subscribed(a, b)
 
-        self.host.after_commit(done)
+    def _route_once_received(self, msg: Message, packet_id: int) -> None:
+        """Route a QoS 2 message whose receipt is stored, then PUBREC once its routing is. Only while the
+        session is still this connection's: if the commit found it another node's (fenced), the receipt
+        was refused and its number is the new owner's to give, so routing under it would make a later
+        message look like a repeat of this one. Unacknowledged, the client sends it again, and the resend
+        is routed under the receipt if one was stored. (A failed commit leaves the receipt: see
+        _ack_when_stored.)"""
+        if self.session is None:
+            return
+        matched, _ = self.host.publish(msg, self.zone_name)
+        rc = 0 if matched or self.version < MQTT5 else RC.NO_MATCHING_SUBSCRIBERS
+        self._ack_when_stored(PUBREC, packet_id, rc)
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session
@@ -1076,8 +1149,7 @@ class Channel:
                 codes.append(RC.SUCCESS)
             else:
                 codes.append(RC.NO_SUBSCRIPTION_EXISTED)
-        unsuback = encode(Unsuback(p.packet_id, codes), self.version)
-        self._after_store(lambda: self.io.write(unsuback))
+        self._reply_when_stored(_SEND, encode(Unsuback(p.packet_id, codes), self.version))
 
     def _on_pingreq(self, p: Pingreq) -> None:
         self.io.write(PINGRESP_BYTES)
@@ -1117,7 +1189,7 @@ class Channel:
             return
         session.caught_up()  # (repeats found now had not been sent)
         if self.state == State.CONNECTED:
-            self._send_deliveries(*session.refill(self.io.time()))
+            self._send_deliveries(*session.refill(self.clock.time()))
 
     def kick(self, reason: int, why: str) -> None:
         """Close this connection on the server's initiative (takeover, shutdown)."""
@@ -1130,7 +1202,7 @@ class Channel:
         if congested or self.state != State.CONNECTED or self.session is None:
             return
         if self.session.mqueue:
-            self._send_deliveries(*self.session.refill(self.io.time()))
+            self._send_deliveries(*self.session.refill(self.clock.time()))
         self._pump_retained_soon()
 
     def apply_zone(self) -> None:
@@ -1149,7 +1221,7 @@ class Channel:
         if unreadable:
             self.telemetry.dropped_all(DropReason.NOT_AUTHORIZED, self.client_id, unreadable, session)
         if self.state == State.CONNECTED:
-            self._send_deliveries(*session.refill(self.io.time()))
+            self._send_deliveries(*session.refill(self.clock.time()))
 
 
 _HANDLERS: dict[type, Callable[[Channel, Any], None]] = {

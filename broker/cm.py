@@ -180,7 +180,7 @@ class ChannelManager:
         limits = zone.limits
         if settings.max_connections and limits.connections >= settings.max_connections:
             return ch.refuse(RC.QUOTA_EXCEEDED, "max_connections")
-        if not limits.connect_allowed(ch.io.time()):
+        if not limits.connect_allowed(ch.clock.time()):
             return ch.refuse(RC.CONNECTION_RATE_EXCEEDED, "connection_rate_exceeded")
         limits.connections += 1
         ch.counted = True

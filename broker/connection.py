@@ -291,12 +291,6 @@ class Connection(asyncio.Protocol):
         self._closing = self._careful = True
         self.transport.close()
 
-    def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
-        return self._loop.call_later(delay, callback)
-
-    def time(self) -> float:
-        return self._loop.time()
-
     def pause_reading(self) -> None:
         self._held_back = True
         t = self.transport

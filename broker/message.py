@@ -89,14 +89,16 @@ class Message:
         retain: bool,
         props: dict[int, Any],
         sender: str,
+        ts: float,
         topic_b: bytes | None = None,
     ) -> Message:
+        """The message a PUBLISH (or a will) carries, received at wall-clock time `ts`."""
         forwarded = None
         expiry = None
         if props:
             forwarded = {k: v for k, v in props.items() if k in FORWARDED_PROPS} or None
             expiry = props.get(Prop.MESSAGE_EXPIRY_INTERVAL)
-        return cls(topic, payload, qos, retain, forwarded, sender, expiry, None, 0, topic_b)
+        return cls(topic, payload, qos, retain, forwarded, sender, expiry, ts, 0, topic_b)
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at

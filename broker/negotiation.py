@@ -72,11 +72,13 @@ def negotiate(
     p: Connect,
     zone: ZoneSettings,
     new_client_id: Callable[[], str],
+    now: float,
     internal: bool = False,
     cert_name: str | None = None,
 ) -> Negotiated | Refusal:
-    """Accept or refuse a CONNECT. `cert_name`: the common name of the client's verified certificate on
-    a listener with peer_cert_as_username; the client is then that user (the zone's cert_users map it)."""
+    """Accept or refuse a CONNECT received at wall-clock time `now` (its will's timestamp). `cert_name`:
+    the common name of the client's verified certificate on a listener with peer_cert_as_username; the
+    client is then that user (the zone's cert_users map it)."""
     version = p.proto_level
     props = p.properties
     client_id = p.client_id
@@ -103,7 +105,7 @@ def negotiate(
         if not valid_topic(p.will.topic):
             return Refusal(RC.TOPIC_NAME_INVALID, "will_topic_invalid")
         w = p.will
-        will = Message.from_publish(w.topic, w.payload, w.qos, w.retain, w.properties, client_id)
+        will = Message.from_publish(w.topic, w.payload, w.qos, w.retain, w.properties, client_id, now)
         will_delay = float(w.properties.get(Prop.WILL_DELAY_INTERVAL, 0))
     if version >= MQTT5:
         requested = props.get(Prop.SESSION_EXPIRY_INTERVAL, 0)

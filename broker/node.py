@@ -22,6 +22,7 @@ from redis.typing import EncodableT, FieldT
 from .bridge import Bridge, Lease, summary
 from .bridges import BridgeConfig
 from .channel import Channel, ChannelIO
+from .clock import Clock, LoopClock
 from .cluster import Cluster
 from .cm import ChannelManager
 from .config import BrokerConfig, RedisStoreConfig
@@ -62,6 +63,7 @@ class Node:
         self.router = Router()
         self.retained = Retained()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._clock: LoopClock | None = None  # (its loop is the one the first connection comes on)
         self.bridges: list[Bridge] = []
         self._started = False  # (bridges start once the node has joined the fleet)
         self._bridges_changing = asyncio.Lock()  # (one config's bridges applied after the other)
@@ -192,9 +194,16 @@ class Node:
             progress.done = True
             log.info("rebalance %s: %d connections told to use another server", order.id, progress.evicted)
 
-    def channel(self, zone: str, io: ChannelIO, peer: str = "", listener: str = "") -> Channel:
-        """A channel for a new connection on a listener of `zone`."""
-        return Channel(self.cm, self.zones[zone], io, peer, listener)
+    def channel(
+        self, zone: str, io: ChannelIO, peer: str = "", listener: str = "", clock: Clock | None = None
+    ) -> Channel:
+        """A channel for a new connection on a listener of `zone`, on the node's loop clock unless given
+        one (a test's)."""
+        if clock is None:
+            clock = self._clock
+            if clock is None:
+                clock = self._clock = LoopClock(asyncio.get_running_loop())
+        return Channel(self.cm, self.zones[zone], io, clock, peer, listener)
 
     def apply_config(self, config: BrokerConfig) -> None:
         """Adopt a changed config's zones: new sessions get them at once, live ones at their next

@@ -21,7 +21,7 @@ from fleetmq.broker.zones import AclRule
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from .test_channel import Client, Clock, settle
+from tests.fakes import Client, Clock, settle
 
 # -----------------------------------------------------------------------------------------------
 # the reference: filters as sets of topics

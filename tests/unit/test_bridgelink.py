@@ -27,7 +27,7 @@ from fleetmq.broker.config import load_config
 from fleetmq.broker.negotiation import INTERNAL
 from fleetmq.broker.node import Node
 
-from tests.unit.test_channel import Client, Clock, FakeIO, settle
+from tests.fakes import Client, Clock, FakeIO, settle
 
 BRIDGE = {
     "name": "cloud",
@@ -70,7 +70,9 @@ class Rig:
         self.node = Node(self.config)
         self.clock = Clock()
         self.io = PacketIO(self.clock)
-        self.ch = self.node.channel(self.bridge.session_id, self.io, peer="bridge", listener=INTERNAL)
+        self.ch = self.node.channel(
+            self.bridge.session_id, self.io, peer="bridge", listener=INTERNAL, clock=self.io
+        )
         self.link = BridgeLink(self.bridge, "edge", None, self.clock.now)
         self.version = version
         self.remote = Parser(version=version)  # what the remote receives
@@ -172,7 +174,7 @@ async def test_a_reconnect_resends_what_the_remote_did_not_acknowledge_with_the_
     # a new link, a new in-process connection to the same session
     rig.io = PacketIO(rig.clock)
     rig._pos = 0
-    rig.ch = rig.node.channel(rig.bridge.session_id, rig.io, peer="bridge", listener=INTERNAL)
+    rig.ch = rig.node.channel(rig.bridge.session_id, rig.io, peer="bridge", listener=INTERNAL, clock=rig.io)
     rig.link = BridgeLink(rig.bridge, "edge", None, rig.clock.now)
     await rig.up(present=True)
     again = rig.at_remote()
@@ -243,7 +245,7 @@ async def test_resends_wait_for_the_remotes_receive_maximum():
     await settle()
     rig.io = PacketIO(rig.clock)
     rig._pos = 0
-    rig.ch = rig.node.channel(rig.bridge.session_id, rig.io, peer="bridge", listener=INTERNAL)
+    rig.ch = rig.node.channel(rig.bridge.session_id, rig.io, peer="bridge", listener=INTERNAL, clock=rig.io)
     rig.link = BridgeLink(rig.bridge, "edge", None, rig.clock.now)
     [_connect] = rig.at_remote()
     await rig.from_remote(Connack(True, 0, {Prop.RECEIVE_MAXIMUM: 2}))

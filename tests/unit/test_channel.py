@@ -1,16 +1,12 @@
 """Unit tests of the per-client protocol state machine (fleetmq.broker.channel), without sockets.
 
 A Channel is fed bytes through `data_received` and writes through a fake ChannelIO that collects the
-bytes, records close(), and has a fake clock and fake timers the tests fire by hand. The Node behind it is
+bytes, records close(), and has a fake clock and fake timers the tests fire by hand (tests/fakes.py). The Node behind it is
 real (router, channel manager, memory store, group committer), so these are small end-to-end tests of the
 EMQX delivery rules on one node.
 """
 
 from __future__ import annotations
-
-import asyncio
-from collections.abc import Callable
-from typing import Any
 
 import pytest
 from fleetmq.broker.channel import State
@@ -23,7 +19,6 @@ from fleetmq.broker.codec import (
     Connack,
     Connect,
     Disconnect,
-    Parser,
     Pingresp,
     Prop,
     Puback,
@@ -39,141 +34,9 @@ from fleetmq.broker.codec import (
     Will,
     encode,
 )
-from fleetmq.broker.config import load_config
 from fleetmq.broker.message import Delivery, Message
-from fleetmq.broker.node import Node
 
-# -----------------------------------------------------------------------------------------------
-# fakes
-# -----------------------------------------------------------------------------------------------
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def advance(self, dt: float) -> None:
-        self.now += dt
-
-
-class FakeTimer:
-    def __init__(self, when: float, callback: Callable[[], None]) -> None:
-        self.when = when
-        self.callback = callback
-        self.cancelled = False
-        self.fired = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    @property
-    def name(self) -> str:
-        return getattr(self.callback, "__name__", "?")
-
-    def __repr__(self) -> str:
-        return f"FakeTimer({self.name}, when={self.when}, cancelled={self.cancelled}, fired={self.fired})"
-
-
-class FakeIO:
-    """ChannelIO: collects written bytes, records close(), fake clock and timers."""
-
-    def __init__(self, clock: Clock) -> None:
-        self.clock = clock
-        self.data = bytearray()
-        self.closed = False
-        self.writes_after_close = 0
-        self.timers: list[FakeTimer] = []
-
-    def write(self, data: bytes) -> None:
-        if self.closed:
-            self.writes_after_close += 1
-        self.data += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Any:
-        assert delay >= 0
-        t = FakeTimer(self.clock.now + delay, callback)
-        self.timers.append(t)
-        return t
-
-    def time(self) -> float:
-        return self.clock.now
-
-    def pending(self, name: str | None = None) -> list[FakeTimer]:
-        return [
-            t for t in self.timers if not t.cancelled and not t.fired and (name is None or t.name == name)
-        ]
-
-    def fire_due(self) -> int:
-        """Fire every pending timer whose time has come (including ones armed while firing)."""
-        n = 0
-        while True:
-            due = sorted((t for t in self.pending() if t.when <= self.clock.now), key=lambda t: t.when)
-            if not due:
-                return n
-            for t in due:
-                if not t.cancelled and not t.fired:
-                    t.fired = True
-                    n += 1
-                    t.callback()
-
-
-async def settle(n: int = 8) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
-class Client:
-    """One simulated client connection: encodes packets into the channel, decodes what it writes."""
-
-    def __init__(self, node: Node, clock: Clock, version: int = MQTT311, zone: str = "default") -> None:
-        self.node = node
-        self.clock = clock
-        self.version = version
-        self.io = FakeIO(clock)
-        self.ch = node.channel(zone, self.io, peer="127.0.0.1:1", listener="test")
-        self._parser = Parser(version=version)
-        self._pos = 0
-        self._backlog: list[Any] = []
-
-    def send(self, packet: Any) -> None:
-        self.ch.data_received(encode(packet, self.version))
-
-    def send_raw(self, data: bytes) -> None:
-        self.ch.data_received(data)
-
-    def received(self) -> list[Any]:
-        """Packets written since the last call."""
-        new = bytes(self.io.data[self._pos :])
-        self._pos = len(self.io.data)
-        backlog, self._backlog = self._backlog, []
-        return backlog + self._parser.feed(new)
-
-    async def connect(self, client_id: str = "c", **kw: Any) -> Connack:
-        kw.setdefault("keepalive", 0)
-        self.send(Connect(client_id, proto_level=self.version, **kw))
-        await settle()
-        got = self.received()
-        assert got and type(got[0]) is Connack, got
-        self._backlog = got[1:]  # what followed the CONNACK (resent and queued deliveries)
-        return got[0]
-
-    def subscribe(self, topic_filter: str, qos: int = 1, packet_id: int = 1) -> Suback:
-        self.send(Subscribe(packet_id, [(topic_filter, SubOpts(qos=qos))]))
-        [ack] = self.received()
-        assert type(ack) is Suback
-        return ack
-
-    def publishes(self) -> list[Publish]:
-        got = self.received()
-        assert all(type(p) is Publish for p in got), got
-        return got
-
-
-def make_node(**zone: Any) -> Node:
-    return Node(load_config(overrides={"node_id": "t1", "zones": {"default": zone}}))
+from tests.fakes import Client, Clock, make_node, settle
 
 
 @pytest.fixture
@@ -1124,7 +987,7 @@ async def test_a_stored_delivery_under_a_receipt_the_session_accepted_is_a_repea
     sub.subscribe("t", qos=2)
 
     def copy(n: int) -> Delivery:
-        msg = Message.from_publish("t", f"m{n}".encode(), 2, False, None, "pub")
+        msg = Message.from_publish("t", f"m{n}".encode(), 2, False, None, "pub", sub.io.wall())
         msg.receipt = ("inc1", n)
         return Delivery(msg, 2, False, None)
 

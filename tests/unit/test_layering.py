@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"message", "auth", "metrics", "router", "config"},
     {"bridges"},  # bridges' settings, built like zones' (zones.Duration, topic filters, templates)
     {"codec", "topic", "zones", "keepalive", "limiter", "eventschema", "keys", "websocket", "__init__"}
-    | {"topicmap", "backoff", "bridgeloop", "rebalance"},
+    | {"topicmap", "backoff", "bridgeloop", "rebalance", "clock"},
 ]
 RANK = {module: len(LAYERS) - i for i, layer in enumerate(LAYERS) for module in layer}
 

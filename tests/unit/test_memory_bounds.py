@@ -31,7 +31,7 @@ from fleetmq.broker.message import Message
 from fleetmq.broker.node import Node
 from fleetmq.broker.retained import SCAN_STEP, Retained
 
-from .test_channel import Client, Clock, settle
+from tests.fakes import Client, Clock, settle
 
 
 def make_node(**zone: Any) -> Node:

@@ -25,7 +25,7 @@ from fleetmq.broker.node import Node
 from fleetmq.broker.topic import is_sys
 from fleetmq.broker.zones import AclRule
 
-from .test_channel import Client, Clock, settle
+from tests.fakes import Client, Clock, FakeIO, settle
 
 
 def rule(permission: str, filter: str, action: str = "all") -> AclRule:
@@ -154,7 +154,6 @@ async def test_other_publishes_are_unchanged(clock):
 async def test_a_bridge_link_may_bring_the_remotes_sys_in(clock):
     """A bridge's link (an in-process client the operator set up) publishes what it subscribed to at the
     remote, $SYS included, as configured."""
-    from .test_channel import FakeIO
 
     class LinkIO(FakeIO):
         def write_packet(self, item: Any) -> None:
@@ -164,7 +163,8 @@ async def test_a_bridge_link_may_bring_the_remotes_sys_in(clock):
     watcher = Client(node, clock, MQTT5)
     await watcher.connect("watcher")
     watcher.subscribe("$SYS/#", qos=0)
-    link = node.channel("default", LinkIO(clock), peer="bridge:b", listener="$internal")
+    link_io = LinkIO(clock)
+    link = node.channel("default", link_io, peer="bridge:b", listener="$internal", clock=link_io)
     link.packets_received([Connect("$bridge-b", proto_level=MQTT5, keepalive=0)])
     await settle()
     link.packets_received([Publish("$SYS/remote/uptime", b"42", 0)])
