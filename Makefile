@@ -11,7 +11,7 @@ IMAGE_ARCHIVES := $(CACHE)/images/archives
 K8S_VERSION := $(shell awk '$$1 == "require" && $$2 == "k8s.io/kubernetes" {print $$3}' tests/envtest/go.mod)
 export ENVTEST_BIN_DIR ?= $(CACHE)/envtest/$(K8S_VERSION)/bin
 
-.PHONY: run test check lint typecheck bench deps venv clean envtest dev-cluster dev-cluster-down
+.PHONY: run test check lint typecheck contracts linktree bench deps venv clean envtest dev-cluster dev-cluster-down
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -64,13 +64,20 @@ lint: $(VENV)/.installed
 
 # mypy (strict) on broker/ and chaos/. It finds fleetmq.broker through a link tree in the venv, since
 # setuptools' editable install is an import hook that static checkers cannot follow.
-typecheck: $(VENV)/.installed
-	@mkdir -p $(VENV)/typecheck/fleetmq && ln -sfn ../../../broker $(VENV)/typecheck/fleetmq/broker \
-		&& ln -sfn ../../../operator $(VENV)/typecheck/fleetmq/operator
+typecheck: linktree
 	$(BIN)/mypy -p fleetmq.broker -p fleetmq.operator -p chaos
 
+# The import contracts of pyproject.toml's [tool.importlinter]: the broker's layers, and what the operator
+# and the pipeline may import of it. Read through the same link tree.
+contracts: linktree
+	PYTHONPATH=$(VENV)/typecheck $(BIN)/lint-imports --no-cache
+
+linktree: $(VENV)/.installed
+	@mkdir -p $(VENV)/typecheck/fleetmq && for p in broker operator pipeline; do \
+		ln -sfn ../../../$$p $(VENV)/typecheck/fleetmq/$$p; done
+
 # The fast inner loop: lint, types, the layering contract and the unit tests; no apt, no Go, no servers.
-check: lint typecheck
+check: lint typecheck contracts
 	$(BIN)/pytest -q -p no:cacheprovider -m "not redis" tests/unit
 
 # kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes) and kwok built with Go into
@@ -117,7 +124,7 @@ endif
 dev-cluster-down: $(VENV)/.installed
 	$(BIN)/python -m tests.kubeapi down --dir $(CACHE)/dev-cluster
 
-test: deps envtest tools typecheck
+test: deps envtest tools typecheck contracts
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)

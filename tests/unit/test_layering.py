@@ -1,73 +1,80 @@
-"""The broker's layering (docs/design.md "Core layering"): calls go one way, so imports do.
-
-Each module of broker/ sits in one layer below; it may import only modules of lower layers (imports for
-type checking count too: a lower module that needs a higher one declares a Protocol instead). A module
-added to broker/ must be placed here, so the contract covers everything.
-"""
+"""The import contracts (pyproject.toml's [tool.importlinter], docs/design.md "Core layering") hold, and
+they can fail: lint-imports run on a copy of the tree with one import that breaks each."""
 
 from __future__ import annotations
 
-import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-BROKER = Path(__file__).resolve().parents[2] / "broker"
+import pytest
 
-# top to bottom
-LAYERS: list[set[str]] = [
-    {"__main__"},
-    {"cli"},
-    {"server", "workers"},
-    {"connection", "http"},
-    {"node"},  # the composition root: the one module that imports everything of the core
-    {"bridge"},  # a bridge's link on the node that leads it (a channel of the node, a lease in the store)
-    {"cm", "cluster"},  # they talk through Protocols (cm.Fleet, cluster.Sessions)
-    {"redisstore"},
-    {"bridgelink"},  # speaks MQTT to a channel and a remote (bytes in, bytes out)
-    {"channel", "store"},
-    {"session", "zone"},
-    {"events"},  # the event log writes through the store's connections (redisclient)
-    {"inflight", "mqueue", "journal", "retained", "wire", "telemetry", "negotiation", "redisclient"},
-    {"message", "auth", "metrics", "router", "config"},
-    {"bridges"},  # bridges' settings, built like zones' (zones.Duration, topic filters, templates)
-    {"codec", "topic", "zones", "keepalive", "limiter", "eventschema", "keys", "websocket", "__init__"}
-    | {"topicmap", "backoff", "bridgeloop", "rebalance", "clock"},
-]
-RANK = {module: len(LAYERS) - i for i, layer in enumerate(LAYERS) for module in layer}
+ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is not installed")
 
 
-def imports(path: Path) -> set[str]:
-    """The broker modules a module imports (relative imports, TYPE_CHECKING ones included)."""
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                out.add(node.module.split(".")[0])
-            else:
-                out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fleetmq.broker."):
-            out.add(node.module.split(".")[2])
-    return out
-
-
-def test_every_module_has_a_layer():
-    modules = {p.stem for p in BROKER.glob("*.py")}
-    assert modules == set(RANK), (
-        f"place in LAYERS: {sorted(modules - set(RANK))}; gone: {sorted(set(RANK) - modules)}"
+def lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports with the project's contracts, on the packages under `tree`/fleetmq."""
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", "--config", str(ROOT / "pyproject.toml")],
+        cwd=tree,
+        env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
-def test_imports_go_down_only():
-    wrong = []
-    for path in sorted(BROKER.glob("*.py")):
-        mine = RANK[path.stem]
-        for dep in imports(path):
-            if RANK.get(dep, len(LAYERS) + 1) >= mine:
-                wrong.append(f"{path.stem} (layer {mine}) imports {dep} (layer {RANK.get(dep)})")
-    assert not wrong, "\n".join(wrong)
+def copy_tree(tmp_path: Path) -> Path:
+    """fleetmq/{broker,operator,pipeline} as copies of the repository's (Python files only)."""
+    for package in ("broker", "operator", "pipeline"):
+        shutil.copytree(
+            ROOT / package,
+            tmp_path / "fleetmq" / package,
+            ignore=lambda _dir, names: [n for n in names if not n.endswith(".py") and "." in n],
+        )
+    return tmp_path
 
 
-def test_the_contract_can_fail(tmp_path):
-    """The check itself sees an upward import (a lower module importing the node)."""
-    bad = tmp_path / "session.py"
-    bad.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .node import Node\n")
-    assert "node" in imports(bad) and RANK["node"] > RANK["session"]
+def append(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + line + "\n")
+
+
+def test_the_repository_keeps_its_contracts(tmp_path):
+    result = lint_imports(copy_tree(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 2 kept, 0 broken." in result.stdout
+
+
+def test_a_lower_layer_importing_a_higher_one_breaks_the_layers(tmp_path):
+    tree = copy_tree(tmp_path)
+    session = tree / "fleetmq" / "broker" / "session.py"
+    append(session, "if TYPE_CHECKING:\n    from .node import Node  # noqa: F401")
+    session.write_text("from typing import TYPE_CHECKING\n" + session.read_text())
+    result = lint_imports(tree)
+    assert result.returncode == 1
+    assert "broker layers BROKEN" in result.stdout
+    assert "fleetmq.broker.session -> fleetmq.broker.node" in result.stdout
+
+
+def test_a_module_without_a_layer_breaks_the_layers(tmp_path):
+    tree = copy_tree(tmp_path)
+    (tree / "fleetmq" / "broker" / "newthing.py").write_text('"""Not placed in a layer."""\n')
+    result = lint_imports(tree)
+    assert result.returncode == 1
+    assert "fleetmq.broker.newthing" in result.stdout
+
+
+def test_the_operator_importing_the_brokers_runtime_breaks_the_contract(tmp_path):
+    tree = copy_tree(tmp_path)
+    append(
+        tree / "fleetmq" / "operator" / "status.py",
+        "from fleetmq.broker.channel import Channel  # noqa: F401",
+    )
+    result = lint_imports(tree)
+    assert result.returncode == 1
+    assert "operator and pipeline use only the broker's contract modules BROKEN" in result.stdout
+    assert "fleetmq.operator.status -> fleetmq.broker.channel" in result.stdout
