@@ -2,7 +2,7 @@
 
 - docs/reference/<kind>.md, one page per custom resource: every field of its spec and status (path, type
   and bounds, default, description) and the API server's validation rules, from the CRD that
-  operator/crdgen.py builds from the pydantic models of operator/crds.py;
+  operator/crdgen.py builds from the pydantic models of operator/crds/;
 - docs/reference/config.md, the broker config file: every field of broker/config.py's BrokerConfig (with
   the zone settings of broker/zones.py and the bridges of broker/bridges.py);
 - docs/reference/metrics.md, every metric family the broker (broker/metrics.py) and the operator

@@ -1,0 +1,62 @@
+"""What the resources' models share: the API group and version, the base model, references to objects
+of the namespace, and status conditions."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+GROUP = "fleetmq.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class CrdModel(BaseModel):
+    """camelCase fields as the CRD spells them; unknown ones are refused."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def doc(model: type[BaseModel]) -> str:
+    """A model's docstring as one line, for the description of a field of that type (kubectl explain)."""
+    return " ".join((model.__doc__ or "").split())
+
+
+class ObjectRef(CrdModel):
+    """A reference to an object in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the object in this namespace.")
+
+
+class SecretRef(CrdModel):
+    """A Secret in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret in this namespace.")
+
+
+class SecretKeyRef(CrdModel):
+    """One key of a Secret in the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret in this namespace.")
+    key: str = Field("password", min_length=1, description="Key of the Secret holding the password.")
+
+
+class UsersSecretRef(CrdModel):
+    """The users file in a Secret of the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret in this namespace.")
+    key: str = Field("users", min_length=1, description="Key of the Secret holding the users file.")
+
+
+class Condition(CrdModel):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(
+        description="Ready, Progressing, ConfigApplied, Degraded, StoreReady, Accepted or Applied."
+    )
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field("", description="Human-readable detail.")
+    observedGeneration: int | None = Field(None, description="The generation the condition is about.")
+    lastTransitionTime: str = Field(description="When status last changed (RFC 3339).")

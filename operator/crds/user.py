@@ -1,0 +1,107 @@
+"""MqttUser: an MQTT user of some zones of a fleet (password, own ACL rules, certificate name)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fleetmq.broker.zones import AclRule
+from pydantic import ConfigDict, Field, model_validator
+
+from .base import Condition, CrdModel, ObjectRef, SecretKeyRef
+
+#: a username the users file and the ACL's %u can carry: no ':' (the file's separator), no '/', '+', '#'
+#: (a %u rule would reach other users' topics) and no spaces
+USERNAME_PATTERN = r"^[^:/+#\s]+$"
+ZONE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+class MqttUserSpec(CrdModel):
+    """An MQTT user of some zones of a fleet: its password (from a Secret, or generated into one), its own
+    ACL rules, and the common name of its client certificate. Applied live: no pod restarts."""
+
+    fleetRef: ObjectRef = Field(description="The BrokerFleet (same namespace) whose zones the user is in.")
+    zones: list[Annotated[str, Field(min_length=1, max_length=253, pattern=ZONE_NAME_PATTERN)]] = Field(
+        min_length=1,
+        max_length=64,
+        description="MqttZones of the fleet (by name) where the user may connect.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    username: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        pattern=USERNAME_PATTERN,
+        description="Username clients connect with (no ':', '/', '+', '#' or spaces). Default: the MqttUser's "
+        "name.",
+    )
+    passwordSecretRef: SecretKeyRef | None = Field(
+        None,
+        description="Secret key (default 'password') holding the user's password. Default with "
+        "generatePassword: the Secret <name>-credentials. A changed password is applied live.",
+    )
+    generatePassword: bool = Field(
+        True,
+        description="When the password Secret does not exist, the operator creates it with a random password "
+        "(owned by this MqttUser, deleted with it, never changed afterwards). false: the Secret must exist; "
+        "without passwordSecretRef the user has no password (certificate only).",
+    )
+    acl: list[AclRule] = Field(
+        default_factory=list,
+        max_length=256,
+        description="This user's own rules, matched before the zone's acl (first match wins; %u and %c "
+        "substituted).",
+    )
+    certificateCommonName: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="Common name of the client certificate that authenticates as this user, on the zones' "
+        "listeners with peerCertAsUsername: cn.",
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.passwordSecretRef) || self.generatePassword || "
+                    "has(self.certificateCommonName)",
+                    "message": "a user needs a password (passwordSecretRef or generatePassword) or a "
+                    "certificateCommonName",
+                }
+            ]
+        },
+    )
+
+    @model_validator(mode="after")
+    def _some_credential(self) -> MqttUserSpec:
+        if (
+            self.passwordSecretRef is None
+            and not self.generatePassword
+            and self.certificateCommonName is None
+        ):
+            raise ValueError(
+                "a user needs a password (passwordSecretRef or generatePassword) or a certificateCommonName"
+            )
+        return self
+
+    def password_ref(self, name: str) -> SecretKeyRef | None:
+        """Where the password is (None: certificate only)."""
+        if self.passwordSecretRef is not None:
+            return self.passwordSecretRef
+        return SecretKeyRef(name=f"{name}-credentials") if self.generatePassword else None
+
+
+class MqttUserStatus(CrdModel):
+    """Observed state of the user."""
+
+    observedGeneration: int | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    username: str | None = Field(None, description="The username clients connect with.")
+    zones: list[str] = Field(default_factory=list, description="Zones the user is rendered into.")
+    secretName: str | None = Field(None, description="Secret holding the password (none: certificate only).")
+    podsApplied: int = Field(0, description="Broker pods running the config with this user as it is now.")
