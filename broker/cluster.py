@@ -28,15 +28,15 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
-from . import keys, wire
 from .message import Delivery, Message, Will
 from .metrics import Metrics
-from .redisclient import Shard, command
-from .redisstore import RedisStore, text
 from .retained import Retained
 from .router import Router
 from .session import Session
-from .store import retrying
+from .store import keys, wire
+from .store.base import retrying
+from .store.connections import Shard, command
+from .store.redis_store import RedisStore, text
 
 log = logging.getLogger("fleetmq.cluster")
 

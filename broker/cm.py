@@ -31,12 +31,11 @@ from .negotiation import NEVER_EXPIRE, Negotiated
 from .retained import Retained
 from .router import Router, Subscription
 from .session import Session
-from .store import (
+from .store.base import (
     ClaimOutcome,
     CommitResult,
     Discard,
     Enqueue,
-    GroupCommitter,
     Op,
     Retain,
     Route,
@@ -44,6 +43,7 @@ from .store import (
     SessionStore,
     retrying,
 )
+from .store.committer import GroupCommitter
 from .zone import Zone
 
 log = logging.getLogger("fleetmq.cm")

@@ -49,7 +49,6 @@ import hiredis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import RedisError, ResponseError
 
-from . import keys
 from .eventschema import (
     FIELDS,
     SAMPLE_ALL,
@@ -61,7 +60,8 @@ from .eventschema import (
     sample_threshold,
     sampled,
 )
-from .redisclient import Shard, StoreConnections, in_transition, redirected
+from .store import keys
+from .store.connections import Shard, StoreConnections, in_transition, redirected
 
 if TYPE_CHECKING:
     from .config import EventLogConfig

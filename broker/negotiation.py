@@ -63,7 +63,7 @@ class Negotiated:
     certified: bool = False  # the username comes from a verified client certificate: no password check
 
 
-#: The listener name of the broker's own in-process connections (a bridge's session, bridgelink), the only
+#: The listener name of the broker's own in-process connections (a bridge's session, bridge.link), the only
 #: ones whose client ids may start with '$'.
 INTERNAL = "$internal"
 

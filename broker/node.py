@@ -19,7 +19,7 @@ from typing import Any
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
-from .bridge import Bridge, Lease, summary
+from .bridge.runtime import Bridge, Lease, summary
 from .bridges import BridgeConfig
 from .channel import Channel, ChannelIO
 from .clock import Clock, LoopClock
@@ -30,11 +30,13 @@ from .events import EventLog
 from .eventschema import BridgeDropReason, DropReason
 from .metrics import Metrics
 from .rebalance import Order, Progress
-from .redisclient import StoreConnections
-from .redisstore import RedisStore
 from .retained import Retained
 from .router import Router
-from .store import GroupCommitter, MemoryStore, SessionStore
+from .store.base import SessionStore
+from .store.committer import GroupCommitter
+from .store.connections import StoreConnections
+from .store.memory import MemoryStore
+from .store.redis_store import RedisStore
 from .telemetry import Telemetry
 from .zone import Zone
 

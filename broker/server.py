@@ -25,7 +25,8 @@ from .connection import Connection, WriteBudget, WsConnection
 from .metrics import Metrics
 from .node import Node
 from .rebalance import Order, Progress
-from .store import MemoryStore, SessionStore
+from .store.base import SessionStore
+from .store.memory import MemoryStore
 
 log = logging.getLogger("fleetmq.server")
 
@@ -57,7 +58,7 @@ def tls_files(listener: ListenerConfig) -> list[str]:
 def make_store(config: BrokerConfig) -> SessionStore:
     if config.store.kind == "memory":
         return MemoryStore()
-    from .redisstore import RedisStore
+    from .store.redis_store import RedisStore
 
     return RedisStore.from_config(config.store, config.node_id)
 

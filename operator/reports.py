@@ -18,10 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fleetmq.broker import keys
 from fleetmq.broker.config import RedisStoreConfig
 from fleetmq.broker.rebalance import Order
-from fleetmq.broker.redisclient import StoreConnections
+from fleetmq.broker.store import keys
+from fleetmq.broker.store.connections import StoreConnections
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 TIMEOUT = 10.0  # one read of every report: the fleet's status does not wait longer

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from fleetmq.broker import keys
+from fleetmq.broker.store import keys
 from redis.cluster import RedisCluster
 
 Client = redis.Redis | RedisCluster

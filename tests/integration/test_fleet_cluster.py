@@ -9,7 +9,7 @@ from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
-from fleetmq.broker import keys
+from fleetmq.broker.store import keys
 
 from tests.integration import mqttraw
 from tests.integration.harness import MOSQUITTO, uid
@@ -483,7 +483,7 @@ async def test_replies_of_a_round_trip_to_one_shard_come_back_to_their_calls(red
     then read `b'default'` as a number, and worse, could take a call's error for another's success: chaos
     --store cluster, seeds 42-44, acknowledged messages lost to one subscriber)."""
     from fleetmq.broker.config import RedisStoreConfig
-    from fleetmq.broker.redisstore import RedisStore, _Call
+    from fleetmq.broker.store.redis_store import RedisStore, _Call
 
     rc = redis_cluster
     store = RedisStore.from_config(RedisStoreConfig.model_validate(rc.store()), "t")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from fleetmq.broker import keys
+from fleetmq.broker.store import keys
 
 from tests.integration import mqttraw
 from tests.integration.harness import uid

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from fleetmq.broker import keys
-from fleetmq.broker.redisstore import SCRIPTS, _script
+from fleetmq.broker.store import keys
+from fleetmq.broker.store.redis_store import SCRIPTS, _script
 
 from tests.integration import mqttraw
 from tests.integration.harness import MOSQUITTO, uid

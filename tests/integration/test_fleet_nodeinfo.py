@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fleetmq.broker import keys
+from fleetmq.broker.store import keys
 
 from tests.integration.harness import uid
 from tests.integration.test_fleet_support import raw_connect

@@ -138,7 +138,7 @@ async def test_an_event_stream_left_on_the_old_primary_by_a_failover_is_told_apa
     messages were delivered straight to it (chaos --store sentinel, seed 44: 49 order violations). The
     node tells such a stream apart once its writes have found the new primary, and opens it again."""
     from fleetmq.broker.config import RedisStoreConfig
-    from fleetmq.broker.redisclient import StoreConnections
+    from fleetmq.broker.store.connections import StoreConnections
     from redis.exceptions import RedisError
 
     rr = replicated_redis

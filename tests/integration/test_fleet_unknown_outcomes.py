@@ -10,7 +10,7 @@ import shutil
 import time
 
 import pytest
-from fleetmq.broker import keys
+from fleetmq.broker.store import keys
 
 from tests.integration import mqttraw
 from tests.integration.harness import MOSQUITTO, Client, uid

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from fleetmq.broker import keys
+from fleetmq.broker.store import keys
 
 from tests.integration.harness import uid
 from tests.integration.mqttraw import PUBACK, PUBLISH, RawClient, ack

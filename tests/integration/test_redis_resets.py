@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from broker.config import RedisStoreConfig
-from broker.redisclient import StoreConnections, command
+from fleetmq.broker.config import RedisStoreConfig
+from fleetmq.broker.store.connections import StoreConnections, command
 
 
 @pytest.mark.parametrize("idle", [0.2, 1.5], ids=["before-health-check", "after-health-check"])

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fleetmq.broker import keys, wire
 from fleetmq.broker.journal import JournalChanges
 from fleetmq.broker.message import Delivery, Message
-from fleetmq.broker.redisstore import RedisStore
-from fleetmq.broker.store import Enqueue, Save
+from fleetmq.broker.store import keys, wire
+from fleetmq.broker.store.base import Enqueue, Save
+from fleetmq.broker.store.redis_store import RedisStore
 from fleetmq.broker.zones import ZoneSettings
 
 pytestmark = pytest.mark.redis
@@ -128,7 +128,7 @@ async def test_an_offline_queue_is_bounded_by_bytes_as_its_overflow_policy_says(
     or the new ones going as the overflow policy says, every drop counted; the byte count drains with
     the queue."""
     from fleetmq.broker.session import Session
-    from fleetmq.broker.store import Enqueue, Save
+    from fleetmq.broker.store.base import Enqueue, Save
 
     store = RedisStore.from_url(redis_server.url, "n1")
     await store.open()

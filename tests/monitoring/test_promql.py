@@ -467,7 +467,7 @@ def test_qos0_for_offline_sessions_is_counted_as_dropped(scenario: Scenario):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="broker gap: RedisStore.offline_sessions() returns [] (broker/redisstore.py), so with the Redis "
+    reason="broker gap: RedisStore.offline_sessions() returns [] (broker/store/redis_store.py), so with the Redis "
     "store fleetmq_sessions{state=offline} is always 0 and fleetmq_mqueue_messages leaves out offline queues",
 )
 def test_offline_sessions_are_counted(scenario: Scenario):

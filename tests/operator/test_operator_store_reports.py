@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from fleetmq.broker import keys
+from fleetmq.broker.store import keys
 from fleetmq.operator import render
 from redis.cluster import ClusterNode, RedisCluster
 

@@ -27,14 +27,14 @@ from pathlib import Path
 import pytest
 import redis
 from fleetmq.broker.config import RedisStoreConfig
-from fleetmq.broker.redisclient import StoreConnections
+from fleetmq.broker.store.connections import StoreConnections
 from fleetmq.operator import render
 
 from tests.support import HOST, RedisServer, free_port, wait_until
 
 pytestmark = pytest.mark.redis
 
-SCRIPT = Path(render.__file__).with_name("redis.sh")
+SCRIPT = render.SCRIPT_PATH
 SH_PATH = os.environ.get("FLEETMQ_REDIS_SH_PATH", "/usr/bin:/bin")
 PASSWORD = "s3cret-for-the-test"
 MASTER = "edge"

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from fleetmq.broker.events import EventLog
 from fleetmq.broker.eventschema import DELIVER, PUBLISH_IN
-from fleetmq.broker.keys import event_stream as stream_key
+from fleetmq.broker.store.keys import event_stream as stream_key
 from fleetmq.pipeline.export import DEFAULT_GROUP, PAUSE_AT_ENV, PAUSE_FILE_ENV, Exporter
 from fleetmq.pipeline.streams import log_keys, part_name
 

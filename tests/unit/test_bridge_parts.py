@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import pytest
-from fleetmq.broker import bridgeloop
-from fleetmq.broker.backoff import Backoff
+from fleetmq.broker.bridge import loop as bridgeloop
+from fleetmq.broker.bridge.backoff import Backoff
 from fleetmq.broker.config import ConfigError, load_config
 from fleetmq.broker.topicmap import TEMPLATE_PATTERN, Template
 

@@ -1,4 +1,4 @@
-"""The bridge link (fleetmq.broker.bridgelink) between a real node's channel, in process, and a remote
+"""The bridge link (fleetmq.broker.bridge.link) between a real node's channel, in process, and a remote
 played by the test with the codec: what goes each way, with which packet ids, and what is dropped."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fleetmq.broker import bridgeloop
-from fleetmq.broker.bridgelink import BridgeLink, Phase
+from fleetmq.broker.bridge import loop as bridgeloop
+from fleetmq.broker.bridge.link import BridgeLink, Phase
 from fleetmq.broker.codec import (
     MQTT5,
     Connack,
@@ -217,7 +217,7 @@ async def test_a_dollar_client_id_is_refused_on_a_listener():
 async def test_a_remote_that_never_answers_connect_fails_the_attempt():
     """A remote that accepts the connection and never answers (a broker starting or stopping) must not
     stall the bridge until keep alive runs out: the attempt fails after CONNECT_TIMEOUT."""
-    from fleetmq.broker.bridgelink import CONNECT_TIMEOUT
+    from fleetmq.broker.bridge.link import CONNECT_TIMEOUT
 
     rig = Rig()
     rig.at_remote()

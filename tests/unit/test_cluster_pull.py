@@ -7,8 +7,8 @@ import asyncio
 from typing import Any
 
 from fleetmq.broker.cluster import Cluster
-from fleetmq.broker.keys import Channels
 from fleetmq.broker.metrics import Metrics
+from fleetmq.broker.store.keys import Channels
 
 
 class Journal:

@@ -6,10 +6,10 @@ import itertools
 from collections import Counter
 
 import pytest
-from fleetmq.broker import keys
 from fleetmq.broker.config import BrokerConfig
 from fleetmq.broker.events import partition
 from fleetmq.broker.eventschema import client_hash, sample_threshold, sampled
+from fleetmq.broker.store import keys
 
 P = keys.EVENT_PARTITIONS
 

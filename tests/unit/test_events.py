@@ -7,7 +7,6 @@ import asyncio
 import time
 
 import pytest
-from fleetmq.broker import keys
 from fleetmq.broker.events import MARK_TTL, EventLog, partition
 from fleetmq.broker.eventschema import (
     ACK,
@@ -22,6 +21,7 @@ from fleetmq.broker.eventschema import (
     sample_threshold,
     sampled,
 )
+from fleetmq.broker.store import keys
 from fleetmq.broker.zones import ZoneSettings
 
 pytestmark = pytest.mark.redis

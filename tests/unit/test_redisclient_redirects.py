@@ -4,7 +4,7 @@ them into (a MovedError's text has no MOVED prefix: a prefix test missed every o
 from __future__ import annotations
 
 import pytest
-from fleetmq.broker.redisclient import in_transition, redirected
+from fleetmq.broker.store.connections import in_transition, redirected
 from redis._parsers.base import BaseParser
 from redis.exceptions import ResponseError
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from fleetmq.broker.metrics import Metrics
-from fleetmq.broker.store import CommitResult, Discard, GroupCommitter, MemoryStore, Op
+from fleetmq.broker.store.base import CommitResult, Discard, Op
+from fleetmq.broker.store.committer import GroupCommitter
+from fleetmq.broker.store.memory import MemoryStore
 
 
 class SlowStore(MemoryStore):
@@ -78,7 +80,7 @@ async def test_routings_made_while_a_failed_commit_was_in_flight_fail_with_it():
     before 0. What was written during the failed commit may build on it: it is not committed either and
     its callbacks learn so; writes that stand alone still go out."""
     from fleetmq.broker.message import Delivery, Message
-    from fleetmq.broker.store import Enqueue
+    from fleetmq.broker.store.base import Enqueue
 
     class FailsFirst(SlowStore):
         async def commit(self, ops: list[Op]) -> CommitResult:
@@ -135,7 +137,7 @@ async def test_writes_that_say_where_a_session_stands_go_out_again_after_an_unkn
     Those writes are idempotent: they go out again, ahead of what came since, until they land; routings
     and journal changes do not (their sessions resynchronise from the store instead)."""
     from fleetmq.broker.message import Delivery, Message
-    from fleetmq.broker.store import Enqueue
+    from fleetmq.broker.store.base import Enqueue
 
     store = Flaky(failures=2)
     c = GroupCommitter(store, Metrics())
@@ -161,7 +163,7 @@ async def test_a_commit_the_store_refused_for_good_is_not_sent_again():
 
 def test_the_redis_store_sends_again_what_failed_for_a_passing_reason_only():
     import redis.exceptions as rx
-    from fleetmq.broker.redisstore import RedisStore
+    from fleetmq.broker.store.redis_store import RedisStore
 
     transient = RedisStore.transient
     store = RedisStore.__new__(RedisStore)

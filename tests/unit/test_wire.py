@@ -1,14 +1,14 @@
 """The fleet's wire format: what Lua scripts build in a real Redis, Python parses; what Python packs, it
-unpacks; and the key names the scripts use are keys.py's."""
+unpacks; and the key names the scripts use are store/keys.py's."""
 
 from __future__ import annotations
 
 import pytest
-from fleetmq.broker import keys, wire
 from fleetmq.broker.codec import Prop
 from fleetmq.broker.message import Delivery, Message
-from fleetmq.broker.redisstore import SCRIPTS, _script
 from fleetmq.broker.router import Subscription
+from fleetmq.broker.store import keys, wire
+from fleetmq.broker.store.redis_store import SCRIPTS, _script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -90,7 +90,7 @@ def test_unknown_kinds_are_refused():
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_scripts_name_no_key_of_their_own(name):
-    """Key and channel names reach the scripts from keys.py: none is spelled out in Lua."""
+    """Key and channel names reach the scripts from store/keys.py: none is spelled out in Lua."""
     body = _script(SCRIPTS[name])
     assert f"'{keys.PREFIX}:" not in body.replace(f"'{keys.EVENTS}'", "").replace(
         f"'{keys.NODE_CHANNEL_PREFIX}'", ""
@@ -132,7 +132,7 @@ def test_awaiting_pubrel_records_are_stored_in_wall_clock_time_and_read_in_the_l
     received now."""
     import time
 
-    from fleetmq.broker.redisstore import parse_rel_value, rel_value
+    from fleetmq.broker.store.redis_store import parse_rel_value, rel_value
 
     offset = 1_700_000_000.0  # wall-clock time minus this loop's clock
     assert rel_value(1_700_000_005.25, 0) == "1700000005.250"

@@ -15,9 +15,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .codec import decode_properties, encode_properties
-from .message import Delivery, Message
-from .router import Subscription
+from ..codec import decode_properties, encode_properties
+from ..message import Delivery, Message
+from ..router import Subscription
 
 Z = b"\0"  # field separator (MQTT strings never contain U+0000)
 

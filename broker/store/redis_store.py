@@ -38,14 +38,14 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..config import RedisStoreConfig
+from ..journal import JournalChanges
+from ..message import Delivery, Message, Will
+from ..router import Subscription
+from ..session import Session
+from ..zones import ZoneSettings
 from . import keys, wire
-from .config import RedisStoreConfig
-from .journal import JournalChanges
-from .message import Delivery, Message, Will
-from .redisclient import Shard, StoreConnections, in_transition, redirected
-from .router import Subscription
-from .session import Session
-from .store import (
+from .base import (
     Claimed,
     ClaimOutcome,
     CommitResult,
@@ -58,6 +58,8 @@ from .store import (
     SessionStore,
     StoredSession,
 )
+from .connections import Shard, StoreConnections, in_transition, redirected
+from .scripts import lua
 from .wire import (
     journal_field,
     journal_value,
@@ -68,7 +70,6 @@ from .wire import (
     unpack_message,
     unpack_sub,
 )
-from .zones import ZoneSettings
 
 log = logging.getLogger("fleetmq.redis")
 
@@ -84,126 +85,7 @@ _TRANSIENT_CODES = ("BUSY ", "NOREPLICAS ")
 
 
 # -- scripts ---------------------------------------------------------------------------------------
-_PRELUDE = """
-local function hset_pairs(key, list, first, n)
-  local t = {}
-  for j = 0, n - 1 do
-    t[#t + 1] = list[first + 2 * j]; t[#t + 1] = list[first + 2 * j + 1]
-    if #t >= CHUNK_N then redis.call('HSET', key, unpack(t)); t = {} end
-  end
-  if #t > 0 then redis.call('HSET', key, unpack(t)) end
-end
-local function hdel_list(key, list, first, n)
-  local t = {}
-  for j = 0, n - 1 do
-    t[#t + 1] = list[first + j]
-    if #t >= CHUNK_N then redis.call('HDEL', key, unpack(t)); t = {} end
-  end
-  if #t > 0 then redis.call('HDEL', key, unpack(t)) end
-end
--- The stored bytes of packed deliveries (what a queue's byte limit counts, meta field 'qb').
-local function sizes(items, from, to)
-  local n = 0
-  for k = from or 1, to or #items do n = n + #items[k] end
-  return n
-end
--- Items taken off the front of queue q: its byte count goes down (and starts over once it is empty, so a
--- count that drifted, or began after the queue did, heals).
-local function drained(m, q, items)
-  if redis.call('LLEN', q) == 0 then
-    redis.call('HDEL', m, 'qb')
-  else
-    redis.call('HINCRBY', m, 'qb', -sizes(items))
-  end
-end
--- Move up to n (all if n <= 0) deliveries queued in q into the journal i, numbering them in order from
--- `first` (positions the owner reserved for them: its later deliveries come after, whatever it stored
--- since) or, without one, from the stored counter. The counter only grows.
-local function move_queue(m, q, i, n, first)
-  local items = redis.call('LRANGE', q, 0, n > 0 and n - 1 or -1)
-  local stored = tonumber(redis.call('HGET', m, 'order') or '0')
-  local start = first or stored
-  if #items == 0 then return start, items end
-  redis.call('LTRIM', q, #items, -1)
-  drained(m, q, items)
-  local t = {}
-  for k = 1, #items do
-    t[#t + 1] = string.sub(items[k], 1, @ID_LEN@)
-    t[#t + 1] = string.format('%d', start + k - 1) .. ':' .. items[k]
-    if #t >= CHUNK_N then redis.call('HSET', i, unpack(t)); t = {} end
-  end
-  if #t > 0 then redis.call('HSET', i, unpack(t)) end
-  redis.call('HSET', m, 'order', string.format('%d', math.max(stored, start + #items)))
-  return start, items
-end
--- Whether each of n publisher sessions, whose meta keys are KEYS[first_key...], is still at the epoch in
--- ARGV[first_arg...]: what a node routed for a publisher fenced meanwhile is not queued (its client sends
--- it again to the new owner, which routes it itself).
-local function guards_ok(first_key, first_arg, n)
-  local ok = {}
-  for g = 1, n do ok[g] = redis.call('HGET', KEYS[first_key + g - 1], 'epoch') == ARGV[first_arg + g - 1] end
-  return ok
-end
--- The numbers of the guards that failed: their publishers' nodes must not acknowledge what was refused.
-local function failed(ok)
-  local out = {}
-  for g = 1, #ok do if not ok[g] then out[#out + 1] = g end end
-  return out
-end
--- Whether a message with the receipt (publisher incarnation `inc`, number `n`) is new to the session with
--- meta m, which remembers the highest number it accepted of each incarnation (field x:<inc>); always true
--- without a receipt (inc = '').
-local function first_time(m, inc, n)
-  if inc == '' then return true end
-  local field = 'x:' .. inc
-  if tonumber(n) <= tonumber(redis.call('HGET', m, field) or '0') then return false end
-  redis.call('HSET', m, field, n)
-  return true
-end
--- Append packed deliveries to the queue q of the session with meta m, as any routing through the store
--- does: wake its owner (on the channel `wakes` .. node) if the queue was empty (the owner drains the whole
--- queue when woken, and wakes itself after a partial pull), keep the session's TTL, and trim an offline
--- session's queue to its limit (the oldest go, or the new ones with 'qnew'). Returns how many were dropped and the session's zone.
-local function queue_push(m, q, wakes, cid, items)
-  local meta = redis.call('HMGET', m, 'maxq', 'zone', 'online', 'node', 'qnew', 'maxb')
-  local online = meta[3] == '1'
-  local before = redis.call('LLEN', q)
-  for j = 1, #items, CHUNK_N do
-    redis.call('RPUSH', q, unpack(items, j, math.min(j + CHUNK_N - 1, #items)))
-  end
-  local len = before + #items
-  if before == 0 and len > 0 and online and meta[4] then
-    redis.call(@PUBLISH@, wakes .. meta[4], wake(cid))
-  end
-  local ttl = redis.call('PTTL', m)
-  if ttl > 0 then redis.call('PEXPIRE', q, ttl) end
-  local qb = redis.call('HINCRBY', m, 'qb', sizes(items))
-  local dropped = 0
-  local max = tonumber(meta[1] or '0')
-  local drop_new = meta[5] == '1'
-  if max > 0 and not online and len > max then
-    dropped = len - max
-    if drop_new then
-      qb = redis.call('HINCRBY', m, 'qb', -sizes(items, math.max(#items - dropped + 1, 1)))
-      redis.call('LTRIM', q, 0, max - 1)
-    else
-      qb = redis.call('HINCRBY', m, 'qb', -sizes(redis.call('LRANGE', q, 0, dropped - 1)))
-      redis.call('LTRIM', q, dropped, -1)
-    end
-    len = max
-  end
-  local maxb = tonumber(meta[6] or '0')
-  if maxb > 0 and not online then  -- then by bytes (meta 'qb'), as the overflow policy says
-    local room = drop_new and math.min(#items - dropped, len) or len
-    while qb > maxb and room > 0 do
-      local gone = drop_new and redis.call('RPOP', q) or redis.call('LPOP', q)
-      qb = redis.call('HINCRBY', m, 'qb', -#gone)
-      dropped, room = dropped + 1, room - 1
-    end
-  end
-  return dropped, meta[2] or 'default'
-end
-"""
+_PRELUDE = lua("prelude")
 
 
 # What the scripts' @NAME@ placeholders stand for: values from their modules. Channels come as keys (the
@@ -223,349 +105,25 @@ def _script(body: str, channels: keys.Channels = keys.Channels(sharded=False)) -
     return text
 
 
-# KEYS: m s q i r, events channel. ARGV: node, clean start, client id, packed will ('' = none), will delay,
-# expiry, zone, username, 1|0 (whether there is a username), an incarnation for a new session, the claim's
-# token. The will is kept with the session so that, if this node dies, another node publishes it, as the
-# zone's rules allow for that client (zone and username). A session gets an incarnation when it is created
-# (Message.receipt). The claim's token, kind, previous owner and the will of a session Clean Start ended
-# stay in the meta (ctok, ckind, cprev, cew/cez/ceu) until the next claim: the same claim sent again (its
-# reply was lost) gets the same answer, and a claimer that never heard back reads them (CLAIMED).
-# Returns {epoch, 0|1 (new | Clean Start discarded one), {}, previous owner, ended will, its zone, its
-# username, incarnation} or {epoch, 2, previous owner, meta, subscriptions, journal, awaiting rel}.
-CLAIM = """
-local function state(epoch, kind, previous)
-  if kind ~= 2 then
-    local e = redis.call('HMGET', KEYS[1], 'cew', 'cez', 'ceu', 'inc')
-    return {epoch, kind, {}, previous, e[1] or '', e[2], e[3], e[4]}
-  end
-  return {epoch, 2, previous, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
-          redis.call('HGETALL', KEYS[4]), redis.call('HGETALL', KEYS[5])}
-end
--- The same claim sent again (its reply was lost): the same answer, nothing done twice. What was queued
--- for the session since is moved into its journal as the first run moved what was queued before: the
--- receipts the answer carries (x:) count those too, so it must hold them.
-local ran = redis.call('HMGET', KEYS[1], 'ctok', 'epoch', 'ckind', 'cprev')
-if ran[1] == ARGV[11] then
-  if ran[3] == '2' then move_queue(KEYS[1], KEYS[3], KEYS[4], 0) end
-  return state(tonumber(ran[2]), tonumber(ran[3]), ran[4] or '')
-end
-local existed = redis.call('EXISTS', KEYS[1]) == 1
--- a session reaped as ended, kept only for its will: ended now whatever the Clean Start flag says
-local clean = ARGV[2] == '1' or redis.call('HGET', KEYS[1], 'gone') == '1'
-local prev = redis.call('HMGET', KEYS[1], 'node', 'online')
-local previous = ''
-if prev[2] == '1' and prev[1] then previous = prev[1] end
-local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
-local ended = {false, false, false}
-if existed and clean then
-  -- Clean Start ends the stored session: a will it still had waiting goes out now [MQTT-3.1.3-9]
-  if redis.call('HEXISTS', KEYS[1], 'will_at') == 1 then ended = redis.call('HMGET', KEYS[1], 'will', 'zone', 'user') end
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-  redis.call('HSET', KEYS[1], 'epoch', epoch)
-  redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[1], ARGV[3]))
-end
-local kind = (not existed) and 0 or (clean and 1 or 2)
-redis.call('HSET', KEYS[1], 'node', ARGV[1], 'online', '1', 'expiry', ARGV[6], 'zone', ARGV[7],
-           'ctok', ARGV[11], 'ckind', kind, 'cprev', previous)
-redis.call('HDEL', KEYS[1], 'cew', 'cez', 'ceu', 'rtok', 'wtok')
-if ended[1] then redis.call('HSET', KEYS[1], 'cew', ended[1], 'cez', ended[2] or '') end
-if ended[1] and ended[3] then redis.call('HSET', KEYS[1], 'ceu', ended[3]) end
-redis.call('HSETNX', KEYS[1], 'inc', ARGV[10])
-if ARGV[9] == '1' then redis.call('HSET', KEYS[1], 'user', ARGV[8]) else redis.call('HDEL', KEYS[1], 'user') end
--- the reconnect cancels a will still waiting for its delay [MQTT-3.1.3-9]; the new connection brings its own
-redis.call('HDEL', KEYS[1], 'will_at')
-if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[1], 'will', ARGV[4], 'will_delay', ARGV[5])
-else
-  redis.call('HDEL', KEYS[1], 'will', 'will_delay')
-end
-for k = 1, 5 do redis.call('PERSIST', KEYS[k]) end
-if kind == 2 then move_queue(KEYS[1], KEYS[3], KEYS[4], 0) end
-return state(epoch, kind, previous)
-"""
-
-# KEYS: m i r q, wakes channel prefix, then the meta keys of the guards' publisher sessions (none on a Redis
-# Cluster: they are in other slots). ARGV: epoch, next pid, order, client id, receipts counter, n guards,
-# the guards' epochs, n puts, (msg id, value)..., n dels, msg id..., n rel puts, (pid, value)..., n rel
-# dels, pid..., n seen, (publisher incarnation, highest receipt)..., n fresh, (put number, guard number or
-# 0, receipt incarnation or '', receipt number or 0)...: the fresh puts are deliveries routed into the
-# session on this node since its last commit; one whose publisher was fenced meanwhile is not stored
-# (Message.sender_epoch; the node takes it back from its copy). Returns 1, or {0, dropped, zone, refused,
-# queued} when fenced: another node owns the session now and this node's changes to it are refused, but
-# what it routed into its stale copy still belongs to the session and is queued for it, as a routing
-# through the store would have been (but for what it already has: Message.receipt; the oldest dropped if
-# the session is offline and its queue full).
-JOURNAL = """
-local ng = tonumber(ARGV[6])
-local puts = 7 + ng
-local dels = puts + 1 + 2 * tonumber(ARGV[puts])
-local rputs = dels + 1 + tonumber(ARGV[dels])
-local rdels = rputs + 1 + 2 * tonumber(ARGV[rputs])
-local seen = rdels + 1 + tonumber(ARGV[rdels])
-local fresh = seen + 1 + 2 * tonumber(ARGV[seen])
-local nf = tonumber(ARGV[fresh])
-local ok = guards_ok(6, 7, ng)
-local refused = {}  -- put number -> true: routed for a publisher fenced meanwhile
-local nrefused = 0
-for j = fresh + 1, fresh + 4 * nf, 4 do
-  local g = tonumber(ARGV[j + 1])
-  if g > 0 and not ok[g] then refused[tonumber(ARGV[j])] = true; nrefused = nrefused + 1 end
-end
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then
-  if nf == nrefused or redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'gone') == 1 then
-    return {0, 0, '', nrefused, 0, failed(ok)}
-  end
-  local items = {}
-  for j = fresh + 1, fresh + 4 * nf, 4 do
-    local n = tonumber(ARGV[j])
-    if not refused[n] and first_time(KEYS[1], ARGV[j + 2], ARGV[j + 3]) then
-      items[#items + 1] = queued_delivery(ARGV[puts + 2 * n])
-    end
-  end
-  local dropped, zone = queue_push(KEYS[1], KEYS[4], KEYS[5], ARGV[4], items)
-  return {0, dropped, zone, nrefused, #items, failed(ok)}
-end
-local m = redis.call('HMGET', KEYS[1], 'order', 'rcv')
-local order = math.max(tonumber(m[1] or '0'), tonumber(ARGV[3]))
-local received = math.max(tonumber(m[2] or '0'), tonumber(ARGV[5]))
-redis.call('HSET', KEYS[1], 'next_pid', ARGV[2], 'order', string.format('%d', order),
-           'rcv', string.format('%d', received))
-for j = seen + 1, seen + 2 * tonumber(ARGV[seen]), 2 do first_time(KEYS[1], ARGV[j], ARGV[j + 1]) end
-if nrefused == 0 then
-  hset_pairs(KEYS[2], ARGV, puts + 1, tonumber(ARGV[puts]))
-else
-  local t = {}
-  for n = 1, tonumber(ARGV[puts]) do
-    if not refused[n] then t[#t + 1] = ARGV[puts + 2 * n - 1]; t[#t + 1] = ARGV[puts + 2 * n] end
-  end
-  hset_pairs(KEYS[2], t, 1, #t / 2)
-end
-hdel_list(KEYS[2], ARGV, dels + 1, tonumber(ARGV[dels]))
-hset_pairs(KEYS[3], ARGV, rputs + 1, tonumber(ARGV[rputs]))
-hdel_list(KEYS[3], ARGV, rdels + 1, tonumber(ARGV[rdels]))
-if nrefused > 0 then return {1, failed(ok)} end
-return 1
-"""
-
-# KEYS: m s q i r. ARGV: epoch, ttl ms, n meta, (k, v)... The client left: the session (journaled all
-# along) waits for it until the TTL ends it. Meta may carry a will waiting for its delay (will, will_at).
-PARK = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
-redis.call('HDEL', KEYS[1], 'will', 'will_delay', 'will_at', 'wtok', 'rtok')
--- a will waiting for its delay is kept with its due time: if this node dies first, another publishes it
-hset_pairs(KEYS[1], ARGV, 4, tonumber(ARGV[3]))
-local ttl = tonumber(ARGV[2])
-for k = 1, 5 do
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[k], ttl) else redis.call('PERSIST', KEYS[k]) end
-end
-return 1
-"""
-
-# KEYS: m q, wakes channel prefix, then the meta keys of the guards' publisher sessions (none on a Redis
-# Cluster). ARGV: client id, n guards, the guards' epochs, then (delivery, qos, guard number or 0, receipt
-# incarnation or '', receipt number or 0) for every delivery of one batch for one session. Returns
-# {dropped, zone, skipped, refused} or -1 (no such session): dropped from the full queue, QoS0 skipped for
-# an offline session that does not keep it, and refused because the publisher's session is at another
-# epoch now (Message.sender_epoch); a message the session already got (Message.receipt) is left out. A
-# session connected somewhere is woken there by the same script: no stale owner cache.
-ENQUEUE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
-local meta = redis.call('HMGET', KEYS[1], 'qos0', 'online', 'gone')
-if meta[3] then return -1 end  -- ended, kept only for its will (REAP)
-local skip_qos0 = meta[1] == '0' and meta[2] ~= '1'
-local ng = tonumber(ARGV[2])
-local ok = guards_ok(4, 3, ng)
-local items, skipped, refused = {}, 0, 0
-for j = 3 + ng, #ARGV, 5 do
-  local g = tonumber(ARGV[j + 2])
-  if g > 0 and not ok[g] then
-    refused = refused + 1
-  elseif skip_qos0 and ARGV[j + 1] == '0' then
-    skipped = skipped + 1
-  elseif first_time(KEYS[1], ARGV[j + 3], ARGV[j + 4]) then
-    items[#items + 1] = ARGV[j]
-  end
-end
-local dropped, zone = queue_push(KEYS[1], KEYS[2], KEYS[3], ARGV[1], items)
-return {dropped, zone, skipped, refused, refused > 0 and failed(ok) or {}}
-"""
-
-# KEYS: m s q i r, events channel. ARGV: epoch ('' = unfenced), node, client id
-DISCARD = """
-local epoch = redis.call('HGET', KEYS[1], 'epoch')
-if epoch and ARGV[1] ~= '' and epoch ~= ARGV[1] then return -1 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[2], ARGV[3]))
-return 1
-"""
-
-# KEYS: m s, events channel. ARGV: epoch, filter, packed options ('' = remove), node, client id. The change is announced
-# to the fleet by the script that stores it.
-ROUTE = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
-if ARGV[3] == '' then
-  redis.call(@PUBLISH@, KEYS[3], route_removed(ARGV[4], ARGV[5], ARGV[2]))
-  return redis.call('HDEL', KEYS[2], ARGV[2])
-end
-redis.call(@PUBLISH@, KEYS[3], route_added(ARGV[4], ARGV[5], ARGV[2], ARGV[3]))
-return redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
-"""
-
-# KEYS: m q i. ARGV: epoch, n, journaled (1/0), first order reserved by the owner. Hands up to n queued
-# deliveries to the node the client is connected to; for a journaled session they move into its journal
-# in the same step.
-PULL = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
-local n = tonumber(ARGV[2])
-if ARGV[3] == '1' then
-  local start, items = move_queue(KEYS[1], KEYS[2], KEYS[3], n, tonumber(ARGV[4]))
-  return {start, items}
-end
-local items = redis.call('LRANGE', KEYS[2], 0, n - 1)
-if #items > 0 then
-  redis.call('LTRIM', KEYS[2], #items, -1)
-  drained(KEYS[1], KEYS[2], items)
-end
-return {-1, items}
-"""
-
-# KEYS: m. ARGV: epoch, packed will ('' = none), will delay, expiry. A new connection of a session that
-# stays on this node (a takeover here) brings its own will and expiry.
-WILL = """
-if redis.call('HGET', KEYS[1], 'epoch') ~= ARGV[1] then return -1 end
-redis.call('HSET', KEYS[1], 'expiry', ARGV[4])
-if ARGV[2] ~= '' then
-  redis.call('HSET', KEYS[1], 'will', ARGV[2], 'will_delay', ARGV[3])
-else
-  redis.call('HDEL', KEYS[1], 'will', 'will_delay')
-end
-return 1
-"""
-
-# KEYS: m. ARGV: will_at, the taker's token. Hands a will whose delay ran out to exactly one publisher (its
-# node's timer, or the node releasing a dead node's sessions); nothing if the client came back meanwhile.
-# The same taker asking again (its reply was lost) gets it again. Returns {will, zone, username} or nil.
-TAKEWILL = """
-local w = redis.call('HMGET', KEYS[1], 'will_at', 'wtok')
-if w[2] ~= ARGV[2] then
-  if w[1] ~= ARGV[1] then return false end
-  redis.call('HSET', KEYS[1], 'wtok', ARGV[2])
-  redis.call('HDEL', KEYS[1], 'will_at')
-end
-return redis.call('HMGET', KEYS[1], 'will', 'zone', 'user')
-"""
-
-# KEYS: m s q i r, events channel. ARGV: dead node, node, client id, the reaper's token, now (wall clock). A
-# session whose node died: it waits for its client like any other (TTL = its expiry), or ends now if it had
-# none. Its will is kept, due at will_at, for TAKEWILL to hand out once (a reaper whose reply is lost asks
-# again, with its token, and gets the same answer); an ended session keeps only that, marked gone, for a
-# minute. Returns {will, will_at or '0', expiry, kind, zone, username}: kind 0 = released, 1 = ended, 2 =
-# parked (earlier, or now) with a will waiting, 3 = ended with a will due now.
-REAP = """
-local m = redis.call('HMGET', KEYS[1], 'node', 'online', 'expiry', 'will', 'will_delay', 'will_at', 'zone', 'user',
-                     'rtok', 'gone')
-if m[9] == ARGV[4] then
-  return {m[4] or '', m[6] or '0', m[3] or '0', m[10] == '1' and 3 or (m[6] and 2 or 0), m[7], m[8]}
-end
-if m[2] ~= '1' and m[6] then return {m[4], m[6], m[3] or '0', m[10] == '1' and 3 or 2, m[7], m[8]} end
-if m[1] ~= ARGV[1] or m[2] ~= '1' then return false end
-local expiry = tonumber(m[3] or '0')
-local now = tonumber(ARGV[5])
-if expiry <= 0 then
-  redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[2], ARGV[3]))
-  if not m[4] then
-    redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-    return {'', '0', '0', 1, m[7], m[8]}
-  end
-  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-  local due = string.format('%.3f', now)
-  redis.call('HINCRBY', KEYS[1], 'epoch', 1)  -- (whatever its node still writes is fenced)
-  redis.call('HSET', KEYS[1], 'online', '0', 'node', '', 'gone', '1', 'rtok', ARGV[4], 'will_at', due)
-  redis.call('PEXPIRE', KEYS[1], 60000)
-  return {m[4], due, '0', 3, m[7], m[8]}
-end
-redis.call('HSET', KEYS[1], 'online', '0', 'node', '', 'rtok', ARGV[4])
-local due = '0'
-if m[4] then
-  due = string.format('%.3f', now + math.min(tonumber(m[5] or '0'), expiry))
-  redis.call('HSET', KEYS[1], 'will_at', due)
-end
-for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], math.floor(expiry * 1000)) end
-return {m[4] or '', due, m[3], m[4] and 2 or 0, m[7], m[8]}
-"""
-
-# KEYS: m s q i r. ARGV: epoch, node, packed will ('' = none), will delay. A node back from losing Redis
-# holds on to a session its client is still connected to, if nobody took it meanwhile: still its own (1),
-# released by the fleet while it was away and taken back (2, with the will its connection has), or gone
-# (0: ended, or claimed since at a higher epoch).
-REASSERT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local m = redis.call('HMGET', KEYS[1], 'epoch', 'node', 'online')
-if m[1] ~= ARGV[1] then return 0 end
-if m[3] == '1' then
-  if m[2] == ARGV[2] then return 1 end
-  return 0
-end
-redis.call('HSET', KEYS[1], 'node', ARGV[2], 'online', '1')
-redis.call('HDEL', KEYS[1], 'will_at')
-if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[1], 'will', ARGV[3], 'will_delay', ARGV[4])
-end
-for k = 1, 5 do redis.call('PERSIST', KEYS[k]) end
-return 2
-"""
-
-# KEYS: m. ARGV: a claim's token. Whether that claim ran (its claimer never heard back), read without
-# changing anything: {0} if not (or a later claim ran since), else {1, its kind, ended will, its zone, its
-# username}.
-CLAIMED = """
-local c = redis.call('HMGET', KEYS[1], 'ctok', 'ckind', 'cew', 'cez', 'ceu')
-if c[1] ~= ARGV[1] then return {0} end
-return {1, tonumber(c[2]), c[3] or '', c[4], c[5]}
-"""
-
-# KEYS: m s q i r, events channel. ARGV: a claim's token, node, client id. Undo what a claim whose client was
-# refused left behind (its claimer never heard back, so the CONNACK said the server was unavailable):
-# a session it resumed waits for its client again (its expiry as TTL), one it created ends; nothing if a
-# later claim, or another node, took the session since. Returns 1 (undone, or nothing to undo).
-ABANDON = """
-local c = redis.call('HMGET', KEYS[1], 'ctok', 'ckind', 'node', 'online', 'expiry')
-if c[1] ~= ARGV[1] or c[3] ~= ARGV[2] or c[4] ~= '1' then return 1 end
-local ttl = math.floor(tonumber(c[5] or '0') * 1000)
-if c[2] ~= '2' or ttl <= 0 then
-  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
-  redis.call(@PUBLISH@, KEYS[6], session_ended(ARGV[2], ARGV[3]))
-  return 1
-end
-redis.call('HSET', KEYS[1], 'online', '0', 'node', '')
-redis.call('HDEL', KEYS[1], 'will', 'will_delay', 'ctok')
-for k = 1, 5 do redis.call('PEXPIRE', KEYS[k], ttl) end
-return 1
-"""
-
-# KEYS: m. The node a session's client is connected to, if any.
-OWNER = """
-local m = redis.call('HMGET', KEYS[1], 'node', 'online')
-if m[2] == '1' then return m[1] end
-return false
-"""
-
-
+# The scripts, each in lua/<name>.lua with its KEYS and ARGV described at its top.
 SCRIPTS = {
-    "claim": CLAIM,
-    "journal": JOURNAL,
-    "park": PARK,
-    "enqueue": ENQUEUE,
-    "discard": DISCARD,
-    "route": ROUTE,
-    "pull": PULL,
-    "owner": OWNER,
-    "will": WILL,
-    "reap": REAP,
-    "takewill": TAKEWILL,
-    "reassert": REASSERT,
-    "claimed": CLAIMED,
-    "abandon": ABANDON,
+    name: lua(name)
+    for name in (
+        "claim",
+        "journal",
+        "park",
+        "enqueue",
+        "discard",
+        "route",
+        "pull",
+        "owner",
+        "will",
+        "reap",
+        "takewill",
+        "reassert",
+        "claimed",
+        "abandon",
+    )
 }
 
 

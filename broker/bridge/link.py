@@ -28,9 +28,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from . import bridgeloop
-from .bridges import BridgeConfig, Forward
-from .codec import (
+from ..bridges import BridgeConfig, Forward
+from ..codec import (
     MQTT5,
     RC,
     Connack,
@@ -54,10 +53,11 @@ from .codec import (
     encode_properties,
     encode_publish,
 )
-from .eventschema import BridgeCloseReason as Close
-from .eventschema import BridgeDropReason as Drop
-from .topic import topic_matches
-from .topicmap import Template
+from ..eventschema import BridgeCloseReason as Close
+from ..eventschema import BridgeDropReason as Drop
+from ..topic import topic_matches
+from ..topicmap import Template
+from . import loop as bridgeloop
 
 #: Session Expiry Interval of the bridge's session in the fleet: it never expires while the bridge exists.
 LOCAL_EXPIRY = 0xFFFFFFFF

@@ -38,8 +38,8 @@ from redis.exceptions import (
 )
 from redis.maint_notifications import MaintNotificationsConfig
 
+from ..config import RedisStoreConfig
 from . import keys
-from .config import RedisStoreConfig
 
 log = logging.getLogger("fleetmq.redis")
 

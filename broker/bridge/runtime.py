@@ -1,4 +1,4 @@
-"""Bridges at run time: on the node that leads a bridge, its link to the remote broker (bridgelink),
+"""Bridges at run time: on the node that leads a bridge, its link to the remote broker (bridge.link),
 connected, relayed and reconnected.
 
 Exactly one node of a fleet forwards a bridge. Leadership is a lease in the store, in the bridge
@@ -26,12 +26,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from . import keys
-from .backoff import Backoff
-from .bridgelink import BridgeLink, Phase, local_connect, local_subscriptions
-from .bridges import BridgeConfig
-from .channel import Channel, ChannelIO
-from .codec import (
+from ..bridges import BridgeConfig
+from ..channel import Channel, ChannelIO
+from ..codec import (
     MQTT5,
     Connack,
     Connect,
@@ -43,12 +40,15 @@ from .codec import (
     Subscribe,
     Unsubscribe,
 )
-from .eventschema import BridgeCloseReason as Close
-from .negotiation import INTERNAL
-from .redisclient import read_secret
-from .router import Subscription
-from .telemetry import Telemetry
-from .websocket import ClientWebSocket
+from ..eventschema import BridgeCloseReason as Close
+from ..negotiation import INTERNAL
+from ..router import Subscription
+from ..store import keys
+from ..store.connections import read_secret
+from ..telemetry import Telemetry
+from ..websocket import ClientWebSocket
+from .backoff import Backoff
+from .link import BridgeLink, Phase, local_connect, local_subscriptions
 
 log = logging.getLogger("fleetmq.bridge")
 
