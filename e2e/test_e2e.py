@@ -820,7 +820,7 @@ def test_prometheus_scrapes_every_pod_through_its_endpoints_and_every_dashboard_
 ):
     if not cluster.routable:
         pytest.skip("Prometheus runs on this machine: the pods must be routable from here (the real node)")
-    from fleetmq.operator import grafana
+    from fleetmq.operator import monitoring
 
     from tests.monitoring.promproc import PrometheusServer
 
@@ -875,7 +875,7 @@ def test_prometheus_scrapes_every_pod_through_its_endpoints_and_every_dashboard_
         variables = {"namespace": APP_NS, "job": "edge-headless", "pod": ".*", "zone": ".*",
                      "__rate_interval": "30s", "__interval": "10s", "__range": "10m"}  # fmt: skip
         empty, nan_only = [], []
-        for dashboard, panel, expr in grafana.dashboard_queries():
+        for dashboard, panel, expr in monitoring.dashboard_queries():
             if "fleetmq_bridge_" in expr:
                 continue  # (this fleet has no MqttBridge: its Bridges row shows "No data", as it should)
             values = {**variables, "namespace": RELEASE_NS} if dashboard == "fleetmq-operator" else variables

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fleetmq.operator import grafana
+from fleetmq.operator import monitoring
 
 pytestmark = pytest.mark.prometheus
 
-ALERTS = grafana.CHART_DIR / grafana.ALERTS_FILE
+ALERTS = monitoring.CHART_DIR / monitoring.ALERTS_FILE
 FLEET = {"namespace": "mq", "job": "edge-headless"}
 
 
@@ -52,7 +52,7 @@ def _commits(pod: str, under_100ms: str, under_250ms: str, total: str) -> list[t
 def test_promtool_accepts_the_chart_rules(promtool: str):
     r = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
-    rules = sum(len(g["rules"]) for g in grafana.alert_groups()["groups"])
+    rules = sum(len(g["rules"]) for g in monitoring.alert_groups()["groups"])
     assert f"SUCCESS: {rules} rules found" in r.stdout
 
 
@@ -299,7 +299,7 @@ CASES = {
 
 
 def test_alerts_fire_on_what_they_are_about_and_not_on_noise(promtool: str, tmp_path: Path):
-    rules = copy.deepcopy(grafana.alert_groups())
+    rules = copy.deepcopy(monitoring.alert_groups())
     for group in rules["groups"]:
         for rule in group["rules"]:
             rule.pop("annotations")  # promtool compares annotations too; the labels are what is tested here

@@ -8,7 +8,7 @@ import copy
 import json
 
 import pytest
-from fleetmq.operator import grafana
+from fleetmq.operator import monitoring
 
 from tests.chart.conftest import CHART
 
@@ -24,14 +24,16 @@ def test_prometheusrule_carries_the_generated_rules(helm):
     (rule,) = _kind(
         helm.template({"prometheusRule": {"labels": {"release": "kps"}}}, *MONITORING), "PrometheusRule"
     )
-    assert rule["spec"] == grafana.alert_groups()
+    assert rule["spec"] == monitoring.alert_groups()
     assert rule["metadata"]["labels"]["release"] == "kps"
     assert rule["metadata"]["namespace"] == "fleetmq-system"
     assert not _kind(helm.template(None), "PrometheusRule")  # no Prometheus Operator: nothing to apply
 
 
 def test_dashboard_configmaps_hold_the_generated_json(helm):
-    files = {rel.rsplit("/", 1)[1]: text for rel, text in grafana.render().items() if rel.endswith(".json")}
+    files = {
+        rel.rsplit("/", 1)[1]: text for rel, text in monitoring.render().items() if rel.endswith(".json")
+    }
     shipped = {}
     for cm in _kind(helm.template(None), "ConfigMap"):
         if cm["metadata"]["labels"].get("grafana_dashboard") == "1":
@@ -44,12 +46,12 @@ def test_dashboard_configmaps_hold_the_generated_json(helm):
 def test_runbook_urls_follow_the_configured_base(helm):
     (rule,) = _kind(helm.template(None, *MONITORING), "PrometheusRule")
     urls = {r["alert"]: r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert urls == {name: grafana.runbook_url(name) for name in urls}  # docs/runbooks/<alert>.md
+    assert urls == {name: monitoring.runbook_url(name) for name in urls}  # docs/runbooks/<alert>.md
     base = "https://git.example/mq/fleetmq/blob/v0.1.0/docs/runbooks"
     (rule,) = _kind(
         helm.template({"prometheusRule": {"runbookBaseUrl": base + "/"}}, *MONITORING), "PrometheusRule"
     )
-    moved = copy.deepcopy(grafana.alert_groups())
+    moved = copy.deepcopy(monitoring.alert_groups())
     for group in moved["groups"]:
         for r in group["rules"]:
             r["annotations"]["runbook_url"] = f"{base}/{r['alert']}.md"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fleetmq.operator import grafana
+from fleetmq.operator import monitoring
 
 from tests.integration import harness
 from tests.integration.harness import BrokerProc, Client, uid
@@ -37,7 +37,7 @@ from tests.support import RedisServer, redis_server_available, wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.prometheus, pytest.mark.timeout(300)]
 
-ALERTS = Path(grafana.CHART_DIR) / grafana.ALERTS_FILE
+ALERTS = Path(monitoring.CHART_DIR) / monitoring.ALERTS_FILE
 NAMESPACE, JOB = "mq", "edge-headless"
 # "slow": a window of 2 and a queue of 5, resends after 1s, QoS 2 entries released after 2s, at most 3.
 SLOW = {
@@ -385,7 +385,7 @@ def _finite(result: list[dict]) -> list[float]:
     return [float(r["value"][1]) for r in result if math.isfinite(float(r["value"][1]))]
 
 
-QUERIES = [q for q in grafana.dashboard_queries() if q[0] != "fleetmq-operator"]
+QUERIES = [q for q in monitoring.dashboard_queries() if q[0] != "fleetmq-operator"]
 
 
 @pytest.mark.parametrize("variables", [ALL, SELECTED], ids=["all", "selected"])
@@ -475,7 +475,7 @@ def test_offline_sessions_are_counted(scenario: Scenario):
     assert scenario.prom.query('sum(fleetmq_sessions{state="offline"}) > 0')["result"]
 
 
-RULES = [r for g in grafana.alert_groups()["groups"] for r in g["rules"]]
+RULES = [r for g in monitoring.alert_groups()["groups"] for r in g["rules"]]
 # alert -> the labels its series must carry in this scenario (absent: it must not fire here)
 FIRING = {
     "FleetmqQueueDrops": {"zone": "slow", "namespace": NAMESPACE, "job": JOB},

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fleetmq.operator import grafana
+from fleetmq.operator import monitoring
 
 from tests.monitoring.promproc import PrometheusServer
 from tests.monitoring.test_promql import substitute
@@ -28,7 +28,7 @@ from tests.support import free_port
 
 pytestmark = [pytest.mark.envtest, pytest.mark.prometheus, pytest.mark.timeout(300)]
 
-QUERIES = [q for q in grafana.dashboard_queries() if q[0] == "fleetmq-operator"]
+QUERIES = [q for q in monitoring.dashboard_queries() if q[0] == "fleetmq-operator"]
 LABELS = {"namespace": "fleetmq-system", "pod": "fleetmq-operator-0"}
 
 
@@ -144,7 +144,7 @@ def test_every_operator_panel_has_data(
         wait_for(
             lambda: replicas() == {"desired": 2, "ready": pods_ready}, msg=f"2 desired, {pods_ready} ready"
         )
-        rules = {r["alert"]: r for g in grafana.alert_groups()["groups"] for r in g["rules"]}
+        rules = {r["alert"]: r for g in monitoring.alert_groups()["groups"] for r in g["rules"]}
         assert prom.query(rules["FleetmqOperatorReconcileErrors"]["expr"])["result"] == []  # nothing failed
         (firing,) = prom.query(rules["FleetmqFleetNotReady"]["expr"])["result"]  # it would after its `for:`
         assert firing["metric"] == {**fleet_labels, "namespace": kube_namespace}, firing

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from fleetmq.broker.metrics import Metrics
-from fleetmq.operator import grafana
 from fleetmq.operator import metrics as operator_metrics
+from fleetmq.operator import monitoring
 from prometheus_client.registry import Collector
 
-DASHBOARDS = {make().uid: make().json() for make in grafana.DASHBOARDS}
+DASHBOARDS = {make().uid: make().json() for make in monitoring.DASHBOARDS}
 BROKER = [uid for uid in DASHBOARDS if uid != "fleetmq-operator"]
 SELECTOR = re.compile(r"\b((?:fleetmq_|up\b)\w*)(\{[^}]*\})?")
 
@@ -84,12 +84,12 @@ def _exprs(dashboard: dict) -> list[tuple[str, str]]:
 
 
 def test_chart_files_are_up_to_date():
-    stale = grafana.stale()
+    stale = monitoring.stale()
     assert not stale, f"charts/fleetmq is stale ({stale}): run `make dashboards`"
 
 
 def test_committed_json_is_what_grafana_loads():
-    for rel, text in grafana.render().items():
+    for rel, text in monitoring.render().items():
         if rel.endswith(".json"):
             d = json.loads(text)
             assert d["uid"] == rel.rsplit("/", 1)[1].removesuffix(".json") and len(d["uid"]) <= 40
@@ -142,7 +142,9 @@ def test_every_metric_the_chart_queries_is_exported():
     """A renamed or removed metric fails here, naming the panel or alert that still reads it."""
     broker, operator = _broker_names(), _exported(operator_metrics.REGISTRY)
     uses = [(f"{uid}: {title}", expr) for uid, d in DASHBOARDS.items() for title, expr in _exprs(d)]
-    uses += [(f"alert {r['alert']}", r["expr"]) for g in grafana.alert_groups()["groups"] for r in g["rules"]]
+    uses += [
+        (f"alert {r['alert']}", r["expr"]) for g in monitoring.alert_groups()["groups"] for r in g["rules"]
+    ]
     for where, expr in uses:
         for name in re.findall(r"\bfleetmq_\w+", expr):
             known = operator if name.startswith("fleetmq_operator_") else broker
@@ -150,7 +152,7 @@ def test_every_metric_the_chart_queries_is_exported():
 
 
 def test_alerts_are_labelled_and_annotated():
-    rules = [r for g in grafana.alert_groups()["groups"] for r in g["rules"]]
+    rules = [r for g in monitoring.alert_groups()["groups"] for r in g["rules"]]
     assert len({r["alert"] for r in rules}) == len(rules)
     for r in rules:
         assert r["labels"]["severity"] in ("warning", "critical")

@@ -6,20 +6,20 @@ from __future__ import annotations
 import re
 
 import pytest
-from fleetmq.operator import grafana
 from fleetmq.operator import metrics as operator_metrics
+from fleetmq.operator import monitoring
 
 from .test_dashboards import _broker_names, _exported
 
-RULES = [r for g in grafana.alert_groups()["groups"] for r in g["rules"]]
+RULES = [r for g in monitoring.alert_groups()["groups"] for r in g["rules"]]
 NAMES = [r["alert"] for r in RULES]
 
 
 @pytest.mark.parametrize("rule", RULES, ids=NAMES)
 def test_every_alert_links_its_runbook_and_the_file_exists(rule: dict):
     url = rule["annotations"].get("runbook_url")
-    assert url == f"{grafana.RUNBOOK_BASE_URL}/{rule['alert']}.md", url
-    path = grafana.RUNBOOK_DIR / f"{rule['alert']}.md"
+    assert url == f"{monitoring.RUNBOOK_BASE_URL}/{rule['alert']}.md", url
+    path = monitoring.RUNBOOK_DIR / f"{rule['alert']}.md"
     assert path.is_file(), f"{rule['alert']}: no runbook at {path}"
     text = path.read_text()
     assert text.startswith(f"# {rule['alert']}\n"), path
@@ -31,25 +31,25 @@ def test_every_alert_links_its_runbook_and_the_file_exists(rule: dict):
 
 
 def test_every_runbook_belongs_to_an_alert():
-    files = {p.stem for p in grafana.RUNBOOK_DIR.glob("*.md")} - {"README"}
+    files = {p.stem for p in monitoring.RUNBOOK_DIR.glob("*.md")} - {"README"}
     assert files == set(NAMES)
 
 
 def test_runbooks_query_only_exported_metrics():
     """A renamed metric fails here too, naming the runbook that still tells people to query it."""
     broker, operator = _broker_names(), _exported(operator_metrics.REGISTRY)
-    for path in sorted(grafana.RUNBOOK_DIR.glob("*.md")):
+    for path in sorted(monitoring.RUNBOOK_DIR.glob("*.md")):
         for name in set(re.findall(r"\bfleetmq_\w+", path.read_text())):
             known = operator if name.startswith("fleetmq_operator_") else broker
             assert name in known, f"{path.name}: {name} is not exported"
 
 
 def test_runbook_base_url_is_replaced_whole():
-    assert grafana.runbook_url(
+    assert monitoring.runbook_url(
         "FleetmqBrokerDown", "https://git.example/fleetmq/-/blob/main/docs/runbooks/"
     ) == ("https://git.example/fleetmq/-/blob/main/docs/runbooks/FleetmqBrokerDown.md")
 
 
 def test_the_readme_names_every_alert():
-    readme = (grafana.RUNBOOK_DIR.parent.parent / "README.md").read_text()
+    readme = (monitoring.RUNBOOK_DIR.parent.parent / "README.md").read_text()
     assert [name for name in NAMES if f"`{name}`" not in readme] == []
