@@ -26,7 +26,7 @@ import kopf
 from fleetmq.broker.auth import hash_password, verify_password
 
 from . import crdsync, metrics, rebalance, render, rollout
-from .crds import GROUP, VERSION, BrokerFleetSpec, SecretKeyRef
+from .crds import GROUP, VERSION, BrokerFleetSpec, SecretKeyRef, fleet_ref
 from .kube import ApiError, Connection, Kube, connect
 from .reports import ReportReader
 from .status import (
@@ -113,36 +113,27 @@ class Operator:
             metrics.forget_fleet(namespace, name)
             await self._zones_without_fleet(namespace, name)
             for user in await self._list_users(namespace):
-                if ((user.get("spec") or {}).get("fleetRef") or {}).get("name") == name:
+                if fleet_ref(user) == name:
                     await self.user_without_fleet(user)
             return "gone"
-        replicas = int((fleet.get("spec") or {}).get("replicas", 3))
         if render.paused(fleet):  # its status stays as it was: so do its gauges
+            # (its spec is not read, so not validated either: a paused fleet is left as it is)
+            replicas = int((fleet.get("spec") or {}).get("replicas", 3))
             metrics.set_fleet(namespace, name, fleet.get("status") or {}, replicas)
             return "paused"
-        zones = [
-            z
-            for z in await kube.list("MqttZone", namespace)
-            if ((z.get("spec") or {}).get("fleetRef") or {}).get("name") == name
-        ]
-        bridge_objs = [
-            b
-            for b in await kube.list("MqttBridge", namespace)
-            if ((b.get("spec") or {}).get("fleetRef") or {}).get("name") == name
-        ]
+        parsed = render.Fleet.parse(fleet)  # the one validation of the spec in a pass (raises if invalid)
+        replicas = parsed.spec.replicas
+        zones = [z for z in await kube.list("MqttZone", namespace) if fleet_ref(z) == name]
+        bridge_objs = [b for b in await kube.list("MqttBridge", namespace) if fleet_ref(b) == name]
         cm_name = render.names(name)["config"]
         current_cm = await kube.get("ConfigMap", namespace, cm_name)
-        accepted, rejected = render.select_zones(fleet, zones, render.applied_zones(current_cm))
+        accepted, rejected = render.select_zones(parsed, zones, render.applied_zones(current_cm))
         bridges, rejected_bridges = render.select_bridges(bridge_objs, render.applied_bridges(current_cm))
         bridges, missing, bridge_files = await self._bridges_with_secrets(
             namespace, bridges, render.applied_bridges(current_cm)
         )
         rejected_bridges |= missing
-        user_objs = [
-            u
-            for u in await self._list_users(namespace)
-            if ((u.get("spec") or {}).get("fleetRef") or {}).get("name") == name
-        ]
+        user_objs = [u for u in await self._list_users(namespace) if fleet_ref(u) == name]
         users, rejected_users = render.select_users(user_objs, accepted)
         users, missing_pw, user_secrets = await self._users_with_passwords(namespace, name, users, user_objs)
         rejected_users |= missing_pw
@@ -155,13 +146,12 @@ class Operator:
         render_error = ""
         passwords: tuple[str | None, str | None] = (None, None)
         try:
-            spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
-            if spec.redis.managed:
+            if parsed.spec.redis.managed:
                 existing = await kube.get("StatefulSet", namespace, render.names(name)["redis"])
-                render.check_redis_topology(spec, existing)
-            passwords = await self._redis_passwords(fleet, spec)
+                render.check_redis_topology(parsed.spec, existing)
+            passwords = await self._redis_passwords(fleet, parsed.spec)
             rendered = render.render(
-                fleet,
+                parsed,
                 accepted,
                 history=render.history(current_cm),
                 redis_password=passwords[0],
@@ -190,17 +180,17 @@ class Operator:
             pods_listed = False
         if rendered is not None:
             observed.nodeinfo, observed.nodeinfo_error = await self._nodeinfo(
-                fleet, rendered.config["store"], passwords
+                fleet, replicas, rendered.config["store"], passwords
             )
-        balancing = await self._rebalance(fleet, observed) if rendered is not None else None
+        balancing = await self._rebalance(parsed, observed) if rendered is not None else None
         if pods_listed:
             await self._steer(namespace, observed, balancing.donors if balancing else set())
-        status = fleet_status(fleet, rendered, render_error, observed)
+        status = fleet_status(parsed, rendered, render_error, observed)
         if balancing is not None and balancing.status is not None:
             status["rebalance"] = _replacing(balancing.status, (fleet.get("status") or {}).get("rebalance"))
         await self._patch_status(fleet, status)
         metrics.set_fleet(namespace, name, status, replicas)
-        await self._zone_statuses(fleet, zones, rejected, rendered, observed, status)
+        await self._zone_statuses(parsed, zones, rejected, rendered, observed, status)
         await self._bridge_statuses(bridge_objs, rejected_bridges, rendered, observed)
         sts = render.names(name)["statefulset"]
         await self._user_statuses(
@@ -242,15 +232,14 @@ class Operator:
                 out.append((name, max(recent, key=lambda te: te[0])[1].get("message", "")))
         return out
 
-    async def _rebalance(self, fleet: dict[str, Any], observed: Observed) -> rebalance.Step | None:
+    async def _rebalance(self, fleet: render.Fleet, observed: Observed) -> rebalance.Step | None:
         """Start, follow or end a rebalance (rebalance.py): write the pods' orders, record events, and
         look again when the orders should be carried out. None while the pods' reports cannot be read."""
         if observed.nodeinfo is None:
             return None
-        meta = fleet["metadata"]
-        key = (meta["namespace"], meta["name"])
-        spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
-        pods = [f"{render.names(meta['name'])['statefulset']}-{i}" for i in range(spec.replicas)]
+        meta, spec = fleet.obj["metadata"], fleet.spec
+        key = (fleet.namespace, fleet.name)
+        pods = [f"{render.names(fleet.name)['statefulset']}-{i}" for i in range(spec.replicas)]
         sts = (observed.statefulset or {}).get("status") or {}
         steady = (
             int(sts.get("readyReplicas") or 0) == int(sts.get("replicas") or 0) == spec.replicas
@@ -261,7 +250,7 @@ class Operator:
         wall = time.time()
         step = rebalance.step(
             spec.rebalance,
-            (fleet.get("status") or {}).get("rebalance"),
+            (fleet.obj.get("status") or {}).get("rebalance"),
             (meta.get("annotations") or {}).get(rebalance.ANNOTATION),
             steady,
             {pod: observed.nodeinfo[pod] for pod in pods if pod in observed.nodeinfo},
@@ -280,7 +269,7 @@ class Operator:
                 if order is not None:
                     return None
         if step.event is not None:
-            await self._event(fleet, *step.event)
+            await self._event(fleet.obj, *step.event)
         if step.recheck is not None:
             self._recheck(*key, step.recheck)
         return step
@@ -600,11 +589,14 @@ class Operator:
                     await self._event(fleet, "Deleted", f"Deleted {kind} {obj['metadata']['name']}")
 
     async def _nodeinfo(
-        self, fleet: dict[str, Any], store: dict[str, Any], passwords: tuple[str | None, str | None]
+        self,
+        fleet: dict[str, Any],
+        replicas: int,
+        store: dict[str, Any],
+        passwords: tuple[str | None, str | None],
     ) -> tuple[dict[str, dict[str, str]] | None, str]:
         """What each broker pod reports in Redis: applied config hash, load, the store's primary."""
         meta = fleet["metadata"]
-        replicas = int((fleet.get("spec") or {}).get("replicas", 3))
         sts = render.names(meta["name"])["statefulset"]
         pods = [f"{sts}-{i}" for i in range(replicas)]
         key = (meta["namespace"], meta["name"])
@@ -630,16 +622,15 @@ class Operator:
 
     async def _zone_statuses(
         self,
-        fleet: dict[str, Any],
+        fleet: render.Fleet,
         zones: list[dict[str, Any]],
         rejected: dict[str, render.Rejection],
         rendered: render.Rendered | None,
         observed: Observed,
         fleet_st: dict[str, Any],
     ) -> None:
-        replicas = int((fleet.get("spec") or {}).get("replicas", 3))
-        sts = render.names(fleet["metadata"]["name"])["statefulset"]
-        all_pods = [f"{sts}-{i}" for i in range(replicas)]
+        sts = render.names(fleet.name)["statefulset"]
+        all_pods = [f"{sts}-{i}" for i in range(fleet.spec.replicas)]
         gens = pod_generations(rendered, observed.nodeinfo or {}, all_pods) if rendered else {}
         for zone in zones:
             zname = zone["metadata"]["name"]
@@ -660,9 +651,7 @@ class Operator:
 
     async def _zones_without_fleet(self, namespace: str, name: str) -> None:
         for zone in await self.kube.list("MqttZone", namespace):
-            if ((zone.get("spec") or {}).get("fleetRef") or {}).get("name") == name and not render.paused(
-                zone
-            ):
+            if fleet_ref(zone) == name and not render.paused(zone):
                 await self.zone_without_fleet(zone)
 
     async def zone_without_fleet(self, zone: dict[str, Any]) -> None:
@@ -674,7 +663,7 @@ class Operator:
         fresh = await self.kube.get("MqttUser", meta["namespace"], meta["name"])
         if fresh is None:
             return
-        fleet = ((fresh.get("spec") or {}).get("fleetRef") or {}).get("name", "")
+        fleet = fleet_ref(fresh) or ""
         missing = render.Rejection("FleetNotFound", f"BrokerFleet {fleet!r} not found in this namespace")
         st = user_status(fresh, rejection=missing, rendered_user=None, rendered=None, nodeinfo=None, pods=[])
         await self._patch_status(fresh, st)
@@ -805,7 +794,7 @@ async def fleet_deleted(namespace: str | None, name: str, memo: kopf.Memo, **_: 
 # ---------------------------------------------------------------------------------------------- zones
 async def _zone_fleet(op: Operator, zone: dict[str, Any]) -> None:
     meta = zone["metadata"]
-    fleet_name = ((zone.get("spec") or {}).get("fleetRef") or {}).get("name")
+    fleet_name = fleet_ref(zone)
     if not fleet_name:
         return
     fleet = await op.kube.get("BrokerFleet", meta["namespace"], fleet_name)
@@ -822,16 +811,15 @@ async def _zone_fleet(op: Operator, zone: dict[str, Any]) -> None:
 async def zone_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> None:
     op = _op(memo)
     zone = await op.kube.get("MqttZone", _ns(body.metadata.namespace), body.metadata.name) or dict(body)
-    previous = ((old or {}).get("spec") or {}).get("fleetRef", {}).get("name")
-    if previous and previous != zone["spec"]["fleetRef"]["name"]:
+    previous = fleet_ref(old)
+    if previous and previous != fleet_ref(zone):
         await op.request(_ns(body.metadata.namespace), previous)  # the old fleet drops the zone
     await _zone_fleet(op, zone)
 
 
 @kopf.on.event(*ZONES, when=lambda type, **_: type == "DELETED")
 async def zone_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    fleet_name = (body.get("spec") or {}).get("fleetRef", {}).get("name")
-    if fleet_name:
+    if fleet_name := fleet_ref(body):
         await _op(memo).request(_ns(body.metadata.namespace), fleet_name)
 
 
@@ -841,8 +829,7 @@ async def zone_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.update(*BRIDGES)
 async def bridge_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> None:
     op = _op(memo)
-    previous = ((old or {}).get("spec") or {}).get("fleetRef", {}).get("name")
-    current = (body.get("spec") or {}).get("fleetRef", {}).get("name")
+    previous, current = fleet_ref(old), fleet_ref(body)
     if previous and previous != current:
         await op.request(_ns(body.metadata.namespace), previous)  # the old fleet drops the bridge
     if current and await op.kube.get("BrokerFleet", _ns(body.metadata.namespace), current) is not None:
@@ -851,8 +838,7 @@ async def bridge_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -
 
 @kopf.on.event(*BRIDGES, when=lambda type, **_: type == "DELETED")
 async def bridge_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    fleet_name = (body.get("spec") or {}).get("fleetRef", {}).get("name")
-    if fleet_name:
+    if fleet_name := fleet_ref(body):
         await _op(memo).request(_ns(body.metadata.namespace), fleet_name)
 
 
@@ -862,8 +848,7 @@ async def bridge_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.update(*USERS)
 async def user_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> None:
     op = _op(memo)
-    previous = ((old or {}).get("spec") or {}).get("fleetRef", {}).get("name")
-    current = (body.get("spec") or {}).get("fleetRef", {}).get("name")
+    previous, current = fleet_ref(old), fleet_ref(body)
     if previous and previous != current:
         await op.request(_ns(body.metadata.namespace), previous)  # the old fleet drops the user
     if current and await op.kube.get("BrokerFleet", _ns(body.metadata.namespace), current) is not None:
@@ -874,8 +859,7 @@ async def user_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> 
 
 @kopf.on.event(*USERS, when=lambda type, **_: type == "DELETED")
 async def user_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    fleet_name = (body.get("spec") or {}).get("fleetRef", {}).get("name")
-    if fleet_name:
+    if fleet_name := fleet_ref(body):
         await _op(memo).request(_ns(body.metadata.namespace), fleet_name)
 
 

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetmq.broker.eventschema import BRIDGE_LOST
-from pydantic import ValidationError
 
-from .crds import RedisSpec
-from .render import Rejection, Rendered, User, names, redis_pods, selector_string
+from .crds import RedisSpec, fleet_ref
+from .render import Fleet, Rejection, Rendered, User, names, redis_pods, selector_string
 
 STATEFULSET_ROLLING = "rolling"
 # Why a container of the fleet's pods cannot run, when a person has to act (a wrong image, a crash loop, a
@@ -157,14 +156,10 @@ def _store_pods(redis: RedisSpec, observed: Observed) -> tuple[int, int, bool]:
 
 
 def store_status(
-    fleet: dict[str, Any], observed: Observed, pods: list[str]
+    redis: RedisSpec, observed: Observed, pods: list[str]
 ) -> tuple[dict[str, Any], tuple[bool | None, str, str]]:
     """status.store and the StoreReady condition (status, reason, message): the managed Redis' pods, and
     what the brokers report of it: the primary they write to, failovers they saw, replicas in sync."""
-    try:
-        redis = RedisSpec.model_validate((fleet.get("spec") or {}).get("redis") or {"managed": True})
-    except ValidationError as e:
-        return {}, (None, "InvalidSpec", str(e))
     reports = [info for pod in pods if (info := (observed.nodeinfo or {}).get(pod))]
     primaries = Counter(r["store_primary"] for r in reports if r.get("store_primary"))
     in_sync = [n for r in reports if (n := _int(r.get("store_replicas_in_sync"))) is not None and n >= 0]
@@ -217,7 +212,7 @@ def _int(value: Any) -> int | None:
 
 
 def fleet_status(
-    fleet: dict[str, Any],
+    fleet: Fleet,
     rendered: Rendered | None,
     render_error: str,
     observed: Observed,
@@ -225,11 +220,10 @@ def fleet_status(
 ) -> dict[str, Any]:
     """The BrokerFleet's status (a merge patch of .status)."""
     timestamp = timestamp or now()
-    meta = fleet["metadata"]
+    meta = fleet.obj["metadata"]
     gen = meta.get("generation")
-    spec = fleet.get("spec") or {}
-    replicas = int(spec.get("replicas", 3))
-    previous = fleet.get("status") or {}
+    replicas = fleet.spec.replicas
+    previous = fleet.obj.get("status") or {}
     conds: list[dict[str, Any]] = list(previous.get("conditions") or [])
     sts_status = (observed.statefulset or {}).get("status") or {}
     ready = int(sts_status.get("readyReplicas") or 0)
@@ -255,7 +249,7 @@ def fleet_status(
                 }
             )
     status["pods"] = reports
-    status["store"], (store_ok, store_reason, store_msg) = store_status(fleet, observed, pods)
+    status["store"], (store_ok, store_reason, store_msg) = store_status(fleet.spec.redis, observed, pods)
     conds = set_condition(conds, "StoreReady", store_ok, store_reason, store_msg, gen, timestamp)
     status["connections"] = sum(r["connections"] for r in reports)
     status["sessions"] = sum(r["sessions"] for r in reports)
@@ -370,7 +364,7 @@ def zone_status(
     meta = zone["metadata"]
     gen = meta.get("generation")
     conds: list[dict[str, Any]] = list((zone.get("status") or {}).get("conditions") or [])
-    fleet = ((zone.get("spec") or {}).get("fleetRef") or {}).get("name", "")
+    fleet = fleet_ref(zone) or ""
     status: dict[str, Any] = {"observedGeneration": gen}
     if not fleet_found:
         msg = f"BrokerFleet {fleet!r} not found in this namespace"

@@ -8,7 +8,17 @@ ranges and enums, under camelCase names grouped as users read them. crdgen turns
 CRDs in crds/.
 """
 
-from .base import API_VERSION, GROUP, VERSION, Condition, CrdModel, ObjectRef, SecretKeyRef, SecretRef
+from .base import (
+    API_VERSION,
+    GROUP,
+    VERSION,
+    Condition,
+    CrdModel,
+    ObjectRef,
+    SecretKeyRef,
+    SecretRef,
+    fleet_ref,
+)
 from .bridge import MqttBridgeSpec, MqttBridgeStatus
 from .fleet import (
     BrokerFleetSpec,
@@ -54,4 +64,5 @@ __all__ = [
     "SecretKeyRef",
     "SecretRef",
     "ServiceSpec",
+    "fleet_ref",
 ]

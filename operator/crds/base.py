@@ -3,9 +3,10 @@ of the namespace, and status conditions."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 GROUP = "fleetmq.io"
 VERSION = "v1alpha1"
@@ -27,6 +28,23 @@ class ObjectRef(CrdModel):
     """A reference to an object in the same namespace."""
 
     name: str = Field(min_length=1, max_length=253, description="Name of the object in this namespace.")
+
+
+class FleetMember(BaseModel):
+    """The fleetRef of an MqttZone, MqttBridge or MqttUser spec alone (the rest ignored): which fleet an
+    object belongs to is known even when the rest of its spec is invalid, so that fleet can say why."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    fleetRef: ObjectRef
+
+
+def fleet_ref(obj: Mapping[str, Any] | None) -> str | None:
+    """The BrokerFleet an MqttZone, MqttBridge or MqttUser object names (None: none, or not valid)."""
+    try:
+        return FleetMember.model_validate((obj or {}).get("spec") or {}).fleetRef.name
+    except ValidationError:
+        return None
 
 
 class SecretRef(CrdModel):

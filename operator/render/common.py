@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..crds import API_VERSION, BrokerFleetSpec, RedisSpec
@@ -32,6 +34,28 @@ USERS_SECRET_DIR = f"{CONFIG_DIR}/fleet-users"
 
 class RenderError(Exception):
     """The fleet's config cannot be rendered; the running fleet is left as it is."""
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A BrokerFleet as the operator reads it: its object (metadata and status as the API server gave
+    them) and its spec, validated once where the object comes in (Fleet.parse)."""
+
+    obj: dict[str, Any]
+    spec: BrokerFleetSpec
+
+    @classmethod
+    def parse(cls, obj: Mapping[str, Any]) -> Fleet:
+        """Raises pydantic's ValidationError when the spec is invalid."""
+        return cls(dict(obj), BrokerFleetSpec.model_validate(obj.get("spec") or {}))
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.obj["metadata"].get("namespace", "default"))
 
 
 def paused(obj: dict[str, Any]) -> bool:

@@ -25,6 +25,7 @@ from .common import (
     REDIS_AUTH_DIR,
     REDIS_PORT,
     SENTINEL_AUTH_DIR,
+    Fleet,
     RenderError,
     names,
     object_meta,
@@ -88,7 +89,7 @@ def store_config(fleet_name: str, namespace: str, spec: BrokerFleetSpec) -> dict
 
 
 def broker_config(
-    fleet: dict[str, Any],
+    fleet: Fleet,
     zones: list[Zone],
     bridges: list[Bridge] = (),  # type: ignore[assignment]
     bridge_files: Collection[str] = (),
@@ -97,8 +98,7 @@ def broker_config(
     """The broker config file (snake_case, the docs/design.md contract) of a fleet, its zones, bridges and
     users."""
     files = user_files(zones, users)
-    meta = fleet["metadata"]
-    spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
+    spec = fleet.spec
     zone_cfg: dict[str, Any] = {}
     listeners: list[dict[str, Any]] = []
     for zone in zones:
@@ -125,12 +125,12 @@ def broker_config(
                         entry["peer_cert_as_username"] = lst.peer_cert_as_username
             listeners.append(entry)
     return {
-        "store": store_config(meta["name"], meta.get("namespace", "default"), spec),
+        "store": store_config(fleet.name, fleet.namespace, spec),
         "zones": zone_cfg,
         "listeners": listeners,
         "metrics": {"bind": f"0.0.0.0:{spec.metrics.port}"},
         # the streams are fmq:eventlog:<fleet>:{<tag>} in the fleet's Redis, where the pipeline reads them
-        "event_log": {**cast(BaseModel, spec.eventLog).model_dump(mode="json"), "fleet": meta["name"]},
+        "event_log": {**cast(BaseModel, spec.eventLog).model_dump(mode="json"), "fleet": fleet.name},
         "bridges": [bridge_config(b, bridge_files) for b in bridges],
         "shutdown": {
             "eviction_rate": spec.evictionRate,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..crds import BrokerFleetSpec
 from .broker import statefulset
+from .common import Fleet
 from .config import HISTORY_LEN, broker_config, config_map, expected_hash, restart_hash
 from .pods import pdb
 from .redis import redis_manifests
@@ -26,7 +26,7 @@ class Rendered:
 
 
 def render(
-    fleet: dict[str, Any],
+    fleet: Fleet,
     zones: list[Zone],
     *,
     bridges: list[Bridge] = (),  # type: ignore[assignment]
@@ -54,21 +54,21 @@ def render(
     uhist = {h: t for h, t in (user_history or {}).items() if h != digest}
     uhist[digest] = {u.name: u.token for u in users}
     out.user_history = dict(list(uhist.items())[-HISTORY_LEN:])
-    spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
+    spec, obj = fleet.spec, fleet.obj
     # An existing Redis' password, changed in its Secret, takes new broker pods; the managed Redis' is
     # generated once and never changed by the operator (its servers read it only at start, too).
     hashed_password = None if spec.redis.managed else redis_password
     out.manifests = [
-        config_map(fleet, config, digest, zones, hist, bridges, out.user_history),
-        bridge_secret(fleet, bridge_files),
-        users_secret(fleet, user_files(zones, users)),
-        statefulset(fleet, spec, zones, restart_hash(config, hashed_password), bridges),
-        headless_service(fleet, spec),
-        pdb(fleet),
-        *client_services(fleet, spec, zones),
+        config_map(obj, config, digest, zones, hist, bridges, out.user_history),
+        bridge_secret(obj, bridge_files),
+        users_secret(obj, user_files(zones, users)),
+        statefulset(obj, spec, zones, restart_hash(config, hashed_password), bridges),
+        headless_service(obj, spec),
+        pdb(obj),
+        *client_services(obj, spec, zones),
     ]
     if spec.redis.managed:
-        out.manifests += redis_manifests(fleet, spec)
+        out.manifests += redis_manifests(obj, spec)
     if service_monitor and spec.metrics.serviceMonitor:
-        out.manifests.append(servicemonitor(fleet, spec))
+        out.manifests.append(servicemonitor(obj, spec))
     return out

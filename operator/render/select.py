@@ -12,8 +12,8 @@ from typing import Any
 from fleetmq.broker.config import format_validation_error
 from pydantic import ValidationError
 
-from ..crds import BrokerFleetSpec, MqttBridgeSpec, MqttUserSpec, MqttZoneSpec
-from .common import USERS_SECRET_DIR, paused, short_digest
+from ..crds import MqttBridgeSpec, MqttUserSpec, MqttZoneSpec
+from .common import USERS_SECRET_DIR, Fleet, paused, short_digest
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def _created(obj: dict[str, Any]) -> tuple[str, str]:
 
 
 def select_zones(
-    fleet: dict[str, Any],
+    fleet: Fleet,
     zone_objs: list[dict[str, Any]],
     last_applied: dict[str, Zone] | None = None,
 ) -> tuple[list[Zone], dict[str, Rejection]]:
@@ -75,9 +75,8 @@ def select_zones(
     A zone that is invalid, collides with an earlier zone's port, or is paused keeps the version last
     applied (`last_applied`), so a bad edit never takes a running zone away; oldest zone wins a port.
     """
-    fleet_spec = BrokerFleetSpec.model_validate(fleet.get("spec") or {})
     last_applied = last_applied or {}
-    taken: dict[int, str] = {fleet_spec.metrics.port: "the fleet's metrics port"}
+    taken: dict[int, str] = {fleet.spec.metrics.port: "the fleet's metrics port"}
     accepted: list[Zone] = []
     rejected: dict[str, Rejection] = {}
 

@@ -202,7 +202,7 @@ def test_examples_render_a_fleet_zone_test_pod_and_cleanup_hook(helm):
     # the operator accepts them, and the Service the test pod connects to is one it renders
     fleet["metadata"]["uid"] = "uid"
     spec = crds.MqttZoneSpec.model_validate(zone["spec"])
-    rendered = render.render(fleet, [render.Zone("external", 1, spec)])
+    rendered = render.render(render.Fleet.parse(fleet), [render.Zone("external", 1, spec)])
     services = {o["metadata"]["name"]: o for o in rendered.manifests if o["kind"] == "Service"}
     pod = find(m, "Pod")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"

@@ -49,9 +49,13 @@ def test_rendered_pods_are_admitted_under_restricted(control_plane, kube_namespa
         "generation": 1,
         "creationTimestamp": "2026-01-01T00:00:00Z",
     }
-    accepted, rejected = render.select_zones(f, [z])
+    accepted, rejected = render.select_zones(render.Fleet.parse(f), [z])
     assert not rejected
-    sets = [m for m in render.render(f, accepted).manifests if m["kind"] in ("StatefulSet", "Job")]
+    sets = [
+        m
+        for m in render.render(render.Fleet.parse(f), accepted).manifests
+        if m["kind"] in ("StatefulSet", "Job")
+    ]
     expected = {"edge", "edge-redis"} | ({"edge-redis-sentinel"} if mode == "sentinel" else set())
     assert {s["metadata"]["name"] for s in sets if s["kind"] == "StatefulSet"} == expected
     assert len(sets) == len(expected) + (mode == "cluster")  # the Job forming the cluster

@@ -286,7 +286,7 @@ def test_store_status_from_the_redis_pods_and_the_brokers_reports():
         },
         store_children={"StatefulSet/edge-redis": _sts(3), "StatefulSet/edge-redis-sentinel": _sts(3)},
     )
-    st = fleet_status(f, r, "", observed)
+    st = fleet_status(render.Fleet.parse(f), r, "", observed)
     assert st["store"] == {"mode": "sentinel", "managed": True, "readyPods": 6, "wantedPods": 6,
                            "primary": "edge-redis-1.edge-redis.mq.svc:6379", "failovers": 1,
                            "replicasInSync": 1}  # fmt: skip
@@ -295,13 +295,17 @@ def test_store_status_from_the_redis_pods_and_the_brokers_reports():
     assert "edge-redis-1.edge-redis.mq.svc:6379" in cond["message"]
 
     observed.store_children["StatefulSet/edge-redis-sentinel"] = _sts(1)
-    cond = next(c for c in fleet_status(f, r, "", observed)["conditions"] if c["type"] == "StoreReady")
+    cond = next(
+        c
+        for c in fleet_status(render.Fleet.parse(f), r, "", observed)["conditions"]
+        if c["type"] == "StoreReady"
+    )
     assert (cond["status"], cond["reason"]) == ("False", "PodsNotReady") and "4/6" in cond["message"]
 
     # acks wait for one replica: none in sync means publishes are not acknowledged
     observed.store_children["StatefulSet/edge-redis-sentinel"] = _sts(3)
     observed.nodeinfo = {"edge-0": report | {"store_replicas_in_sync": "0"}}
-    st = fleet_status(f, r, "", observed)
+    st = fleet_status(render.Fleet.parse(f), r, "", observed)
     cond = next(c for c in st["conditions"] if c["type"] == "StoreReady")
     assert (cond["status"], cond["reason"]) == ("False", "ReplicasNotInSync")
     assert st["store"]["replicasInSync"] == 0
@@ -312,23 +316,29 @@ def test_store_status_of_a_cluster_waits_for_its_job_and_of_an_existing_redis_fo
     r = rendered(f, zone("external"))
     job = f"Job/{by_kind(r, 'Job')[0]['metadata']['name']}"
     observed = Observed(store_children={"StatefulSet/edge-redis": _sts(6), job: {"status": {"active": 1}}})
-    st = fleet_status(f, r, "", observed)
+    st = fleet_status(render.Fleet.parse(f), r, "", observed)
     cond = next(c for c in st["conditions"] if c["type"] == "StoreReady")
     assert (cond["reason"], st["store"]["wantedPods"]) == ("ClusterForming", 6)
     observed.store_children[job] = {"status": {"succeeded": 1}}
-    cond = next(c for c in fleet_status(f, r, "", observed)["conditions"] if c["type"] == "StoreReady")
+    cond = next(
+        c
+        for c in fleet_status(render.Fleet.parse(f), r, "", observed)["conditions"]
+        if c["type"] == "StoreReady"
+    )
     assert cond["status"] == "True"
 
     f = fleet(redis={"sentinel": {"nodes": ["s:26379"], "master": "m"}})
     r = rendered(f, zone("external"))
-    st = fleet_status(f, r, "", Observed(nodeinfo=None, nodeinfo_error="connection refused"))
+    st = fleet_status(
+        render.Fleet.parse(f), r, "", Observed(nodeinfo=None, nodeinfo_error="connection refused")
+    )
     cond = next(c for c in st["conditions"] if c["type"] == "StoreReady")
     assert (cond["status"], cond["reason"]) == ("False", "Unreachable") and "connection refused" in cond[
         "message"
     ]
     assert st["store"]["mode"] == "sentinel" and st["store"]["managed"] is False
     assert st["store"]["wantedPods"] is None
-    st = fleet_status(f, r, "", Observed(nodeinfo={}))
+    st = fleet_status(render.Fleet.parse(f), r, "", Observed(nodeinfo={}))
     assert next(c for c in st["conditions"] if c["type"] == "StoreReady")["status"] == "True"
 
 

@@ -31,9 +31,9 @@ def zone(name: str, gen: int = 1, created: str = "2024-01-01T00:00:00Z", **spec)
 
 
 def rendered(f: dict, *zones: dict, **kw) -> render.Rendered:
-    accepted, rejected = render.select_zones(f, list(zones))
+    accepted, rejected = render.select_zones(render.Fleet.parse(f), list(zones))
     assert not rejected, rejected
-    return render.render(f, accepted, **kw)
+    return render.render(render.Fleet.parse(f), accepted, **kw)
 
 
 def by_kind(r: render.Rendered, kind: str) -> list[dict]:
@@ -177,11 +177,11 @@ def test_port_conflict_rejects_the_younger_zone_only():
     f = fleet()
     old = zone("a", listeners=[{"name": "mqtt", "port": 1883}])
     young = zone("b", created="2024-02-01T00:00:00Z", listeners=[{"name": "mqtt", "port": 1883}])
-    accepted, rejected = render.select_zones(f, [young, old])
+    accepted, rejected = render.select_zones(render.Fleet.parse(f), [young, old])
     assert [z.name for z in accepted] == ["a"]
     assert rejected["b"].reason == "PortConflict" and "zone a" in rejected["b"].message
     metrics_clash = zone("c", listeners=[{"name": "mqtt", "port": 9100}])
-    _, rejected = render.select_zones(f, [metrics_clash])
+    _, rejected = render.select_zones(render.Fleet.parse(f), [metrics_clash])
     assert "metrics" in rejected["c"].message
 
 
@@ -191,14 +191,14 @@ def test_broken_or_paused_zone_keeps_its_last_applied_version():
     last = render.applied_zones(by_kind(good, "ConfigMap")[0])
     assert last["external"].spec.session.max_inflight == 5
     bad = zone("external", gen=2, session={"maxInflight": -1})
-    accepted, rejected = render.select_zones(f, [bad], last)
+    accepted, rejected = render.select_zones(render.Fleet.parse(f), [bad], last)
     assert (
         rejected["external"].reason == "InvalidSpec" and "session.maxInflight" in rejected["external"].message
     )
     assert [(z.name, z.generation, z.spec.session.max_inflight) for z in accepted] == [("external", 1, 5)]
     paused = zone("external", gen=3, session={"maxInflight": 99})
     paused["metadata"]["annotations"] = {render.PAUSED: "true"}
-    accepted, rejected = render.select_zones(f, [paused], last)
+    accepted, rejected = render.select_zones(render.Fleet.parse(f), [paused], last)
     assert rejected["external"].reason == "Paused"
     assert accepted[0].spec.session.max_inflight == 5
 
@@ -211,8 +211,10 @@ def test_long_names_are_cut_to_valid_object_names():
 def test_status_maps_pod_hashes_to_zone_generations():
     f = fleet()
     r1 = rendered(f, zone("external", gen=1))
-    (z2,), _ = render.select_zones(f, [zone("external", gen=2, session={"maxInflight": 3})])
-    r2 = render.render(f, [z2], history=r1.history)
+    (z2,), _ = render.select_zones(
+        render.Fleet.parse(f), [zone("external", gen=2, session={"maxInflight": 3})]
+    )
+    r2 = render.render(render.Fleet.parse(f), [z2], history=r1.history)
     assert r2.history == {r1.config_hash: {"external": 1}, r2.config_hash: {"external": 2}}
     sts = {"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "replicas": 2, "readyReplicas": 2,
            "updatedReplicas": 2, "currentRevision": "a", "updateRevision": "a"}}  # fmt: skip
@@ -220,21 +222,26 @@ def test_status_maps_pod_hashes_to_zone_generations():
         "edge-0": {"config_hash": r2.config_hash, "connections": "3", "sessions": "2"},
         "edge-1": {"config_hash": r1.config_hash, "connections": "1", "sessions": "1"},
     }
-    st = fleet_status(f, r2, "", Observed(statefulset=sts, nodeinfo=info))
+    st = fleet_status(render.Fleet.parse(f), r2, "", Observed(statefulset=sts, nodeinfo=info))
     conds = {c["type"]: c for c in st["conditions"]}
     assert st["zones"]["external"] == {"generation": 2, "appliedGeneration": 1, "podsApplied": 1}
     assert (st["connections"], st["sessions"], st["readyReplicas"]) == (4, 3, 2)
     assert conds["ConfigApplied"]["status"] == "False" and "1/2" in conds["ConfigApplied"]["message"]
     assert conds["Ready"]["status"] == "False" and conds["Progressing"]["status"] == "True"
     info["edge-1"]["config_hash"] = r2.config_hash
-    st2 = fleet_status(f | {"status": st}, r2, "", Observed(statefulset=sts, nodeinfo=info))
+    st2 = fleet_status(
+        render.Fleet.parse(f | {"status": st}), r2, "", Observed(statefulset=sts, nodeinfo=info)
+    )
     conds2 = {c["type"]: c for c in st2["conditions"]}
     # every pod on the config, but the managed Redis' pods not ready: the store is not, so neither the fleet
     assert (conds2["Ready"]["status"], conds2["Ready"]["reason"]) == ("False", "StoreNotReady")
     assert conds2["Ready"]["message"] == conds2["StoreReady"]["message"]
     redis = {f"StatefulSet/edge-{n}": {"status": {"readyReplicas": 3}} for n in ("redis", "redis-sentinel")}
     st2 = fleet_status(
-        f | {"status": st}, r2, "", Observed(statefulset=sts, nodeinfo=info, store_children=redis)
+        render.Fleet.parse(f | {"status": st}),
+        r2,
+        "",
+        Observed(statefulset=sts, nodeinfo=info, store_children=redis),
     )
     conds2 = {c["type"]: c for c in st2["conditions"]}
     assert conds2["Ready"]["status"] == "True" and conds2["Degraded"]["status"] == "False"
@@ -268,7 +275,7 @@ def test_pods_that_cannot_run_are_said_in_degraded_and_ready():
         {"metadata": {"name": "edge-redis-0"}, "status": {"conditions": [
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes: cpu"}]}},
     ]  # fmt: skip
-    st = fleet_status(f, r, "", Observed(statefulset=sts, pods=pods))
+    st = fleet_status(render.Fleet.parse(f), r, "", Observed(statefulset=sts, pods=pods))
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["Degraded"]["status"] == "True" and conds["Degraded"]["reason"] == "ImagePullBackOff"
     assert conds["Degraded"]["message"] == (
@@ -279,7 +286,7 @@ def test_pods_that_cannot_run_are_said_in_degraded_and_ready():
     # a pod merely starting (ContainerCreating) is no problem
     pods = [{"metadata": {"name": "edge-1"}, "status": {"containerStatuses": [
         {"state": {"waiting": {"reason": "ContainerCreating"}}}]}}]  # fmt: skip
-    st = fleet_status(f, r, "", Observed(statefulset=sts, pods=pods))
+    st = fleet_status(render.Fleet.parse(f), r, "", Observed(statefulset=sts, pods=pods))
     assert next(c for c in st["conditions"] if c["type"] == "Degraded")["status"] == "False"
 
 
@@ -314,8 +321,8 @@ def test_bridges_get_their_secrets_files_through_the_fleets_bridge_secret():
     # the TLS Secret has a CA and a certificate without its key: the CA is used, the certificate is not
     files = render.bridge_secret_files("cloud", "czNjcmV0", {"ca.crt": "Q0E=", "tls.crt": "Q1JU"})
     assert files == {"cloud.password": "czNjcmV0", "cloud.ca.crt": "Q0E="}
-    zones = render.select_zones(fleet(), [zone("external")])[0]
-    r = render.render(fleet(), zones, bridges=bridges, bridge_files=files)
+    zones = render.select_zones(render.Fleet.parse(fleet()), [zone("external")])[0]
+    r = render.render(render.Fleet.parse(fleet()), zones, bridges=bridges, bridge_files=files)
     cfg = BrokerConfig.model_validate(r.config | {"node_id": "edge-1"})
     [bc] = cfg.bridges
     assert (bc.name, bc.remote.address, bc.remote.username) == ("cloud", ("mqtt.example.com", 8883), "edge")
@@ -330,7 +337,7 @@ def test_bridges_get_their_secrets_files_through_the_fleets_bridge_secret():
     [secret, _users] = by_kind(r, "Secret")
     assert secret["metadata"]["name"] == "edge-bridge-secrets" and secret["data"] == files
     assert secret["metadata"]["ownerReferences"][0]["kind"] == "BrokerFleet"
-    without = render.render(fleet(), zones)
+    without = render.render(render.Fleet.parse(fleet()), zones)
     assert broker_sts(r)["spec"]["template"] == broker_sts(without)["spec"]["template"]
     pod = broker_sts(r)["spec"]["template"]["spec"]
     assert {"name": "bridge-secrets", "secret": {"secretName": "edge-bridge-secrets"}} in pod["volumes"]
@@ -386,7 +393,7 @@ def test_bridge_status_from_the_pods_reports():
 
     b = mqtt_bridge("cloud", gen=3)
     bridges, _ = render.select_bridges([b])
-    r = render.render(fleet(), [], bridges=bridges)
+    r = render.render(render.Fleet.parse(fleet()), [], bridges=bridges)
     assert render.applied_bridges(by_kind(r, "ConfigMap")[0]) == {"cloud": bridges[0]}
     reports = {
         "edge-0": {"bridges": json.dumps({"cloud": {"leader": False, "connected": False, "queue": 0,

@@ -28,7 +28,7 @@ def user(name: str, created: str = "2024-01-01T00:00:00Z", gen: int = 1, **spec)
 
 
 def served(*zones: dict) -> list[render.Zone]:
-    accepted, rejected = render.select_zones(fleet(), list(zones))
+    accepted, rejected = render.select_zones(render.Fleet.parse(fleet()), list(zones))
     assert not rejected
     return accepted
 
@@ -52,7 +52,7 @@ def test_users_go_into_their_zones_with_their_rules_and_certificate_names(tmp_pa
     }  # fmt: skip
     users = [u if u.name == "cert-only" else dataclasses.replace(u, entry=hash_password(u.name, iterations=1000))
              for u in users]  # fmt: skip
-    r = render.render(fleet(), zones, users=users)
+    r = render.render(render.Fleet.parse(fleet()), zones, users=users)
     cfg = BrokerConfig.model_validate(r.config)
     ext, internal = cfg.zones["external"], cfg.zones["internal"]
     assert list(ext.user_acl) == ["sensor"] and [a.model_dump() for a in ext.user_acl["sensor"]] == rules
@@ -77,9 +77,9 @@ def test_users_go_into_their_zones_with_their_rules_and_certificate_names(tmp_pa
 
 def test_adding_a_user_changes_the_config_not_the_pod_template():
     zones = served(zone("external"))
-    before = render.render(fleet(), zones)
+    before = render.render(render.Fleet.parse(fleet()), zones)
     users = with_hashes(render.select_users([user("sensor")], zones)[0])
-    after = render.render(fleet(), zones, users=users, user_history=before.user_history)
+    after = render.render(render.Fleet.parse(fleet()), zones, users=users, user_history=before.user_history)
     sts = [next(m for m in r.manifests if m["kind"] == "StatefulSet") for r in (before, after)]
     assert sts[0]["spec"]["template"] == sts[1]["spec"]["template"]
     assert before.config_hash != after.config_hash
@@ -109,12 +109,14 @@ def test_unknown_zones_and_taken_names_are_said_and_the_rest_rendered():
 def test_a_zone_refusing_anonymous_clients_without_users_gets_an_empty_users_file():
     """Without any users file a broker checks no password: a closed zone must get one, even empty."""
     zones = served(zone("external", authentication={"allowAnonymous": False}))
-    cfg = BrokerConfig.model_validate(render.render(fleet(), zones).config)
+    cfg = BrokerConfig.model_validate(render.render(render.Fleet.parse(fleet()), zones).config)
     [pinned] = cfg.zones["external"].users_files
     assert pinned.sha256 == hashlib.sha256(b"").hexdigest()
     open_zone = served(zone("external"))
     assert (
-        BrokerConfig.model_validate(render.render(fleet(), open_zone).config).zones["external"].users_files
+        BrokerConfig.model_validate(render.render(render.Fleet.parse(fleet()), open_zone).config)
+        .zones["external"]
+        .users_files
         == []
     )
 
@@ -123,7 +125,7 @@ def test_peer_cert_as_username_reaches_the_listener():
     tls = {"name": "mqtts", "port": 8883, "protocol": "tls", "tlsSecretRef": {"name": "t"}, "verifyPeer": True,
            "peerCertAsUsername": "cn"}  # fmt: skip
     cfg = BrokerConfig.model_validate(
-        render.render(fleet(), served(zone("external", listeners=[tls]))).config
+        render.render(render.Fleet.parse(fleet()), served(zone("external", listeners=[tls]))).config
     )
     assert cfg.listeners[0].peer_cert_as_username == "cn" and cfg.listeners[0].cafile
 
@@ -132,9 +134,9 @@ def test_user_status_follows_the_pods_hashes_and_the_password():
     zones = served(zone("external"))
     obj = user("sensor")
     users = with_hashes(render.select_users([obj], zones)[0])
-    r1 = render.render(fleet(), zones, users=users)
+    r1 = render.render(render.Fleet.parse(fleet()), zones, users=users)
     rotated = [dataclasses.replace(users[0], entry=hash_password("new", iterations=1000))]
-    r2 = render.render(fleet(), zones, users=rotated, user_history=r1.user_history)
+    r2 = render.render(render.Fleet.parse(fleet()), zones, users=rotated, user_history=r1.user_history)
     pods = ["edge-0", "edge-1"]
     info = {"edge-0": {"config_hash": r2.config_hash}, "edge-1": {"config_hash": r1.config_hash}}
     st = user_status(obj, rejection=None, rendered_user=rotated[0], rendered=r2, nodeinfo=info, pods=pods,
