@@ -9,41 +9,18 @@ does for a mounted ConfigMap; the broker's file watch picks it up.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import urllib.request
-
 import pytest
 import yaml
 from fleetmq.operator import metrics, render
 
-from tests.integration.harness import LIVE_BROKERS, BrokerProc, _wait_port, uid
+from tests.integration.harness import uid
 from tests.integration.mqttraw import PUBACK, PUBLISH, RawClient
 from tests.support import free_port
 
 from .conftest import fleet, wait_for, zone
+from .support import readyz, start_pod
 
 pytestmark = pytest.mark.redis
-
-
-def readyz(port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-        return json.loads(r.read())
-
-
-def start_pod(config_path, node_id: str, mqtt_port: int, metrics_port: int, workdir) -> BrokerProc:
-    """One broker "pod": the command line the StatefulSet gives its container."""
-    log_path = workdir / f"{node_id}.log"
-    cmd = [sys.executable, "-m", "fleetmq.broker", "--config", str(config_path), "--node-id", node_id]
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    bp = BrokerProc("127.0.0.1", mqtt_port, metrics_port, proc, log_path, "fleetmq", config_path,
-                    {"external/mqtt": mqtt_port}, cmd)  # fmt: skip
-    LIVE_BROKERS.append(bp)
-    for port in (mqtt_port, metrics_port):
-        _wait_port(bp, port)
-    return bp
 
 
 def test_zone_change_through_the_apiserver_reaches_running_brokers(

@@ -22,7 +22,7 @@ from tests.integration.mqttraw import RawClient
 from tests.support import free_port
 
 from .conftest import fleet, wait_for, zone
-from .test_operator_dataplane import start_pod
+from .support import start_pod
 
 pytestmark = pytest.mark.redis
 

@@ -14,8 +14,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from tests.support import HOST, free_port
 
 from .conftest import fleet, wait_for, zone
-from .test_operator_dataplane import start_pod
-from .test_redis_scripts import PASSWORD, ScriptedRedis, free_cluster_port, run_script
+from .support import PASSWORD, ScriptedRedis, free_cluster_port, run_script, start_pod
 
 pytestmark = pytest.mark.redis
 

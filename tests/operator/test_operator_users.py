@@ -18,7 +18,7 @@ from tests.integration.mqttraw import CONNACK, PUBACK, PUBLISH, RawClient
 from tests.support import free_port
 
 from .conftest import fleet, user, wait_for, zone
-from .test_operator_dataplane import readyz, start_pod
+from .support import readyz, start_pod
 
 
 def config_of(k) -> dict:

@@ -18,9 +18,6 @@ applets linked there beside redis-server and redis-cli: what redis:7-alpine has)
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
 import threading
 from pathlib import Path
 
@@ -28,50 +25,14 @@ import pytest
 import redis
 from fleetmq.broker.config import RedisStoreConfig
 from fleetmq.broker.store.connections import StoreConnections
-from fleetmq.operator import render
 
 from tests.support import HOST, RedisServer, free_port, wait_until
 
+from .support import PASSWORD, ScriptedRedis, free_cluster_port, run_script
+
 pytestmark = pytest.mark.redis
 
-SCRIPT = render.SCRIPT_PATH
-SH_PATH = os.environ.get("FLEETMQ_REDIS_SH_PATH", "/usr/bin:/bin")
-PASSWORD = "s3cret-for-the-test"
 MASTER = "edge"
-
-
-class ScriptedRedis(RedisServer):
-    """One Redis "pod": `redis.sh <role>` with the container's environment (the script execs the server,
-    so this process is the server)."""
-
-    def __init__(self, data_dir: Path, port: int, role: str, env: dict[str, str]):
-        self.role, self.environment = role, env
-        self.password = PASSWORD
-        super().__init__(data_dir, port, autostart=False)
-
-    def argv(self) -> list[str]:
-        return ["sh", str(SCRIPT), self.role]
-
-    def env(self) -> dict[str, str]:
-        return {"PATH": SH_PATH, **self.environment}
-
-    @property
-    def host(self) -> str:
-        return self.environment.get("REDIS_LOCAL", HOST)
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def run_script(command: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["sh", str(SCRIPT), command],
-        env={"PATH": SH_PATH, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def role(server: RedisServer) -> list:
@@ -444,20 +405,6 @@ def test_a_starting_server_follows_the_primary_not_a_stale_view(stale_deployment
 
 
 # ------------------------------------------------------------------------------------------- cluster
-def free_cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((HOST, port + 10000))
-            except OSError:
-                continue
-        return port
-
-
 def test_cluster_create_once_failover_and_rejoin(tmp_path, password_file):
     ports = [free_cluster_port() for _ in range(6)]
     nodes = " ".join(f"{HOST}:{p}" for p in ports)

@@ -11,66 +11,14 @@ import re
 from pathlib import Path
 
 import pytest
-from fleetmq.broker.metrics import Metrics
 from fleetmq.operator import metrics as operator_metrics
 from fleetmq.operator import monitoring
-from prometheus_client.registry import Collector
+
+from .metrics_support import broker_names, exported, zoned_names
 
 DASHBOARDS = {make().uid: make().json() for make in monitoring.DASHBOARDS}
 BROKER = [uid for uid in DASHBOARDS if uid != "fleetmq-operator"]
 SELECTOR = re.compile(r"\b((?:fleetmq_|up\b)\w*)(\{[^}]*\})?")
-
-
-def _exported(collector: Collector) -> set[str]:
-    """Sample names a collector exports, whether or not it has samples yet."""
-    out: set[str] = set()
-    for fam in collector.collect():
-        out |= {s.name for s in fam.samples}
-        if fam.type == "counter":
-            out.add(f"{fam.name}_total")
-        elif fam.type == "histogram":
-            out |= {f"{fam.name}_bucket", f"{fam.name}_count", f"{fam.name}_sum"}
-        else:
-            out.add(fam.name)
-    return out
-
-
-def _broker_metrics() -> Metrics:
-    """A node's metrics with one zone and a sample in every family, as a busy broker exports them."""
-    m = Metrics()
-    m.zone("default")
-    m.store_ops["commit"].observe(0.001)
-    m.event_log = lambda: (0, 0, 0)  # its counters exist while the event log is on
-    m.store_topology = lambda: ("sentinel", ["10.0.0.1:6379"], 0, 0)  # those of a Redis store
-    m.store_replicas_in_sync = lambda: 2
-    m.store_round_trips = lambda: {"10.0.0.1:6379": 1}
-    m.config_info = {"default": "abc"}
-    m.bridges = lambda: {  # a node with a bridge (bridge.Bridge.report)
-        "cloud": {"connected": True, "leader": True, "queue": 0, "queue_limit": 1000, "inflight": 0,
-                  "forwarded": 0, "received": 0, "dropped": {}, "reconnects": {}, "leader_changes": 1,
-                  "sessions_lost": 0}
-    }  # fmt: skip
-    m.gauges = lambda: {
-        "connections": {"default": 1},
-        "sessions": {("default", "online"): 1, ("default", "offline"): 0},
-        "inflight": {"default": 0},
-        "mqueue": {"default": 0},
-        "awaiting_rel": {"default": 0},
-        "max_inflight": {"default": 32},
-        "max_mqueue_len": {"default": 1000},
-    }
-    return m
-
-
-def _broker_names() -> set[str]:
-    return _exported(_broker_metrics().collector())
-
-
-def _zoned_names() -> set[str]:
-    """Samples that carry a zone label (the $zone variable must narrow them)."""
-    return {
-        s.name for fam in _broker_metrics().collector().collect() for s in fam.samples if "zone" in s.labels
-    }
 
 
 def _exprs(dashboard: dict) -> list[tuple[str, str]]:
@@ -125,7 +73,7 @@ def test_panels_are_laid_out_described_and_bound_to_the_datasource_variable(uid:
 @pytest.mark.parametrize("uid", BROKER)
 def test_every_broker_selector_follows_the_template_variables(uid: str):
     """Picking a namespace, fleet, pod or zone narrows every panel, not just some."""
-    zoned = _zoned_names()
+    zoned = zoned_names()
     assert "fleetmq_connections" in zoned and "fleetmq_store_errors_total" not in zoned
     for title, expr in _exprs(DASHBOARDS[uid]):
         if title.startswith("variable"):
@@ -140,7 +88,7 @@ def test_every_broker_selector_follows_the_template_variables(uid: str):
 
 def test_every_metric_the_chart_queries_is_exported():
     """A renamed or removed metric fails here, naming the panel or alert that still reads it."""
-    broker, operator = _broker_names(), _exported(operator_metrics.REGISTRY)
+    broker, operator = broker_names(), exported(operator_metrics.REGISTRY)
     uses = [(f"{uid}: {title}", expr) for uid, d in DASHBOARDS.items() for title, expr in _exprs(d)]
     uses += [
         (f"alert {r['alert']}", r["expr"]) for g in monitoring.alert_groups()["groups"] for r in g["rules"]

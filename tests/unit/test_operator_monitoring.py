@@ -12,7 +12,7 @@ from fleetmq.operator import render
 from fleetmq.operator.crds import BrokerFleetSpec
 from pydantic import ValidationError
 
-from .test_operator_render import by_kind, fleet, rendered, zone
+from .operator_support import by_kind, fleet, rendered, zone
 
 
 def monitor(**metrics) -> dict:

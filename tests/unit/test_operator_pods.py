@@ -8,7 +8,7 @@ import re
 import pytest
 from fleetmq.operator import crdgen, crds, render
 
-from .test_operator_render import broker_sts, by_kind, fleet, rendered, zone
+from .operator_support import broker_sts, by_kind, fleet, rendered, zone
 
 POD = {
     "labels": {"sidecar.istio.io/inject": "true", "team": "iot"},

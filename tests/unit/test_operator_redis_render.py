@@ -13,7 +13,7 @@ from fleetmq.operator import render
 from fleetmq.operator.crds import BrokerFleetSpec, RedisSpec
 from fleetmq.operator.status import Observed, fleet_status
 
-from .test_operator_render import broker_sts, by_kind, fleet, rendered, zone
+from .operator_support import broker_sts, by_kind, fleet, rendered, zone
 
 
 def named(r: render.Rendered, kind: str, name: str) -> dict:

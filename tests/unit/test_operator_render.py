@@ -10,38 +10,7 @@ from fleetmq.operator import render
 from fleetmq.operator.render import Rejection
 from fleetmq.operator.status import Observed, fleet_status, zone_status
 
-
-def fleet(**spec) -> dict:
-    return {
-        "apiVersion": "fleetmq.io/v1alpha1",
-        "kind": "BrokerFleet",
-        "metadata": {"name": "edge", "namespace": "mq", "uid": "uid-1", "generation": 1},
-        "spec": {"replicas": 2, **spec},
-    }
-
-
-def zone(name: str, gen: int = 1, created: str = "2024-01-01T00:00:00Z", **spec) -> dict:
-    spec.setdefault("listeners", [{"name": "mqtt", "port": 1883}])
-    return {
-        "apiVersion": "fleetmq.io/v1alpha1",
-        "kind": "MqttZone",
-        "metadata": {"name": name, "namespace": "mq", "generation": gen, "creationTimestamp": created},
-        "spec": {"fleetRef": {"name": "edge"}, **spec},
-    }
-
-
-def rendered(f: dict, *zones: dict, **kw) -> render.Rendered:
-    accepted, rejected = render.select_zones(render.Fleet.parse(f), list(zones))
-    assert not rejected, rejected
-    return render.render(render.Fleet.parse(f), accepted, **kw)
-
-
-def by_kind(r: render.Rendered, kind: str) -> list[dict]:
-    return [m for m in r.manifests if m["kind"] == kind]
-
-
-def broker_sts(r: render.Rendered) -> dict:
-    return next(m for m in by_kind(r, "StatefulSet") if m["metadata"]["name"] == "edge")
+from .operator_support import broker_sts, by_kind, fleet, rendered, zone
 
 
 def test_config_is_the_broker_contract_and_hash_matches_what_brokers_compute():

@@ -13,7 +13,7 @@ from fleetmq.broker.zones import ZoneSettings
 from fleetmq.operator import render
 from fleetmq.operator.status import user_status
 
-from .test_operator_render import fleet, zone
+from .operator_support import fleet, zone
 
 
 def user(name: str, created: str = "2024-01-01T00:00:00Z", gen: int = 1, **spec) -> dict:

@@ -9,7 +9,7 @@ import pytest
 from fleetmq.operator import metrics as operator_metrics
 from fleetmq.operator import monitoring
 
-from .test_dashboards import _broker_names, _exported
+from .metrics_support import broker_names, exported
 
 RULES = [r for g in monitoring.alert_groups()["groups"] for r in g["rules"]]
 NAMES = [r["alert"] for r in RULES]
@@ -37,7 +37,7 @@ def test_every_runbook_belongs_to_an_alert():
 
 def test_runbooks_query_only_exported_metrics():
     """A renamed metric fails here too, naming the runbook that still tells people to query it."""
-    broker, operator = _broker_names(), _exported(operator_metrics.REGISTRY)
+    broker, operator = broker_names(), exported(operator_metrics.REGISTRY)
     for path in sorted(monitoring.RUNBOOK_DIR.glob("*.md")):
         for name in set(re.findall(r"\bfleetmq_\w+", path.read_text())):
             known = operator if name.startswith("fleetmq_operator_") else broker

@@ -1,0 +1,91 @@
+"""Helpers of the operator tests that run what the operator renders for real, without Kubernetes: broker
+"pods" started from a rendered config, and the managed Redis' script (operator/redis.sh) run on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from fleetmq.operator import render
+
+from tests.integration.harness import LIVE_BROKERS, BrokerProc, _wait_port
+from tests.support import HOST, RedisServer, free_port
+
+
+# -------------------------------------------------------------------------------------------- brokers
+def readyz(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+        return json.loads(r.read())
+
+
+def start_pod(config_path, node_id: str, mqtt_port: int, metrics_port: int, workdir) -> BrokerProc:
+    """One broker "pod": the command line the StatefulSet gives its container."""
+    log_path = workdir / f"{node_id}.log"
+    cmd = [sys.executable, "-m", "fleetmq.broker", "--config", str(config_path), "--node-id", node_id]
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    bp = BrokerProc("127.0.0.1", mqtt_port, metrics_port, proc, log_path, "fleetmq", config_path,
+                    {"external/mqtt": mqtt_port}, cmd)  # fmt: skip
+    LIVE_BROKERS.append(bp)
+    for port in (mqtt_port, metrics_port):
+        _wait_port(bp, port)
+    return bp
+
+
+# ------------------------------------------------------------------------------------ the managed Redis
+SCRIPT = render.SCRIPT_PATH
+SH_PATH = os.environ.get("FLEETMQ_REDIS_SH_PATH", "/usr/bin:/bin")
+PASSWORD = "s3cret-for-the-test"
+
+
+class ScriptedRedis(RedisServer):
+    """One Redis "pod": `redis.sh <role>` with the container's environment (the script execs the server,
+    so this process is the server)."""
+
+    def __init__(self, data_dir: Path, port: int, role: str, env: dict[str, str]):
+        self.role, self.environment = role, env
+        self.password = PASSWORD
+        super().__init__(data_dir, port, autostart=False)
+
+    def argv(self) -> list[str]:
+        return ["sh", str(SCRIPT), self.role]
+
+    def env(self) -> dict[str, str]:
+        return {"PATH": SH_PATH, **self.environment}
+
+    @property
+    def host(self) -> str:
+        return self.environment.get("REDIS_LOCAL", HOST)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def run_script(command: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["sh", str(SCRIPT), command],
+        env={"PATH": SH_PATH, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port + 10000))
+            except OSError:
+                continue
+        return port
