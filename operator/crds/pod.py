@@ -179,7 +179,7 @@ class PodNames:
     mounts: Reserved
 
 
-#: what the operator's own pods use (render.py; a unit test checks the rendered pods against these)
+#: what the operator's own pods use (render/; a unit test checks the rendered pods against these)
 BROKER_NAMES = PodNames(
     containers=Reserved(r"^broker$", "broker"),
     volumes=Reserved(
