@@ -28,21 +28,6 @@ from tests.support import (
 )
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "generic: plain MQTT behaviour; also runs against mosquitto with FLEETMQ_TEST_BROKER=mosquitto",
-    )
-    config.addinivalue_line(
-        "markers",
-        "redis: starts its own redis-server (installed by `make deps`) on a free port; runs in `make test`",
-    )
-    config.addinivalue_line(
-        "markers",
-        "envtest: uses the real kube-apiserver + etcd control plane (tests/kubeapi.py, built by `make envtest`)",
-    )
-
-
 def pytest_collection_modifyitems(config, items):
     if not MOSQUITTO:
         return

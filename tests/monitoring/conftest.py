@@ -11,13 +11,6 @@ from tests.monitoring import promproc
 from tests.operator.conftest import crds_installed, operator_kubeconfig  # noqa: F401
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "prometheus: runs Debian's prometheus / promtool (installed by `make deps`); runs in `make test`",
-    )
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     rep = yield
