@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from broker import keys
 from broker.rebalance import Order, Progress
+from broker.store import keys
 from tests.integration import mqttraw
 from tests.integration.harness import uid
 from tests.integration.test_fleet_support import raw_connect
