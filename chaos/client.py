@@ -155,15 +155,15 @@ class Client:
         link.write(
             codec.connect(
                 self.cid,
-                self.version,
+                version=self.version,
                 clean=False,
                 keepalive=self.keepalive,
-                session_expiry=self.session_expiry if self.version == 5 else 0,
+                props={"session_expiry_interval": self.session_expiry} if self.session_expiry else None,
             )
         )
         try:
             ack = await asyncio.wait_for(link.read(), CONNECT_TIMEOUT)
-        except (TimeoutError, codec.ProtocolError):
+        except (TimeoutError, codec.MalformedError):
             ack = None
         if ack is None or ack.type != codec.CONNACK:
             link.close()
@@ -185,8 +185,8 @@ class Client:
             self.history.session_lost.append((self.cid, conn.t_connack, node))
             self._session_lost()
         self.has_session = True
-        self._receive_maximum = int(ack.props.get(codec.RECEIVE_MAXIMUM, 65535))
-        keepalive = ack.props.get(codec.SERVER_KEEP_ALIVE)
+        self._receive_maximum = int(ack.props.get("receive_maximum", 65535))
+        keepalive = ack.props.get("server_keep_alive")
         self._link_keepalive = int(keepalive) if keepalive else self.keepalive
         return link
 
@@ -199,12 +199,16 @@ class Client:
                 if o.released:
                     link.write(codec.ack(codec.PUBREL, pid))
                 else:
-                    link.write(codec.publish(self.version, o.key[1], o.payload, o.qos, pid, dup=True))
+                    link.write(
+                        codec.publish(
+                            o.key[1], o.payload, qos=o.qos, packet_id=pid, dup=True, version=self.version
+                        )
+                    )
                     self.history.sent(*o.key, o.qos, link.node)
             await self.on_connected(link)
             self.connected.set()
             cause = await self._pump(link)
-        except codec.ProtocolError as e:
+        except codec.MalformedError as e:
             self.history.corrupt.append(
                 (self.cid, self.history.now(), f"protocol error from {link.node}: {e}")
             )
@@ -216,7 +220,7 @@ class Client:
             if cause == "takeover":
                 self._spawn(self._linger(link))
             elif cause == "stop":
-                link.write(codec.disconnect(self.version))
+                link.write(codec.disconnect(version=self.version))
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(link.writer.drain(), 1.0)
                 link.close()
@@ -278,7 +282,7 @@ class Client:
                     pkt = await asyncio.wait_for(link.read(), left)
                 except TimeoutError:
                     break
-                except codec.ProtocolError:
+                except codec.MalformedError:
                     continue
                 if pkt is None:
                     closed = self.history.now()
@@ -386,7 +390,7 @@ class Publisher(Client):
             pid = self.next_pid()
             self.out[pid] = _Out(key, self.qos, payload)
             self.history.sent(*key, self.qos, link.node)
-            link.write(codec.publish(self.version, key[1], payload, self.qos, pid))
+            link.write(codec.publish(key[1], payload, qos=self.qos, packet_id=pid, version=self.version))
             await asyncio.sleep(0)
 
     def handle(self, link: _Link, pkt: codec.Packet) -> None:
@@ -449,7 +453,7 @@ class Subscriber(Client):
             return
         self._suback = asyncio.get_running_loop().create_future()
         self._sub_pid = self.next_pid()
-        link.write(codec.subscribe(self.version, self._sub_pid, [(self.filter, self.qos)]))
+        link.write(codec.subscribe(self._sub_pid, [(self.filter, self.qos)], version=self.version))
 
     def _session_lost(self) -> None:
         super()._session_lost()

@@ -65,7 +65,7 @@ class _Session:
                     handle(*framed)
                 for w in (self.cw, self.uw):
                     await w.drain()
-        except (OSError, ConnectionError, codec.ProtocolError):
+        except (OSError, ConnectionError, codec.MalformedError):
             pass
         self.close()
 

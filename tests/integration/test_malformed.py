@@ -117,7 +117,7 @@ def test_invalid_utf8_topic(broker, raw_clients, bystander):
     c = raw_clients(broker, version=4)
     c.connect(uid("bad"))
     body = m.ustr(b"bad/\xff\xfe") + b"x"
-    c.send(m.packet(m.PUBLISH, 0, body))
+    c.send(m.frame(m.PUBLISH, 0, body))
     _assert_closed(c)
 
 
