@@ -48,11 +48,11 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on, below the kernel's ephemeral range and never handed out twice
+def free_port(host: str = HOST) -> int:
+    """A port on `host` nothing listens on, below the kernel's ephemeral range and never handed out twice
     by this process: a port the kernel picked itself could be taken, while it is not listened on (a node
     or a Redis down for a fault), as the local end of some outgoing connection (a proxy's, a replica's),
-    and the restart would find it in use."""
+    and the restart would find it in use. The one allocator of the chaos harness, the tests and the bench."""
     rng = random.SystemRandom()
     high = _ephemeral_low() - 1
     for _ in range(200):
@@ -61,13 +61,13 @@ def free_port() -> int:
             continue
         with socket.socket() as s:
             try:
-                s.bind((HOST, port))
+                s.bind((host, port))
             except OSError:
                 continue
         _GIVEN.add(port)
         return port
     with socket.socket() as s:  # (a crowded range: the kernel's choice)
-        s.bind((HOST, 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

@@ -1,6 +1,6 @@
 """Ports, processes and a Redis server: the one copy the tests and the bench (bench/) share.
 
-    port = free_port()                                # a free 127.0.0.1 port, right now
+    port = free_port()                                # a free 127.0.0.1 port (chaos/proxy.py's allocator)
     wait_port(HOST, port, 15, proc)                   # until it accepts TCP (RuntimeError if proc exits first)
     wait_until(lambda: ready(), timeout=5, msg="x")   # poll a predicate, AssertionError on timeout
     stop_process(proc, grace=5)                       # SIGTERM by pid, SIGKILL after grace; reaped
@@ -15,8 +15,8 @@
     rs.pause(); rs.resume()                           # SIGSTOP / SIGCONT
     rs.stop()                                         # SIGTERM, data kept on disk
 
-Only the standard library and redis-py (a dependency of the broker itself), so tests/kubeapi.py, which must
-import without the test extra, can use it too. Every started RedisServer is tracked in LIVE_REDIS (the test
+Only the standard library, redis-py (a dependency of the broker itself) and chaos/proxy.py (standard library
+only), so tests/kubeapi.py, which must import without the test extra, can use it too. Every started RedisServer is tracked in LIVE_REDIS (the test
 report shows their logs) and killed by pid at interpreter exit as a last resort.
 """
 
@@ -40,18 +40,13 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from chaos.proxy import free_port as free_port  # (re-exported: one port allocator for tests, bench and chaos)
+
 HOST = "127.0.0.1"
 T = TypeVar("T")
 
 
 # ------------------------------------------------------------------ ports and waiting
-def free_port(host: str = HOST) -> int:
-    """An ephemeral port that is free right now (the caller's server binds it shortly after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def wait_until(
     pred: Callable[[], T], timeout: float = 5.0, interval: float = 0.02, msg: str = "condition"
 ) -> T:
