@@ -44,12 +44,16 @@ class JournalChanges:
     #: incarnation that changed (Message.receipt)
     received: int = 0
     seen: dict[str, int] | None = None
+    #: the positions reserved for what a pull brings (Journal.hold): from this one on, or -1 once none
+    #: is (caught up); None: unchanged
+    hold: int | None = None
 
 
 class Journal:
     __slots__ = (
         "_deliveries",
         "_fresh",
+        "_hold",
         "_rel",
         "_seen",
         "_sink",
@@ -70,6 +74,7 @@ class Journal:
         self._rel: dict[int, tuple[float, int] | None] = {}
         self._fresh: list[int] = []
         self._seen: dict[str, int] = {}
+        self._hold: int | None = None
         #: the session's receipts counter (kept current by the session), stored with every commit
         self.received = 0
         #: the next delivery's position in session order; only grows
@@ -78,7 +83,7 @@ class Journal:
         self.next_pid = next_pid
 
     def _changed(self) -> None:
-        if not self._deliveries and not self._rel and not self._seen:
+        if not self.pending:
             self._sink.journal_changed(self)  # the first change since the last commit: ask for one
 
     def place(self, d: Delivery) -> None:
@@ -96,6 +101,14 @@ class Journal:
         first = self.order
         self.order += n
         return first
+
+    def hold(self, first: int) -> None:
+        """Deliveries are held back behind positions reserved from `first` for what the store queued
+        (Session.hold_back), or no longer (-1). The store keeps it with the session: if the pull that
+        would fill them never runs, whoever opens the session next puts what was queued then into those
+        positions, not after the deliveries held back behind them (Redis move_queue)."""
+        self._changed()
+        self._hold = first
 
     def put(self, d: Delivery) -> None:
         """A delivery entered the window or the queue, or changed (packet id, stage)."""
@@ -123,11 +136,11 @@ class Journal:
 
     @property
     def pending(self) -> bool:
-        return bool(self._deliveries or self._rel or self._seen)
+        return bool(self._deliveries or self._rel or self._seen or self._hold is not None)
 
     def take(self) -> JournalChanges | None:
         """The changes since the last call (and forget them), or None when there are none."""
-        if not self._deliveries and not self._rel and not self._seen:
+        if not self.pending:
             return None
         changes = JournalChanges(
             self.client_id,
@@ -139,6 +152,7 @@ class Journal:
             self._fresh,
             self.received,
             self._seen or None,
+            self._hold,
         )
-        self._deliveries, self._rel, self._fresh, self._seen = {}, {}, [], {}
+        self._deliveries, self._rel, self._fresh, self._seen, self._hold = {}, {}, [], {}, None
         return changes

@@ -213,6 +213,7 @@ class Session:
         journal = self.journal
         assert journal is not None
         first = journal.reserve(reserve)
+        journal.hold(first)
         self.held_from = journal.order
         return first
 
@@ -234,6 +235,8 @@ class Session:
         held, self.held_from = self.held_from, None
         if held is None:
             return []
+        if self.journal is not None:
+            self.journal.hold(-1)
         repeats = [
             d for d in self.mqueue
             if d.order >= held and d.msg.receipt is not None and not self.accept(d.msg.receipt)

@@ -649,6 +649,7 @@ class RedisStore(SessionStore):
             body += [inc, number]
         body.append(len(fresh) // 4)
         body += fresh
+        body.append("" if op.hold is None else op.hold)
         head = [str(op.epoch), op.next_pid, op.order, op.client_id, op.received, *guards.args]
         return guards.keys, head + body
 

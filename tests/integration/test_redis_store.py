@@ -188,3 +188,44 @@ async def _session(store: RedisStore, cid: str):
     s = Session(cid, ZONE, expiry_interval=60)
     s.epoch = int(await store.redis.hget(keys.session_keys(cid)[keys.META], "epoch"))
     return s
+
+
+async def test_what_was_queued_before_a_hold_goes_ahead_of_it_when_another_node_claims_the_session(
+    redis_server,
+):
+    """Issue 25, found by `python -m chaos --store cluster --seed 703` (18 first deliveries out of publish
+    order). A session opens on node a, which holds later deliveries back behind positions reserved for
+    what Redis queued for it (Session.hold_back) and journals one there. The pull that would bring what
+    was queued fails (Redis went down), so the session resynchronises, and node b claims it: what was
+    queued before the hold must come before what was held back (it did not: the claim numbered it after
+    everything stored), and what was queued after the hold after it."""
+    from fleetmq.broker.cm import CATCH_UP
+
+    a, b = RedisStore.from_url(redis_server.url, "a"), RedisStore.from_url(redis_server.url, "b")
+    await a.open()
+    await b.open()
+    try:
+        cid = "sub-4"
+        await a.claim(cid, ZONE, "default", False, expiry=60)
+        await a.commit([Save(await _session(a, cid), 60.0)])  # offline: routings queue for it
+        m1 = Delivery(Message("t/x", b"m1", 1, sender="pub"), 1, False)
+        await b.commit([Enqueue(cid, m1)])
+        opened = await a.claim(cid, ZONE, "default", False, expiry=60)  # on node a again...
+        assert opened.stored is not None and [d.msg.payload for d in opened.stored.deliveries] == [b"m1"]
+        m2 = Delivery(Message("t/x", b"m2", 1, sender="pub"), 1, False)
+        await b.commit([Enqueue(cid, m2)])  # ...routed through Redis just before a knew
+        first = opened.stored.order
+        m3 = delivery(b"m3", 1, first + CATCH_UP)  # routed to it on a, held back behind the reservation
+        hold = changes(cid, opened.epoch, [m3], [m3])
+        hold.order, hold.hold = first + CATCH_UP + 1, first
+        assert await a.commit([hold])  # (the catch-up pull that would bring m2 never runs)
+        await b.commit([Enqueue(cid, Delivery(Message("t/x", b"m4", 1, sender="pub"), 1, False))])
+        claimed = await b.claim(cid, ZONE, "default", False, expiry=60)
+        assert claimed.stored is not None
+        journal = sorted(claimed.stored.deliveries, key=lambda d: d.order)
+        assert [d.msg.payload for d in journal] == [b"m1", b"m2", b"m3", b"m4"]
+        meta = await b.redis.hgetall(keys.session_keys(cid)[keys.META])
+        assert b"rsv" not in meta, "the reservation outlived the claim that used it"
+    finally:
+        await a.close()
+        await b.close()

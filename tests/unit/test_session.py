@@ -762,6 +762,23 @@ def test_held_back_deliveries_wait_for_the_ones_reserved_ahead_of_them():
     assert inflight(s) == ["queued-before", "early", "late"]
 
 
+def test_a_hold_and_its_end_reach_the_store_with_the_journal():
+    """The store keeps where a hold's reservation starts, so that a claim after a failed catch-up pull
+    still puts what was queued ahead of what was held back (Redis move_queue); caught up, it forgets it."""
+    s = Session("c", zone(max_inflight=10))
+    s.enable_journal(Sink())
+    assert s.journal is not None
+    s.journal.take()
+    first = s.hold_back(5)
+    changes = s.journal.take()
+    assert changes is not None and changes.hold == first
+    s.deliver(dl("late"), 0.0)
+    assert s.journal.take().hold is None  # (unchanged)
+    s.caught_up()
+    changes = s.journal.take()
+    assert changes is not None and changes.hold == -1
+
+
 def test_while_catching_up_receipts_are_checked_in_queue_order_not_arrival_order():
     """A subscriber's session opened on its publisher's node: one QoS 2 message was routed to it through
     the store (the session was not here yet), the next straight here. Accepting the next one's receipt

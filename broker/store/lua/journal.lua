@@ -2,7 +2,8 @@
 -- Cluster: they are in other slots). ARGV: epoch, next pid, order, client id, receipts counter, n guards,
 -- the guards' epochs, n puts, (msg id, value)..., n dels, msg id..., n rel puts, (pid, value)..., n rel
 -- dels, pid..., n seen, (publisher incarnation, highest receipt)..., n fresh, (put number, guard number or
--- 0, receipt incarnation or '', receipt number or 0)...: the fresh puts are deliveries routed into the
+-- 0, receipt incarnation or '', receipt number or 0)..., then the hold ('' unchanged, the first position
+-- reserved for what a pull brings, or -1 once caught up: Journal.hold, move_queue): the fresh puts are deliveries routed into the
 -- session on this node since its last commit; one whose publisher was fenced meanwhile is not stored
 -- (Message.sender_epoch; the node takes it back from its copy). Returns 1, or {0, dropped, zone, refused,
 -- queued} when fenced: another node owns the session now and this node's changes to it are refused, but
@@ -44,6 +45,13 @@ local received = math.max(tonumber(m[2] or '0'), tonumber(ARGV[5]))
 redis.call('HSET', KEYS[1], 'next_pid', ARGV[2], 'order', string.format('%d', order),
            'rcv', string.format('%d', received))
 for j = seen + 1, seen + 2 * tonumber(ARGV[seen]), 2 do first_time(KEYS[1], ARGV[j], ARGV[j + 1]) end
+local hold = ARGV[fresh + 4 * nf + 1]
+if hold == '-1' then
+  redis.call('HDEL', KEYS[1], 'rsv', 'rsvn')
+elseif hold ~= '' and redis.call('HEXISTS', KEYS[1], 'rsv') == 0 then
+  -- what is queued now goes ahead of what this commit holds back, whoever moves it (move_queue)
+  redis.call('HSET', KEYS[1], 'rsv', hold, 'rsvn', redis.call('LLEN', KEYS[4]))
+end
 if nrefused == 0 then
   hset_pairs(KEYS[2], ARGV, puts + 1, tonumber(ARGV[puts]))
 else

@@ -32,22 +32,39 @@ local function drained(m, q, items)
 end
 -- Move up to n (all if n <= 0) deliveries queued in q into the journal i, numbering them in order from
 -- `first` (positions the owner reserved for them: its later deliveries come after, whatever it stored
--- since) or, without one, from the stored counter. The counter only grows.
+-- since) or, without one, from the stored counter. The counter only grows. An owner that held
+-- deliveries back behind a reservation left it in the meta (rsv: its first position not yet filled, rsvn:
+-- how many queued deliveries it was for; JOURNAL): without `first` (a claim), those deliveries still go
+-- into it, ahead of what was held back, and only what was queued after go after.
 local function move_queue(m, q, i, n, first)
   local items = redis.call('LRANGE', q, 0, n > 0 and n - 1 or -1)
-  local stored = tonumber(redis.call('HGET', m, 'order') or '0')
+  local meta = redis.call('HMGET', m, 'order', 'rsv', 'rsvn')
+  local stored = tonumber(meta[1] or '0')
+  local left = tonumber(meta[3] or '0')
   local start = first or stored
+  local reserved, at = 0, start
+  if meta[2] and not first then  -- a claim: the reservation is used up here, or never will be
+    reserved = math.min(left, #items)
+    if reserved > 0 then at = tonumber(meta[2]) end
+    redis.call('HDEL', m, 'rsv', 'rsvn')
+  elseif meta[2] and #items > 0 then  -- the owner fills its reservation
+    redis.call('HSET', m, 'rsv', string.format('%d', first + #items),
+               'rsvn', string.format('%d', math.max(left - #items, 0)))
+  end
   if #items == 0 then return start, items end
   redis.call('LTRIM', q, #items, -1)
   drained(m, q, items)
-  local t = {}
+  local t, top = {}, stored
   for k = 1, #items do
+    if k == reserved + 1 and reserved > 0 then at = stored end
     t[#t + 1] = string.sub(items[k], 1, @ID_LEN@)
-    t[#t + 1] = string.format('%d', start + k - 1) .. ':' .. items[k]
+    t[#t + 1] = string.format('%d', at) .. ':' .. items[k]
+    if at >= top then top = at + 1 end
+    at = at + 1
     if #t >= CHUNK_N then redis.call('HSET', i, unpack(t)); t = {} end
   end
   if #t > 0 then redis.call('HSET', i, unpack(t)) end
-  redis.call('HSET', m, 'order', string.format('%d', math.max(stored, start + #items)))
+  redis.call('HSET', m, 'order', string.format('%d', top))
   return start, items
 end
 -- Whether each of n publisher sessions, whose meta keys are KEYS[first_key...], is still at the epoch in
