@@ -219,7 +219,7 @@ def resource_page(crd: dict[str, Any]) -> str:
     schema = version["schema"]["openAPIV3Schema"]
     kind = names["kind"]
     lines = [
-        _header("operator/crds.py (through operator/crdgen.py)"),
+        _header("operator/crds/ (through operator/crdgen.py)"),
         f"# {kind}\n\n",
         f"{_text(schema.get('description', ''))}\n\n",
         f"- API: `{spec['group']}/{version['name']}`, kind `{kind}`, namespaced\n",
@@ -376,7 +376,7 @@ def index_page(crds: dict[str, dict[str, Any]]) -> str:
         "Generated from the code by `scripts/docsgen.py` (`make docs-reference`); a unit test fails when a "
         "page here differs from what the code says.\n\n",
         "Custom resources (group `fleetmq.io`, version `v1alpha1`), one page each, from the pydantic models "
-        "of `operator/crds.py`:\n\n",
+        "of `operator/crds/`:\n\n",
     ]
     for file, page in RESOURCES:
         crd = crds[file]
