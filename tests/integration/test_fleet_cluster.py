@@ -12,22 +12,22 @@ import pytest
 from fleetmq.broker.store import keys
 
 from tests.integration import mqttraw
-from tests.integration.harness import MOSQUITTO, uid
-from tests.integration.mqttraw import PUBACK, PUBCOMP, PUBREC
-from tests.integration.test_fleet_failures import _check_delivery
-from tests.integration.test_fleet_sentinel import _probe_routes
-from tests.integration.test_fleet_support import (
+from tests.integration.fleet_support import (
     AppView,
-    Publisher,
-    Subscriber,
     ack_loop,
+    app_deliveries,
+    check_delivery,
     drain,
-    first_occurrences,
+    out_of_order,
     parse_seq,
+    publish_qos2,
     raw_connect,
     seq_payload,
+    start_failover_load,
+    wait_route,
 )
-from tests.integration.test_fleet_takeover import wait_route
+from tests.integration.harness import MOSQUITTO, uid
+from tests.integration.mqttraw import PUBACK, PUBCOMP, PUBREC
 from tests.support import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")]
@@ -52,10 +52,7 @@ def test_cross_node_delivery_and_takeover_on_a_cluster(fleet, redis_cluster):
         c.recv_all(0.3)
     pub, _ = raw_connect(b, uid("clp-"), 5, clean=True)
     for i in range(10):
-        pid = pub.publish(topic, seq_payload("x", i), qos=2)
-        assert pub.expect(PUBREC).packet_id == pid
-        pub.send(mqttraw.ack(mqttraw.PUBREL, pid, version=5))
-        pub.expect(PUBCOMP)
+        publish_qos2(pub, topic, seq_payload("x", i), pub.pid())
     for cid, c in subs:
         view = AppView()
         ack_loop(c, view, until=10, timeout=10, tag="x")
@@ -112,13 +109,8 @@ def test_qos2_routing_landed_without_the_publishers_record_is_not_routed_twice(f
     pub.close()
     pub, ack = raw_connect(b, pcid, 5, timeout=10)
     assert ack.session_present
-    pub.send(mqttraw.publish(topic, seq_payload("d", 1), qos=2, packet_id=42, dup=True, version=5))
-    rec = pub.expect(PUBREC, timeout=10)
-    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
-    pub.expect(PUBCOMP)
-    view = AppView()
-    ack_loop(sub, view, quiet=3.0, timeout=10)
-    assert [parse_seq(p) for p in view.delivered] == [("d", 1)], (
+    publish_qos2(pub, topic, seq_payload("d", 1), 42, dup=True, timeout=10)
+    assert app_deliveries(sub, quiet=3.0, timeout=10) == [("d", 1)], (
         "a QoS 2 message reached the subscriber twice"
     )
 
@@ -130,23 +122,7 @@ def test_a_shard_primary_killed_under_qos1_qos2_load_loses_nothing_acknowledged(
     rc = redis_cluster
     nodes = fleet(3, {"max_inflight": 16, "max_mqueue_len": 100000}, {"store": rc.store(wait_replicas=1)})
     pids = [n.pid for n in nodes]
-    base = uid("clk/")
-    subs = [
-        Subscriber(uid("clks1-"), 4, [(base + "/#", 1)], nodes, first=nodes[0]),
-        Subscriber(uid("clks2-"), 5, [(base + "/#", 2)], nodes, first=nodes[1]),
-    ]
-    sub_qos = {subs[0].cid: 1, subs[1].cid: 2}
-    for s in subs:
-        s.start()
-    for s in subs:
-        assert s.ready.wait(15), f"subscriber {s.cid} never connected: {s.connects}"
-    _probe_routes(nodes[2], subs, base + "/probe")
-    pubs = [
-        Publisher(bp, f"{base}/q{qos}", f"p{i}q{qos}", qos, version=v, rate=100, window=10, reconnect=True, nodes=nodes)
-        for i, (bp, qos, v) in enumerate([(nodes[2], 1, 4), (nodes[0], 2, 5), (nodes[1], 1, 5), (nodes[2], 2, 4)])
-    ]  # fmt: skip
-    for p in pubs:
-        p.start()
+    subs, pubs, sub_qos = start_failover_load(nodes, "clk")
     time.sleep(2.0)
     doomed = rc.primary_of(keys.session_keys(subs[1].cid)[keys.META])
     doomed.kill()
@@ -171,12 +147,7 @@ def test_a_shard_primary_killed_under_qos1_qos2_load_loses_nothing_acknowledged(
         f"{sum(len(p.acked) for p in pubs)} messages acknowledged"
     )
     assert [n.pid for n in nodes] == pids and all(n.alive() for n in nodes), "a node restarted"
-    problems = _check_delivery(subs, pubs, sub_qos)
-    for s in subs:
-        for p in pubs:
-            got = first_occurrences(s.view.delivered, p.tag)
-            if got != sorted(got):
-                problems.append(f"{s.cid}: first deliveries of {p.tag} out of order")
+    problems = check_delivery(subs, pubs, sub_qos) + out_of_order(subs, pubs)
     assert not problems, "\n".join(problems)
     assert all(n.metric("fleetmq_store_failovers_total") >= 1 for n in nodes)
 
@@ -327,11 +298,7 @@ def test_a_resend_routed_here_before_the_stores_copy_arrives_is_delivered_once(f
     rec = pub.expect(PUBREC, timeout=10)
     pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
     pub.expect(PUBCOMP, timeout=10)
-    view = AppView()
-    ack_loop(sub, view, quiet=3.0, timeout=15)
-    assert [parse_seq(p) for p in view.delivered] == [("r", 1)], (
-        "a QoS 2 message reached the subscriber twice"
-    )
+    assert app_deliveries(sub, quiet=3.0) == [("r", 1)], "a QoS 2 message reached the subscriber twice"
 
 
 def test_a_fenced_node_does_not_route_a_qos2_message_under_a_receipt_it_could_not_store(fleet, redis_cluster):

@@ -9,17 +9,17 @@ import time
 import pytest
 
 from tests.integration import mqttraw
-from tests.integration.harness import uid
-from tests.integration.mqttraw import PUBACK, RawClient
-from tests.integration.test_fleet_support import (
+from tests.integration.fleet_support import (
     AppView,
     ack_loop,
     first_occurrences,
     raw_connect,
     seq_payload,
     session_keys,
+    wait_route,
 )
-from tests.integration.test_fleet_takeover import wait_route
+from tests.integration.harness import uid
+from tests.integration.mqttraw import PUBACK, RawClient
 from tests.support import wait_until
 
 pytestmark = pytest.mark.redis

@@ -11,19 +11,21 @@ import pytest
 from fleetmq.broker.store import keys
 
 from tests.integration import mqttraw
-from tests.integration.harness import uid
-from tests.integration.mqttraw import DISCONNECT, PUBLISH, RawClient
-from tests.integration.test_fleet_support import (
+from tests.integration.fleet_support import (
     AppView,
     Publisher,
     Subscriber,
     ack_loop,
+    check_delivery,
     first_occurrences,
+    probe_routes,
     raw_connect,
     seq_payload,
     session_keys,
+    wait_route,
 )
-from tests.integration.test_fleet_takeover import wait_route
+from tests.integration.harness import uid
+from tests.integration.mqttraw import DISCONNECT, PUBLISH, RawClient
 from tests.support import wait_until
 
 pytestmark = pytest.mark.redis
@@ -36,40 +38,6 @@ except Exception:  # the broker tree is being changed: the documented value
 
 def _alive_key(node: str) -> str:
     return keys.alive(node)
-
-
-def _check_delivery(subs: list[Subscriber], pubs: list[Publisher], sub_qos: dict[str, int]) -> list[str]:
-    """Every acked message at least once (QoS1) / exactly once (QoS2, where the subscription is QoS2) at
-    every subscriber. Returns the problems found (empty = fine)."""
-    problems = []
-    for s in subs:
-        for p in pubs:
-            got = s.delivered(p.tag)
-            seen = set(got)
-            qos = min(p.qos, sub_qos[s.cid])
-            lost = sorted(p.acked - seen)
-            if lost:
-                problems.append(
-                    f"{s.cid}: {len(lost)} of {len(p.acked)} messages acked (PUBACK/PUBCOMP) to publisher "
-                    f"{p.tag} (QoS{p.qos}) never delivered, e.g. {lost[:8]}"
-                )
-            if p.qos == 2:
-                lost_rec = sorted(p.pubrec - seen - set(lost))
-                if lost_rec:
-                    problems.append(
-                        f"{s.cid}: {len(lost_rec)} QoS2 messages PUBREC'd to {p.tag} (owned by the broker) "
-                        f"never delivered, e.g. {lost_rec[:8]}"
-                    )
-            if qos == 2:
-                dups = len(got) - len(seen)
-                if dups:
-                    problems.append(
-                        f"{s.cid}: {dups} QoS2 messages of {p.tag} delivered to the application twice"
-                    )
-            phantom = seen - set(p.sent)
-            if phantom:
-                problems.append(f"{s.cid}: got messages never sent by {p.tag}: {sorted(phantom)[:5]}")
-    return problems
 
 
 # ------------------------------------------------------------------ kill -9 under load
@@ -87,17 +55,7 @@ def test_kill9_under_qos1_qos2_load_acked_messages_survive(fleet, redis_server):
         s.start()
     for s in subs:
         assert s.ready.wait(10), f"subscriber {s.cid} never connected: {s.connects}"
-    # routes known fleet-wide before the load starts
-    probe = RawClient(n1.host, n1.port)
-    probe.connect(uid("probe-"))
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        probe.publish(base + "/probe", b"probe:000000", qos=0)
-        time.sleep(0.05)
-        if all(s.delivered("probe") for s in subs):
-            break
-    probe.disconnect()
-    assert all(s.delivered("probe") for s in subs), "routes did not reach the publishers' node"
+    probe_routes(n1, subs, base + "/probe")  # routes known fleet-wide before the load starts
 
     pubs = []
     for i, (bp, qos, version) in enumerate(
@@ -145,7 +103,7 @@ def test_kill9_under_qos1_qos2_load_acked_messages_survive(fleet, redis_server):
     for p in pubs:
         assert len(p.acked) > 50, f"publisher {p.tag} got only {len(p.acked)} acks ({p.closed_reason})"
     assert n1.alive() and n2.alive()
-    problems = _check_delivery(subs, pubs, sub_qos)
+    problems = check_delivery(subs, pubs, sub_qos)
     assert not problems, "\n".join(problems)
 
 
@@ -242,7 +200,7 @@ def test_redis_stopped_10s_under_qos1_load(fleet, redis_server):
     )
     assert a.alive() and b.alive()
     assert errors_after > errors_before, "fleetmq_store_errors_total did not count the outage"
-    problems = _check_delivery([sub], pubs, {sub.cid: 1})
+    problems = check_delivery([sub], pubs, {sub.cid: 1})
     if problems:  # evidence: when the lost messages were acked, what Redis and the nodes say
         for p in pubs:
             lost = sorted(p.acked - set(sub.delivered(p.tag)))

@@ -8,41 +8,28 @@ import time
 
 import pytest
 from fleetmq.broker.store import keys
-from fleetmq.broker.store.redis_store import SCRIPTS, _script
 
 from tests.integration import mqttraw
+from tests.integration.fleet_support import (
+    AppView,
+    ack_loop,
+    app_deliveries,
+    closed_without,
+    first_occurrences,
+    parse_seq,
+    publish_qos2,
+    raw_connect,
+    seq_payload,
+    sha,
+    wait_route,
+)
 from tests.integration.harness import MOSQUITTO, uid
-from tests.integration.mqttraw import CONNACK, DISCONNECT, PUBACK, PUBCOMP, PUBREC, ConnectionClosed
-from tests.integration.test_fleet_support import AppView, ack_loop, parse_seq, raw_connect, seq_payload
-from tests.integration.test_fleet_takeover import wait_route
+from tests.integration.mqttraw import CONNACK, PUBACK, PUBREC
 from tests.support import wait_until
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")
 
 HEARTBEAT_TTL = 5.0  # cluster.HEARTBEAT_TTL
-
-
-def sha(script: str) -> bytes:
-    import hashlib
-
-    return hashlib.sha1(_script(SCRIPTS[script]).encode()).hexdigest().encode()
-
-
-def closed_without(c: mqttraw.RawClient, ptype: int, timeout: float = 5.0) -> bool:
-    """True when the connection ends (a v5 DISCONNECT first, or not) before a packet of `ptype` comes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            p = c.recv(0.1)
-        except (ConnectionClosed, OSError):
-            return True
-        if p is None:
-            continue
-        if p.type == ptype:
-            return False
-        if p.type == DISCONNECT:
-            return True
-    raise AssertionError(f"neither closed nor got packet type {ptype} within {timeout}s")
 
 
 def test_qos2_receipt_and_its_routing_are_stored_together(fleet, redis_proxy):
@@ -65,13 +52,8 @@ def test_qos2_receipt_and_its_routing_are_stored_together(fleet, redis_proxy):
     # the client resumes elsewhere and resends, as MQTT says it must
     pub, ack = raw_connect(b, pcid, 5)
     assert ack.session_present
-    pub.send(mqttraw.publish(topic, seq_payload("m", 1), qos=2, packet_id=119, dup=True, version=5))
-    rec = pub.expect(PUBREC)
-    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
-    pub.expect(PUBCOMP)
-    view = AppView()
-    ack_loop(sub, view, quiet=2.0, timeout=10)
-    assert [parse_seq(p) for p in view.delivered] == [("m", 1)], (
+    publish_qos2(pub, topic, seq_payload("m", 1), 119, dup=True)
+    assert app_deliveries(sub, quiet=2.0, timeout=10) == [("m", 1)], (
         "a QoS 2 message reached the subscriber twice"
     )
 
@@ -162,11 +144,7 @@ def test_first_deliveries_keep_publish_order_while_a_session_resumes(fleet, redi
         pub.send(mqttraw.publish(topic, seq_payload("r", i), qos=1, packet_id=i + 1))
     view = AppView()
     ack_loop(back, view, until=21, timeout=10, tag="r")
-    first: list[int] = []
-    for p in view.delivered:
-        n = parse_seq(p)[1]
-        if n not in first:
-            first.append(n)
+    first = first_occurrences(view.delivered)
     assert first == list(range(21)), f"first deliveries out of publish order: {first}"
 
 
@@ -235,14 +213,9 @@ def test_qos2_publish_routed_by_a_fenced_node_is_not_routed_twice(fleet, redis_p
     # the client gives up on a and resumes on b, which cannot reach a and fences it (HANDOVER_TIMEOUT)
     pub, ack = raw_connect(b, pcid, 5, timeout=10)
     assert ack.session_present
-    pub.send(mqttraw.publish(topic, seq_payload("f", 1), qos=2, packet_id=7, dup=True, version=5))
-    rec = pub.expect(PUBREC)
-    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
-    pub.expect(PUBCOMP)
+    publish_qos2(pub, topic, seq_payload("f", 1), 7, dup=True)
     redis_proxy.hold(False)  # a's held commit reaches Redis now, with a stale epoch for the publisher
-    view = AppView()
-    ack_loop(sub, view, quiet=3.0, timeout=10)
-    assert [parse_seq(p) for p in view.delivered] == [("f", 1)], (
+    assert app_deliveries(sub, quiet=3.0, timeout=10) == [("f", 1)], (
         "a QoS 2 message reached the subscriber twice"
     )
     old.close()
@@ -265,14 +238,9 @@ def test_qos2_publish_of_a_fenced_publisher_is_taken_back_from_local_subscribers
     time.sleep(0.2)
     pub, ack = raw_connect(b, pcid, 5, timeout=10)
     assert ack.session_present
-    pub.send(mqttraw.publish(topic, seq_payload("g", 1), qos=2, packet_id=7, dup=True, version=5))
-    rec = pub.expect(PUBREC)
-    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
-    pub.expect(PUBCOMP)
+    publish_qos2(pub, topic, seq_payload("g", 1), 7, dup=True)
     redis_proxy.hold(False)
-    view = AppView()
-    ack_loop(sub, view, quiet=3.0, timeout=10)
-    assert [parse_seq(p) for p in view.delivered] == [("g", 1)], (
+    assert app_deliveries(sub, quiet=3.0, timeout=10) == [("g", 1)], (
         "a QoS 2 message reached the subscriber twice"
     )
     old.close()
@@ -326,10 +294,7 @@ def test_first_deliveries_keep_publish_order_while_a_node_cannot_hear_the_fleet(
     redis_proxy.delay(2.0, b"SUBSCRIBE")  # a's event stream comes back late
     redis_proxy.drop_all()
     time.sleep(0.3)
-    pub.send(mqttraw.publish(topic, seq_payload("g", 0), qos=2, packet_id=1, version=5))  # queued in Redis
-    assert pub.expect(PUBREC).packet_id == 1
-    pub.send(mqttraw.ack(mqttraw.PUBREL, 1, version=5))
-    pub.expect(PUBCOMP)
+    publish_qos2(pub, topic, seq_payload("g", 0), 1)  # queued in Redis
     pub.disconnect()  # (its session ends, so a needs no handover from b, which a could not hear)
     wait_until(lambda: redis_server.command("EXISTS", keys.session_keys(pcid)[keys.META]) == 0, timeout=5)
     pub, _ = raw_connect(a, pcid, 5, clean=True, expiry=None)  # the publisher moves to the subscriber's node
@@ -337,11 +302,7 @@ def test_first_deliveries_keep_publish_order_while_a_node_cannot_hear_the_fleet(
         pub.send(mqttraw.publish(topic, seq_payload("g", i), qos=2, packet_id=i + 1, version=5))
     view = AppView()
     ack_loop(sub, view, until=11, timeout=15, tag="g")
-    first: list[int] = []
-    for p in view.delivered:
-        n = parse_seq(p)[1]
-        if n not in first:
-            first.append(n)
+    first = first_occurrences(view.delivered)
     assert first == list(range(11)), f"first deliveries out of publish order: {first}"
 
 
@@ -372,11 +333,7 @@ def test_first_deliveries_keep_publish_order_when_the_publisher_moves_to_its_sub
         pub.send(mqttraw.publish(topic, seq_payload("v", i), qos=1, packet_id=i + 1))
     view = AppView()
     ack_loop(sub, view, until=11, timeout=15, tag="v")
-    first: list[int] = []
-    for p in view.delivered:
-        n = parse_seq(p)[1]
-        if n not in first:
-            first.append(n)
+    first = first_occurrences(view.delivered)
     assert first == list(range(11)), f"first deliveries out of publish order: {first}"
 
 
@@ -406,11 +363,7 @@ def test_a_node_whose_event_stream_does_not_answer_keeps_publish_order_by_holdin
         pub.send(mqttraw.publish(topic, seq_payload("q", i), qos=1, packet_id=i + 1))
     view = AppView()
     ack_loop(sub, view, until=11, timeout=20, tag="q")
-    first: list[int] = []
-    for p in view.delivered:
-        n = parse_seq(p)[1]
-        if n not in first:
-            first.append(n)
+    first = first_occurrences(view.delivered)
     assert first == list(range(11)), f"first deliveries out of publish order: {first}"
     assert "event stream did not answer" in a.log()
 
@@ -444,9 +397,5 @@ def test_first_deliveries_keep_publish_order_when_a_publisher_leaves_a_node_that
         pub.send(mqttraw.publish(topic, seq_payload("l", i), qos=1, packet_id=i + 1, version=5))
     view = AppView()
     ack_loop(sub, view, until=10, timeout=15, tag="l")
-    first: list[int] = []
-    for p in view.delivered:
-        n = parse_seq(p)[1]
-        if n not in first:
-            first.append(n)
+    first = first_occurrences(view.delivered)
     assert first == list(range(10)), f"first deliveries out of publish order: {first}"

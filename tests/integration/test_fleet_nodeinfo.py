@@ -8,8 +8,8 @@ import json
 import pytest
 from fleetmq.broker.store import keys
 
+from tests.integration.fleet_support import raw_connect
 from tests.integration.harness import uid
-from tests.integration.test_fleet_support import raw_connect
 from tests.support import wait_until
 
 pytestmark = pytest.mark.redis

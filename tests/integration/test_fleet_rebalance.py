@@ -9,8 +9,8 @@ import time
 from broker.rebalance import Order, Progress
 from broker.store import keys
 from tests.integration import mqttraw
+from tests.integration.fleet_support import raw_connect
 from tests.integration.harness import uid
-from tests.integration.test_fleet_support import raw_connect
 from tests.support import wait_until
 
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.integration import harness, mqttraw
+from tests.integration.fleet_support import raw_connect
 from tests.integration.harness import uid
-from tests.integration.test_fleet_support import raw_connect
 from tests.support import RedisServer, wait_port, wait_until
 
 pytestmark = pytest.mark.redis

@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from tests.integration import mqttraw
-from tests.integration.harness import uid
-from tests.integration.mqttraw import PUBLISH
-from tests.integration.test_fleet_support import (
+from tests.integration.fleet_support import (
     AppView,
     ack_loop,
     first_occurrences,
     pipeline_publish,
     raw_connect,
+    wait_route,
 )
-from tests.integration.test_fleet_takeover import wait_route
+from tests.integration.harness import uid
+from tests.integration.mqttraw import PUBLISH
 
 pytestmark = pytest.mark.redis
 

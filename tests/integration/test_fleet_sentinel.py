@@ -11,21 +11,19 @@ import time
 
 import pytest
 
-from tests.integration import mqttraw
-from tests.integration.harness import MOSQUITTO, uid
-from tests.integration.mqttraw import PUBCOMP, PUBREC, RawClient
-from tests.integration.test_fleet_failures import _check_delivery
-from tests.integration.test_fleet_support import (
+from tests.integration.fleet_support import (
     AppView,
-    Publisher,
-    Subscriber,
     ack_loop,
+    check_delivery,
     drain,
-    first_occurrences,
+    out_of_order,
     parse_seq,
+    publish_qos2,
     raw_connect,
     seq_payload,
+    start_failover_load,
 )
+from tests.integration.harness import MOSQUITTO, uid
 from tests.support import wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")]
@@ -33,38 +31,11 @@ pytestmark = [pytest.mark.redis, pytest.mark.skipif(MOSQUITTO, reason="needs a f
 ZONE = {"max_inflight": 16, "max_mqueue_len": 100000}
 
 
-def _probe_routes(node, subs: list[Subscriber], topic: str) -> None:
-    probe = RawClient(node.host, node.port)
-    probe.connect(uid("probe-"))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not all(s.delivered("probe") for s in subs):
-        probe.publish(topic, b"probe:000000", qos=0)
-        time.sleep(0.05)
-    probe.disconnect()
-    assert all(s.delivered("probe") for s in subs), "routes did not reach every node"
-
-
 def test_primary_killed_under_qos1_qos2_load_loses_nothing_acknowledged(fleet, replicated_redis):
     rr = replicated_redis
     nodes = fleet(3, ZONE, {"store": rr.store(wait_replicas=1)})
     pids = [n.pid for n in nodes]
-    base = uid("sen/")
-    subs = [
-        Subscriber(uid("sens1-"), 4, [(base + "/#", 1)], nodes, first=nodes[0]),
-        Subscriber(uid("sens2-"), 5, [(base + "/#", 2)], nodes, first=nodes[1]),
-    ]
-    sub_qos = {subs[0].cid: 1, subs[1].cid: 2}
-    for s in subs:
-        s.start()
-    for s in subs:
-        assert s.ready.wait(15), f"subscriber {s.cid} never connected: {s.connects}"
-    _probe_routes(nodes[2], subs, base + "/probe")
-    pubs = [
-        Publisher(bp, f"{base}/q{qos}", f"p{i}q{qos}", qos, version=v, rate=100, window=10, reconnect=True, nodes=nodes)
-        for i, (bp, qos, v) in enumerate([(nodes[2], 1, 4), (nodes[0], 2, 5), (nodes[1], 1, 5), (nodes[2], 2, 4)])
-    ]  # fmt: skip
-    for p in pubs:
-        p.start()
+    subs, pubs, sub_qos = start_failover_load(nodes, "sen")
     time.sleep(2.0)
     wait_until(lambda: nodes[0].metric("fleetmq_store_replicas_in_sync") == 2, timeout=10, msg="2 in sync")
     old = rr.primary()
@@ -87,12 +58,7 @@ def test_primary_killed_under_qos1_qos2_load_loses_nothing_acknowledged(fleet, r
     )
     assert first_ack - t_kill < 10, "issue 14's target: publishing acknowledged again within 10 s"
     assert [n.pid for n in nodes] == pids and all(n.alive() for n in nodes), "a node restarted"
-    problems = _check_delivery(subs, pubs, sub_qos)
-    for s in subs:
-        for p in pubs:
-            got = first_occurrences(s.view.delivered, p.tag)
-            if got != sorted(got):
-                problems.append(f"{s.cid}: first deliveries of {p.tag} out of order")
+    problems = check_delivery(subs, pubs, sub_qos) + out_of_order(subs, pubs)
     assert not problems, "\n".join(problems)
     wait_until(lambda: nodes[0].metric("fleetmq_store_replicas_in_sync") == 1, timeout=10, msg="1 left")
     for n in nodes:
@@ -111,10 +77,7 @@ def test_a_persistent_session_resumes_on_another_node_after_a_failover(fleet, re
     sub.disconnect()
     pub, _ = raw_connect(b, uid("senp-"), 5, clean=True)
     for i in range(5):
-        pid = pub.publish(topic, seq_payload("before", i), qos=2)
-        assert pub.expect(PUBREC).packet_id == pid  # stored, and on a replica
-        pub.send(mqttraw.ack(mqttraw.PUBREL, pid, version=5))
-        pub.expect(PUBCOMP)
+        publish_qos2(pub, topic, seq_payload("before", i), pub.pid())  # stored, and on a replica
     old = rr.primary()
     old.kill()
     rr.wait_failover(old)

@@ -10,9 +10,7 @@ import time
 import pytest
 
 from tests.integration import mqttraw
-from tests.integration.harness import uid
-from tests.integration.mqttraw import DISCONNECT, PUBLISH, PUBREC, PUBREL, RawClient
-from tests.integration.test_fleet_support import (
+from tests.integration.fleet_support import (
     SESSION_EXPIRY,
     AppView,
     ack_loop,
@@ -21,7 +19,10 @@ from tests.integration.test_fleet_support import (
     pipeline_publish,
     raw_connect,
     session_keys,
+    wait_route,
 )
+from tests.integration.harness import uid
+from tests.integration.mqttraw import DISCONNECT, PUBLISH, PUBREC, PUBREL, RawClient
 from tests.support import wait_until
 
 pytestmark = pytest.mark.redis
@@ -30,24 +31,6 @@ WINDOW = 10
 QUEUED = 1000
 TOTAL = WINDOW + QUEUED
 PUBREC_FIRST = 4  # QoS2: the client PUBRECs this many of the inflight messages (they move to PUBREL)
-
-
-def wait_route(pub_node, sub: RawClient, topic: str, timeout: float = 5.0) -> None:
-    """Publish QoS0 probes on `pub_node` until `sub` receives one (its route reached that node).
-    QoS0 never takes an Inflight Window slot."""
-    p = RawClient(pub_node.host, pub_node.port, version=4)
-    p.connect(uid("probe-"))
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            p.send(mqttraw.publish(topic, b"probe:000000", qos=0))
-            got = sub.recv(0.1)
-            if got is not None and got.type == PUBLISH and got.payload.startswith(b"probe:"):
-                sub.recv_all(0.2)  # the other probes
-                return
-        raise AssertionError(f"route of {topic!r} never reached {pub_node.port}")
-    finally:
-        p.disconnect()
 
 
 @pytest.mark.parametrize("version", [4, 5], ids=["v311", "v5"])

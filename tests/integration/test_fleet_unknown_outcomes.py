@@ -13,23 +13,27 @@ import pytest
 from fleetmq.broker.store import keys
 
 from tests.integration import mqttraw
+from tests.integration.fleet_support import (
+    AppView,
+    ack_loop,
+    app_deliveries,
+    closed_without,
+    parse_seq,
+    publish_qos2,
+    raw_connect,
+    seq_payload,
+    sha,
+    wait_route,
+    will_client,
+)
 from tests.integration.harness import MOSQUITTO, Client, uid
-from tests.integration.mqttraw import PUBCOMP, PUBREC
-from tests.integration.test_fleet_faults import closed_without, sha
-from tests.integration.test_fleet_support import AppView, ack_loop, parse_seq, raw_connect, seq_payload
-from tests.integration.test_fleet_takeover import wait_route
+from tests.integration.mqttraw import PUBREC
 from tests.support import wait_until
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")
 
 #: a node on a host that booted a day before the others: its monotonic clock is a day ahead
 DAY_AHEAD = ("unshare", "-T", "--monotonic", "86400")
-
-
-def qos2_view(sub: mqttraw.RawClient, quiet: float = 2.0) -> list[tuple[str, int]]:
-    view = AppView()
-    ack_loop(sub, view, quiet=quiet, timeout=15)
-    return [parse_seq(p) for p in view.delivered]
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare (time namespaces)")
@@ -52,11 +56,8 @@ def test_a_qos2_receipt_resumed_on_a_node_with_another_monotonic_clock_is_kept(f
     pub, ack = raw_connect(b, pcid, 5)
     assert ack.session_present
     time.sleep(0.3)  # (b's timer for the record it restored has had its chance)
-    pub.send(mqttraw.publish(topic, seq_payload("c", 1), qos=2, packet_id=21, dup=True, version=5))
-    rec = pub.expect(PUBREC)
-    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
-    pub.expect(PUBCOMP)
-    assert qos2_view(sub) == [("c", 1)], "a QoS 2 message reached the subscriber twice"
+    publish_qos2(pub, topic, seq_payload("c", 1), 21, dup=True)
+    assert app_deliveries(sub) == [("c", 1)], "a QoS 2 message reached the subscriber twice"
 
 
 def test_a_session_parked_in_a_failed_commit_is_parked_when_the_store_answers(
@@ -72,15 +73,7 @@ def test_a_session_parked_in_a_failed_commit_is_parked_when_the_store_answers(
     watcher = Client(b.host, b.port, uid("watch"), version=5)
     watcher.subscribe(topic, 1)
     cid = uid("w")
-    w = Client(
-        a.host,
-        a.port,
-        cid,
-        version=5,
-        clean=False,
-        session_expiry=60,
-        will={"topic": topic, "payload": b"due", "qos": 1, "props": {"WillDelayInterval": 1}},
-    )
+    w = will_client(a, cid, topic, b"due", delay=1)
     cut = redis_proxy.cut_after(b"EVALSHA", sha("park"))  # the commit's MULTI never gets its EXEC
     w.stop()  # gone without DISCONNECT: parked, its will due in 1 s
     assert cut.wait(5), "the park never went through the proxy"
@@ -250,7 +243,7 @@ def test_a_paho_client_whose_pubrel_met_a_redis_restart_gets_its_message_deliver
         redis_server.stop()
         time.sleep(2.5)  # paho reconnects meanwhile
         redis_server.start()
-        assert qos2_view(sub, quiet=4.0) == [("p", 1)], "a QoS 2 message reached the subscriber twice"
+        assert app_deliveries(sub, quiet=4.0) == [("p", 1)], "a QoS 2 message reached the subscriber twice"
     finally:
         pub.loop_stop()
         pub.disconnect()
@@ -264,15 +257,7 @@ def test_a_will_whose_take_lost_its_reply_is_published_once(fleet, redis_proxy):
     topic = uid("take/")
     watcher = Client(b.host, b.port, uid("watch"), version=5)
     watcher.subscribe(topic, 1)
-    w = Client(
-        a.host,
-        a.port,
-        uid("w"),
-        version=5,
-        clean=False,
-        session_expiry=60,
-        will={"topic": topic, "payload": b"due", "qos": 1, "props": {"WillDelayInterval": 1}},
-    )
+    w = will_client(a, uid("w"), topic, b"due", delay=1)
     lost = redis_proxy.lose_reply(b"EVALSHA", sha("takewill"))
     w.stop()
     assert lost.wait(10), "the take never went through the proxy"
@@ -291,18 +276,8 @@ def test_the_wills_of_a_dead_node_survive_a_release_whose_reply_was_lost(fleet, 
     topic = uid("reap/")
     watcher = Client(b.host, b.port, uid("watch"), version=5)
     watcher.subscribe(topic + "/w/#", 1)
-    now = Client(
-        a.host, a.port, uid("now"), version=5, will={"topic": topic + "/w/now", "payload": b"n", "qos": 1}
-    )
-    later = Client(
-        a.host,
-        a.port,
-        uid("later"),
-        version=5,
-        clean=False,
-        session_expiry=60,
-        will={"topic": topic + "/w/later", "payload": b"l", "qos": 1, "props": {"WillDelayInterval": 1}},
-    )
+    now = will_client(a, uid("now"), topic + "/w/now", b"n")
+    later = will_client(a, uid("later"), topic + "/w/later", b"l", delay=1)
     clean_cid = uid("clean")
     clean, _ = raw_connect(a, clean_cid, 4, clean=True)
     clean.subscribe([(topic + "/c", 1)])
@@ -404,15 +379,12 @@ def test_a_qos2_publish_whose_commit_ran_unheard_is_routed_once(fleet, redis_pro
     pub.close()
     pub, ack = raw_connect(b, pcid, 5)
     assert ack.session_present
-    pub.send(mqttraw.publish(topic, seq_payload("g", 1), qos=2, packet_id=9, dup=True, version=5))
-    rec = pub.expect(PUBREC)
-    pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
-    pub.expect(PUBCOMP)
+    publish_qos2(pub, topic, seq_payload("g", 1), 9, dup=True)
     if subscriber_here:  # (its session was closed too: its copy is journaled, it resumes elsewhere)
         sub.close()
         sub, ack = raw_connect(b, scid, 5)
         assert ack.session_present
-    assert qos2_view(sub, quiet=3.0) == [("g", 1)], "a QoS 2 message reached the subscriber twice"
+    assert app_deliveries(sub, quiet=3.0) == [("g", 1)], "a QoS 2 message reached the subscriber twice"
 
 
 def test_queued_messages_whose_pull_ran_unheard_are_delivered_once(fleet, redis_proxy):
@@ -427,10 +399,7 @@ def test_queued_messages_whose_pull_ran_unheard_are_delivered_once(fleet, redis_
     lost = redis_proxy.lose_reply(b"EVALSHA", sha("pull"))
     pub, _ = raw_connect(b, uid("pub"), 5, clean=True)
     for n in range(1, 4):
-        pub.send(mqttraw.publish(topic, seq_payload("q", n), qos=2, packet_id=n, version=5))
-        rec = pub.expect(PUBREC)
-        pub.send(mqttraw.ack(mqttraw.PUBREL, rec.packet_id, version=5))
-        pub.expect(PUBCOMP)
+        publish_qos2(pub, topic, seq_payload("q", n), n)
     assert lost.wait(5), "the pull never went through the proxy"
     view = AppView()
     ack_loop(sub, view, quiet=1.0, timeout=5)  # until the node closes it (it resynchronises)

@@ -8,6 +8,7 @@ import pytest
 
 from tests.support import wait_until
 
+from .fleet_support import will_client
 from .harness import MOSQUITTO, Client, uid
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")
@@ -26,30 +27,12 @@ def test_wills_of_a_killed_node_are_published(fleet, redis_server):
     watcher = Client(b.host, b.port, uid("watch"), version=5)
     watcher.subscribe(topic + "/#", 1)
     # no delay: published as soon as the fleet notices the node is gone
-    now = Client(
-        a.host, a.port, uid("now"), version=5, will={"topic": topic + "/now", "payload": b"gone", "qos": 1}
-    )
+    now = will_client(a, uid("now"), topic + "/now", b"gone")
     # delay 2 s, persistent session: published 2 s after the node is released
-    later = Client(
-        a.host,
-        a.port,
-        uid("later"),
-        version=5,
-        clean=False,
-        session_expiry=60,
-        will={"topic": topic + "/later", "payload": b"late", "qos": 1, "props": {"WillDelayInterval": 2}},
-    )
+    later = will_client(a, uid("later"), topic + "/later", b"late", delay=2)
     # delay 3 s, but the client comes back on B before: no will
     back_id = uid("back")
-    back = Client(
-        a.host,
-        a.port,
-        back_id,
-        version=5,
-        clean=False,
-        session_expiry=60,
-        will={"topic": topic + "/back", "payload": b"never", "qos": 1, "props": {"WillDelayInterval": 3}},
-    )
+    back = will_client(a, back_id, topic + "/back", b"never", delay=3)
     a.kill()
     t_kill = time.monotonic()
     for c in (now, later, back):
@@ -108,26 +91,10 @@ def test_delayed_will_of_a_parked_session_survives_its_node(fleet, redis_server)
     topic = uid("pw/")
     watcher = Client(b.host, b.port, uid("watch"), version=5)
     watcher.subscribe(topic + "/#", 1)
-    parked = Client(
-        a.host,
-        a.port,
-        uid("parked"),
-        version=5,
-        clean=False,
-        session_expiry=60,
-        will={"topic": topic + "/w", "payload": b"still-due", "qos": 1, "props": {"WillDelayInterval": 4}},
-    )
+    parked = will_client(a, uid("parked"), topic + "/w", b"still-due", delay=4)
     # a second client that comes back (on B) before its delay: its will must never appear
     back_id = uid("back")
-    back = Client(
-        a.host,
-        a.port,
-        back_id,
-        version=5,
-        clean=False,
-        session_expiry=60,
-        will={"topic": topic + "/back", "payload": b"never", "qos": 1, "props": {"WillDelayInterval": 4}},
-    )
+    back = will_client(a, back_id, topic + "/back", b"never", delay=4)
     parked.stop()  # abnormal close: A parks the sessions, their wills wait for their delay
     back.stop()
     t_close = time.monotonic()

@@ -11,9 +11,9 @@ import time
 import pytest
 import yaml
 
+from tests.integration.fleet_support import raw_connect
 from tests.integration.harness import uid
 from tests.integration.mqttraw import PUBACK, PUBLISH
-from tests.integration.test_fleet_support import raw_connect
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(600)]
 

@@ -1,18 +1,21 @@
-"""Helpers shared by the test_fleet_* modules (no tests here): raw MQTT publishers and subscribers that
-record exactly what the broker acknowledged and delivered, so fleet tests can check "nothing acked is lost"
-and "QoS2 reaches the application once" against real broker processes sharing one Redis."""
+"""Helpers of the fleet tests (test_fleet_*, and the others that drive raw clients through a fleet): raw MQTT
+publishers and subscribers that record exactly what the broker acknowledged and delivered, so a test can
+check "nothing acked is lost" and "QoS2 reaches the application once" against real broker processes
+sharing one Redis, and the probes and checks built on them."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 import time
 from dataclasses import dataclass, field
 
+from fleetmq.broker.store.redis_store import SCRIPTS, _script
+
 from tests.integration import mqttraw
-from tests.integration.harness import BrokerProc
+from tests.integration.harness import BrokerProc, Client, uid
 from tests.integration.mqttraw import (
-    CONNACK,
     DISCONNECT,
     PUBACK,
     PUBCOMP,
@@ -121,6 +124,13 @@ def ack_loop(
     return True
 
 
+def app_deliveries(sub: RawClient, *, quiet: float = 2.0, timeout: float = 15.0) -> list[tuple[str, int]]:
+    """The (tag, seq) an application on `sub` is handed (ack_loop) until nothing arrives for `quiet` s."""
+    view = AppView()
+    ack_loop(sub, view, quiet=quiet, timeout=timeout)
+    return [parse_seq(p) for p in view.delivered]
+
+
 def distinct(view: AppView, tag: str | None = None) -> set[int]:
     out = set()
     for payload in view.delivered:
@@ -131,6 +141,16 @@ def distinct(view: AppView, tag: str | None = None) -> set[int]:
 
 
 # ------------------------------------------------------------------ publishers
+def publish_qos2(
+    c: RawClient, topic: str, payload: bytes, packet_id: int, *, dup: bool = False, timeout: float = 5.0
+) -> None:
+    """One QoS 2 PUBLISH through its whole exchange: PUBLISH, PUBREC, PUBREL, PUBCOMP."""
+    c.send(mqttraw.publish(topic, payload, qos=2, packet_id=packet_id, dup=dup, version=c.version))
+    assert c.expect(PUBREC, timeout).packet_id == packet_id
+    c.send(mqttraw.ack(PUBREL, packet_id, version=c.version))
+    c.expect(PUBCOMP)
+
+
 class Publisher(threading.Thread):
     """A raw publisher thread: sends `tag:<seq>` messages at `qos`, at most `window` unacknowledged, and
     records the sequence numbers the broker acknowledged: `acked` = PUBACK (QoS1) / PUBCOMP (QoS2),
@@ -198,7 +218,7 @@ class Publisher(threading.Thread):
             self.closed_reason = f"connect: {e}"
             return
         try:
-            ack_ = c.connect(mqttraw_uid(self.tag), clean=True, check=False)
+            ack_ = c.connect(uid(f"pub-{self.tag}-")[:60], clean=True, check=False)
         except (AssertionError, OSError, ConnectionClosed, MalformedError) as e:
             self.closed_reason = f"connect: {e}"
             c.close()
@@ -365,12 +385,6 @@ class Subscriber(threading.Thread):
             return [n for t, n in map(parse_seq, self.view.delivered) if t == tag]
 
 
-def mqttraw_uid(tag: str) -> str:
-    from tests.integration.harness import uid
-
-    return uid(f"pub-{tag}-")[:60]
-
-
 def pipeline_publish(
     bp: BrokerProc, topic: str, tag: str, qos: int, n: int, *, version: int = 4, timeout: float = 30.0
 ) -> set[int]:
@@ -407,22 +421,6 @@ def session_keys(cid: str) -> list[str]:
     return [f"{tag}:m", f"{tag}:s", f"{tag}:q", f"{tag}:i", f"{tag}:r"]
 
 
-__all__ = [
-    "CONNACK",
-    "AppView",
-    "Publisher",
-    "ack_loop",
-    "distinct",
-    "first_occurrences",
-    "hget",
-    "parse_seq",
-    "pipeline_publish",
-    "raw_connect",
-    "seq_payload",
-    "session_keys",
-]
-
-
 def drain(pubs: list, subs: list, *, timeout: float = 30.0) -> None:
     """Stop the publishers, wait until every subscriber has every message acknowledged to them, then stop
     the subscribers; each thread must end without an error."""
@@ -442,3 +440,139 @@ def drain(pubs: list, subs: list, *, timeout: float = 30.0) -> None:
     for s in subs:
         s.join(10)
         assert s.error is None, s.error
+
+
+def will_client(
+    node: BrokerProc, cid: str, topic: str, payload: bytes, *, delay: int | None = None
+) -> Client:
+    """A v5 paho client with a QoS 1 will. Without `delay` the will goes as the connection ends; with one,
+    the session outlives the connection (expiry 60 s) and the will waits `delay` s after it ends."""
+    will: dict[str, object] = {"topic": topic, "payload": payload, "qos": 1}
+    if delay is None:
+        return Client(node.host, node.port, cid, version=5, will=will)
+    will["props"] = {"WillDelayInterval": delay}
+    return Client(node.host, node.port, cid, version=5, clean=False, session_expiry=60, will=will)
+
+
+# ------------------------------------------------------------------ probes and checks
+def wait_route(pub_node: BrokerProc, sub: RawClient, topic: str, timeout: float = 5.0) -> None:
+    """Publish QoS0 probes on `pub_node` until `sub` receives one (its route reached that node).
+    QoS0 never takes an Inflight Window slot."""
+    p = RawClient(pub_node.host, pub_node.port, version=4)
+    p.connect(uid("probe-"))
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            p.send(mqttraw.publish(topic, b"probe:000000", qos=0))
+            got = sub.recv(0.1)
+            if got is not None and got.type == PUBLISH and got.payload.startswith(b"probe:"):
+                sub.recv_all(0.2)  # the other probes
+                return
+        raise AssertionError(f"route of {topic!r} never reached {pub_node.port}")
+    finally:
+        p.disconnect()
+
+
+def probe_routes(node: BrokerProc, subs: list[Subscriber], topic: str) -> None:
+    """Publish QoS0 probes on `node` until every subscriber thread got one (its route reached `node`)."""
+    probe = RawClient(node.host, node.port)
+    probe.connect(uid("probe-"))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(s.delivered("probe") for s in subs):
+        probe.publish(topic, b"probe:000000", qos=0)
+        time.sleep(0.05)
+    probe.disconnect()
+    assert all(s.delivered("probe") for s in subs), "routes did not reach every node"
+
+
+def closed_without(c: RawClient, ptype: int, timeout: float = 5.0) -> bool:
+    """True when the connection ends (a v5 DISCONNECT first, or not) before a packet of `ptype` comes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            p = c.recv(0.1)
+        except (ConnectionClosed, OSError):
+            return True
+        if p is None:
+            continue
+        if p.type == ptype:
+            return False
+        if p.type == DISCONNECT:
+            return True
+    raise AssertionError(f"neither closed nor got packet type {ptype} within {timeout}s")
+
+
+def check_delivery(subs: list[Subscriber], pubs: list[Publisher], sub_qos: dict[str, int]) -> list[str]:
+    """Every acked message at least once (QoS1) / exactly once (QoS2, where the subscription is QoS2) at
+    every subscriber. Returns the problems found (empty = fine)."""
+    problems = []
+    for s in subs:
+        for p in pubs:
+            got = s.delivered(p.tag)
+            seen = set(got)
+            qos = min(p.qos, sub_qos[s.cid])
+            lost = sorted(p.acked - seen)
+            if lost:
+                problems.append(
+                    f"{s.cid}: {len(lost)} of {len(p.acked)} messages acked (PUBACK/PUBCOMP) to publisher "
+                    f"{p.tag} (QoS{p.qos}) never delivered, e.g. {lost[:8]}"
+                )
+            if p.qos == 2:
+                lost_rec = sorted(p.pubrec - seen - set(lost))
+                if lost_rec:
+                    problems.append(
+                        f"{s.cid}: {len(lost_rec)} QoS2 messages PUBREC'd to {p.tag} (owned by the broker) "
+                        f"never delivered, e.g. {lost_rec[:8]}"
+                    )
+            if qos == 2:
+                dups = len(got) - len(seen)
+                if dups:
+                    problems.append(
+                        f"{s.cid}: {dups} QoS2 messages of {p.tag} delivered to the application twice"
+                    )
+            phantom = seen - set(p.sent)
+            if phantom:
+                problems.append(f"{s.cid}: got messages never sent by {p.tag}: {sorted(phantom)[:5]}")
+    return problems
+
+
+def out_of_order(subs: list[Subscriber], pubs: list[Publisher]) -> list[str]:
+    """The subscribers whose first deliveries of a publisher's messages are not in publish order."""
+    return [
+        f"{s.cid}: first deliveries of {p.tag} out of order"
+        for s in subs
+        for p in pubs
+        if (got := first_occurrences(s.view.delivered, p.tag)) != sorted(got)
+    ]
+
+
+def start_failover_load(
+    nodes: list[BrokerProc], name: str
+) -> tuple[list[Subscriber], list[Publisher], dict[str, int]]:
+    """The load a store failover is tested under, running on three nodes: two persistent subscribers (QoS 1
+    on v3.1.1, QoS 2 on v5) whose routes reach every node, and four publishers at 100/s (QoS 1 and 2, both
+    versions) that reconnect to the next node when cut off. Returns (subscribers, publishers, the QoS of
+    each subscriber's subscription)."""
+    base = uid(f"{name}/")
+    subs = [
+        Subscriber(uid(f"{name}s1-"), 4, [(base + "/#", 1)], nodes, first=nodes[0]),
+        Subscriber(uid(f"{name}s2-"), 5, [(base + "/#", 2)], nodes, first=nodes[1]),
+    ]
+    sub_qos = {subs[0].cid: 1, subs[1].cid: 2}
+    for s in subs:
+        s.start()
+    for s in subs:
+        assert s.ready.wait(15), f"subscriber {s.cid} never connected: {s.connects}"
+    probe_routes(nodes[2], subs, base + "/probe")
+    pubs = [
+        Publisher(bp, f"{base}/q{qos}", f"p{i}q{qos}", qos, version=v, rate=100, window=10, reconnect=True, nodes=nodes)
+        for i, (bp, qos, v) in enumerate([(nodes[2], 1, 4), (nodes[0], 2, 5), (nodes[1], 1, 5), (nodes[2], 2, 4)])
+    ]  # fmt: skip
+    for p in pubs:
+        p.start()
+    return subs, pubs, sub_qos
+
+
+def sha(script: str) -> bytes:
+    """The SHA1 digest (EVALSHA's name) of the store's Lua script `script`, as Redis prints it."""
+    return hashlib.sha1(_script(SCRIPTS[script]).encode()).hexdigest().encode()
