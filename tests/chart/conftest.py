@@ -19,6 +19,47 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent.parent
 CHART = ROOT / "charts" / "fleetmq"
 
+# values and flags the tests render the chart with: the example fleet on; the Prometheus Operator's CRDs
+# known to the cluster (so the monitoring objects render); every operator setting away from its default
+EXAMPLES = {"examples": {"enabled": True}}
+MONITORING = (
+    "--api-versions",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "--api-versions",
+    "monitoring.coreos.com/v1/PrometheusRule",
+)
+
+CUSTOM = {
+    "image": {"repository": "registry.example.com/mq/fleetmq", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "operator": {
+        "replicas": 2,
+        "watchNamespaces": ["team-a", "team-b"],
+        "peering": {"name": "mq-operators"},
+        "resyncSeconds": 10,
+        "logLevel": "debug",
+        "ports": {"metrics": 9090, "liveness": 9091},
+        "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": 1, "memory": "1Gi"}},
+        "podSecurityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 20000,
+            "fsGroup": 20000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "mq", "effect": "NoSchedule"}],
+        "podAnnotations": {"example.com/team": "mq"},
+        "priorityClassName": "system-cluster-critical",
+    },
+    "serviceAccount": {"name": "mq-operator", "annotations": {"example.com/role": "operator"}},
+}
+
 
 def helm_binary() -> Path:
     """$FLEETMQ_HELM, else where scripts/tools.sh installs the pinned helm."""

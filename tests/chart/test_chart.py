@@ -12,15 +12,8 @@ import pytest
 import yaml
 from fleetmq.operator import cli, crdgen, crds, rbac, render
 
-from .conftest import CHART, ROOT, find, kinds
+from .conftest import CHART, CUSTOM, EXAMPLES, MONITORING, ROOT, find, kinds
 
-EXAMPLES = {"examples": {"enabled": True}}
-MONITORING = (
-    "--api-versions",
-    "monitoring.coreos.com/v1/ServiceMonitor",
-    "--api-versions",
-    "monitoring.coreos.com/v1/PrometheusRule",
-)
 DASHBOARDS = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
 
 
@@ -264,38 +257,6 @@ def test_helm_test_targets_the_zone_service_of_tests_target(helm):
     role = find(m, "Role")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "resourceNames": [pod["metadata"]["name"]],
                               "verbs": ["get", "list", "watch", "delete"]}]  # fmt: skip
-
-
-CUSTOM = {
-    "image": {"repository": "registry.example.com/mq/fleetmq", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
-    "imagePullSecrets": [{"name": "regcred"}],
-    "operator": {
-        "replicas": 2,
-        "watchNamespaces": ["team-a", "team-b"],
-        "peering": {"name": "mq-operators"},
-        "resyncSeconds": 10,
-        "logLevel": "debug",
-        "ports": {"metrics": 9090, "liveness": 9091},
-        "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": 1, "memory": "1Gi"}},
-        "podSecurityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 20000,
-            "fsGroup": 20000,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "privileged": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
-        "nodeSelector": {"kubernetes.io/os": "linux"},
-        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "mq", "effect": "NoSchedule"}],
-        "podAnnotations": {"example.com/team": "mq"},
-        "priorityClassName": "system-cluster-critical",
-    },
-    "serviceAccount": {"name": "mq-operator", "annotations": {"example.com/role": "operator"}},
-}
 
 
 @pytest.mark.parametrize("values", [None, EXAMPLES, CUSTOM], ids=["defaults", "examples", "custom"])

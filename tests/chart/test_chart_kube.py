@@ -25,8 +25,7 @@ import yaml
 from tests.operator.conftest import wait_for
 from tests.support import free_port
 
-from .conftest import CHART, find
-from .test_chart import CUSTOM, EXAMPLES, MONITORING
+from .conftest import CHART, CUSTOM, EXAMPLES, MONITORING, find
 
 pytestmark = pytest.mark.envtest
 

@@ -248,6 +248,12 @@ def start_fleetmq(
     return bp
 
 
+def passwd(path: Path, user: str, password: str) -> None:
+    """Add or update `user` in the users file at `path`, with the broker's own `passwd` command."""
+    cmd = [sys.executable, "-m", "fleetmq.broker", "passwd", str(path), user, "--password", password]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
 def start_mosquitto(
     workdir: Path,
     *,

@@ -7,17 +7,12 @@ import sys
 
 import pytest
 
-from .harness import MOSQUITTO, uid
+from .harness import MOSQUITTO, passwd, uid
 from .mqttraw import CONNACK, PUBACK, PUBLISH, SUBACK
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")
 
 V311, V5 = 4, 5
-
-
-def passwd(path, user: str, password: str) -> None:
-    cmd = [sys.executable, "-m", "fleetmq.broker", "passwd", str(path), user, "--password", password]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
 
 
 @pytest.fixture

@@ -149,8 +149,8 @@ def tls_raw(port: int, pki, cert: tuple[str, str] | None, version: int = 5):
 def test_certificate_common_name_is_the_username(start_broker, raw_clients, pki, tmp_path, verify_peer):
     """peer_cert_as_username: cn: a verified certificate authenticates the client as the user its common
     name maps to (cert_users), whose own rules then apply; the CONNECT's credentials are not used."""
+    from .harness import passwd
     from .mqttraw import PUBACK, PUBLISH
-    from .test_fleetmq_auth import passwd
 
     users = tmp_path / "users"
     passwd(users, "alice", "wonderland")

@@ -9,6 +9,8 @@
 
 It listens on a free 127.0.0.1 port, keeps its TSDB in the given directory, scrapes and evaluates rules
 every second. Every started server is killed by pid at interpreter exit as a last resort.
+
+    substitute(panel_expr, {"pod": "edge-0"})  # a dashboard's query with Grafana's variables filled in
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import atexit
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -179,3 +182,14 @@ def _kill_leftovers() -> None:
         if p.proc is not None and p.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.proc.pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------ Grafana's variables
+#: the values Grafana gives its built-in variables, for the tests' short scrape and evaluation intervals
+BUILTIN = {"__rate_interval": "15s", "__interval": "5s", "__range": "5m"}
+
+
+def substitute(expr: str, variables: dict[str, str]) -> str:
+    """A dashboard panel's expression as Grafana sends it: `$var` and `${var}` replaced by their values."""
+    values = {**variables, **BUILTIN}
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], expr)

@@ -32,7 +32,7 @@ from fleetmq.operator import monitoring
 from tests.integration import harness
 from tests.integration.harness import BrokerProc, Client, uid
 from tests.integration.mqttraw import PUBLISH, V5, V311, ConnectionClosed, RawClient, sub_options
-from tests.monitoring.promproc import PrometheusServer
+from tests.monitoring.promproc import PrometheusServer, substitute
 from tests.support import RedisServer, redis_server_available, wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.prometheus, pytest.mark.timeout(300)]
@@ -67,12 +67,6 @@ CONFIG = {
 # Grafana's variables: "All" of each label variable, and a selection like a user would make.
 ALL = {"namespace": ".*", "job": ".*", "pod": ".*", "zone": ".*"}
 SELECTED = {"namespace": NAMESPACE, "job": JOB, "pod": "(edge-0|edge-1)", "zone": "(default|slow)"}
-BUILTIN = {"__rate_interval": "15s", "__interval": "5s", "__range": "5m"}
-
-
-def substitute(expr: str, variables: dict[str, str]) -> str:
-    values = {**variables, **BUILTIN}
-    return re.sub(r"\$\{?(\w+)\}?", lambda m: values[m.group(1)], expr)
 
 
 # ------------------------------------------------------------------------------------------ load

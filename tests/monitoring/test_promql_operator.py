@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 from fleetmq.operator import monitoring
 
-from tests.monitoring.promproc import PrometheusServer
-from tests.monitoring.test_promql import substitute
+from tests.monitoring.promproc import PrometheusServer, substitute
 from tests.operator.conftest import Kubectl, fleet, wait_for, zone
 from tests.support import free_port
 

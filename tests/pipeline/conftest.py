@@ -1,7 +1,9 @@
-"""Fixtures of the pipeline tests: one local Spark for the whole run, event builders, Parquet helpers."""
+"""Fixtures of the pipeline tests: one local Spark for the whole run, event builders (by hand, or written
+to Redis by a real EventLog), Parquet helpers."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import itertools
 import os
@@ -12,11 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fleetmq.broker.events import EventLog
+from fleetmq.broker.eventschema import DELIVER, PUBLISH_IN
 from fleetmq.pipeline.schema import FILE_COLUMNS
 
 #: 2026-01-01 00:00:00 UTC in epoch milliseconds: the hand-built events' clock
 T0_MS = 1_767_225_600_000.0
 T0 = dt.datetime(2026, 1, 1)
+#: the fleet whose event log the tests write and export
+FLEET = "edge"
 
 
 @pytest.fixture(scope="session")
@@ -86,3 +92,22 @@ def write_events(out: Path, rows: list[dict[str, Any]], name: str = "part-test")
         folder.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pydict({c: [r[c] for r in rs] for c in FILE_COLUMNS}, schema=arrow_schema())
         pq.write_table(table, folder / f"{name}.parquet")
+
+
+def emit_events(url: str, n: int, *, zones: tuple[str, ...] = ("external",)) -> int:
+    """n messages' publish_in + deliver through a real EventLog; returns the events written."""
+
+    async def go() -> int:
+        log = EventLog(url, fleet=FLEET, node="n1", batch=500)
+        await log.start()
+        for m in range(1, n + 1):
+            zone = zones[m % len(zones)]
+            log.emit(PUBLISH_IN, zone, "pub", m, "t/1", 1, m, 10)
+            log.emit(DELIVER, zone, "sub", m, "t/1", 1, m, 10, "", 1, 0)
+            if m % 100 == 0:
+                await asyncio.sleep(0)
+        await log.stop()
+        assert log.dropped == 0
+        return log.written
+
+    return asyncio.run(go())

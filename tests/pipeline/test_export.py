@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -12,34 +11,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from fleetmq.broker.events import EventLog
-from fleetmq.broker.eventschema import DELIVER, PUBLISH_IN
 from fleetmq.broker.store.keys import event_stream as stream_key
 from fleetmq.pipeline.export import DEFAULT_GROUP, PAUSE_AT_ENV, PAUSE_FILE_ENV, Exporter
 from fleetmq.pipeline.streams import log_keys, part_name
 
+from .conftest import FLEET, emit_events
+
 pytestmark = pytest.mark.redis
-
-FLEET = "edge"
-
-
-def emit_events(url: str, n: int, *, zones: tuple[str, ...] = ("external",)) -> int:
-    """n messages' publish_in + deliver through a real EventLog; returns the events written."""
-
-    async def go() -> int:
-        log = EventLog(url, fleet=FLEET, node="n1", batch=500)
-        await log.start()
-        for m in range(1, n + 1):
-            zone = zones[m % len(zones)]
-            log.emit(PUBLISH_IN, zone, "pub", m, "t/1", 1, m, 10)
-            log.emit(DELIVER, zone, "sub", m, "t/1", 1, m, 10, "", 1, 0)
-            if m % 100 == 0:
-                await asyncio.sleep(0)
-        await log.stop()
-        assert log.dropped == 0
-        return log.written
-
-    return asyncio.run(go())
 
 
 def exported(out: Path) -> list[dict]:

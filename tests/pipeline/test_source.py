@@ -6,7 +6,7 @@ import pytest
 from fleetmq.broker.eventschema import DELIVER, DROP
 from fleetmq.pipeline.source import NAME, EventStreamSource
 
-from .test_export import FLEET, emit_events
+from .conftest import FLEET, emit_events
 
 pytestmark = [pytest.mark.redis, pytest.mark.timeout(600)]
 
