@@ -76,6 +76,7 @@ __all__ = [
     "frame",
     "pingreq",
     "publish",
+    "split",
     "sub_options",
     "subscribe",
     "unsubscribe",

@@ -19,7 +19,7 @@ import pytest
 
 from .harness import MOSQUITTO, uid
 from .memclients import Watch, load_retained, rss, spawn, stalled_subscriber
-from .mqttraw import PUBLISH, RawClient
+from .mqttraw import PUBLISH, RawClient, split
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific limits")
 
@@ -64,24 +64,10 @@ def count_retained(s: socket.socket, want: int, timeout: float = 30.0) -> int:
             take = min(skip, len(buf))
             del buf[:take]
             skip -= take
-        pos = 0
-        while len(buf) - pos >= 2:
-            mult, length, i = 1, 0, pos + 1
-            while i < len(buf):
-                b = buf[i]
-                length += (b & 0x7F) * mult
-                i += 1
-                if not b & 0x80:
-                    break
-                mult *= 128
-            else:
-                break
-            if len(buf) < i + length:
-                break
-            if buf[pos] >> 4 == PUBLISH and buf[i + 2 : i + 6] == b"ret/":
+        while (framed := split(buf)) is not None:
+            type_, _flags, body = framed
+            if type_ == PUBLISH and body[2:6] == b"ret/":  # (after the topic's length)
                 seen += 1
-            pos = i + length
-        del buf[:pos]
     return seen
 
 

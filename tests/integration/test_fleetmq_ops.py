@@ -92,6 +92,16 @@ def test_v5_takeover_sends_0x8e(broker, raw_clients):
     )
 
 
+def refused(tmp_path, cfg: dict) -> str:
+    """The broker started with `cfg` refuses to start: its stderr."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "fleetmq.broker", "--config", str(path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    return r.stderr
+
+
 def test_bad_config_field_names_path(tmp_path):
     cfg = {
         "node_id": "bad",
@@ -101,16 +111,8 @@ def test_bad_config_field_names_path(tmp_path):
             {"name": "mqtt", "zone": "external", "bind": f"{HOST}:{free_port()}", "protocol": "tcp"}
         ],
     }
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    r = subprocess.run(
-        [sys.executable, "-m", "fleetmq.broker", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert r.returncode != 0
-    assert "zones.external.max_inflight" in r.stderr, r.stderr
+    stderr = refused(tmp_path, cfg)
+    assert "zones.external.max_inflight" in stderr, stderr
 
 
 def test_unknown_zone_in_listener_rejected(tmp_path):
@@ -118,16 +120,8 @@ def test_unknown_zone_in_listener_rejected(tmp_path):
         "zones": {"external": {}},
         "listeners": [{"name": "mqtt", "zone": "nope", "bind": f"{HOST}:{free_port()}", "protocol": "tcp"}],
     }
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    r = subprocess.run(
-        [sys.executable, "-m", "fleetmq.broker", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert r.returncode != 0
-    assert "listeners" in r.stderr and "nope" in r.stderr, r.stderr
+    stderr = refused(tmp_path, cfg)
+    assert "listeners" in stderr and "nope" in stderr, stderr
 
 
 def test_listen_shorthand(tmp_path):

@@ -130,15 +130,21 @@ def test_resume_resends_unacked_in_order_before_new(broker, clients, raw_clients
     c2.disconnect()
 
 
-@pytest.mark.parametrize("version", [4, 5])
-def test_takeover_closes_first_connection(broker, clients, raw_clients, version):
+def _taken_over(broker, raw_clients, version: int, *, clean: bool):
+    """A persistent session subscribed to a topic at QoS 1, then a second connection with its client id:
+    (topic, first connection, second connection, the second's CONNACK)."""
     cid, t = uid("to"), uid("to/")
     props = {"session_expiry_interval": 60} if version == 5 else None
     first = raw_clients(broker, version=version)
     first.connect(cid, clean=False, props=props)
     first.subscribe([(t, 1)])
     second = raw_clients(broker, version=version)
-    ack = second.connect(cid, clean=False, props=props)
+    return t, first, second, second.connect(cid, clean=clean, props=props)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_takeover_closes_first_connection(broker, clients, raw_clients, version):
+    t, first, second, ack = _taken_over(broker, raw_clients, version, clean=False)
     assert ack.session_present is True
     closed, seen = first.wait_closed(5)
     assert closed, "first connection still open after takeover"
@@ -156,13 +162,7 @@ def test_takeover_closes_first_connection(broker, clients, raw_clients, version)
 
 @pytest.mark.parametrize("version", [4, 5])
 def test_takeover_with_clean_start_drops_session(broker, clients, raw_clients, version):
-    cid, t = uid("to"), uid("to/")
-    props = {"session_expiry_interval": 60} if version == 5 else None
-    first = raw_clients(broker, version=version)
-    first.connect(cid, clean=False, props=props)
-    first.subscribe([(t, 1)])
-    second = raw_clients(broker, version=version)
-    ack = second.connect(cid, clean=True, props=props)
+    t, first, second, ack = _taken_over(broker, raw_clients, version, clean=True)
     assert ack.session_present is False
     closed, _ = first.wait_closed(5)
     assert closed

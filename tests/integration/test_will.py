@@ -63,17 +63,20 @@ def test_retained_will(broker, clients, raw_clients):
     sub.publish(t, b"", 1, retain=True)
 
 
-def test_v5_will_delay_published_after_delay(broker, clients, raw_clients):
+def _delayed_will(broker, clients, raw_clients, cid: str, *, payload=b"late", delay=2, expiry=30):
+    """A v5 watcher of a fresh topic, and a raw v5 client `cid` whose session lasts `expiry` s after it
+    disconnects, with a QoS 1 will on that topic `delay` s late: (watcher, client)."""
     t = uid("will/")
     sub = clients(version=5)
     sub.subscribe(t, 1)
     c = raw_clients(broker, version=5)
-    c.connect(
-        uid("w"),
-        clean=True,
-        props={"session_expiry_interval": 30},
-        will={"topic": t, "payload": b"late", "qos": 1, "props": {"will_delay_interval": 2}},
-    )
+    will = {"topic": t, "payload": payload, "qos": 1, "props": {"will_delay_interval": delay}}
+    c.connect(cid, clean=True, props={"session_expiry_interval": expiry}, will=will)
+    return sub, c
+
+
+def test_v5_will_delay_published_after_delay(broker, clients, raw_clients):
+    sub, c = _delayed_will(broker, clients, raw_clients, uid("w"))
     t0 = time.monotonic()
     c.close()
     assert sub.drain(1.2) == []  # not before the delay
@@ -84,17 +87,8 @@ def test_v5_will_delay_published_after_delay(broker, clients, raw_clients):
 
 
 def test_v5_will_delay_cancelled_by_reconnect(broker, clients, raw_clients):
-    t = uid("will/")
     cid = uid("w")
-    sub = clients(version=5)
-    sub.subscribe(t, 1)
-    c = raw_clients(broker, version=5)
-    c.connect(
-        cid,
-        clean=True,
-        props={"session_expiry_interval": 30},
-        will={"topic": t, "payload": b"late", "qos": 1, "props": {"will_delay_interval": 2}},
-    )
+    sub, c = _delayed_will(broker, clients, raw_clients, cid)
     c.close()
     time.sleep(0.5)
     c2 = raw_clients(broker, version=5)
@@ -106,16 +100,7 @@ def test_v5_will_delay_cancelled_by_reconnect(broker, clients, raw_clients):
 
 def test_v5_will_delay_longer_than_session_expiry(broker, clients, raw_clients):
     """The will is published when the session ends, even if the will delay is longer."""
-    t = uid("will/")
-    sub = clients(version=5)
-    sub.subscribe(t, 1)
-    c = raw_clients(broker, version=5)
-    c.connect(
-        uid("w"),
-        clean=True,
-        props={"session_expiry_interval": 1},
-        will={"topic": t, "payload": b"ended", "qos": 1, "props": {"will_delay_interval": 60}},
-    )
+    sub, c = _delayed_will(broker, clients, raw_clients, uid("w"), payload=b"ended", delay=60, expiry=1)
     c.close()
     (msg,) = sub.wait_for(1, timeout=4)
     assert msg.payload == b"ended"

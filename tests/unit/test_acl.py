@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fakes import Client, Clock, settle
+from tests.unit.topics_support import reference_match
 
 # -----------------------------------------------------------------------------------------------
 # the reference: filters as sets of topics
@@ -39,25 +40,8 @@ UNIVERSE = [
 ]
 
 
-def ref_match(topic_filter: str, topic: str) -> bool:
-    """MQTT 4.7, recursive over levels; wildcards at the first level never match a '$' topic."""
-    if topic.startswith("$") and topic_filter[0] in "+#":
-        return False
-
-    def rec(f: list[str], t: list[str]) -> bool:
-        if not f:
-            return not t
-        if f[0] == "#":
-            return True
-        if not t:
-            return False
-        return (f[0] == "+" or f[0] == t[0]) and rec(f[1:], t[1:])
-
-    return rec(topic_filter.split("/"), topic.split("/"))
-
-
 def topics_of(topic_filter: str) -> set[str]:
-    return {t for t in UNIVERSE if ref_match(topic_filter, t)}
+    return {t for t in UNIVERSE if reference_match(topic_filter, t)}
 
 
 @st.composite
@@ -98,7 +82,7 @@ def test_covers_and_overlaps_agree_with_topic_sets_for_every_pair():
 @settings(max_examples=200, deadline=None)
 @given(f=filters(), t=topics)
 def test_topic_matches_agrees_with_reference(f, t):
-    assert topic_matches(f, t) == ref_match(f, t)
+    assert topic_matches(f, t) == reference_match(f, t)
 
 
 @pytest.mark.parametrize(
@@ -137,7 +121,7 @@ def make_acl(rules: list[tuple[str, str, str]], default: str) -> Acl:
 
 def ref_decide(rules, default: str, action: str, topic: str) -> bool:
     for permission, rule_action, pattern in rules:
-        if rule_action in (action, "all") and ref_match(pattern, topic):
+        if rule_action in (action, "all") and reference_match(pattern, topic):
             return permission == "allow"
     return default == "allow"
 
@@ -269,7 +253,7 @@ def test_subscriber_receives_exactly_what_its_rules_allow(rules, default, fs, ts
             for p in got:
                 assert ref_decide(rules, default, "subscribe", p.topic), p.topic
             if not shared:  # shared subscriptions get no retained messages [MQTT-4.8.2-?]
-                expect = {t for t in ts if any(ref_match(f, t) for f in granted)}
+                expect = {t for t in ts if any(reference_match(f, t) for f in granted)}
                 expect = {t for t in expect if ref_decide(rules, default, "subscribe", t)}
                 assert {p.topic for p in got} == expect
         for i, t in enumerate(ts):
@@ -279,7 +263,7 @@ def test_subscriber_receives_exactly_what_its_rules_allow(rules, default, fs, ts
         expect = [
             t
             for t in ts
-            if any(ref_match(f, t) for f in granted) and ref_decide(rules, default, "subscribe", t)
+            if any(reference_match(f, t) for f in granted) and ref_decide(rules, default, "subscribe", t)
         ]
         assert [p.topic for p in got] == expect
 

@@ -69,14 +69,34 @@ class Rig:
         self.bridge = self.config.bridges[0]
         self.node = Node(self.config)
         self.clock = Clock()
+        self.version = version
+        self.remote = Parser(version=version)  # what the remote receives
+        self._attach()
+
+    def _attach(self) -> None:
+        """A new link, and a new in-process connection of it to the bridge's session."""
         self.io = PacketIO(self.clock)
+        self._pos = 0
         self.ch = self.node.channel(
             self.bridge.session_id, self.io, peer="bridge", listener=INTERNAL, clock=self.io
         )
         self.link = BridgeLink(self.bridge, "edge", None, self.clock.now)
-        self.version = version
-        self.remote = Parser(version=version)  # what the remote receives
-        self._pos = 0
+
+    async def relink(self) -> None:
+        """The link closes and its connection is lost; a new link comes for the same session (not up yet)."""
+        self.link.close("test")
+        self.ch.connection_lost()
+        await settle()
+        self._attach()
+
+    async def published(self, n: int) -> list[Any]:
+        """A local client publishes `n` QoS 1 messages, b"0", b"1", ...: what reaches the remote."""
+        pub = Client(self.node, self.clock, MQTT5)
+        await pub.connect("dev", clean_start=True)
+        for i in range(n):
+            pub.send(Publish("up/t", str(i).encode(), qos=1, packet_id=20 + i))
+        await self.pump()
+        return self.at_remote()
 
     async def pump(self) -> None:
         for _ in range(20):
@@ -160,22 +180,10 @@ async def test_a_reconnect_resends_what_the_remote_did_not_acknowledge_with_the_
     not acknowledged goes again, first, with its packet ids and DUP."""
     rig = Rig()
     await rig.up()
-    pub = Client(rig.node, rig.clock, MQTT5)
-    await pub.connect("dev", clean_start=True)
-    for i in range(3):
-        pub.send(Publish("up/t", str(i).encode(), qos=1, packet_id=20 + i))
-    await rig.pump()
-    first = rig.at_remote()
+    first = await rig.published(3)
     assert [p.payload for p in first] == [b"0", b"1", b"2"]
     await rig.from_remote(Puback(first[0].packet_id))
-    rig.link.close("test")
-    rig.ch.connection_lost()
-    await settle()
-    # a new link, a new in-process connection to the same session
-    rig.io = PacketIO(rig.clock)
-    rig._pos = 0
-    rig.ch = rig.node.channel(rig.bridge.session_id, rig.io, peer="bridge", listener=INTERNAL, clock=rig.io)
-    rig.link = BridgeLink(rig.bridge, "edge", None, rig.clock.now)
+    await rig.relink()
     await rig.up(present=True)
     again = rig.at_remote()
     assert [(p.payload, p.packet_id, p.dup) for p in again] == [
@@ -233,20 +241,8 @@ async def test_resends_wait_for_the_remotes_receive_maximum():
     (mosquitto answers the excess with 0x97 Quota exceeded, and the message would be lost)."""
     rig = Rig()
     await rig.up()
-    pub = Client(rig.node, rig.clock, MQTT5)
-    await pub.connect("dev", clean_start=True)
-    for i in range(5):
-        pub.send(Publish("up/t", str(i).encode(), qos=1, packet_id=20 + i))
-    await rig.pump()
-    first = rig.at_remote()
-    assert len(first) == 5
-    rig.link.close("test")
-    rig.ch.connection_lost()
-    await settle()
-    rig.io = PacketIO(rig.clock)
-    rig._pos = 0
-    rig.ch = rig.node.channel(rig.bridge.session_id, rig.io, peer="bridge", listener=INTERNAL, clock=rig.io)
-    rig.link = BridgeLink(rig.bridge, "edge", None, rig.clock.now)
+    assert len(await rig.published(5)) == 5
+    await rig.relink()
     [_connect] = rig.at_remote()
     await rig.from_remote(Connack(True, 0, {Prop.RECEIVE_MAXIMUM: 2}))
     [sub] = rig.at_remote()

@@ -12,6 +12,8 @@ from fleetmq.broker.topic import parse_share, topic_matches, valid_filter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.topics_support import reference_match
+
 
 def everyone_online(_cid: str) -> bool:
     return True
@@ -266,23 +268,6 @@ def test_invalid_filters(f):
 # -----------------------------------------------------------------------------------------------
 # property: Router.match and topic_matches agree with a reference matcher
 # -----------------------------------------------------------------------------------------------
-
-
-def reference_match(topic_filter: str, topic: str) -> bool:
-    """MQTT 4.7 written independently: recursive over levels."""
-    if topic.startswith("$") and topic_filter[0] in "+#":
-        return False
-
-    def rec(f: list[str], t: list[str]) -> bool:
-        if not f:
-            return not t
-        if f[0] == "#":
-            return True
-        if not t:
-            return False
-        return (f[0] == "+" or f[0] == t[0]) and rec(f[1:], t[1:])
-
-    return rec(topic_filter.split("/"), topic.split("/"))
 
 
 LEVELS = st.sampled_from(["a", "b", "", "$SYS", "$x", "sport"])
