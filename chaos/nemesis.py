@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from chaos.client import Client, Publisher
 from chaos.history import History
-from chaos.procs import Node, Redis
+from chaos.procs import Node, Proc, Redis
 from chaos.proxy import Proxy
 
 KINDS = (
@@ -50,6 +51,8 @@ PRESETS = {
 }
 #: the stops of a Redis (a primary where there are several) that a restart heals
 STOPS = ("redis-term", "redis-shutdown", "primary-stop", "redis-restart-under-load")
+
+_P = TypeVar("_P", bound=Proc)  # a node or a redis-server, with the fleet's way to start it again
 
 
 def applicable(kind: str, store: str, proxied: bool = True) -> bool:
@@ -185,6 +188,22 @@ class Nemesis:
             await asyncio.sleep(step.gap)
             await self.inject(step, until)
 
+    async def _kill(self, kind: str, proc: _P, hold: float, start: Callable[[_P], Awaitable[None]]) -> None:
+        """kill -9 `proc`, and `hold` s later start it again."""
+        f = self.history.fault(kind, proc.name, f"pid {proc.pid}, down {hold:.1f}s")
+        proc.kill()
+        await asyncio.sleep(hold)
+        await start(proc)
+        self.history.healed(f, f"new pid {proc.pid}")
+
+    async def _pause(self, kind: str, proc: Proc, hold: float) -> None:
+        """SIGSTOP `proc` for `hold` s."""
+        f = self.history.fault(kind, proc.name, f"SIGSTOP {hold:.1f}s")
+        proc.pause()
+        await asyncio.sleep(hold)
+        proc.resume()
+        self.history.healed(f)
+
     async def inject(self, step: Step, until: float) -> None:
         h, fleet = self.history, self.fleet
         hold = min(step.duration, max(0.0, until - h.now()))
@@ -194,50 +213,26 @@ class Nemesis:
                 return
             node = live[int(step.pick * len(live))]
             if step.kind == "node-kill":
-                f = h.fault("node-kill", node.name, f"pid {node.pid}, down {hold:.1f}s")
-                node.kill()
-                await asyncio.sleep(hold)
-                await fleet.start_node(node)
-                h.healed(f, f"new pid {node.pid}")
+                await self._kill(step.kind, node, hold, fleet.start_node)
             else:
-                f = h.fault("node-pause", node.name, f"SIGSTOP {hold:.1f}s")
-                node.pause()
-                await asyncio.sleep(hold)
-                node.resume()
-                h.healed(f)
+                await self._pause(step.kind, node, hold)
         elif step.kind in STOPS:
             await self._stop(step, hold)
         elif step.kind in ("redis-kill", "redis-pause"):
             rs = fleet.redis[int(step.pick * len(fleet.redis))]
             if step.kind == "redis-kill":
-                f = h.fault("redis-kill", rs.name, f"pid {rs.pid}, down {hold:.1f}s")
-                rs.kill()
-                await asyncio.sleep(hold)
-                await fleet.start_redis(rs)
-                h.healed(f, f"new pid {rs.pid}")
+                await self._kill(step.kind, rs, hold, fleet.start_redis)
             else:
-                f = h.fault("redis-pause", rs.name, f"SIGSTOP {hold:.1f}s")
-                rs.pause()
-                await asyncio.sleep(hold)
-                rs.resume()
-                h.healed(f)
+                await self._pause(step.kind, rs, hold)
         elif step.kind in ("primary-kill", "replica-lag"):
             servers = await (fleet.primaries() if step.kind == "primary-kill" else fleet.replicas())
             if not servers:
                 return
             rs = servers[int(step.pick * len(servers))]
             if step.kind == "primary-kill":
-                f = h.fault("primary-kill", rs.name, f"pid {rs.pid}, down {hold:.1f}s")
-                rs.kill()
-                await asyncio.sleep(hold)
-                await fleet.start_redis(rs)
-                h.healed(f, f"new pid {rs.pid}")
+                await self._kill(step.kind, rs, hold, fleet.start_redis)
             else:
-                f = h.fault("replica-lag", rs.name, f"SIGSTOP {hold:.1f}s")
-                rs.pause()
-                await asyncio.sleep(hold)
-                rs.resume()
-                h.healed(f)
+                await self._pause(step.kind, rs, hold)
         elif step.kind == "failover":
             f = h.fault("failover", "redis", await fleet.failover(step.pick))
             await asyncio.sleep(max(hold, 2.0))  # (the switch and the nodes following it)

@@ -294,25 +294,22 @@ class Proxy:
         await pipe.run()
 
     # -- faults
-    def cut_after(self, *needles: bytes) -> threading.Event:
-        rule = Rule(needles, cut=True)
+    def _add(self, rule: Rule) -> threading.Event:
+        """Apply `rule` from now on; the event is set when it fires."""
         self.rules.append(rule)
         return rule.fired
+
+    def cut_after(self, *needles: bytes) -> threading.Event:
+        return self._add(Rule(needles, cut=True))
 
     def delay(self, seconds: float, *needles: bytes) -> threading.Event:
-        rule = Rule(needles, delay=seconds)
-        self.rules.append(rule)
-        return rule.fired
+        return self._add(Rule(needles, delay=seconds))
 
     def lose_reply(self, *needles: bytes) -> threading.Event:
-        rule = Rule(needles, lose=True)
-        self.rules.append(rule)
-        return rule.fired
+        return self._add(Rule(needles, lose=True))
 
     def hold_reply(self, seconds: float, *needles: bytes) -> threading.Event:
-        rule = Rule(needles, hold_reply=seconds)
-        self.rules.append(rule)
-        return rule.fired
+        return self._add(Rule(needles, hold_reply=seconds))
 
     def deafen(self, on: bool) -> None:
         """Replies dropped on every connection while on; turned off, every connection is reset (what
