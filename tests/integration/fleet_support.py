@@ -412,10 +412,6 @@ def first_occurrences(payloads: list[bytes], tag: str | None = None) -> list[int
     return out
 
 
-def hget(redis_server, key: str, field_: str) -> bytes | None:
-    return redis_server.command("HGET", key, field_)
-
-
 def session_keys(cid: str) -> list[str]:
     tag = f"fmq:{{{cid}}}"
     return [f"{tag}:m", f"{tag}:s", f"{tag}:q", f"{tag}:i", f"{tag}:r"]
