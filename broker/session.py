@@ -156,9 +156,12 @@ class Session:
         # A delivery the session holds is one it took, even if taking it was not yet recorded (one taken
         # while catching up is recorded by caught_up, which may not have come): a resend under its receipt
         # is a repeat. (Anything older of its publisher was queued before it, so it is here too.)
+        # The store must know it too: else a resend under that receipt, routed through the store, is
+        # queued as new, and once this copy is delivered and gone the next owner delivers it again.
         for inc, number in kept:
             if number > self.seen.get(inc, 0):
                 self.seen[inc] = number
+                journal.seen(inc, number)
         gone = {id(d) for d in repeats}
         for d in deliveries:
             if id(d) in gone:

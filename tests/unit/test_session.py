@@ -826,6 +826,23 @@ def test_a_restored_delivery_s_receipt_counts_as_taken_even_if_not_recorded_yet(
     assert s.admit(("inc1", 6))
 
 
+def test_a_restored_delivery_s_receipt_reaches_the_store_as_seen():
+    """Issue 25 (chaos --store cluster, seeds 703 and 705: 7 QoS 2 messages twice each). The receipt a
+    restored delivery counts as taken was raised in memory only: the store still queued the publisher's
+    resend under it as new, and once the restored copy had been delivered and acknowledged (gone), the
+    session's next owner, restoring only the resend, delivered the message again."""
+    d = dl("taken", 2)
+    d.msg.receipt, d.order = ("inc1", 5), 3
+    s = Session("s", zone())
+    s.restore(
+        epoch=2, expiry_interval=60.0, next_pid=1, order=4, subscriptions=[], deliveries=[d],
+        awaiting_rel=[], sink=Sink(), incarnation="inc9", received=0, seen={"inc1": 3},
+    )  # fmt: skip
+    assert s.journal is not None
+    changes = s.journal.take()
+    assert changes is not None and changes.seen == {"inc1": 5}
+
+
 def test_restore_puts_sent_deliveries_back_in_the_window_and_the_rest_in_the_queue_in_order():
     stored = []
     for order, (name, pid) in enumerate([("a", 5), ("b", 6), ("c", 0), ("d", 0)]):
