@@ -294,9 +294,10 @@ def config_page() -> str:
     )
 
 
-def _broker_families() -> list[Any]:
-    """The families a busy broker exports: one zone, a Redis store, the event log and a bridge, so that
-    every family the collector can emit is there."""
+def busy_broker_metrics() -> Any:
+    """A node's metrics as a busy broker exports them: one zone, a Redis store, the event log and a
+    bridge, so that every family the collector can emit has a sample (the tests of the dashboards,
+    alerts and runbooks query against the same)."""
     from fleetmq.broker.metrics import Metrics
 
     m = Metrics()
@@ -321,7 +322,11 @@ def _broker_families() -> list[Any]:
         "max_inflight": {"default": 32},
         "max_mqueue_len": {"default": 1000},
     }
-    return list(m.collector().collect())
+    return m
+
+
+def _broker_families() -> list[Any]:
+    return list(busy_broker_metrics().collector().collect())
 
 
 def _operator_families() -> list[Any]:
