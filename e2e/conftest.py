@@ -18,6 +18,7 @@ E2E_DEV_DIR=that folder, stop it with `python -m tests.kubeapi down --dir` that 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import re
@@ -25,7 +26,7 @@ import shutil
 import subprocess
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,11 @@ def tool(name: str) -> str:
     return path
 
 
-def wait_for(pred, timeout: float = 180.0, interval: float = 1.0, msg: str = "condition") -> Any:
+def wait_for(
+    pred, timeout: float = 180.0, interval: float = 1.0, msg: str | Callable[[], str] = "condition"
+) -> Any:
+    """`pred()` once it is true; an AssertionError naming `msg` (a callable: what it says then) after
+    `timeout` seconds."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -69,7 +74,8 @@ def wait_for(pred, timeout: float = 180.0, interval: float = 1.0, msg: str = "co
             if last:
                 return last
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {msg} (last: {last!r})")
+    said = msg() if callable(msg) else msg
+    raise AssertionError(f"timed out after {timeout}s waiting for {said} (last: {last!r})")
 
 
 @dataclass
@@ -129,6 +135,40 @@ class Cluster:
         """How this machine reaches `target` ("svc/NAME" or "pod/NAME") on `port`: directly on a real node,
         through `kubectl port-forward` elsewhere."""
         return Direct(self, target, port, ns) if self.routable else PortForward(self, target, port, ns)
+
+    def diagnose(self) -> list[tuple[str, str]]:
+        """What a person would look at when a test fails: the fleet's objects and status, the pods and
+        their labels, the client Services' endpoints, recent events, and the operator's and the brokers'
+        latest log lines (as report sections: title, text)."""
+
+        def out(*args: Any, timeout: float = 30) -> str:
+            try:
+                cp = self.kubectl(*args, check=False, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return f"<kubectl {' '.join(map(str, args))}: no answer in {timeout}s>"
+            return (cp.stdout + cp.stderr).strip() or "<empty>"
+
+        objects = out(
+            "get", "brokerfleets,mqttzones,statefulsets,pods", "-n", APP_NS, "-o", "wide", "--show-labels"
+        )
+        events = out("get", "events", "-n", APP_NS, "--sort-by=.lastTimestamp").splitlines()[-40:]
+        sections = [
+            ("fleet objects", objects),
+            (
+                "brokerfleet status",
+                out("get", "brokerfleets", "-n", APP_NS, "-o", "jsonpath={.items[*].status}"),
+            ),
+            ("client Services' endpoints", out("get", "endpointslices", "-n", APP_NS, "-o", "wide")),
+            ("events (latest)", "\n".join(events)),
+            (
+                "operator log (tail)",
+                out("logs", "-n", RELEASE_NS, "deployment/fleetmq-operator", "--tail=80"),
+            ),
+        ]
+        pods = out("get", "pods", "-n", APP_NS, "-l", "app.kubernetes.io/component=broker", "-o", "name")
+        for pod in pods.split() if pods.startswith("pod/") else []:
+            sections.append((f"{pod} log (tail)", out("logs", "-n", APP_NS, pod, "--tail=40")))
+        return sections
 
     def tag_image(self, src: str, dst: str) -> None:
         """Make image `dst` a second name of `src` on the node(s), as pushing a new tag would."""
@@ -285,6 +325,28 @@ class PortForward:
 
 
 Endpoint = Direct | PortForward
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the cluster's state at that moment (Cluster.diagnose): CI keeps
+    only the output, and the cluster is gone by the time anyone reads it."""
+    rep = yield
+    cluster = getattr(item, "funcargs", {}).get("cluster")
+    if rep.failed and rep.when == "call" and isinstance(cluster, Cluster):
+        try:
+            rep.sections.extend((f"cluster at failure: {t}", text) for t, text in cluster.diagnose())
+        except Exception as e:  # the report of the failure itself comes first
+            rep.sections.append(("cluster at failure", f"<cannot read the cluster: {e!r}>"))
+    return rep
+
+
+@pytest.fixture(autouse=True)
+def _collect_clients() -> Iterator[None]:
+    """A test's MQTT clients are collected when it ends: paho keeps two sockets per client until then,
+    and a process past 1,024 descriptors leaves new paho clients hanging (load.fd_room)."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,8 @@ was not acked (at least once). Every message the publisher got a PUBACK for must
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -57,7 +59,31 @@ def client(
     return c
 
 
+#: paho's threaded loop watches its sockets with select(), which cannot take a file descriptor of 1024 or
+#: more: a client given one connects (the broker opens its session) and then never reads its CONNACK, and
+#: says nothing. Tests that open many clients check they stay below this first (fd_room).
+SELECT_LIMIT = 1024
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def fd_room(clients: int) -> None:
+    """Fail at once, saying why, if `clients` more paho clients (3 descriptors each: the socket and the
+    loop's wake-up pair) would take descriptors past SELECT_LIMIT, rather than leave some hanging."""
+    gc.collect()  # (closed clients in reference cycles still hold their wake-up pairs)
+    have = open_fds()
+    if have + 3 * clients >= SELECT_LIMIT - 16:
+        raise AssertionError(
+            f"{clients} more MQTT clients need {3 * clients} file descriptors and this process has {have} open: "
+            f"paho's select() cannot watch descriptors >= {SELECT_LIMIT} (an earlier test leaked clients?)"
+        )
+
+
 def close(c: mqtt.Client | None) -> None:
+    """Disconnect and stop the loop thread. (paho 2.2 keeps the loop's wake-up socket pair open until the
+    client object is collected: drop the clients too, e2e/conftest.py collects after each test.)"""
     if c is not None:
         c.disconnect()
         c.loop_stop()

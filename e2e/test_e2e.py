@@ -51,7 +51,7 @@ from .conftest import (
     run,
     wait_for,
 )
-from .load import Resilient, client, close, load_with_deletions
+from .load import Resilient, client, close, fd_room, load_with_deletions
 
 README = ROOT / "README.md"
 FLEET = "edge"
@@ -583,6 +583,8 @@ class Subscribers:
         self.disconnects: dict[int, list[int]] = {i: [] for i in range(n)}
         self.connects: list[float] = []
         self.received: dict[int, set[int]] = {i: set() for i in range(n)}
+        self.refused: list[int] = []  # CONNACK reason codes of refused connects
+        fd_room(n)
         self.clients = [self._make(svc, i) for i in range(n)]
 
     def topic(self, i: int) -> str:
@@ -597,10 +599,13 @@ class Subscribers:
         cl.reconnect_delay_set(1, 4)
 
         def on_connect(_c, _u, _flags, rc, _p):
-            if not rc.is_failure:
+            if rc.is_failure:
                 with self.lock:
-                    self.connects.append(time.monotonic())
-                _c.subscribe(self.topic(i), qos=1)
+                    self.refused.append(int(rc.value))
+                return
+            with self.lock:
+                self.connects.append(time.monotonic())
+            _c.subscribe(self.topic(i), qos=1)
 
         def on_disconnect(_c, _u, _flags, rc, _p):
             with self.lock:
@@ -623,6 +628,16 @@ class Subscribers:
             for d in self.disconnects.values():
                 d.clear()
 
+    def describe(self) -> str:
+        """Where the clients are, for a failure's message: how many connected, refusals, disconnects."""
+        with self.lock:
+            reasons = sorted(r for d in self.disconnects.values() for r in d)
+            refused = sorted(self.refused)
+            connected = sum(1 for cl in self.clients if cl.is_connected())
+        tally = lambda codes: {hex(c): codes.count(c) for c in sorted(set(codes))}  # noqa: E731
+        return (f"{len(self.connects)} CONNACKs of {self.n} clients ({connected} connected now); refused "
+                f"{tally(refused)}; disconnect reasons {tally(reasons)}")  # fmt: skip
+
     def moved(self) -> dict[int, list[int]]:
         with self.lock:
             return {i: list(d) for i, d in self.disconnects.items()}
@@ -630,6 +645,7 @@ class Subscribers:
     def close(self) -> None:
         for cl in self.clients:
             close(cl)
+        self.clients = []  # (their callbacks refer to self: a cycle that would keep their sockets open)
 
 
 def pods_connections(c: Cluster) -> dict[str, int]:
@@ -658,7 +674,7 @@ def test_a_rolling_update_moves_each_of_300_clients_about_once(cluster: Cluster,
 
     tag = uuid.uuid4().hex[:6]
     subs = Subscribers(svc, n, tag, "ev")
-    wait_for(lambda: len(subs.connects) >= n, timeout=120, msg="300 clients connected")
+    wait_for(lambda: len(subs.connects) >= n, timeout=120, msg=lambda: f"{n} clients: {subs.describe()}")
     time.sleep(5)  # (the pods report their connections every few seconds; the fleet status gathers them)
     print(f"connections per pod before the roll (fleet status): {pods_connections(c)}")
     subs.reset()
@@ -732,7 +748,7 @@ def test_a_scale_up_rebalances_connections_onto_the_new_pod(cluster: Cluster, en
     pub = Resilient({"svc": svc}, f"e2e-rb-pub-{tag}", clean=True)
     acked: dict[int, set[int]] = {i: set() for i in range(n)}
     try:
-        wait_for(lambda: len(subs.connects) >= n, timeout=120, msg="150 clients connected")
+        wait_for(lambda: len(subs.connects) >= n, timeout=120, msg=lambda: f"{n} clients: {subs.describe()}")
         wait_for(lambda: sum(pods_connections(c).values()) == n, timeout=60, msg="the status counts them")
         before = pods_connections(c)
         previous = (c.get("brokerfleet", FLEET)["status"].get("rebalance") or {}).get("id")
@@ -1136,7 +1152,7 @@ def test_helm_upgrade_from_the_previous_release_with_a_fleet_running(cluster: Cl
         )
 
     try:
-        wait_for(lambda: len(subs.connects) >= n, timeout=120, msg="60 clients connected")
+        wait_for(lambda: len(subs.connects) >= n, timeout=120, msg=lambda: f"{n} clients: {subs.describe()}")
         subs.reset()
         pub.connect(["svc"])
         t0 = time.monotonic()

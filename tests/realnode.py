@@ -879,10 +879,11 @@ def _node_pids(state: dict[str, Any]) -> set[int]:
     pids: set[int] = set()
     for mount in cgroup_mounts():
         root = mount / state["cgroup"]
-        if root.is_dir():
-            for procs in root.rglob("cgroup.procs"):
+        # os.walk, not rglob: a pod's cgroup can go while it is walked (rglob raises, walk skips it)
+        for folder, _dirs, files in os.walk(root):
+            if "cgroup.procs" in files:
                 with contextlib.suppress(OSError, ValueError):
-                    pids.update(int(x) for x in procs.read_text().split())
+                    pids.update(int(x) for x in Path(folder, "cgroup.procs").read_text().split())
     ns = state.get("namespaces") or {}
     if ns.get("net") or ns.get("mnt"):
         for entry in Path("/proc").iterdir():
@@ -940,9 +941,10 @@ def _teardown(workdir: Path, state: dict[str, Any], timeout: float = 30.0) -> li
         root = mount / state["cgroup"]
         if not root.is_dir():
             continue
-        for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-            with contextlib.suppress(OSError):
-                d.rmdir()
+        for folder, dirs, _files in os.walk(root, topdown=False):  # (children first)
+            for d in dirs:
+                with contextlib.suppress(OSError):
+                    Path(folder, d).rmdir()
         try:
             root.rmdir()
         except OSError as e:
