@@ -327,6 +327,7 @@ class ChannelManager:
                     incarnation=stored.incarnation,
                     received=stored.received,
                     seen=stored.seen,
+                    twins=stored.twins,
                 )
                 if overflow:  # more waited in Redis than the zone's queue holds: the oldest go, counted
                     telemetry.dropped_all(DropReason.QUEUE_FULL, cid, overflow, session)

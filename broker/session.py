@@ -127,6 +127,7 @@ class Session:
         incarnation: str = "",
         received: int = 0,
         seen: dict[str, int] | None = None,
+        twins: dict[tuple[str, int], int] | None = None,
     ) -> list[Delivery]:
         """Take back what a store kept of this session: deliveries with a packet id were sent and go back
         into the window (to be resent first), the others into the queue, in session order. Returns the
@@ -145,11 +146,15 @@ class Session:
         # Two copies under one receipt: the store queued one while the session took the message straight
         # from its publisher's node (Channel.deliver_stored), and removing it did not reach the store.
         # The one the client was sent (a packet id) stays, so its resend is recognised; else the first.
+        # A copy the store marked (`twins`): the session took that message straight from its publisher's
+        # node after another copy had been queued for it through the store; an unsent other copy is a
+        # repeat even when the marked one is no longer here (delivered and acknowledged).
         kept: dict[tuple[str, int], Delivery] = {}
         deliveries = sorted(deliveries, key=lambda d: d.order)
         for d in sorted(deliveries, key=lambda d: d.packet_id == 0):
             if (mr := d.msg.receipt) is not None:
-                if mr in kept:
+                own = twins.get(mr) if twins else None
+                if mr in kept or (own is not None and own != d.msg.msg_id and not d.packet_id):
                     repeats.append(d)
                 else:
                     kept[mr] = d

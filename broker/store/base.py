@@ -102,6 +102,10 @@ class StoredSession:
     incarnation: str = ""  # receipts (Message.receipt): this session's, the counter, and those it got
     received: int = 0
     seen: dict[str, int] = field(default_factory=dict)
+    #: receipts of messages the session took straight from its publisher's node after a copy had been
+    #: queued for it through the store (its publisher sent it again elsewhere): receipt -> the message id of
+    #: the session's own copy; any other copy under that receipt is a repeat
+    twins: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

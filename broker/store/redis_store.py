@@ -215,6 +215,12 @@ def _pairs(flat: list[bytes]) -> Iterable[tuple[bytes, bytes]]:
     return zip(it, it, strict=True)
 
 
+def _receipt(text: str) -> tuple[str, int]:
+    """A receipt as a meta field names it: <publisher incarnation>:<number>."""
+    incarnation, _, number = text.rpartition(":")
+    return incarnation, int(number)
+
+
 class NotReplicated(RedisConnectionError):
     """A write ran on the primary but fewer replicas than `wait_replicas` confirmed it in time: like a
     lost reply, its outcome is unknown to the fleet (a failover may still lose it)."""
@@ -514,6 +520,7 @@ class RedisStore(SessionStore):
             incarnation=meta.get("inc", b"").decode(),
             received=int(meta.get("rcv", b"0")),
             seen={k[2:]: int(v) for k, v in meta.items() if k.startswith("x:")},
+            twins={_receipt(k[2:]): wire.unpack_id(v) for k, v in meta.items() if k.startswith("d:")},
         )
         return Claimed(epoch, stored=stored, previous=res[2].decode() or None)
 

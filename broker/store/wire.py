@@ -98,6 +98,11 @@ def journal_field(msg_id: int) -> bytes:
     return struct.pack(">Q", msg_id)
 
 
+def unpack_id(field: bytes) -> int:
+    """The message id of a journal field (journal_field)."""
+    return int.from_bytes(field, "big")
+
+
 def journal_value(d: Delivery) -> bytes:
     """A journal entry: the delivery's position in its session's order, then the packed delivery."""
     return b"%d:" % d.order + pack_delivery(d)

@@ -229,3 +229,47 @@ async def test_what_was_queued_before_a_hold_goes_ahead_of_it_when_another_node_
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_copy_queued_while_the_session_took_the_message_itself_is_not_restored_after_it(redis_server):
+    """Issue 25, chaos --store cluster --seed 707 (a QoS 2 message delivered twice). A publisher's node
+    routed a message to a subscriber there, but its commit came late (the node had been paused), and
+    meanwhile the publisher sent the message again through another node, which queued a copy under the
+    same receipt through the store. The subscriber got the node's copy and acknowledged it (gone); the
+    queued copy stayed, and the next owner of the session delivered it again. JOURNAL now marks which
+    copy the session took (meta d:<incarnation>:<number>) and a claim hands the marks over (twins)."""
+    from fleetmq.broker.session import Session
+
+    a, b = RedisStore.from_url(redis_server.url, "a"), RedisStore.from_url(redis_server.url, "b")
+    await a.open()
+    await b.open()
+    try:
+        cid, receipt = "sub-5", ("incP", 5)
+        opened = await a.claim(cid, ZONE, "default", False, expiry=60)
+        queued = Delivery(Message("t/x", b"m", 2, sender="pub"), 2, False)
+        queued.msg.receipt = receipt
+        await b.commit([Enqueue(cid, queued)])  # the publisher's resend, routed through the store
+        own = delivery(b"m", 2, opened.stored.order if opened.stored else 0, packet_id=1)
+        own.msg.receipt = receipt
+        took = changes(cid, opened.epoch, [own], [own])
+        took.seen = {"incP": 5}
+        await a.commit([took])  # the copy the node routed to it itself, committed late
+        await a.commit([JournalChanges(cid, opened.epoch, 9, 100, {own.msg.msg_id: None}, {}, [])])  # PUBCOMP
+        claimed = await b.claim(cid, ZONE, "default", False, expiry=60)
+        assert claimed.stored is not None
+        assert claimed.stored.twins == {receipt: own.msg.msg_id}
+        s = Session(cid, ZONE)
+        s.restore(
+            epoch=claimed.epoch, expiry_interval=60.0, next_pid=9, order=claimed.stored.order,
+            subscriptions=[], deliveries=claimed.stored.deliveries, awaiting_rel=[], sink=_NoSink(),
+            incarnation="", received=0, seen=claimed.stored.seen, twins=claimed.stored.twins,
+        )  # fmt: skip
+        assert not s.inflight and not s.mqueue, "the queued copy was restored after the session's own"
+    finally:
+        await a.close()
+        await b.close()
+
+
+class _NoSink:
+    def journal_changed(self, journal) -> None:
+        pass

@@ -843,6 +843,32 @@ def test_a_restored_delivery_s_receipt_reaches_the_store_as_seen():
     assert changes is not None and changes.seen == {"inc1": 5}
 
 
+def test_a_copy_queued_through_the_store_is_a_repeat_of_the_one_the_session_took_itself():
+    """Issue 25 (chaos --store cluster, seed 707: a QoS 2 message twice). The store marked which copy of
+    a receipt the session took straight from its publisher's node (`twins`): the other, queued through
+    the store when the publisher sent it again elsewhere, is dropped on restore, also once the session's
+    own copy is gone (delivered and acknowledged), unless the client was sent it (a packet id)."""
+    own, other, unrelated = dl("own", 2), dl("other", 2), dl("unrelated", 2)
+    own.msg.receipt = other.msg.receipt = ("inc1", 5)
+    unrelated.msg.receipt = ("inc1", 6)
+    own.order, other.order, unrelated.order = 3, 4, 5
+
+    def restored(deliveries, twins):
+        s = Session("s", zone())
+        s.restore(
+            epoch=2, expiry_interval=60.0, next_pid=1, order=6, subscriptions=[], deliveries=deliveries,
+            awaiting_rel=[], sink=Sink(), incarnation="inc9", received=0, seen={"inc1": 6}, twins=twins,
+        )  # fmt: skip
+        return [d.msg.payload for d in [*s.inflight.values(), *s.mqueue]]
+
+    twins = {("inc1", 5): own.msg.msg_id}
+    assert restored([other, unrelated], twins) == [b"unrelated"]  # the own copy is gone: delivered
+    assert restored([other, own, unrelated], twins) == [b"own", b"unrelated"]
+    assert restored([other, unrelated], {}) == [b"other", b"unrelated"]  # (unmarked: nothing to go by)
+    other.packet_id = 9  # the client was sent this copy: it stays, so that its resend is recognised
+    assert restored([other, unrelated], twins) == [b"other", b"unrelated"]
+
+
 def test_restore_puts_sent_deliveries_back_in_the_window_and_the_rest_in_the_queue_in_order():
     stored = []
     for order, (name, pid) in enumerate([("a", 5), ("b", 6), ("c", 0), ("d", 0)]):

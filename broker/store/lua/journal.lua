@@ -44,6 +44,17 @@ local order = math.max(tonumber(m[1] or '0'), tonumber(ARGV[3]))
 local received = math.max(tonumber(m[2] or '0'), tonumber(ARGV[5]))
 redis.call('HSET', KEYS[1], 'next_pid', ARGV[2], 'order', string.format('%d', order),
            'rcv', string.format('%d', received))
+-- A delivery routed here whose receipt the session already accepted through the store: its publisher sent
+-- it again through another node (this node's commit was late), so a copy waits in the queue or the journal.
+-- Which copy is the session's own is remembered (meta field d:<incarnation>:<number> = its message id), so
+-- that whoever restores the session drops the other even once this one is delivered and gone.
+for j = fresh + 1, fresh + 4 * nf, 4 do
+  local inc = ARGV[j + 2]
+  if inc ~= '' and tonumber(ARGV[j + 3]) <= tonumber(redis.call('HGET', KEYS[1], 'x:' .. inc) or '0') then
+    local field = ARGV[puts + 2 * tonumber(ARGV[j]) - 1]
+    redis.call('HSETNX', KEYS[1], 'd:' .. inc .. ':' .. ARGV[j + 3], field)
+  end
+end
 for j = seen + 1, seen + 2 * tonumber(ARGV[seen]), 2 do first_time(KEYS[1], ARGV[j], ARGV[j + 1]) end
 local hold = ARGV[fresh + 4 * nf + 1]
 if hold == '-1' then
