@@ -124,10 +124,14 @@ endif
 dev-cluster-down: $(VENV)/.installed
 	$(BIN)/python -m tests.kubeapi down --dir $(CACHE)/dev-cluster
 
+# PYTEST_WORKERS: processes running the tests (pytest-xdist, a test file per worker; 0 runs them in this
+# one). Most tests wait on real processes and sockets: two workers on two cores took 933 s where one took
+# 1,801 s (docs/tests.md). Each worker draws its free ports from a range of its own (chaos/proxy.py).
+PYTEST_WORKERS ?= 2
 test: deps envtest tools typecheck contracts
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: deps
 	$(BIN)/python -m bench $(BENCH_ARGS)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import random
 import socket
 import threading
@@ -48,15 +49,28 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def _share(low: int, high: int) -> tuple[int, int]:
+    """The part of [low, high] this process draws from: the k-th of n equal parts for pytest-xdist's
+    worker gw<k> of n (PYTEST_XDIST_WORKER, PYTEST_XDIST_WORKER_COUNT), so two workers never hand out
+    the same port (one could take a port the other's Redis left for a moment); the whole range otherwise."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 1):
+        return low, high
+    k, n = int(worker[2:]) % int(count), int(count)
+    size = (high - low + 1) // n
+    return low + k * size, low + (k + 1) * size - 1
+
+
 def free_port(host: str = HOST) -> int:
     """A port on `host` nothing listens on, below the kernel's ephemeral range and never handed out twice
     by this process: a port the kernel picked itself could be taken, while it is not listened on (a node
     or a Redis down for a fault), as the local end of some outgoing connection (a proxy's, a replica's),
     and the restart would find it in use. The one allocator of the chaos harness, the tests and the bench."""
     rng = random.SystemRandom()
-    high = _ephemeral_low() - 1
+    top = _ephemeral_low() - 1
+    low, high = _share(min(10000, top - 1000), top)
     for _ in range(200):
-        port = rng.randint(min(10000, high - 1000), high)
+        port = rng.randint(low, high)
         if port in _GIVEN:
             continue
         with socket.socket() as s:
