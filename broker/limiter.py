@@ -1,4 +1,5 @@
-"""Rate limits (connect rate per zone, publish rate per connection) as token buckets."""
+"""Rate limits: the connect rate per zone and the publish rate per connection (token buckets), and the
+pace of evictions (Pacer)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,22 @@ class TokenBucket:
             return 0.0
         self.tokens = tokens
         return (1.0 - tokens) / self.rate
+
+
+class Pacer:
+    """At most `rate` a second, evenly spaced, and never catching up: after a stall (a busy event loop, a
+    starved CPU), the next one goes an interval after the last, not as many at once as the stall skipped.
+    A paced eviction promises the nodes its clients land on that rate, not an average over the whole run."""
+
+    __slots__ = ("interval", "last")
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate
+        self.last: float | None = None
+
+    def delay(self, now: float) -> float:
+        """Seconds until the next one may go."""
+        return 0.0 if self.last is None else max(0.0, self.last + self.interval - now)
+
+    def went(self, now: float) -> None:
+        self.last = now

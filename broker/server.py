@@ -22,6 +22,7 @@ from .auth import UsersFileError, UsersFilePending
 from .codec import RC
 from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
 from .connection import Connection, WriteBudget, WsConnection
+from .limiter import Pacer
 from .metrics import Metrics
 from .node import Node
 from .rebalance import Order, Progress
@@ -291,20 +292,20 @@ class Server:
         All of them, or as many as a rebalance order asks for (`progress`: its count so far). Returns how
         many were told before the deadline."""
         loop = asyncio.get_running_loop()
-        start = loop.time()
+        pacer = Pacer(rate)
         evicted = 0
         limit = progress.count if progress is not None else None
         for conn in list(self.connections):
             if evicted == limit:
                 break
-            due = start + evicted / rate
-            now = loop.time()
-            if due >= deadline:
+            wait = pacer.delay(loop.time())
+            if loop.time() + wait >= deadline:
                 break
-            if due > now:
-                await asyncio.sleep(due - now)
+            if wait:
+                await asyncio.sleep(wait)
             if conn.channel is not None and conn in self.connections:
                 conn.channel.kick(RC.USE_ANOTHER_SERVER, "evicted")
+                pacer.went(loop.time())
                 evicted += 1
                 if progress is not None:
                     progress.evicted = evicted
