@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import base64
 import contextlib
 import json
 import os
@@ -128,22 +129,20 @@ class Proc:
         return ""
 
 
-async def resp(port: int, *args: str, timeout: float = 2.0) -> Any:
+async def resp(port: int, *args: str | bytes, timeout: float = 2.0, raw: bool = False) -> Any:
     """One command to a Redis (or Sentinel) on loopback, its reply decoded: status and bulk strings as
-    str, integers as int, arrays as lists, nil as None; an error reply raises RuntimeError."""
+    str (bulk strings as bytes if `raw`), integers as int, arrays as lists, nil as None; an error reply
+    raises RuntimeError."""
     r, w = await asyncio.wait_for(asyncio.open_connection(HOST, port), timeout)
     try:
-        w.write(
-            b"".join(
-                [b"*%d\r\n" % len(args), *(b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args)]
-            )
-        )
-        return await asyncio.wait_for(_reply(r), timeout)
+        parts = [a if isinstance(a, bytes) else a.encode() for a in args]
+        w.write(b"".join([b"*%d\r\n" % len(parts), *(b"$%d\r\n%s\r\n" % (len(a), a) for a in parts)]))
+        return await asyncio.wait_for(_reply(r, raw), timeout)
     finally:
         w.close()
 
 
-async def _reply(r: asyncio.StreamReader) -> Any:
+async def _reply(r: asyncio.StreamReader, raw: bool = False) -> Any:
     line = (await r.readline()).rstrip(b"\r\n")
     kind, rest = line[:1], line[1:]
     if kind in (b"+", b"_"):
@@ -154,11 +153,51 @@ async def _reply(r: asyncio.StreamReader) -> Any:
         return int(rest)
     if kind == b"$":
         n = int(rest)
-        return None if n < 0 else (await r.readexactly(n + 2))[:-2].decode(errors="replace")
+        if n < 0:
+            return None
+        data = (await r.readexactly(n + 2))[:-2]
+        return data if raw else data.decode(errors="replace")
     if kind in (b"*", b"%"):
         n = int(rest)
-        return None if n < 0 else [await _reply(r) for _ in range(n * (2 if kind == b"%" else 1))]
+        return None if n < 0 else [await _reply(r, raw) for _ in range(n * (2 if kind == b"%" else 1))]
     raise RuntimeError(f"unexpected reply {line!r}")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+async def dump_keys(port: int) -> dict[str, Any]:
+    """Every key of one Redis and its value, for reading after a failed run (the harness knows nothing of
+    what the keys mean): key -> {"type", "value"}, bytes base64-encoded; a hash as {field: value}, a list
+    or set as a list, a sorted set as [member, score] pairs, a stream by its length only."""
+    out: dict[str, Any] = {}
+    cursor = b"0"
+    while True:
+        cursor, keys = await resp(port, "SCAN", cursor, "COUNT", "1000", raw=True, timeout=10.0)
+        for key in keys:
+            kind = (await resp(port, "TYPE", key)) or "none"
+            value: Any
+            if kind == "hash":
+                flat = await resp(port, "HGETALL", key, raw=True, timeout=10.0)
+                value = {_b64(f): _b64(v) for f, v in zip(flat[::2], flat[1::2], strict=True)}
+            elif kind == "list":
+                value = [_b64(v) for v in await resp(port, "LRANGE", key, "0", "-1", raw=True, timeout=10.0)]
+            elif kind == "set":
+                value = [_b64(v) for v in await resp(port, "SMEMBERS", key, raw=True, timeout=10.0)]
+            elif kind == "zset":
+                flat = await resp(port, "ZRANGE", key, "0", "-1", "WITHSCORES", raw=True, timeout=10.0)
+                value = [[_b64(m), sc.decode()] for m, sc in zip(flat[::2], flat[1::2], strict=True)]
+            elif kind == "string":
+                got = await resp(port, "GET", key, raw=True)
+                value = _b64(got) if got is not None else None
+            elif kind == "stream":
+                value = {"length": await resp(port, "XLEN", key)}
+            else:
+                continue  # (gone meanwhile)
+            out[key.decode(errors="backslashreplace")] = {"type": kind, "value": value}
+        if cursor == b"0":
+            return out
 
 
 class Redis(Proc):

@@ -20,7 +20,7 @@ from chaos.checker import CLASSES, Report, check
 from chaos.client import Client, Publisher, Subscriber
 from chaos.history import History
 from chaos.nemesis import Nemesis, applicable
-from chaos.procs import HOST, REDIS_CLI, Node, Redis, Sentinel, free_port, metric_sum
+from chaos.procs import HOST, REDIS_CLI, Node, Redis, Sentinel, dump_keys, free_port, metric_sum
 from chaos.proxy import Proxy
 from chaos.relay import make_relays
 
@@ -517,6 +517,7 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
                 unrecovered.append(f"{s.cid}: never subscribed (connected: {s.link is not None})")
         h.end = h.now()
         extra["metrics"] = await _metrics(fleet)
+        extra["store_dump"] = str(await _dump_store(fleet, logdir))
         extra["proxies"] = {name: p.accepted for name, p in fleet.proxies.items()}
         if fleet.relays:
             extra["relay"] = dict(next(iter(fleet.relays.values())).budget.done)
@@ -537,7 +538,22 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
         if tracebacks:
             h.notes.append(f"{n.name}: {tracebacks} tracebacks in {n.log_path}")
     report = check(h, stuck_after=opts.stuck_after, unrecovered=unrecovered)
+    if report.ok and "store_dump" in extra:
+        Path(extra.pop("store_dump")).unlink(missing_ok=True)  # (kept for the runs that failed)
     return h, report, extra
+
+
+async def _dump_store(fleet: Fleet, logdir: Path) -> Path:
+    """Every key of every Redis primary after the drain, to logdir/store.json: what a violation left in
+    the store (which copies of a message a session holds, under which receipts) is read from it."""
+    dump: dict[str, Any] = {}
+    for rs in fleet.redis:
+        if rs.alive() and not rs.paused and await rs.role() == "master":
+            with contextlib.suppress(OSError, TimeoutError, RuntimeError):
+                dump[rs.name] = await dump_keys(rs.port)
+    path = logdir / "store.json"
+    path.write_text(json.dumps(dump))
+    return path
 
 
 async def _metrics(fleet: Fleet) -> dict[str, float]:

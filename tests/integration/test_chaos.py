@@ -4,6 +4,7 @@ clean run means something. Each run starts its own redis-server and three broker
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -62,6 +63,7 @@ def test_short_seeded_run_of_every_fault_is_clean(tmp_path):
         and run["stats"]["delivered_first"] >= run["stats"]["expected_deliveries"]
     )
     assert "RESULT PASS seed=2850" in summary
+    assert not list((tmp_path / "logs").rglob("store.json")), "a clean run's store dump was kept"
 
 
 def test_it_fails_a_relay_that_loses_duplicates_and_reorders(tmp_path):
@@ -75,6 +77,12 @@ def test_it_fails_a_relay_that_loses_duplicates_and_reorders(tmp_path):
     for kind, done in (("lost", "lost"), ("duplicate", "duplicated"), ("order", "reordered")):
         assert 1 <= run["counts"][kind] <= run["relay"][done], (kind, summary)
     assert "RESULT FAIL seed=2" in summary
+    # what the store held after the drain stays beside the logs, every key of it, for reading
+    [dump] = (tmp_path / "logs").rglob("store.json")
+    keys = json.loads(dump.read_text())["redis-0"]
+    hashes = [v["value"] for k, v in keys.items() if "sub0-v4q1" in k and v["type"] == "hash"]
+    fields = {base64.b64decode(f) for h in hashes for f in h}
+    assert b"epoch" in fields, sorted(keys)[:20]  # (its session's meta, bytes as they were)
 
 
 def test_it_fails_a_fleet_without_shared_sessions(tmp_path):
