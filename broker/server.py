@@ -298,8 +298,9 @@ class Server:
         for conn in list(self.connections):
             if evicted == limit:
                 break
-            wait = pacer.delay(loop.time())
-            if loop.time() + wait >= deadline:
+            now = loop.time()
+            wait = pacer.delay(now)
+            if now + wait >= deadline:
                 break
             if wait:
                 await asyncio.sleep(wait)
