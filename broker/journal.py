@@ -47,6 +47,9 @@ class JournalChanges:
     #: the positions reserved for what a pull brings (Journal.hold): from this one on, or -1 once none
     #: is (caught up); None: unchanged
     hold: int | None = None
+    #: while catching up, fresh deliveries from this position on were taken without checking their
+    #: receipt (Session.admit): the store does not keep one whose receipt it accepted already
+    unchecked_from: int | None = None
 
 
 class Journal:
@@ -57,6 +60,7 @@ class Journal:
         "_rel",
         "_seen",
         "_sink",
+        "_unchecked_from",
         "client_id",
         "epoch",
         "next_pid",
@@ -75,6 +79,7 @@ class Journal:
         self._fresh: list[int] = []
         self._seen: dict[str, int] = {}
         self._hold: int | None = None
+        self._unchecked_from: int | None = None
         #: the session's receipts counter (kept current by the session), stored with every commit
         self.received = 0
         #: the next delivery's position in session order; only grows
@@ -106,9 +111,13 @@ class Journal:
         """Deliveries are held back behind positions reserved from `first` for what the store queued
         (Session.hold_back), or no longer (-1). The store keeps it with the session: if the pull that
         would fill them never runs, whoever opens the session next puts what was queued then into those
-        positions, not after the deliveries held back behind them (Redis move_queue)."""
+        positions, not after the deliveries held back behind them (Redis move_queue).
+
+        Held back, a delivery routed here is taken before its receipt is checked (Session.admit); if the
+        session moves on before it is, the store must not keep a copy it knows to be a repeat."""
         self._changed()
         self._hold = first
+        self._unchecked_from = self.order if first >= 0 else None
 
     def put(self, d: Delivery) -> None:
         """A delivery entered the window or the queue, or changed (packet id, stage)."""
@@ -153,6 +162,7 @@ class Journal:
             self.received,
             self._seen or None,
             self._hold,
+            self._unchecked_from,
         )
         self._deliveries, self._rel, self._fresh, self._seen, self._hold = {}, {}, [], {}, None
         return changes

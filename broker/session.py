@@ -435,7 +435,8 @@ class Session:
         store (at `order`); a repeat is not taken. While catching up (hold_back), one that waits behind
         the held-back point is taken for now and checked by `caught_up`, in queue order: an older message
         of its publisher may still be on its way from the store, and accepting the newer number first
-        would make the older one look like a repeat."""
+        would make the older one look like a repeat. (The store does not keep one whose receipt it has
+        accepted already: Journal.hold.)"""
         held = self.held_from
         if held is not None and (order is None or order >= held):
             return True

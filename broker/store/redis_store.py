@@ -638,11 +638,13 @@ class RedisStore(SessionStore):
         body: list[Any] = [len(puts)]
         fresh: list[Any] = []
         new = set(op.fresh) if op.fresh else ()
+        unchecked = op.unchecked_from
         for n, (mid, d) in enumerate(puts, 1):
             body += [journal_field(mid), journal_value(d)]
             if mid in new and d.qos:  # (QoS 0 is best effort: not queued again)
                 inc, number = d.msg.receipt or ("", 0)
-                fresh += [n, guards.of(d), inc, number]
+                checked = unchecked is None or d.order < unchecked
+                fresh += [n, guards.of(d), inc, number, int(checked)]
         body.append(len(dels))
         body += [journal_field(mid) for mid in dels]
         body.append(len(rputs))
@@ -654,7 +656,7 @@ class RedisStore(SessionStore):
         body.append(len(seen))
         for inc, number in seen.items():
             body += [inc, number]
-        body.append(len(fresh) // 4)
+        body.append(len(fresh) // 5)
         body += fresh
         body.append("" if op.hold is None else op.hold)
         head = [str(op.epoch), op.next_pid, op.order, op.client_id, op.received, *guards.args]

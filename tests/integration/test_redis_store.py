@@ -270,6 +270,47 @@ async def test_a_copy_queued_while_the_session_took_the_message_itself_is_not_re
         await b.close()
 
 
+async def test_a_repeat_taken_unchecked_while_catching_up_is_not_kept_for_the_next_owner(redis_server):
+    """Issue 25, chaos --store cluster --seed 707 at 81d3304 (a QoS 2 message delivered twice). A subscriber's
+    session got a message and completed it on node a. It opened on node b, which held later deliveries back
+    while catching up; there its publisher's resend was routed to it, taken unchecked (Session.admit), and
+    journaled. The session moved on before catching up, and its next owner delivered the resend again.
+    JOURNAL now keeps a delivery taken unchecked only if the store has not accepted its receipt yet."""
+    from fleetmq.broker.cm import CATCH_UP
+
+    a, b = RedisStore.from_url(redis_server.url, "a"), RedisStore.from_url(redis_server.url, "b")
+    await a.open()
+    await b.open()
+    try:
+        cid = "sub-6"
+        opened = await a.claim(cid, ZONE, "default", False, expiry=60)
+        original = delivery(b"m5", 2, opened.stored.order if opened.stored else 0, packet_id=1)
+        original.msg.receipt = ("incP", 5)
+        took = changes(cid, opened.epoch, [original], [original])
+        took.seen = {"incP": 5}
+        await a.commit([took])
+        await a.commit([JournalChanges(cid, opened.epoch, 9, 100, {original.msg.msg_id: None}, {}, [])])
+        moved = await b.claim(cid, ZONE, "default", False, expiry=60)
+        assert moved.stored is not None and moved.stored.seen == {"incP": 5}
+        first = moved.stored.order
+        held_from = first + CATCH_UP
+        resend = delivery(b"m5", 2, held_from)  # the publisher's resend: a new copy, same receipt
+        resend.msg.receipt = ("incP", 5)
+        newer = delivery(b"m6", 2, held_from + 1)  # its next message: new to the session
+        newer.msg.receipt = ("incP", 6)
+        hold = changes(cid, moved.epoch, [resend, newer], [resend, newer])
+        hold.order, hold.hold, hold.unchecked_from = held_from + 2, first, held_from
+        assert await b.commit([hold])
+        meta = await b.redis.hgetall(keys.session_keys(cid)[keys.META])
+        assert not [k for k in meta if k.startswith(b"d:")], "the resend was marked as the session's own"
+        claimed = await a.claim(cid, ZONE, "default", False, expiry=60)  # before b caught up
+        assert claimed.stored is not None
+        assert [d.msg.payload for d in claimed.stored.deliveries] == [b"m6"]
+    finally:
+        await a.close()
+        await b.close()
+
+
 class _NoSink:
     def journal_changed(self, journal) -> None:
         pass

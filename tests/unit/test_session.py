@@ -772,11 +772,14 @@ def test_a_hold_and_its_end_reach_the_store_with_the_journal():
     first = s.hold_back(5)
     changes = s.journal.take()
     assert changes is not None and changes.hold == first
+    assert changes.unchecked_from == s.held_from == first + 5
     s.deliver(dl("late"), 0.0)
-    assert s.journal.take().hold is None  # (unchanged)
+    changes = s.journal.take()
+    assert changes.hold is None  # (unchanged)
+    assert changes.unchecked_from == first + 5  # (what is routed here meanwhile is taken unchecked)
     s.caught_up()
     changes = s.journal.take()
-    assert changes is not None and changes.hold == -1
+    assert changes is not None and changes.hold == -1 and changes.unchecked_from is None
 
 
 def test_while_catching_up_receipts_are_checked_in_queue_order_not_arrival_order():
