@@ -20,7 +20,7 @@ from typing import Any
 from fleetmq.broker.rebalance import Order, Progress
 
 from .crds import RebalanceSpec
-from .status import epoch
+from .timestamps import epoch
 
 #: a new value starts a rebalance (as `kubectl rollout restart` does with its annotation)
 ANNOTATION = "fleetmq.io/rebalance"

@@ -1,50 +1,222 @@
-"""Rolling updates that move each client about once.
+"""Rollouts that move each client once.
 
-A StatefulSet replaces its broker pods one at a time, and each stopping pod evicts its clients (paced,
-BrokerFleet.evictionRate). Left alone, the clients of the first pod replaced reconnect to pods that are
-still to be replaced, and are evicted again when their turn comes. So the client Services select only
-pods labelled ``fleetmq.io/serving: "true"``: once a pod of the new revision is Ready, the operator turns
-the label off on the pods of the old revision, and evicted clients can only land on updated pods. Pods
-keep their connections meanwhile (the label only steers new ones), and the label comes back on whenever
-no updated pod is Ready (a new revision that does not start must never leave a fleet with nowhere to
-connect).
+A broker pod holds no state of its own, so a rollout can add before it removes, as a Deployment with
+maxSurge 1 and maxUnavailable 0 does. The broker StatefulSet cannot run two templates side by side on its
+own, but the operator drives three of its fields (a `Shape`): ``ordinals.start``, ``replicas`` and the
+rolling update's ``partition`` (pods whose index, ordinal minus start, is at or above it are made from
+the update revision; the controller leaves the others alone). Outside a rollout the partition equals
+replicas, so a new template changes no pod by itself. A rollout then repeats one step per old pod:
+
+1. **add**: one more replica, at the top ordinal, made from the new template (its index is the partition);
+2. once it is Ready (for READY_FOR seconds), **steer**: it alone takes new connections (the client
+   Services select ``fleetmq.io/serving: "true"``); the Services get STEER_SETTLE seconds to follow;
+3. **slide**: ``ordinals.start`` up by one and replicas back: the oldest pod goes, and the clients it
+   evicts (paced, BrokerFleet.evictionRate) can only land on the pod just added;
+4. the next step starts once that pod is gone.
+
+Every old pod's clients thus move once, onto a pod that stays, and the new pods end up with the load the
+old ones had. Pod names move up with the start ordinal (edge-0..2 become edge-3..5).
+
+An added pod that cannot pull its image, crash-loops or is not Ready within the progress deadline stops
+the rollout with no old pod replaced: the old ones keep serving (steering only starts once an updated
+pod is Ready). Setting the template back makes that pod the odd one, and it goes. ``spec.paused`` holds
+a rollout where it is.
+
+Everything here is pure: the operator feeds in what it observed and applies the Plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from .timestamps import epoch
 
 L_SERVING = "fleetmq.io/serving"
 #: the StatefulSet controller's label: the revision a pod was made from
 L_REVISION = "controller-revision-hash"
+#: seconds the EndpointSlice controller and kube-proxy are given to take a serving label up
+STEER_SETTLE = 3.0
+#: seconds an added pod stays Ready before an old pod is let go (a crash-looping one is Ready briefly)
+READY_FOR = 5.0
+#: container waiting reasons that mean the image cannot be had
+IMAGE_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"})
+#: restarts of an added pod's container that count as a crash loop even before kubelet says so
+CRASH_RESTARTS = 3
 
 
-def _ready(pod: dict[str, Any]) -> bool:
+@dataclass(frozen=True)
+class Shape:
+    """The broker StatefulSet's fields the operator drives."""
+
+    start: int
+    replicas: int
+    partition: int
+
+    @classmethod
+    def of(cls, statefulset: Mapping[str, Any] | None, replicas: int) -> Shape:
+        """The shape a StatefulSet has (a steady one of `replicas` pods if there is none yet)."""
+        if statefulset is None:
+            return cls(0, replicas, replicas)
+        spec = statefulset.get("spec") or {}
+        start = int((spec.get("ordinals") or {}).get("start") or 0)
+        current = int(spec.get("replicas", replicas))
+        update = (spec.get("updateStrategy") or {}).get("rollingUpdate") or {}
+        return cls(start, current, int(update.get("partition") or 0))
+
+    def ordinals(self) -> range:
+        return range(self.start, self.start + self.replicas)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How a rollout stands: the fleet's Progressing condition and status.rollout."""
+
+    status: bool | None  # the condition's status (None: Unknown)
+    reason: str
+    message: str
+    updated: int  # pods made from the update revision
+    pod: str | None = None  # the pod being added, or leaving
+
+
+@dataclass(frozen=True)
+class Plan:
+    shape: Shape
+    #: pods whose serving label must change, and to what ("true" / "false")
+    serving: dict[str, str] = field(default_factory=dict)
+    #: None outside a rollout
+    progress: Progress | None = None
+    #: look again in this many seconds (something is due that no Kubernetes event announces)
+    recheck: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.progress is not None and self.progress.status is False
+
+
+def ordinal(pod: Mapping[str, Any]) -> int:
+    return int(str(pod["metadata"]["name"]).rsplit("-", 1)[1])
+
+
+def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return pod["metadata"].get("labels") or {}
+
+
+def _ready_since(pod: Mapping[str, Any]) -> float | None:
+    """When the pod became Ready (wall clock), or None if it is not."""
     if pod["metadata"].get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        return None
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("status") == "True":
+            return epoch(c.get("lastTransitionTime")) or 0.0
+    return None
 
 
-def serving_labels(
-    statefulset: dict[str, Any] | None, pods: list[dict[str, Any]], donors: Collection[str] = ()
-) -> dict[str, str]:
-    """The pods whose serving label must change, and to what ("true" / "false"). Outside a rollout, the
-    pods giving connections away in a rebalance (`donors`, rebalance.py) are not serving either."""
-    status = (statefulset or {}).get("status") or {}
-    update = status.get("updateRevision")
-    rolling = bool(update) and update != status.get("currentRevision")
-    steer = rolling and any(
-        _ready(p) and p["metadata"].get("labels", {}).get(L_REVISION) == update for p in pods
-    )
-    out: dict[str, str] = {}
+def _failure(pod: Mapping[str, Any], now: float, deadline: float) -> tuple[str, str] | None:
+    """Why an added pod will not become Ready: (Progressing reason, message), or None."""
+    name = pod["metadata"]["name"]
+    status = pod.get("status") or {}
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason, message = waiting.get("reason"), waiting.get("message")
+        detail = f"pod {name}: {reason}" + (f": {message}" if message else "")
+        if reason in IMAGE_FAILURES:
+            return "ImagePullFailed", detail
+        if reason == "CrashLoopBackOff" or int(cs.get("restartCount") or 0) >= CRASH_RESTARTS:
+            return "CrashLoop", f"pod {name}: restarted {cs.get('restartCount', 0)} times" + (
+                f" ({reason})" if reason else ""
+            )
+    created = epoch(pod["metadata"].get("creationTimestamp"))
+    if created is not None and now - created > deadline:
+        return "ReadinessTimeout", f"pod {name} not Ready {deadline:g}s after it was created"
+    return None
+
+
+def _serving(pods: list[Mapping[str, Any]], want: Mapping[str, bool]) -> dict[str, str]:
+    out = {}
     for pod in pods:
-        labels = pod["metadata"].get("labels") or {}
-        if steer:
-            want = "false" if labels.get(L_REVISION) != update else "true"
-        else:
-            want = "false" if pod["metadata"]["name"] in donors else "true"
-        if labels.get(L_SERVING) != want:
-            out[pod["metadata"]["name"]] = want
+        name = pod["metadata"]["name"]
+        value = "true" if want.get(name, True) else "false"
+        if _labels(pod).get(L_SERVING) != value:
+            out[name] = value
     return out
+
+
+def plan(
+    statefulset: Mapping[str, Any] | None,
+    pods: list[Mapping[str, Any]],
+    replicas: int,
+    *,
+    now: float,
+    settled_for: float,
+    paused: bool = False,
+    deadline: float = 600.0,
+    donors: Collection[str] = (),
+) -> Plan:
+    """What to do with the broker StatefulSet and its pods' serving labels in this pass.
+
+    `pods`: the broker pods; `replicas`: the fleet's; `now`: the wall clock (pod timestamps are wall
+    time); `settled_for`: seconds since the operator last changed a serving label; `donors`: pods giving
+    connections away in a rebalance (rebalance.py), not serving outside a rollout."""
+    shape = Shape.of(statefulset, replicas)
+    steady = Shape(shape.start, replicas, replicas)
+    if statefulset is None:
+        return Plan(steady)
+    meta, status = statefulset.get("metadata") or {}, statefulset.get("status") or {}
+    update = status.get("updateRevision")
+    if status.get("observedGeneration") != meta.get("generation") or not update:
+        # (the controller has not seen the latest template: which revision is new is not known yet)
+        return Plan(shape, recheck=1.0)
+    live = sorted((p for p in pods if ordinal(p) in shape.ordinals()), key=ordinal)
+    old = [p for p in live if _labels(p).get(L_REVISION) != update]
+    updated = len(live) - len(old)
+    if not old or (shape.replicas > replicas and old == live[-1:] and ordinal(old[0]) >= shape.start + replicas):
+        # nothing to roll; or the pod a rollout added is the odd one: its template was set back
+        serving = _serving(live, {p["metadata"]["name"]: p["metadata"]["name"] not in donors for p in live})
+        return Plan(steady, serving)
+    if shape.replicas not in (replicas, replicas + 1):  # scaled meanwhile: steady first, then roll on
+        return Plan(steady, _serving(live, {}), Progress(True, "RollingOut", "scaling", updated), 1.0)
+
+    added = shape.replicas == replicas + 1
+    top = live[-1] if live and added and ordinal(live[-1]) == shape.start + replicas else None
+    newest = top if top is not None and _labels(top).get(L_REVISION) == update else None
+    ready_since = _ready_since(newest) if newest is not None else None
+    # Steering: the pod just added takes every new connection once it is Ready; before that, any updated
+    # pod that is; if none is, every pod (a new revision that does not start must leave somewhere to go).
+    if ready_since is not None and newest is not None:
+        want = {p["metadata"]["name"]: p is newest for p in live}
+    else:
+        ready_updated = {p["metadata"]["name"] for p in live if p not in old and _ready_since(p) is not None}
+        want = {p["metadata"]["name"]: not ready_updated or p["metadata"]["name"] in ready_updated for p in live}
+    serving = _serving(live, want)
+
+    def progress(status: bool | None, reason: str, message: str, pod: str | None) -> Progress:
+        return Progress(status, reason, f"{message} ({updated}/{replicas} pods updated)", updated, pod)
+
+    leaving = [p for p in pods if p["metadata"].get("deletionTimestamp")]
+    if paused:  # (held where it is; new clients go to every updated pod that is Ready, not one alone)
+        ready_updated = {p["metadata"]["name"] for p in live if p not in old and _ready_since(p) is not None}
+        serving = _serving(live, {n: not ready_updated or n in ready_updated for n in want})
+        return Plan(shape, serving, progress(None, "Paused", "the rollout is paused (spec.paused)", None))
+    if leaving:  # the last pod let go is still evicting its clients: the next step waits for it
+        name = leaving[0]["metadata"]["name"]
+        return Plan(shape, serving, progress(True, "RollingOut", f"pod {name} is letting its clients go", name), 1.0)
+    if not added:
+        name = f"{str(old[0]['metadata']['name']).rsplit('-', 1)[0]}-{shape.start + replicas}"
+        step = Shape(shape.start, replicas + 1, replicas)
+        return Plan(step, serving, progress(True, "RollingOut", f"adding pod {name}", name), 1.0)
+    if newest is None:  # (being created, or made from another revision: the controller replaces it)
+        return Plan(shape, serving, progress(True, "RollingOut", "waiting for the added pod", None), 1.0)
+    name = newest["metadata"]["name"]
+    if ready_since is None:  # (kubelet's container states come with no event the operator watches)
+        failure = _failure(newest, now, deadline)
+        if failure is not None:
+            return Plan(shape, serving, progress(False, *failure, name), 5.0)
+        return Plan(shape, serving, progress(True, "RollingOut", f"waiting for pod {name} to be Ready", name), 2.0)
+    wait = max(READY_FOR - (now - ready_since), 0.0 if not serving else STEER_SETTLE, STEER_SETTLE - settled_for)
+    if wait > 0:
+        return Plan(shape, serving, progress(True, "RollingOut", f"steering new clients to pod {name}", name), wait)
+    gone = live[0]["metadata"]["name"]  # (the oldest: old ones, unless the template was set back midway)
+    step = Shape(shape.start + 1, replicas, replicas)
+    return Plan(step, serving, progress(True, "RollingOut", f"pod {gone} lets its clients go to {name}", gone), 1.0)

@@ -8,7 +8,6 @@ zone it runs. Conditions follow the Kubernetes conventions: lastTransitionTime m
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from fleetmq.broker.eventschema import BRIDGE_LOST
 
 from .crds import RedisSpec, fleet_ref
 from .render import Fleet, Rejection, Rendered, User, names, redis_pods, selector_string
+from .timestamps import epoch, now
 
 STATEFULSET_ROLLING = "rolling"
 # Why a container of the fleet's pods cannot run, when a person has to act (a wrong image, a crash loop, a
@@ -32,21 +32,6 @@ POD_PROBLEMS = (
     "CreateContainerError",
     "RunContainerError",
 )
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def epoch(timestamp: str | None) -> float | None:
-    """Seconds since the epoch of an API timestamp (now()'s form, or RFC 3339 with fractions); None when
-    there is none or it cannot be read."""
-    if not timestamp:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def set_condition(
