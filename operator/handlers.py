@@ -26,7 +26,7 @@ import kopf
 from fleetmq.broker.auth import hash_password, verify_password
 
 from . import crdsync, metrics, rebalance, render, rollout
-from .crds import GROUP, VERSION, BrokerFleetSpec, SecretKeyRef, fleet_ref
+from .crds import GROUP, VERSION, SecretKeyRef, fleet_ref
 from .kube import ApiError, Connection, Kube, connect
 from .reports import ReportReader
 from .status import (
@@ -149,7 +149,7 @@ class Operator:
             if parsed.spec.redis.managed:
                 existing = await kube.get("StatefulSet", namespace, render.names(name)["redis"])
                 render.check_redis_topology(parsed.spec, existing)
-            passwords = await self._redis_passwords(fleet, parsed.spec)
+            passwords = await self._redis_passwords(parsed)
             rendered = render.render(
                 parsed,
                 accepted,
@@ -469,12 +469,10 @@ class Operator:
             if accepted["status"] == "False" and before.get("Accepted") != "False":
                 await self._event(obj, accepted["reason"], accepted["message"], "Warning")
 
-    async def _redis_passwords(
-        self, fleet: dict[str, Any], spec: BrokerFleetSpec
-    ) -> tuple[str | None, str | None]:
+    async def _redis_passwords(self, fleet: render.Fleet) -> tuple[str | None, str | None]:
         """The passwords of the fleet's Redis servers and of its sentinels (None: none needed)."""
-        namespace = fleet["metadata"]["namespace"]
-        redis = spec.redis
+        namespace = fleet.namespace
+        redis = fleet.spec.redis
         if redis.managed:
             password = await self._managed_password(fleet)
             return password, password if redis.mode == "sentinel" else None
@@ -492,18 +490,17 @@ class Operator:
             raise render.RenderError(f"{field_name}: Secret {ref.name} has no key {ref.key!r}")
         return base64.b64decode(secret["data"][ref.key]).decode()
 
-    async def _managed_password(self, fleet: dict[str, Any]) -> str:
+    async def _managed_password(self, fleet: render.Fleet) -> str:
         """The managed Redis' password: its Secret as it is, or created once with a random password. Never
         applied again, so a reconcile never changes the password under running servers."""
-        namespace, name = (
-            fleet["metadata"]["namespace"],
-            render.names(fleet["metadata"]["name"])["redis_auth"],
-        )
+        namespace, name = fleet.namespace, render.names(fleet.name)["redis_auth"]
         secret = await self.kube.get("Secret", namespace, name)
         if secret is None:
             try:
                 secret = await self.kube.create(render.redis_auth_secret(fleet, secrets.token_hex(24)))
-                await self._event(fleet, "Created", f"Created Secret {name} (the managed Redis' password)")
+                await self._event(
+                    fleet.obj, "Created", f"Created Secret {name} (the managed Redis' password)"
+                )
             except ApiError as e:
                 if e.status != 409:
                     raise

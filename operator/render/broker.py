@@ -18,6 +18,7 @@ from .common import (
     REDIS_AUTH_DIR,
     SENTINEL_AUTH_DIR,
     USERS_SECRET_DIR,
+    Fleet,
     labels,
     names,
     object_meta,
@@ -89,13 +90,12 @@ def _secret_volumes(fleet_name: str, zones: list[Zone]) -> tuple[list[dict[str, 
 
 
 def statefulset(
-    fleet: dict[str, Any],
-    spec: BrokerFleetSpec,
+    fleet: Fleet,
     zones: list[Zone],
     restart: str,
     bridges: list[Bridge] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
-    name = fleet["metadata"]["name"]
+    name, spec = fleet.name, fleet.spec
     n = names(name)
     volumes, mounts = _secret_volumes(name, zones)
     for volume, mount in _redis_auth_volumes(name, spec):

@@ -57,6 +57,11 @@ class Fleet:
     def namespace(self) -> str:
         return str(self.obj["metadata"].get("namespace", "default"))
 
+    @property
+    def uid(self) -> str:
+        """What the fleet's children name it by in their ownerReferences (deleted with it)."""
+        return str(self.obj["metadata"]["uid"])
+
 
 def paused(obj: dict[str, Any]) -> bool:
     return str((obj.get("metadata", {}).get("annotations") or {}).get(PAUSED, "")).lower() == "true"
@@ -123,13 +128,12 @@ def selector_string(fleet: str) -> str:
     return ",".join(f"{k}={v}" for k, v in selector_labels(fleet).items())
 
 
-def owner_reference(fleet: dict[str, Any]) -> dict[str, Any]:
-    meta = fleet["metadata"]
+def owner_reference(fleet: Fleet) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": "BrokerFleet",
-        "name": meta["name"],
-        "uid": meta["uid"],
+        "name": fleet.name,
+        "uid": fleet.uid,
         "controller": True,
         "blockOwnerDeletion": True,
     }
@@ -139,10 +143,10 @@ def short_digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def object_meta(fleet: dict[str, Any], name: str, component: str = "broker", **extra: str) -> dict[str, Any]:
+def object_meta(fleet: Fleet, name: str, component: str = "broker", **extra: str) -> dict[str, Any]:
     return {
         "name": name,
-        "namespace": fleet["metadata"].get("namespace", "default"),
-        "labels": labels(fleet["metadata"]["name"], component, **extra),
+        "namespace": fleet.namespace,
+        "labels": labels(fleet.name, component, **extra),
         "ownerReferences": [owner_reference(fleet)],
     }

@@ -172,7 +172,7 @@ def restart_hash(config: dict[str, Any], redis_password: str | None = None) -> s
 
 
 def config_map(
-    fleet: dict[str, Any],
+    fleet: Fleet,
     config: dict[str, Any],
     digest: str,
     zones: list[Zone],
@@ -182,7 +182,7 @@ def config_map(
 ) -> dict[str, Any]:
     """The config file, plus annotations saying which zone and bridge generations (and specs) it holds,
     and which version of each MqttUser."""
-    meta = object_meta(fleet, names(fleet["metadata"]["name"])["config"])
+    meta = object_meta(fleet, names(fleet.name)["config"])
     meta["annotations"] = {
         A_CONFIG_HASH: digest,
         A_ZONE_GENERATIONS: json.dumps({z.name: z.generation for z in zones}, sort_keys=True),

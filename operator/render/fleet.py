@@ -54,21 +54,21 @@ def render(
     uhist = {h: t for h, t in (user_history or {}).items() if h != digest}
     uhist[digest] = {u.name: u.token for u in users}
     out.user_history = dict(list(uhist.items())[-HISTORY_LEN:])
-    spec, obj = fleet.spec, fleet.obj
+    spec = fleet.spec
     # An existing Redis' password, changed in its Secret, takes new broker pods; the managed Redis' is
     # generated once and never changed by the operator (its servers read it only at start, too).
     hashed_password = None if spec.redis.managed else redis_password
     out.manifests = [
-        config_map(obj, config, digest, zones, hist, bridges, out.user_history),
-        bridge_secret(obj, bridge_files),
-        users_secret(obj, user_files(zones, users)),
-        statefulset(obj, spec, zones, restart_hash(config, hashed_password), bridges),
-        headless_service(obj, spec),
-        pdb(obj),
-        *client_services(obj, spec, zones),
+        config_map(fleet, config, digest, zones, hist, bridges, out.user_history),
+        bridge_secret(fleet, bridge_files),
+        users_secret(fleet, user_files(zones, users)),
+        statefulset(fleet, zones, restart_hash(config, hashed_password), bridges),
+        headless_service(fleet),
+        pdb(fleet),
+        *client_services(fleet, zones),
     ]
     if spec.redis.managed:
-        out.manifests += redis_manifests(obj, spec)
+        out.manifests += redis_manifests(fleet)
     if service_monitor and spec.metrics.serviceMonitor:
-        out.manifests.append(servicemonitor(obj, spec))
+        out.manifests.append(servicemonitor(fleet))
     return out

@@ -7,7 +7,7 @@ from collections.abc import Collection
 from typing import Any
 
 from ..crds import OPERATOR_LABELS, OPERATOR_PREFIX, PodTemplate, SchedulingSpec
-from .common import RenderError, names, object_meta, selector_labels
+from .common import Fleet, RenderError, names, object_meta, selector_labels
 
 
 def placement(
@@ -122,14 +122,13 @@ def pod_template(
     return {"metadata": metadata, "spec": spec}
 
 
-def pdb(fleet: dict[str, Any], name: str | None = None, component: str = "broker") -> dict[str, Any]:
+def pdb(fleet: Fleet, name: str | None = None, component: str = "broker") -> dict[str, Any]:
     """At most one pod of a kind down at a time by choice (drains, upgrades): brokers, Redis, sentinels."""
-    fleet_name = fleet["metadata"]["name"]
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": object_meta(fleet, name or names(fleet_name)["pdb"], component),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(fleet_name, component)}},
+        "metadata": object_meta(fleet, name or names(fleet.name)["pdb"], component),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(fleet.name, component)}},
     }
 
 

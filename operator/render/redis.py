@@ -16,6 +16,7 @@ from .common import (
     PASSWORD_KEY,
     REDIS_PORT,
     SENTINEL_PORT,
+    Fleet,
     RenderError,
     dns_name,
     labels,
@@ -60,9 +61,9 @@ def quantity_bytes(quantity: int | str) -> int | None:
         return None
 
 
-def redis_auth_secret(fleet: dict[str, Any], password: str) -> dict[str, Any]:
+def redis_auth_secret(fleet: Fleet, password: str) -> dict[str, Any]:
     """The managed Redis' password: created once (the operator never applies it again), owned by the fleet."""
-    meta = object_meta(fleet, names(fleet["metadata"]["name"])["redis_auth"], "redis")
+    meta = object_meta(fleet, names(fleet.name)["redis_auth"], "redis")
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
             "stringData": {PASSWORD_KEY: password}}  # fmt: skip
 
@@ -97,19 +98,19 @@ def _redis_volumes(fleet_name: str) -> tuple[list[dict[str, Any]], list[dict[str
 
 
 def _redis_pod_template(
-    fleet: dict[str, Any], spec: BrokerFleetSpec, component: str, container: dict[str, Any], **extra: Any
+    fleet: Fleet, component: str, container: dict[str, Any], **extra: Any
 ) -> dict[str, Any]:
     """A pod of the managed Redis: restricted, spread over nodes, with the script, password and conf dir,
     and what redis.pod (for sentinels redis.sentinelPod, if set) adds."""
-    fleet_name = fleet["metadata"]["name"]
-    redis = spec.redis
+    fleet_name = fleet.name
+    redis = fleet.spec.redis
     tpl, where = redis.pod, "spec.redis.pod"
     if component == "redis-sentinel" and redis.sentinelPod is not None:
         tpl, where = redis.sentinelPod, "spec.redis.sentinelPod"
     volumes, mounts = _redis_volumes(fleet_name)
     container = {
         **container,
-        "image": spec.redis.image,
+        "image": redis.image,
         "volumeMounts": [*mounts, *container.get("volumeMounts", [])],
         "securityContext": RESTRICTED_CONTAINER,
     }
@@ -134,9 +135,8 @@ def _redis_pod_template(
 
 
 def _redis_statefulset(
-    fleet: dict[str, Any], name: str, component: str, replicas: int, template: dict[str, Any], **extra: Any
+    fleet: Fleet, name: str, component: str, replicas: int, template: dict[str, Any], **extra: Any
 ) -> dict[str, Any]:
-    fleet_name = fleet["metadata"]["name"]
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -144,7 +144,7 @@ def _redis_statefulset(
         "spec": {
             "replicas": replicas,
             "serviceName": name,
-            "selector": {"matchLabels": selector_labels(fleet_name, component)},
+            "selector": {"matchLabels": selector_labels(fleet.name, component)},
             "updateStrategy": {"type": "RollingUpdate"},  # one pod at a time, each waiting for readiness
             "template": template,
             **extra,
@@ -153,11 +153,11 @@ def _redis_statefulset(
 
 
 def _service(
-    fleet: dict[str, Any], name: str, component: str, ports: dict[str, int], *, headless: bool
+    fleet: Fleet, name: str, component: str, ports: dict[str, int], *, headless: bool
 ) -> dict[str, Any]:
     """A Service of the managed Redis; headless ones give every pod a DNS name before it is ready."""
     spec: dict[str, Any] = {
-        "selector": selector_labels(fleet["metadata"]["name"], component),
+        "selector": selector_labels(fleet.name, component),
         "ports": [{"name": k, "port": v, "targetPort": k, "protocol": "TCP"} for k, v in ports.items()],
     }
     if headless:
@@ -170,10 +170,9 @@ def _service(
     }
 
 
-def _server_env(fleet: dict[str, Any], spec: BrokerFleetSpec) -> list[dict[str, Any]]:
+def _server_env(fleet: Fleet) -> list[dict[str, Any]]:
     """What redis.sh needs to start a server of this fleet (its own address comes from its pod name)."""
-    meta = fleet["metadata"]
-    fleet_name, ns = meta["name"], meta.get("namespace", "default")
+    fleet_name, ns, spec = fleet.name, fleet.namespace, fleet.spec
     redis = spec.redis
     values: dict[str, str | int] = {
         "REDIS_MODE": redis.mode,
@@ -195,10 +194,10 @@ def _server_env(fleet: dict[str, Any], spec: BrokerFleetSpec) -> list[dict[str, 
     return [POD_NAME_ENV, *_env(**values)]
 
 
-def redis_servers(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any]:
+def redis_servers(fleet: Fleet) -> dict[str, Any]:
     """The StatefulSet of the managed Redis servers, in every mode."""
-    redis = spec.redis
-    name = names(fleet["metadata"]["name"])["redis"]
+    redis = fleet.spec.redis
+    name = names(fleet.name)["redis"]
     ports = [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}]
     if redis.mode == "cluster":
         ports.append({"name": "cluster-bus", "containerPort": REDIS_PORT + 10000, "protocol": "TCP"})
@@ -208,7 +207,7 @@ def redis_servers(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any
     container: dict[str, Any] = {
         "name": "redis",
         "command": ["sh", f"{SCRIPTS_DIR}/{SCRIPT}", "server"],
-        "env": _server_env(fleet, spec),
+        "env": _server_env(fleet),
         "ports": ports,
         "resources": redis.resources.requirements(),
         "startupProbe": _exec_probe("live", period=5, failures=120),  # a large append-only file loads first
@@ -232,14 +231,14 @@ def redis_servers(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any
         }
         if redis.storageClassName:
             claim["storageClassName"] = redis.storageClassName
-        meta = {"name": "data", "labels": labels(fleet["metadata"]["name"], "redis")}
+        meta = {"name": "data", "labels": labels(fleet.name, "redis")}
         sts_extra["volumeClaimTemplates"] = [{"metadata": meta, "spec": claim}]
         # the data goes with the fleet (its StatefulSet is deleted with it), not with a pod or a scale-down
         sts_extra["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Delete", "whenScaled": "Retain"}
     else:
         extra["volumes"] = [{"name": "data", "emptyDir": {}}]
-    template = _redis_pod_template(fleet, spec, "redis", container, **extra)
-    sts = _redis_statefulset(fleet, name, "redis", redis_pods(spec.redis), template, **sts_extra)
+    template = _redis_pod_template(fleet, "redis", container, **extra)
+    sts = _redis_statefulset(fleet, name, "redis", redis_pods(redis), template, **sts_extra)
     sts["metadata"]["labels"][L_REDIS_MODE] = redis.mode
     return sts
 
@@ -260,11 +259,10 @@ def check_redis_topology(spec: BrokerFleetSpec, existing: dict[str, Any] | None)
         )
 
 
-def redis_sentinels(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any]:
+def redis_sentinels(fleet: Fleet) -> dict[str, Any]:
     """The sentinels: pods of their own, so a failing Redis node never takes a sentinel's vote with it and
     their number (odd) is independent of the servers'."""
-    meta = fleet["metadata"]
-    fleet_name, ns = meta["name"], meta.get("namespace", "default")
+    fleet_name, ns, spec = fleet.name, fleet.namespace, fleet.spec
     name = names(fleet_name)["sentinel"]
     env = [
         POD_NAME_ENV,
@@ -285,17 +283,16 @@ def redis_sentinels(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, A
         "livenessProbe": _exec_probe("sentinel-live", period=10, failures=6),
         "readinessProbe": _exec_probe("sentinel-ready", period=5, failures=2),
     }
-    template = _redis_pod_template(fleet, spec, "redis-sentinel", container)
+    template = _redis_pod_template(fleet, "redis-sentinel", container)
     return _redis_statefulset(
         fleet, name, "redis-sentinel", spec.redis.sentinels, template, podManagementPolicy="Parallel"
     )
 
 
-def cluster_create_job(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any]:
+def cluster_create_job(fleet: Fleet) -> dict[str, Any]:
     """The Job that forms the Redis Cluster once all its nodes answer (redis.sh cluster-create: nothing to
     do when it is formed). Named after its template, so a changed one (a new image) is a new Job."""
-    meta = fleet["metadata"]
-    fleet_name, ns = meta["name"], meta.get("namespace", "default")
+    fleet_name, ns, spec = fleet.name, fleet.namespace, fleet.spec
     container = {
         "name": "create",
         "command": ["sh", f"{SCRIPTS_DIR}/{SCRIPT}", "cluster-create"],
@@ -306,7 +303,7 @@ def cluster_create_job(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str
         ),
         "resources": spec.redis.setupResources.requirements(),
     }
-    template = _redis_pod_template(fleet, spec, "redis-setup", container, restartPolicy="OnFailure")
+    template = _redis_pod_template(fleet, "redis-setup", container, restartPolicy="OnFailure")
     name = dns_name(fleet_name, "redis-cluster", short_digest(template)[:8])
     return {
         "apiVersion": "batch/v1",
@@ -316,28 +313,27 @@ def cluster_create_job(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str
     }
 
 
-def redis_manifests(fleet: dict[str, Any], spec: BrokerFleetSpec) -> list[dict[str, Any]]:
+def redis_manifests(fleet: Fleet) -> list[dict[str, Any]]:
     """Everything of the managed Redis but its password Secret (see redis_auth_secret)."""
-    fleet_name = fleet["metadata"]["name"]
-    n = names(fleet_name)
-    mode = spec.redis.mode
+    n = names(fleet.name)
+    mode = fleet.spec.redis.mode
     ports = {"redis": REDIS_PORT} | ({"cluster-bus": REDIS_PORT + 10000} if mode == "cluster" else {})
     scripts = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": object_meta(fleet, n["redis_scripts"], "redis"),
                "data": {SCRIPT: SCRIPT_TEXT}}  # fmt: skip
     out = [
         scripts,
-        redis_servers(fleet, spec),
+        redis_servers(fleet),
         _service(fleet, n["redis"], "redis", ports, headless=mode != "standalone"),
         pdb(fleet, n["redis"], "redis"),
     ]
     if mode == "sentinel":
         out += [
-            redis_sentinels(fleet, spec),
+            redis_sentinels(fleet),
             _service(fleet, n["sentinel"], "redis-sentinel", {"sentinel": SENTINEL_PORT}, headless=True),
             pdb(fleet, n["sentinel"], "redis-sentinel"),
         ]
     elif mode == "cluster":
-        out.append(cluster_create_job(fleet, spec))
+        out.append(cluster_create_job(fleet))
     return out
 
 

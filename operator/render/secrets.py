@@ -7,7 +7,7 @@ import base64
 from typing import Any
 
 from ..crds import API_VERSION
-from .common import L_MANAGED, MANAGER, names, object_meta
+from .common import L_MANAGED, MANAGER, Fleet, names, object_meta
 
 L_USER = "fleetmq.io/user"  # on an MqttUser's generated password Secret
 
@@ -22,15 +22,15 @@ def bridge_secret_files(name: str, password: str | None, tls: dict[str, str] | N
     return files
 
 
-def bridge_secret(fleet: dict[str, Any], files: dict[str, str]) -> dict[str, Any]:
+def bridge_secret(fleet: Fleet, files: dict[str, str]) -> dict[str, Any]:
     """The fleet's bridge Secret: copies of its bridges' Secrets' files, refreshed at each reconciliation."""
-    meta = object_meta(fleet, names(fleet["metadata"]["name"])["bridge_secrets"])
+    meta = object_meta(fleet, names(fleet.name)["bridge_secrets"])
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "data": dict(files)}
 
 
-def users_secret(fleet: dict[str, Any], files: dict[str, bytes]) -> dict[str, Any]:
+def users_secret(fleet: Fleet, files: dict[str, bytes]) -> dict[str, Any]:
     """The fleet's users Secret: one users file per zone with MqttUsers (salted hashes, never passwords)."""
-    meta = object_meta(fleet, names(fleet["metadata"]["name"])["users"])
+    meta = object_meta(fleet, names(fleet.name)["users"])
     data = {zone: base64.b64encode(content).decode() for zone, content in files.items()}
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "data": data}
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..crds import BrokerFleetSpec, ListenerSpec, ServiceSpec
+from ..crds import ListenerSpec, ServiceSpec
 from ..rollout import L_SERVING
-from .common import dns_name, names, object_meta, selector_labels
+from .common import Fleet, dns_name, names, object_meta, selector_labels
 from .select import Zone
 
 L_ZONE = "fleetmq.io/zone"
 
 
-def headless_service(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any]:
-    name = fleet["metadata"]["name"]
+def headless_service(fleet: Fleet) -> dict[str, Any]:
+    name, spec = fleet.name, fleet.spec
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -30,9 +30,9 @@ def headless_service(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, 
     }
 
 
-def client_services(fleet: dict[str, Any], spec: BrokerFleetSpec, zones: list[Zone]) -> list[dict[str, Any]]:
+def client_services(fleet: Fleet, zones: list[Zone]) -> list[dict[str, Any]]:
     """One Service per listener, so each can have its own type, address and DNS name."""
-    name = fleet["metadata"]["name"]
+    name = fleet.name
     out = []
     for zone in zones:
         for lst in zone.spec.listeners:
@@ -42,7 +42,7 @@ def client_services(fleet: dict[str, Any], spec: BrokerFleetSpec, zones: list[Zo
                     "apiVersion": "v1",
                     "kind": "Service",
                     "metadata": meta,
-                    **_listener_service(name, spec.service, lst, meta),
+                    **_listener_service(name, fleet.spec.service, lst, meta),
                 }
             )
     return out
@@ -77,12 +77,12 @@ def _listener_service(
     return {"spec": svc}
 
 
-def servicemonitor(fleet: dict[str, Any], spec: BrokerFleetSpec) -> dict[str, Any]:
+def servicemonitor(fleet: Fleet) -> dict[str, Any]:
     """The brokers' scrape config for the Prometheus Operator: the user's labels let a Prometheus'
     serviceMonitorSelector (kube-prometheus-stack: release=<name>) pick it up, and the namespaceSelector
     names the fleet's namespace so no Prometheus setting widens it to Services of other namespaces."""
-    name = fleet["metadata"]["name"]
-    metrics = spec.metrics
+    name = fleet.name
+    metrics = fleet.spec.metrics
     meta = object_meta(fleet, names(name)["monitor"])
     meta["labels"] = {**metrics.serviceMonitorLabels, **meta["labels"]}  # (the model refuses its own keys)
     endpoint = {"port": "metrics", "path": "/metrics", "interval": metrics.interval}

@@ -13,7 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fleetmq.operator import crds, render
+from fleetmq.operator import render
 
 from .conftest import ROOT
 
@@ -47,7 +47,7 @@ def test_dockerfile_copies_the_context_and_runs_as_the_pods_user():
     assert sorted(sources) == sorted(context_paths())
     # the operator's broker pods run as a uid and pass only args: the image's user and entrypoint
     fleet = {"metadata": {"name": "edge", "namespace": "mq", "uid": "1"}, "spec": {}}
-    sts = render.statefulset(fleet, crds.BrokerFleetSpec(), [], "restart-hash")
+    sts = render.statefulset(render.Fleet.parse(fleet), [], "restart-hash")
     pod = sts["spec"]["template"]["spec"]
     uid = pod["securityContext"]["runAsUser"]
     assert f"USER {uid}:{uid}" in DOCKERFILE and f"--uid {uid}" in DOCKERFILE

@@ -235,7 +235,7 @@ def test_memory_quantities(quantity, expected):
 
 
 def test_password_secret_is_owned_by_the_fleet():
-    secret = render.redis_auth_secret(fleet(), "pw")
+    secret = render.redis_auth_secret(render.Fleet.parse(fleet()), "pw")
     assert secret["metadata"]["name"] == "edge-redis-auth" and secret["stringData"] == {"password": "pw"}
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
 
