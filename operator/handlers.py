@@ -32,13 +32,13 @@ from .reports import ReportReader
 from .status import (
     Observed,
     bridge_status,
-    epoch,
+    condition,
     fleet_status,
-    now,
     pod_generations,
     user_status,
     zone_status,
 )
+from .timestamps import epoch, now
 
 log = logging.getLogger("fleetmq.operator")
 
@@ -75,6 +75,11 @@ class Operator:
     last_reconcile: dict[tuple[str, str], float] = field(default_factory=dict)
     verified: dict[tuple[str, str], bool] = field(default_factory=dict)
     rechecks: set[asyncio.Task[None]] = field(default_factory=set)
+    #: when the operator last changed a serving label of a fleet's pods (monotonic): a rollout lets an old
+    #: pod go only once the Services had time to follow (rollout.STEER_SETTLE)
+    steered_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: each fleet's next look (_recheck): when it is due (monotonic), and its task
+    due: dict[tuple[str, str], tuple[float, asyncio.Task[None]]] = field(default_factory=dict)
 
     async def request(self, namespace: str, name: str) -> None:
         """Reconcile the fleet now, or once more after the pass that is running."""
@@ -142,6 +147,16 @@ class Operator:
         metrics.ZONES.labels("rejected").set(sum(r for _, r in self.zone_counts.values()))
         metrics.FLEETS.set(len(self.zone_counts))
         observed = Observed(rejected=rejected)
+        sts_name = render.names(name)["statefulset"]
+        before = await kube.get("StatefulSet", namespace, sts_name)
+        pods_listed = True
+        try:
+            observed.pods = await kube.list("Pod", namespace, f"{render.L_FLEET}={name}")
+        except ApiError:  # status without pod problems rather than no status
+            metrics.RECONCILE_ERRORS.labels("pods").inc()
+            pods_listed = False
+        plan = self._rollout(parsed, before, observed.pods if pods_listed else None)
+        observed.brokers = [f"{sts_name}-{i}" for i in plan.shape.ordinals()]
         rendered: render.Rendered | None = None
         render_error = ""
         passwords: tuple[str | None, str | None] = (None, None)
@@ -160,6 +175,7 @@ class Operator:
                 bridge_files=bridge_files,
                 users=users,
                 user_history=render.user_history(current_cm),
+                shape=plan.shape,
             )
         except (render.RenderError, ValueError) as e:
             metrics.RECONCILE_ERRORS.labels("render").inc()
@@ -170,21 +186,18 @@ class Operator:
         if rendered is not None:
             observed.apply_error = await self._apply(fleet, rendered, current_cm)
             observed.store_children = await self._store_children(rendered)
-        observed.statefulset = await kube.get("StatefulSet", namespace, render.names(name)["statefulset"])
+        observed.statefulset = await kube.get("StatefulSet", namespace, sts_name)
         observed.create_failures = await self._create_failures(namespace, observed)
-        pods_listed = True
-        try:
-            observed.pods = await kube.list("Pod", namespace, f"{render.L_FLEET}={name}")
-        except ApiError:  # status without pod problems rather than no status
-            metrics.RECONCILE_ERRORS.labels("pods").inc()
-            pods_listed = False
         if rendered is not None:
             observed.nodeinfo, observed.nodeinfo_error = await self._nodeinfo(
-                fleet, replicas, rendered.config["store"], passwords
+                fleet, observed.brokers, rendered.config["store"], passwords
             )
         balancing = await self._rebalance(parsed, observed) if rendered is not None else None
-        if pods_listed:
-            await self._steer(namespace, observed, balancing.donors if balancing else set())
+        if pods_listed and rendered is not None:
+            if balancing is not None and balancing.donors and plan.progress is None:
+                plan = self._rollout(parsed, before, observed.pods, balancing.donors)
+            await self._steer(parsed, plan)
+        observed.rollout = plan.progress
         status = fleet_status(parsed, rendered, render_error, observed)
         if balancing is not None and balancing.status is not None:
             status["rebalance"] = _replacing(balancing.status, (fleet.get("status") or {}).get("rebalance"))
@@ -192,15 +205,8 @@ class Operator:
         metrics.set_fleet(namespace, name, status, replicas)
         await self._zone_statuses(parsed, zones, rejected, rendered, observed, status)
         await self._bridge_statuses(bridge_objs, rejected_bridges, rendered, observed)
-        sts = render.names(name)["statefulset"]
         await self._user_statuses(
-            user_objs,
-            rejected_users,
-            users,
-            user_secrets,
-            rendered,
-            observed,
-            [f"{sts}-{i}" for i in range(replicas)],
+            user_objs, rejected_users, users, user_secrets, rendered, observed, observed.brokers
         )
         return "error" if render_error or observed.apply_error else "ok"
 
@@ -239,7 +245,7 @@ class Operator:
             return None
         meta, spec = fleet.obj["metadata"], fleet.spec
         key = (fleet.namespace, fleet.name)
-        pods = [f"{render.names(fleet.name)['statefulset']}-{i}" for i in range(spec.replicas)]
+        pods = observed.brokers
         sts = (observed.statefulset or {}).get("status") or {}
         steady = (
             int(sts.get("readyReplicas") or 0) == int(sts.get("replicas") or 0) == spec.replicas
@@ -275,29 +281,70 @@ class Operator:
         return step
 
     def _recheck(self, namespace: str, name: str, delay: float) -> None:
+        """Reconcile the fleet again in `delay` seconds. One look per fleet is kept, the earliest: every
+        pass asks again for what is still due (a rollout asks every pass)."""
+        key = (namespace, name)
+        due = time.monotonic() + delay
+        pending = self.due.get(key)
+        if pending is not None and not pending[1].done():
+            if pending[0] <= due:
+                return
+            pending[1].cancel()
+
         async def later() -> None:
             await asyncio.sleep(delay)
-            await self.request(namespace, name)
+            with contextlib.suppress(Exception):  # (reconcile logged it; the next event or resync retries)
+                await self.request(namespace, name)
 
         task = asyncio.get_running_loop().create_task(later())
+        self.due[key] = (due, task)
         self.rechecks.add(task)
         task.add_done_callback(self.rechecks.discard)
 
-    async def _steer(self, namespace: str, observed: Observed, donors: set[str]) -> None:
-        """During a rollout, only updated pods take new connections (rollout.py); during a rebalance, only
-        the pods not giving connections away (rebalance.py)."""
-        brokers = [
-            p
-            for p in observed.pods
-            if (p["metadata"].get("labels") or {}).get(render.L_COMPONENT) == "broker"
-        ]
-        for pod, value in rollout.serving_labels(observed.statefulset, brokers, donors).items():
+    def _rollout(
+        self,
+        fleet: render.Fleet,
+        statefulset: dict[str, Any] | None,
+        pods: list[dict[str, Any]] | None,
+        donors: set[str] | frozenset[str] = frozenset(),
+    ) -> rollout.Plan:
+        """This pass's rollout step (rollout.plan); while the pods cannot be listed, the StatefulSet stays
+        as it is."""
+        key = (fleet.namespace, fleet.name)
+        if pods is None:
+            return rollout.Plan(rollout.Shape.of(statefulset, fleet.spec.replicas), recheck=5.0)
+        # (after a restart the operator does not know when labels last changed: it waits as if just now)
+        settled_for = time.monotonic() - self.steered_at.setdefault(key, time.monotonic())
+        spec = fleet.spec
+        return rollout.plan(
+            statefulset,
+            _brokers(pods),
+            spec.replicas,
+            now=time.time(),
+            settled_for=settled_for,
+            paused=spec.paused,
+            deadline=spec.rollout.progressDeadline,
+            donors=donors,
+        )
+
+    async def _steer(self, fleet: render.Fleet, plan: rollout.Plan) -> None:
+        """Apply a plan's serving labels (the client Services select serving pods), and look again when
+        it says something is due. A failed rollout is told in an Event once."""
+        key = (fleet.namespace, fleet.name)
+        for pod, value in plan.serving.items():
+            self.steered_at[key] = time.monotonic()
             try:
-                await self.kube.patch_labels("Pod", namespace, pod, {rollout.L_SERVING: value})
+                await self.kube.patch_labels("Pod", fleet.namespace, pod, {rollout.L_SERVING: value})
             except ApiError as e:
                 if e.status != 404:  # (a pod gone meanwhile)
                     metrics.RECONCILE_ERRORS.labels("pods").inc()
                     log.warning("cannot label pod %s %s=%s: %s", pod, rollout.L_SERVING, value, e)
+        if plan.recheck is not None:
+            self._recheck(*key, plan.recheck)
+        progress = plan.progress
+        before = condition(fleet.obj.get("status"), "Progressing") or {}
+        if progress is not None and plan.failed and before.get("reason") != progress.reason:
+            await self._event(fleet.obj, progress.reason, f"rollout stopped: {progress.message}", "Warning")
 
     async def _bridges_with_secrets(
         self, namespace: str, bridges: list[render.Bridge], last: dict[str, render.Bridge]
@@ -588,14 +635,12 @@ class Operator:
     async def _nodeinfo(
         self,
         fleet: dict[str, Any],
-        replicas: int,
+        pods: list[str],
         store: dict[str, Any],
         passwords: tuple[str | None, str | None],
     ) -> tuple[dict[str, dict[str, str]] | None, str]:
         """What each broker pod reports in Redis: applied config hash, load, the store's primary."""
         meta = fleet["metadata"]
-        sts = render.names(meta["name"])["statefulset"]
-        pods = [f"{sts}-{i}" for i in range(replicas)]
         key = (meta["namespace"], meta["name"])
         try:
             reader = self.readers.get(key)
@@ -626,8 +671,7 @@ class Operator:
         observed: Observed,
         fleet_st: dict[str, Any],
     ) -> None:
-        sts = render.names(fleet.name)["statefulset"]
-        all_pods = [f"{sts}-{i}" for i in range(fleet.spec.replicas)]
+        all_pods = observed.brokers
         gens = pod_generations(rendered, observed.nodeinfo or {}, all_pods) if rendered else {}
         for zone in zones:
             zname = zone["metadata"]["name"]
@@ -672,6 +716,9 @@ class Operator:
             log.warning("cannot record event %s on %s: %s", reason, obj["metadata"]["name"], e)
 
     async def close(self) -> None:
+        for task in list(self.rechecks):
+            task.cancel()
+        await asyncio.gather(*self.rechecks, return_exceptions=True)
         await self.kube.close()
         for reader in self.readers.values():
             with contextlib.suppress(Exception):
@@ -858,6 +905,11 @@ async def user_changed(body: kopf.Body, old: Any, memo: kopf.Memo, **_: Any) -> 
 async def user_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     if fleet_name := fleet_ref(body):
         await _op(memo).request(_ns(body.metadata.namespace), fleet_name)
+
+
+def _brokers(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The broker pods among a fleet's pods (the managed Redis' carry the fleet's label too)."""
+    return [p for p in pods if (p["metadata"].get("labels") or {}).get(render.L_COMPONENT) == "broker"]
 
 
 # ------------------------------------------------------------------------------------------- children

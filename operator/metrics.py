@@ -7,6 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from .rollout import FAILURES as ROLLOUT_FAILURES
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 RECONCILES = Counter(
@@ -68,6 +70,13 @@ FLEET_STORE_READY = Gauge(
     ["fleet_namespace", "fleet"],
     registry=REGISTRY,
 )
+FLEET_ROLLOUT_STOPPED = Gauge(
+    "fleetmq_operator_fleet_rollout_stopped",
+    "1 while the BrokerFleet's rollout is stopped on a pod it added (reason: ImagePullFailed, CrashLoop, "
+    "ReadinessTimeout); the old pods keep serving.",
+    ["fleet_namespace", "fleet", "reason"],
+    registry=REGISTRY,
+)
 FLEET_STORE_PODS = Gauge(
     "fleetmq_operator_fleet_store_pods",
     "Pods of a BrokerFleet's managed Redis (servers and sentinels), by state: wanted, ready.",
@@ -99,6 +108,12 @@ def set_fleet(namespace: str, name: str, status: dict[str, Any], desired: int) -
     store_ready = next((c for c in status.get("conditions") or [] if c.get("type") == "StoreReady"), None)
     if store_ready is not None:
         FLEET_STORE_READY.labels(namespace, name).set(1 if store_ready.get("status") == "True" else 0)
+    stopped = next((c for c in status.get("conditions") or [] if c.get("type") == "Progressing"), None)
+    reason = str((stopped or {}).get("reason") or "")
+    for r in ROLLOUT_FAILURES:
+        FLEET_ROLLOUT_STOPPED.labels(namespace, name, r).set(
+            1 if r == reason and (stopped or {}).get("status") == "False" else 0
+        )
     store = status.get("store") or {}
     if store.get("wantedPods") is not None:  # a managed Redis
         FLEET_STORE_PODS.labels(namespace, name, "wanted").set(int(store["wantedPods"]))
@@ -112,6 +127,7 @@ def forget_fleet(namespace: str, name: str) -> None:
     _remove(FLEET_READY, (namespace, name))
     _remove(FLEET_REPLICAS, (namespace, name, "desired"), (namespace, name, "ready"))
     _remove(FLEET_STORE_READY, (namespace, name))
+    _remove(FLEET_ROLLOUT_STOPPED, *((namespace, name, r) for r in ROLLOUT_FAILURES))
     _remove(FLEET_STORE_PODS, (namespace, name, "wanted"), (namespace, name, "ready"))
 
 

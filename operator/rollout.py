@@ -27,7 +27,7 @@ Everything here is pure: the operator feeds in what it observed and applies the 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,8 @@ READY_FOR = 5.0
 IMAGE_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"})
 #: restarts of an added pod's container that count as a crash loop even before kubelet says so
 CRASH_RESTARTS = 3
+#: the Progressing reasons of a rollout stopped on the pod it added
+FAILURES = ("ImagePullFailed", "CrashLoop", "ReadinessTimeout")
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ def _failure(pod: Mapping[str, Any], now: float, deadline: float) -> tuple[str, 
     return None
 
 
-def _serving(pods: list[Mapping[str, Any]], want: Mapping[str, bool]) -> dict[str, str]:
+def _serving(pods: Sequence[Mapping[str, Any]], want: Mapping[str, bool]) -> dict[str, str]:
     out = {}
     for pod in pods:
         name = pod["metadata"]["name"]
@@ -145,7 +147,7 @@ def _serving(pods: list[Mapping[str, Any]], want: Mapping[str, bool]) -> dict[st
 
 def plan(
     statefulset: Mapping[str, Any] | None,
-    pods: list[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
     replicas: int,
     *,
     now: float,
@@ -171,7 +173,9 @@ def plan(
     live = sorted((p for p in pods if ordinal(p) in shape.ordinals()), key=ordinal)
     old = [p for p in live if _labels(p).get(L_REVISION) != update]
     updated = len(live) - len(old)
-    if not old or (shape.replicas > replicas and old == live[-1:] and ordinal(old[0]) >= shape.start + replicas):
+    if not old or (
+        shape.replicas > replicas and old == live[-1:] and ordinal(old[0]) >= shape.start + replicas
+    ):
         # nothing to roll; or the pod a rollout added is the odd one: its template was set back
         serving = _serving(live, {p["metadata"]["name"]: p["metadata"]["name"] not in donors for p in live})
         return Plan(steady, serving)
@@ -188,7 +192,9 @@ def plan(
         want = {p["metadata"]["name"]: p is newest for p in live}
     else:
         ready_updated = {p["metadata"]["name"] for p in live if p not in old and _ready_since(p) is not None}
-        want = {p["metadata"]["name"]: not ready_updated or p["metadata"]["name"] in ready_updated for p in live}
+        want = {
+            p["metadata"]["name"]: not ready_updated or p["metadata"]["name"] in ready_updated for p in live
+        }
     serving = _serving(live, want)
 
     def progress(status: bool | None, reason: str, message: str, pod: str | None) -> Progress:
@@ -201,7 +207,9 @@ def plan(
         return Plan(shape, serving, progress(None, "Paused", "the rollout is paused (spec.paused)", None))
     if leaving:  # the last pod let go is still evicting its clients: the next step waits for it
         name = leaving[0]["metadata"]["name"]
-        return Plan(shape, serving, progress(True, "RollingOut", f"pod {name} is letting its clients go", name), 1.0)
+        return Plan(
+            shape, serving, progress(True, "RollingOut", f"pod {name} is letting its clients go", name), 1.0
+        )
     if not added:
         name = f"{str(old[0]['metadata']['name']).rsplit('-', 1)[0]}-{shape.start + replicas}"
         step = Shape(shape.start, replicas + 1, replicas)
@@ -213,10 +221,18 @@ def plan(
         failure = _failure(newest, now, deadline)
         if failure is not None:
             return Plan(shape, serving, progress(False, *failure, name), 5.0)
-        return Plan(shape, serving, progress(True, "RollingOut", f"waiting for pod {name} to be Ready", name), 2.0)
-    wait = max(READY_FOR - (now - ready_since), 0.0 if not serving else STEER_SETTLE, STEER_SETTLE - settled_for)
+        return Plan(
+            shape, serving, progress(True, "RollingOut", f"waiting for pod {name} to be Ready", name), 2.0
+        )
+    wait = max(
+        READY_FOR - (now - ready_since), 0.0 if not serving else STEER_SETTLE, STEER_SETTLE - settled_for
+    )
     if wait > 0:
-        return Plan(shape, serving, progress(True, "RollingOut", f"steering new clients to pod {name}", name), wait)
+        return Plan(
+            shape, serving, progress(True, "RollingOut", f"steering new clients to pod {name}", name), wait
+        )
     gone = live[0]["metadata"]["name"]  # (the oldest: old ones, unless the template was set back midway)
     step = Shape(shape.start + 1, replicas, replicas)
-    return Plan(step, serving, progress(True, "RollingOut", f"pod {gone} lets its clients go to {name}", gone), 1.0)
+    return Plan(
+        step, serving, progress(True, "RollingOut", f"pod {gone} lets its clients go to {name}", gone), 1.0
+    )

@@ -17,7 +17,8 @@ from fleetmq.broker.eventschema import BRIDGE_LOST
 
 from .crds import RedisSpec, fleet_ref
 from .render import Fleet, Rejection, Rendered, User, names, redis_pods, selector_string
-from .timestamps import epoch, now
+from .rollout import Progress
+from .timestamps import now
 
 STATEFULSET_ROLLING = "rolling"
 # Why a container of the fleet's pods cannot run, when a person has to act (a wrong image, a crash loop, a
@@ -77,6 +78,11 @@ class Observed:
     create_failures: list[tuple[str, str]] = field(default_factory=list)
     # the managed Redis' StatefulSets and Job ("Kind/name" -> object; None: not there)
     store_children: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    #: the names of the broker pods the StatefulSet has now (its ordinals move up with rollouts); empty:
+    #: those of spec.replicas from ordinal 0
+    brokers: list[str] = field(default_factory=list)
+    #: a rollout under way (rollout.plan), None when none is
+    rollout: Progress | None = None
 
 
 def pod_problems(pods: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -213,14 +219,20 @@ def fleet_status(
     sts_status = (observed.statefulset or {}).get("status") or {}
     ready = int(sts_status.get("readyReplicas") or 0)
     current = int(sts_status.get("replicas") or 0)
-    pods = [f"{names(meta['name'])['statefulset']}-{i}" for i in range(replicas)]
+    pods = observed.brokers or [f"{names(meta['name'])['statefulset']}-{i}" for i in range(replicas)]
     nodeinfo = observed.nodeinfo or {}
     status: dict[str, Any] = {
         "observedGeneration": gen,
         "replicas": current,
         "readyReplicas": ready,
+        "updatedReplicas": int(sts_status.get("updatedReplicas") or 0),
         "selector": selector_string(meta["name"]),
+        "rollout": None,
     }
+    progress = observed.rollout
+    if progress is not None:
+        status["updatedReplicas"] = progress.updated
+        status["rollout"] = {"pod": progress.pod, "reason": progress.reason, "message": progress.message}
     reports = []
     for pod in pods:
         info = nodeinfo.get(pod)
@@ -263,7 +275,7 @@ def fleet_status(
         conds = set_condition(conds, "ConfigApplied", None, "ReportsUnavailable", msg, gen, timestamp)
     elif replicas == 0:
         conds = set_condition(conds, "ConfigApplied", True, "NoPods", "replicas is 0", gen, timestamp)
-    elif rendered is not None and applied_pods == replicas:
+    elif rendered is not None and applied_pods >= replicas:  # (a rollout's added pod may not run yet)
         msg = f"all {replicas} pods run config {rendered.config_hash}"
         conds = set_condition(conds, "ConfigApplied", True, "Applied", msg, gen, timestamp)
     else:
@@ -283,6 +295,10 @@ def fleet_status(
     if render_error or observed.apply_error:
         conds = set_condition(
             conds, "Progressing", False, "Blocked", render_error or observed.apply_error, gen, timestamp
+        )
+    elif progress is not None:
+        conds = set_condition(
+            conds, "Progressing", progress.status, progress.reason, progress.message, gen, timestamp
         )
     elif ready < replicas or (replicas and rolling):
         msg = f"{ready}/{replicas} pods ready"
@@ -313,6 +329,8 @@ def fleet_status(
     ]
     stuck = pod_problems(observed.pods)
     problems += stuck
+    if progress is not None and progress.reason == "ReadinessTimeout":  # (the others are pod problems)
+        problems.append((progress.reason, f"rollout stopped: {progress.message}"))
     if problems:
         reason = problems[0][0]
         conds = set_condition(

@@ -26,6 +26,8 @@ from .fleet import (
     MetricsSpec,
     RebalanceSpec,
     RedisSpec,
+    RolloutSpec,
+    RolloutStatus,
     SchedulingSpec,
     ServiceSpec,
 )
@@ -60,6 +62,8 @@ __all__ = [
     "PodTemplate",
     "RebalanceSpec",
     "RedisSpec",
+    "RolloutSpec",
+    "RolloutStatus",
     "SchedulingSpec",
     "SecretKeyRef",
     "SecretRef",

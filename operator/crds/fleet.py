@@ -404,6 +404,21 @@ class RebalanceSpec(CrdModel):
     timeoutSeconds: int = Field(600, ge=1, description="A rebalance still running then ends (TimedOut).")
 
 
+class RolloutSpec(CrdModel):
+    """How the operator rolls the broker pods to a new template (image, resources, pod settings): it adds
+    one pod of the new template, sends new clients to it alone once it is Ready, then lets the oldest pod
+    go (its clients move at evictionRate, onto the new pod), and repeats, so each client moves once. Pod
+    ordinals move up with each step (edge-0..2 become edge-3..5)."""
+
+    progressDeadline: int = Field(
+        600,
+        ge=10,
+        description="Seconds an added pod has to become Ready. Past it, or as soon as its image cannot be "
+        "pulled or it crash-loops, the rollout stops (Progressing=False: ReadinessTimeout, ImagePullFailed, "
+        "CrashLoop) with no old pod replaced; setting the template back removes the added pod.",
+    )
+
+
 class BrokerFleetSpec(CrdModel):
     """A fleet of broker pods sharing one Redis, serving the MqttZones that point at it."""
 
@@ -446,6 +461,12 @@ class BrokerFleetSpec(CrdModel):
         "(terminationGracePeriodSeconds - 5) closes the rest at its deadline.",
     )
     rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec, description=doc(RebalanceSpec))
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description=doc(RolloutSpec))
+    paused: bool = Field(
+        False,
+        description="Hold a rollout where it is (no pod added or let go); everything else is reconciled. "
+        "Unset to resume.",
+    )
     eventLog: EventLogSpec = Field(default_factory=EventLogSpec, description=EventLogSpec.__doc__)  # type: ignore[valid-type]
     logLevel: Literal["debug", "info", "warning", "error"] = Field("info", description="Broker log level.")
 
@@ -516,6 +537,14 @@ class StoreStatus(CrdModel):
     )
 
 
+class RolloutStatus(CrdModel):
+    """A rollout under way (absent when none is)."""
+
+    pod: str | None = Field(None, description="The pod being added, or letting its clients go.")
+    reason: str = Field(description="As the Progressing condition's.")
+    message: str = ""
+
+
 class BrokerFleetStatus(CrdModel):
     """Observed state of the fleet."""
 
@@ -535,3 +564,5 @@ class BrokerFleetStatus(CrdModel):
     sessions: int = Field(0, description="Sessions over all pods.")
     store: StoreStatus | None = Field(None, description=doc(StoreStatus))
     rebalance: RebalanceStatus | None = Field(None, description=doc(RebalanceStatus))
+    updatedReplicas: int = Field(0, description="Broker pods made from the current template.")
+    rollout: RolloutStatus | None = Field(None, description=doc(RolloutStatus))

@@ -208,6 +208,17 @@ def alert_groups() -> dict[str, Any]:
             "Degraded conditions (kubectl describe brokerfleet) say why.",
         ),
         alert(
+            "FleetmqRolloutStopped",
+            'label_replace(max by (fleet_namespace, fleet, reason) (fleetmq_operator_fleet_rollout_stopped), '
+            '"namespace", "$1", "fleet_namespace", "(.*)") == 1',
+            "1m",
+            "warning",
+            "A BrokerFleet's rollout stopped on the pod it added",
+            "The rollout of BrokerFleet {{ $labels.fleet }} in {{ $labels.fleet_namespace }} stopped: the pod it "
+            "added did not become Ready ({{ $labels.reason }}). No old pod was replaced and they keep serving; "
+            "fix the template (often the image) or set it back.",
+        ),
+        alert(
             "FleetmqStoreNotReady",
             f"{fleet_store('ready')} == 0 unless on (fleet_namespace, fleet) "
             f"({fleet_store('pods', 'ready')} < {fleet_store('pods', 'wanted')})",

@@ -9,7 +9,7 @@ from importlib.metadata import version
 from typing import Any
 
 from ..crds import BrokerFleetSpec
-from ..rollout import L_SERVING
+from ..rollout import L_SERVING, Shape
 from .common import (
     BRIDGE_SECRETS_DIR,
     CONFIG_DIR,
@@ -94,8 +94,12 @@ def statefulset(
     zones: list[Zone],
     restart: str,
     bridges: list[Bridge] = (),  # type: ignore[assignment]
+    shape: Shape | None = None,
 ) -> dict[str, Any]:
+    """The broker StatefulSet; `shape` is how the operator drives a rollout (rollout.py): its start
+    ordinal, replicas and partition (None: a steady fleet of spec.replicas)."""
     name, spec = fleet.name, fleet.spec
+    shape = shape or Shape(0, spec.replicas, spec.replicas)
     n = names(name)
     volumes, mounts = _secret_volumes(name, zones)
     for volume, mount in _redis_auth_volumes(name, spec):
@@ -159,10 +163,13 @@ def statefulset(
         "kind": "StatefulSet",
         "metadata": object_meta(fleet, n["statefulset"]),
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": shape.replicas,
+            "ordinals": {"start": shape.start},
             "serviceName": n["headless"],
             "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate"},  # one pod at a time, each waiting for readiness
+            # no pod changes by itself with a new template: the operator adds new pods, then slides old
+            # ones out (rollout.py)
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": shape.partition}},
             "selector": {"matchLabels": selector_labels(name)},
             "template": template,
         },

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..rollout import Shape
 from .broker import statefulset
 from .common import Fleet
 from .config import HISTORY_LEN, broker_config, config_map, expected_hash, restart_hash
@@ -36,13 +37,16 @@ def render(
     bridge_files: dict[str, str] | None = None,
     users: list[User] = (),  # type: ignore[assignment]
     user_history: dict[str, dict[str, str]] | None = None,
+    shape: Shape | None = None,
 ) -> Rendered:
     """Everything the operator applies for a fleet (raises RenderError, applying nothing, if invalid).
 
     bridge_files: the bridges' Secrets' files (bridge_secret_files), copied into the fleet's own bridge
     Secret, which every pod mounts: adding a bridge or rotating its credentials never changes the pods'
     template (kubelet brings the files within its sync period; a bridge reads them at each connection).
-    users: the MqttUsers with their password hashes, into the fleet's users Secret (mounted always, too)."""
+    users: the MqttUsers with their password hashes, into the fleet's users Secret (mounted always, too).
+    shape: the broker StatefulSet's start ordinal, replicas and partition, by which the operator drives a
+    rollout (rollout.plan)."""
     bridge_files = bridge_files or {}
     config = broker_config(fleet, zones, bridges, bridge_files, users)
     digest = expected_hash(config)
@@ -62,7 +66,7 @@ def render(
         config_map(fleet, config, digest, zones, hist, bridges, out.user_history),
         bridge_secret(fleet, bridge_files),
         users_secret(fleet, user_files(zones, users)),
-        statefulset(fleet, zones, restart_hash(config, hashed_password), bridges),
+        statefulset(fleet, zones, restart_hash(config, hashed_password), bridges, shape),
         headless_service(fleet),
         pdb(fleet),
         *client_services(fleet, zones),

@@ -290,6 +290,34 @@ CASES = {
             ]
         },
     ),
+    "a rollout stopped on its added pod fires with its reason, one that recovered does not": (
+        [
+            (
+                'fleetmq_operator_fleet_rollout_stopped{fleet_namespace="mq", fleet="edge", reason="ImagePullFailed", pod="op-0"}',
+                "0 1x10",
+            ),
+            (
+                'fleetmq_operator_fleet_rollout_stopped{fleet_namespace="mq", fleet="edge", reason="CrashLoop", pod="op-0"}',
+                "0x10",
+            ),
+            (
+                'fleetmq_operator_fleet_rollout_stopped{fleet_namespace="mq", fleet="core", reason="CrashLoop", pod="op-0"}',
+                "1 0x10",
+            ),
+        ],
+        "5m",
+        {
+            "FleetmqRolloutStopped": [
+                {
+                    "severity": "warning",
+                    "namespace": "mq",
+                    "fleet_namespace": "mq",
+                    "fleet": "edge",
+                    "reason": "ImagePullFailed",
+                }
+            ]
+        },
+    ),
     "operator reconcile errors for 15 minutes fire": (
         [('fleetmq_operator_reconciles_total{namespace="ops", pod="op-0", result="error"}', "0+1x40")],
         "30m",

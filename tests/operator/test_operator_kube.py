@@ -511,7 +511,7 @@ def test_peering_keeps_one_operator_active(k, run_operator, caplog):
     assert paused and all("priority=20" in m for m in paused)  # only the low one ever stood back
 
 
-def test_pods_roll_one_at_a_time_and_zone_changes_keep_them(k, run_operator, control_plane):
+def test_a_rollout_adds_a_pod_before_each_old_one_goes_and_zone_changes_keep_them(k, run_operator, control_plane):
     """With kube-controller-manager, scheduler and kwok: real StatefulSet pods on fake nodes."""
     if not control_plane.controllers:
         import pytest
@@ -540,24 +540,32 @@ def test_pods_roll_one_at_a_time_and_zone_changes_keep_them(k, run_operator, con
     assert {p["metadata"]["uid"] for p in pods()} == uids  # live change: no pod replaced
 
     k.patch("brokerfleet", "edge", {"spec": {"image": "fleetmq/broker:next"}})
-    worst = 0
-    deadline = time.monotonic() + 120
+    fewest, most, reasons = 3, 0, set()
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         current = pods()
-        worst = max(
-            worst, 3 - len([p for p in current if ready(p) and not p["metadata"].get("deletionTimestamp")])
-        )
-        done = [
-            p for p in current if ready(p) and p["spec"]["containers"][0]["image"] == "fleetmq/broker:next"
-        ]
-        if len(done) == 3:
+        live = [p for p in current if not p["metadata"].get("deletionTimestamp")]
+        fewest = min(fewest, len([p for p in live if ready(p)]))
+        most = max(most, len(live))
+        rollout_st = (k.get("brokerfleet", "edge").get("status") or {}).get("rollout")
+        if rollout_st:
+            reasons.add(rollout_st["reason"])
+        done = [p for p in live if ready(p) and p["spec"]["containers"][0]["image"] == "fleetmq/broker:next"]
+        if len(done) == 3 and len(current) == 3:
             break
         time.sleep(0.1)
     else:
         raise AssertionError(
             f"rollout did not finish: {[(p['metadata']['name'], p['spec']['containers'][0]['image']) for p in pods()]}"
         )
-    assert worst <= 1, f"{worst} pods were down at once"
+    # each old pod went only once a new one was there to take its clients: never fewer than 3 Ready
+    assert fewest == 3 and most == 4, (fewest, most)
+    assert sorted(p["metadata"]["name"] for p in pods()) == ["edge-3", "edge-4", "edge-5"]
+    assert reasons == {"RollingOut"}
+    wait_for(lambda: k.get("brokerfleet", "edge")["status"].get("updatedReplicas") == 3
+             and not k.get("brokerfleet", "edge")["status"].get("rollout"), msg="status: rolled")  # fmt: skip
+    sts = k.get("statefulset", "edge")["spec"]
+    assert (sts["ordinals"]["start"], sts["replicas"], sts["updateStrategy"]["rollingUpdate"]["partition"]) == (3, 3, 3)
 
 
 def test_bridges_are_rendered_and_a_missing_secret_is_reported(k, run_operator):

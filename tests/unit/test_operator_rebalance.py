@@ -1,11 +1,11 @@
-"""The operator's rebalance decisions (operator/rebalance.py) and their steering (rollout.py)."""
+"""The operator's rebalance decisions (operator/rebalance.py)."""
 
 from __future__ import annotations
 
 from fleetmq.broker.rebalance import Order, Progress
-from fleetmq.operator import rebalance, rollout
+from fleetmq.operator import rebalance
 from fleetmq.operator.crds import RebalanceSpec
-from fleetmq.operator.status import epoch
+from fleetmq.operator.timestamps import epoch
 
 T0 = 1_800_000_000.0
 STAMP = "2027-01-15T08:00:00Z"
@@ -117,24 +117,3 @@ def test_a_rebalance_ends_at_its_timeout_or_when_the_fleet_stops_being_steady():
     s = rebalance.step(spec, prev, None, False, nodes, started + 5, STAMP, "new")
     assert s.status is not None and s.status["phase"] == "Interrupted" and s.orders == {"e-0": None}
     assert not s.donors and s.status["replicas"] == 2  # (not recorded while not steady)
-
-
-def pod(name: str, revision: str = "r1", ready: bool = True, serving: str = "true") -> dict[str, object]:
-    return {
-        "metadata": {"name": name, "labels": {rollout.L_REVISION: revision, rollout.L_SERVING: serving}},
-        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
-    }
-
-
-def test_donors_stop_serving_outside_a_rollout_and_serve_again_after():
-    steady = {"status": {"currentRevision": "r1", "updateRevision": "r1"}}
-    pods = [pod("e-0"), pod("e-1"), pod("e-2")]
-    assert rollout.serving_labels(steady, pods, {"e-0", "e-1"}) == {"e-0": "false", "e-1": "false"}
-    pods = [pod("e-0", serving="false"), pod("e-1", serving="false"), pod("e-2")]
-    assert rollout.serving_labels(steady, pods) == {"e-0": "true", "e-1": "true"}
-
-
-def test_a_rollout_steers_by_revision_whatever_the_donors():
-    rolling = {"status": {"currentRevision": "r1", "updateRevision": "r2"}}
-    pods = [pod("e-0"), pod("e-1"), pod("e-2", revision="r2")]
-    assert rollout.serving_labels(rolling, pods, {"e-2"}) == {"e-0": "false", "e-1": "false"}

@@ -413,44 +413,29 @@ def test_a_stopping_broker_evicts_at_the_fleets_rate_within_its_grace_period():
     assert BrokerConfig.model_validate(r3.config | {"node_id": "edge-0"}).shutdown.eviction_rate == 10
 
 
-def test_during_a_rollout_only_updated_pods_take_new_connections():
+def test_the_client_services_select_serving_pods_and_the_operator_drives_the_statefulsets_shape():
+    """Rollouts (rollout.py): the pods start serving; which serve is the operator's to change. The
+    StatefulSet's start ordinal, replicas and partition are what it renders them from (a steady fleet's:
+    ordinal 0 up, a partition at replicas so that a new template changes no pod by itself)."""
     from fleetmq.operator import rollout
 
-    def pod(name: str, rev: str, ready: bool = True, serving: str | None = "true") -> dict:
-        labels = {rollout.L_REVISION: rev} | ({rollout.L_SERVING: serving} if serving else {})
-        return {"metadata": {"name": name, "labels": labels},
-                "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}  # fmt: skip
-
-    def sts(current: str, update: str) -> dict:
-        return {"status": {"currentRevision": current, "updateRevision": update}}
-
-    old = [pod("edge-0", "a"), pod("edge-1", "a")]
-    # not rolling: every pod serves (a pod from before the label existed gets it)
-    assert rollout.serving_labels(sts("a", "a"), [*old, pod("edge-2", "a", serving=None)]) == {
-        "edge-2": "true"
-    }
-    # rolling, the new pod not Ready yet: the old pods keep serving
-    assert rollout.serving_labels(sts("a", "b"), [*old, pod("edge-2", "b", ready=False)]) == {}
-    # the new pod Ready: the old ones stop taking new connections
-    assert rollout.serving_labels(sts("a", "b"), [*old, pod("edge-2", "b")]) == {
-        "edge-0": "false",
-        "edge-1": "false",
-    }
-    # the new pod failing afterwards: the old ones serve again (never nowhere to connect)
-    steered = [
-        pod("edge-0", "a", serving="false"),
-        pod("edge-1", "a", serving="false"),
-        pod("edge-2", "b", ready=False),
-    ]
-    assert rollout.serving_labels(sts("a", "b"), steered) == {"edge-0": "true", "edge-1": "true"}
-    # rolled: all serve
-    done = [pod("edge-0", "b"), pod("edge-1", "b", serving="false"), pod("edge-2", "b")]
-    assert rollout.serving_labels(sts("b", "b"), done) == {"edge-1": "true"}
-    # the client Services select serving pods; the pods start serving
     r = rendered(fleet(), zone("external"))
     [svc] = [s for s in by_kind(r, "Service") if s["metadata"]["name"] == "edge-external-mqtt"]
     assert svc["spec"]["selector"][rollout.L_SERVING] == "true"
-    assert broker_sts(r)["spec"]["template"]["metadata"]["labels"][rollout.L_SERVING] == "true"
+    spec = broker_sts(r)["spec"]
+    assert spec["template"]["metadata"]["labels"][rollout.L_SERVING] == "true"
+    assert (spec["ordinals"], spec["replicas"], spec["updateStrategy"]) == (
+        {"start": 0},
+        2,
+        {"type": "RollingUpdate", "rollingUpdate": {"partition": 2}},
+    )  # (fleet() has 2 replicas)
+    step = render.render(render.Fleet.parse(fleet()), [], shape=rollout.Shape(2, 4, 3))
+    spec = broker_sts(step)["spec"]
+    assert (spec["ordinals"], spec["replicas"], spec["updateStrategy"]["rollingUpdate"]) == (
+        {"start": 2},
+        4,
+        {"partition": 3},
+    )
 
 
 def test_the_broker_image_is_the_fleets_own_else_the_operators(monkeypatch):

@@ -17,7 +17,7 @@ T0 = 1_800_000_000.0
 def stamp(t: float) -> str:
     import datetime as dt
 
-    return dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -264,3 +264,19 @@ def test_outside_a_rollout_donors_stop_serving_and_serve_again_after():
     fleet.pods[0].serving = "false"
     pods = [p.obj(fleet.now) for p in fleet.pods.values()]
     assert rollout.plan(fleet.sts(), pods, 3, now=fleet.now, settled_for=9).serving == {"edge-0": "true"}
+
+
+def test_a_pod_from_before_the_label_existed_gets_it_and_an_added_pod_failing_later_gives_serving_back():
+    fleet = Fleet(3, 3)
+    pods = [p.obj(fleet.now) for p in fleet.pods.values()]
+    del pods[2]["metadata"]["labels"][rollout.L_SERVING]
+    assert rollout.plan(fleet.sts(), pods, 3, now=fleet.now, settled_for=9).serving == {"edge-2": "true"}
+    fleet = Fleet(3, 30)
+    fleet.step()
+    fleet.set_template("r2")
+    while fleet.pods.get(3) is None or fleet.pods[0].serving == "true":
+        assert fleet.now < T0 + 60
+        fleet.step()
+    fleet.pods[3].ready_at = None  # (its readiness probe fails from now on)
+    fleet.step()
+    assert all(fleet.pods[o].serving == "true" for o in (0, 1, 2)), "nowhere to connect"
