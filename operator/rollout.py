@@ -145,6 +145,27 @@ def _serving(pods: Sequence[Mapping[str, Any]], want: Mapping[str, bool]) -> dic
     return out
 
 
+def _scale_down(
+    shape: Shape,
+    target: int,
+    live: list[Mapping[str, Any]],
+    leaving: list[Mapping[str, Any]],
+    settled_for: float,
+    donors: Collection[str],
+) -> Plan:
+    """One pod fewer, the one with the highest ordinal (a StatefulSet removes no other), one at a time.
+    Every pod above `target` leaves the Services first, so the clients each evicts land on pods that stay
+    (each moves once)."""
+    last = shape.start + target
+    want = {p["metadata"]["name"]: ordinal(p) < last and p["metadata"]["name"] not in donors for p in live}
+    serving = _serving(live, want)
+    if leaving or serving or settled_for < STEER_SETTLE:
+        wait = 1.0 if leaving or serving else STEER_SETTLE - settled_for
+        return Plan(shape, serving, recheck=wait)
+    fewer = shape.replicas - 1
+    return Plan(Shape(shape.start, fewer, fewer), recheck=1.0)
+
+
 def plan(
     statefulset: Mapping[str, Any] | None,
     pods: Sequence[Mapping[str, Any]],
@@ -173,14 +194,19 @@ def plan(
     live = sorted((p for p in pods if ordinal(p) in shape.ordinals()), key=ordinal)
     old = [p for p in live if _labels(p).get(L_REVISION) != update]
     updated = len(live) - len(old)
+    leaving = [p for p in pods if p["metadata"].get("deletionTimestamp")]
     if not old or (
         shape.replicas > replicas and old == live[-1:] and ordinal(old[0]) >= shape.start + replicas
     ):
         # nothing to roll; or the pod a rollout added is the odd one: its template was set back
+        if shape.replicas > replicas:
+            return _scale_down(shape, replicas, live, leaving, settled_for, donors)
         serving = _serving(live, {p["metadata"]["name"]: p["metadata"]["name"] not in donors for p in live})
         return Plan(steady, serving)
-    if shape.replicas not in (replicas, replicas + 1):  # scaled meanwhile: steady first, then roll on
-        return Plan(steady, _serving(live, {}), Progress(True, "RollingOut", "scaling", updated), 1.0)
+    if shape.replicas > replicas + 1:  # scaled down meanwhile: that first, then the rollout goes on
+        return _scale_down(shape, replicas + 1, live, leaving, settled_for, ())
+    if shape.replicas < replicas:  # scaled up meanwhile: the new pods come from the old template
+        return Plan(Shape(shape.start, replicas, replicas), recheck=1.0)
 
     added = shape.replicas == replicas + 1
     top = live[-1] if live and added and ordinal(live[-1]) == shape.start + replicas else None
@@ -200,7 +226,6 @@ def plan(
     def progress(status: bool | None, reason: str, message: str, pod: str | None) -> Progress:
         return Progress(status, reason, f"{message} ({updated}/{replicas} pods updated)", updated, pod)
 
-    leaving = [p for p in pods if p["metadata"].get("deletionTimestamp")]
     if paused:  # (held where it is; new clients go to every updated pod that is Ready, not one alone)
         ready_updated = {p["metadata"]["name"] for p in live if p not in old and _ready_since(p) is not None}
         serving = _serving(live, {n: not ready_updated or n in ready_updated for n in want})

@@ -60,6 +60,7 @@ class Fleet:
     def __init__(self, replicas: int, clients: int, seed: int = 1) -> None:
         self.now = T0
         self.shape = Shape(0, replicas, replicas)
+        self.replicas = replicas  # the fleet's spec.replicas
         self.template = "r1"
         self.current = "r1"
         self.startup = 8.0  # seconds from creation to Ready
@@ -136,7 +137,7 @@ class Fleet:
                 del self.pods[o]
         pods = [p.obj(self.now) for p in self.pods.values()]
         plan = rollout.plan(
-            self.sts(), pods, 3, now=self.now, settled_for=self.now - self.settled_at,
+            self.sts(), pods, self.replicas, now=self.now, settled_for=self.now - self.settled_at,
             paused=paused, deadline=deadline,
         )  # fmt: skip
         for name, value in plan.serving.items():
@@ -280,3 +281,24 @@ def test_a_pod_from_before_the_label_existed_gets_it_and_an_added_pod_failing_la
     fleet.pods[3].ready_at = None  # (its readiness probe fails from now on)
     fleet.step()
     assert all(fleet.pods[o].serving == "true" for o in (0, 1, 2)), "nowhere to connect"
+
+
+def test_a_scale_down_takes_one_pod_at_a_time_out_of_the_services_before_it_goes():
+    fleet = Fleet(4, 400)
+    fleet.step()
+    fleet.replicas = 2
+    gone_while_serving = []
+    while fleet.now < T0 + 120 and (fleet.shape.replicas != 2 or any(p.deleting for p in fleet.pods.values())):
+        before = {o: p.serving for o, p in fleet.pods.items()}
+        deleting = sum(1 for p in fleet.pods.values() if p.deleting)
+        fleet.step()
+        assert sum(1 for p in fleet.pods.values() if p.deleting) <= max(deleting, 1), "two pods went at once"
+        gone_while_serving += [o for o, p in fleet.pods.items() if p.deleting and before.get(o) == "true"]
+    assert sorted(o for o, p in fleet.pods.items() if not p.deleting) == [0, 1] and fleet.shape == Shape(0, 2, 2)
+    assert not gone_while_serving, f"pods {gone_while_serving} went while the Services still sent clients"
+    assert max(fleet.moves.values()) == 1, "a client moved twice"
+    assert sum(fleet.load()) == 400 and max(fleet.load()) - min(fleet.load()) <= 60, fleet.load()
+    assert all(p.serving == "true" for p in fleet.pods.values())
+    fleet.replicas = 3  # a scale-up adds at once, from the current template
+    plan = fleet.step()
+    assert plan.shape == Shape(0, 3, 3) and plan.progress is None
