@@ -325,6 +325,7 @@ class Operator:
             paused=spec.paused,
             deadline=spec.rollout.progressDeadline,
             donors=donors,
+            max_unavailable=spec.disruption.max_unavailable(spec.replicas),
         )
 
     async def _steer(self, fleet: render.Fleet, plan: rollout.Plan) -> None:

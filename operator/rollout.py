@@ -152,6 +152,7 @@ def _scale_down(
     leaving: list[Mapping[str, Any]],
     settled_for: float,
     donors: Collection[str],
+    max_unavailable: int,
 ) -> Plan:
     """One pod fewer, the one with the highest ordinal (a StatefulSet removes no other), one at a time.
     Every pod above `target` leaves the Services first, so the clients each evicts land on pods that stay
@@ -162,6 +163,8 @@ def _scale_down(
     if leaving or serving or settled_for < STEER_SETTLE:
         wait = 1.0 if leaving or serving else STEER_SETTLE - settled_for
         return Plan(shape, serving, recheck=wait)
+    if target - sum(1 for p in live if ordinal(p) < last and _ready_since(p) is not None) > max_unavailable:
+        return Plan(shape, recheck=2.0)  # (the disruption budget is spent: pods that stay are not Ready)
     fewer = shape.replicas - 1
     return Plan(Shape(shape.start, fewer, fewer), recheck=1.0)
 
@@ -176,12 +179,14 @@ def plan(
     paused: bool = False,
     deadline: float = 600.0,
     donors: Collection[str] = (),
+    max_unavailable: int = 1,
 ) -> Plan:
     """What to do with the broker StatefulSet and its pods' serving labels in this pass.
 
     `pods`: the broker pods; `replicas`: the fleet's; `now`: the wall clock (pod timestamps are wall
     time); `settled_for`: seconds since the operator last changed a serving label; `donors`: pods giving
-    connections away in a rebalance (rebalance.py), not serving outside a rollout."""
+    connections away in a rebalance (rebalance.py), not serving outside a rollout; `max_unavailable`: the
+    disruption budget (spec.disruption): no pod is let go while more of `replicas` are not Ready."""
     shape = Shape.of(statefulset, replicas)
     steady = Shape(shape.start, replicas, replicas)
     if statefulset is None:
@@ -200,11 +205,19 @@ def plan(
     ):
         # nothing to roll; or the pod a rollout added is the odd one: its template was set back
         if shape.replicas > replicas:
-            return _scale_down(shape, replicas, live, leaving, settled_for, donors)
+            return _scale_down(shape, replicas, live, leaving, settled_for, donors, max_unavailable)
         serving = _serving(live, {p["metadata"]["name"]: p["metadata"]["name"] not in donors for p in live})
+        if status.get("currentRevision") != update:
+            # A pod below the partition is made from the current revision, which moves on only once every
+            # pod is updated and Ready: a pod that was never made (a template the API server refused) would
+            # come from the old template again. With no old pod to keep, missing ones get the new one.
+            have = {ordinal(p) for p in live}
+            missing = [o - shape.start for o in steady.ordinals() if o not in have]
+            if missing:
+                return Plan(Shape(shape.start, replicas, min(missing)), serving, recheck=2.0)
         return Plan(steady, serving)
     if shape.replicas > replicas + 1:  # scaled down meanwhile: that first, then the rollout goes on
-        return _scale_down(shape, replicas + 1, live, leaving, settled_for, ())
+        return _scale_down(shape, replicas + 1, live, leaving, settled_for, (), max_unavailable)
     if shape.replicas < replicas:  # scaled up meanwhile: the new pods come from the old template
         return Plan(Shape(shape.start, replicas, replicas), recheck=1.0)
 
@@ -256,6 +269,9 @@ def plan(
         return Plan(
             shape, serving, progress(True, "RollingOut", f"steering new clients to pod {name}", name), wait
         )
+    if replicas - sum(1 for p in live[1:] if _ready_since(p) is not None) > max_unavailable:
+        message = f"waiting for the disruption budget to let pod {live[0]['metadata']['name']} go"
+        return Plan(shape, serving, progress(True, "RollingOut", message, name), 2.0)
     gone = live[0]["metadata"]["name"]  # (the oldest: old ones, unless the template was set back midway)
     step = Shape(shape.start + 1, replicas, replicas)
     return Plan(

@@ -23,6 +23,7 @@ from .bridge import MqttBridgeSpec, MqttBridgeStatus
 from .fleet import (
     BrokerFleetSpec,
     BrokerFleetStatus,
+    DisruptionSpec,
     MetricsSpec,
     RebalanceSpec,
     RedisSpec,
@@ -50,6 +51,7 @@ __all__ = [
     "BrokerFleetStatus",
     "Condition",
     "CrdModel",
+    "DisruptionSpec",
     "ListenerSpec",
     "MetricsSpec",
     "MqttBridgeSpec",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Literal
 
 from fleetmq.broker.config import EventLogConfig, RedisClusterConfig, RedisStoreConfig, SentinelConfig
 from fleetmq.broker.zones import parse_duration
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from .base import Condition, CrdModel, SecretKeyRef, doc
 from .core import Quantity
@@ -419,6 +420,78 @@ class RolloutSpec(CrdModel):
     )
 
 
+#: a count of pods or a percentage of replicas ("25%"), as a PodDisruptionBudget takes it
+IntOrPercent = Annotated[
+    int | str,
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "minimum": 0,  # (each applies to its own type)
+            "pattern": r"^[0-9]+%$",
+        }
+    ),
+]
+
+
+class DisruptionSpec(CrdModel):
+    """How many broker pods may be down at once by choice: the PodDisruptionBudget the operator renders
+    (node drains, cluster upgrades), which its own rollouts and scale-downs keep to as well. Set one of
+    maxUnavailable or minAvailable; neither: maxUnavailable 1."""
+
+    maxUnavailable: IntOrPercent | None = Field(
+        None, description="Pods (or a percentage of replicas, rounded up) that may be unavailable."
+    )
+    minAvailable: IntOrPercent | None = Field(
+        None, description="Pods (or a percentage of replicas, rounded up) that must stay available."
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.maxUnavailable) && has(self.minAvailable))",
+                    "message": "disruption: set maxUnavailable or minAvailable, not both",
+                }
+            ]
+        },
+    )
+
+    @field_validator("maxUnavailable", "minAvailable")
+    @classmethod
+    def _count_or_percent(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, int) and v < 0:
+            raise ValueError("must be at least 0")
+        if isinstance(v, str) and not re.fullmatch(r"[0-9]+%", v):
+            raise ValueError("must be a count or a percentage such as '25%'")
+        return v
+
+    @model_validator(mode="after")
+    def _one(self) -> DisruptionSpec:
+        if self.maxUnavailable is not None and self.minAvailable is not None:
+            raise ValueError("set maxUnavailable or minAvailable, not both")
+        return self
+
+    def budget(self) -> dict[str, int | str]:
+        """The PodDisruptionBudget's spec fields."""
+        if self.minAvailable is not None:
+            return {"minAvailable": self.minAvailable}
+        return {"maxUnavailable": 1 if self.maxUnavailable is None else self.maxUnavailable}
+
+    def max_unavailable(self, replicas: int) -> int:
+        """Pods of `replicas` that may be down, as the disruption controller counts (percentages rounded
+        up)."""
+
+        def scaled(v: int | str) -> int:
+            return v if isinstance(v, int) else math.ceil(int(v[:-1]) * replicas / 100)
+
+        if self.minAvailable is not None:
+            return max(replicas - scaled(self.minAvailable), 0)
+        return scaled(1 if self.maxUnavailable is None else self.maxUnavailable)
+
+
 class BrokerFleetSpec(CrdModel):
     """A fleet of broker pods sharing one Redis, serving the MqttZones that point at it."""
 
@@ -462,6 +535,7 @@ class BrokerFleetSpec(CrdModel):
     )
     rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec, description=doc(RebalanceSpec))
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description=doc(RolloutSpec))
+    disruption: DisruptionSpec = Field(default_factory=DisruptionSpec, description=doc(DisruptionSpec))
     paused: bool = Field(
         False,
         description="Hold a rollout where it is (no pod added or let go); everything else is reconciled. "

@@ -209,7 +209,7 @@ def alert_groups() -> dict[str, Any]:
         ),
         alert(
             "FleetmqRolloutStopped",
-            'label_replace(max by (fleet_namespace, fleet, reason) (fleetmq_operator_fleet_rollout_stopped), '
+            "label_replace(max by (fleet_namespace, fleet, reason) (fleetmq_operator_fleet_rollout_stopped), "
             '"namespace", "$1", "fleet_namespace", "(.*)") == 1',
             "1m",
             "warning",

@@ -123,12 +123,14 @@ def pod_template(
 
 
 def pdb(fleet: Fleet, name: str | None = None, component: str = "broker") -> dict[str, Any]:
-    """At most one pod of a kind down at a time by choice (drains, upgrades): brokers, Redis, sentinels."""
+    """How many pods of a kind may be down at a time by choice (drains, upgrades): the brokers' as
+    spec.disruption says; one at a time for Redis and sentinels."""
+    budget = fleet.spec.disruption.budget() if component == "broker" else {"maxUnavailable": 1}
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": object_meta(fleet, name or names(fleet.name)["pdb"], component),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(fleet.name, component)}},
+        "spec": {**budget, "selector": {"matchLabels": selector_labels(fleet.name, component)}},
     }
 
 

@@ -511,7 +511,9 @@ def test_peering_keeps_one_operator_active(k, run_operator, caplog):
     assert paused and all("priority=20" in m for m in paused)  # only the low one ever stood back
 
 
-def test_a_rollout_adds_a_pod_before_each_old_one_goes_and_zone_changes_keep_them(k, run_operator, control_plane):
+def test_a_rollout_adds_a_pod_before_each_old_one_goes_and_zone_changes_keep_them(
+    k, run_operator, control_plane
+):
     """With kube-controller-manager, scheduler and kwok: real StatefulSet pods on fake nodes."""
     if not control_plane.controllers:
         import pytest
@@ -565,7 +567,11 @@ def test_a_rollout_adds_a_pod_before_each_old_one_goes_and_zone_changes_keep_the
     wait_for(lambda: k.get("brokerfleet", "edge")["status"].get("updatedReplicas") == 3
              and not k.get("brokerfleet", "edge")["status"].get("rollout"), msg="status: rolled")  # fmt: skip
     sts = k.get("statefulset", "edge")["spec"]
-    assert (sts["ordinals"]["start"], sts["replicas"], sts["updateStrategy"]["rollingUpdate"]["partition"]) == (3, 3, 3)
+    assert (
+        sts["ordinals"]["start"],
+        sts["replicas"],
+        sts["updateStrategy"]["rollingUpdate"]["partition"],
+    ) == (3, 3, 3)
 
 
 def test_bridges_are_rendered_and_a_missing_secret_is_reported(k, run_operator):

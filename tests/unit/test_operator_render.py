@@ -456,3 +456,29 @@ def test_the_broker_image_is_the_fleets_own_else_the_operators(monkeypatch):
     assert render.broker_image(BrokerFleetSpec(image="mine:1")) == "mine:1"
     sts = broker_sts(rendered(fleet(), zone("external")))
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/mq/fleetmq:7"
+
+
+def test_the_brokers_disruption_budget_is_the_fleets_and_the_operator_counts_it_alike():
+    import pydantic
+    from fleetmq.operator.crds import DisruptionSpec
+
+    pdb = next(
+        m for m in by_kind(rendered(fleet()), "PodDisruptionBudget") if m["metadata"]["name"] == "edge"
+    )
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+    r = render.render(render.Fleet.parse(fleet(disruption={"minAvailable": "50%"})), [])
+    budgets = {m["metadata"]["name"]: m["spec"] for m in by_kind(r, "PodDisruptionBudget")}
+    assert budgets["edge"]["minAvailable"] == "50%" and "maxUnavailable" not in budgets["edge"]
+    assert all(b.get("maxUnavailable") == 1 for n, b in budgets.items() if n != "edge")  # (Redis' own)
+    assert DisruptionSpec(minAvailable="50%").max_unavailable(3) == 1  # 2 of 3 must stay (rounded up)
+    assert DisruptionSpec(maxUnavailable="25%").max_unavailable(3) == 1
+    assert DisruptionSpec(maxUnavailable=0).max_unavailable(3) == 0
+    assert DisruptionSpec().max_unavailable(5) == 1
+    for bad, where in (({"maxUnavailable": 1, "minAvailable": 1}, "not both"), ({"minAvailable": "x%"}, "percentage"),
+                       ({"maxUnavailable": -1}, "at least 0")):  # fmt: skip
+        try:
+            DisruptionSpec.model_validate(bad)
+        except pydantic.ValidationError as e:
+            assert where in str(e)
+        else:
+            raise AssertionError(f"{bad} accepted")

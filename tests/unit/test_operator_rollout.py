@@ -131,14 +131,14 @@ class Fleet:
         pod.clients.clear()
         self.gone_at[pod.ordinal] = self.now + self.eviction
 
-    def step(self, paused: bool = False, deadline: float = 60.0) -> rollout.Plan:
+    def step(self, paused: bool = False, deadline: float = 60.0, max_unavailable: int = 1) -> rollout.Plan:
         for o, t in list(self.gone_at.items()):
             if t <= self.now and o in self.pods and self.pods[o].deleting:
                 del self.pods[o]
         pods = [p.obj(self.now) for p in self.pods.values()]
         plan = rollout.plan(
             self.sts(), pods, self.replicas, now=self.now, settled_for=self.now - self.settled_at,
-            paused=paused, deadline=deadline,
+            paused=paused, deadline=deadline, max_unavailable=max_unavailable,
         )  # fmt: skip
         for name, value in plan.serving.items():
             self.pods[int(name.rsplit("-", 1)[1])].serving = value
@@ -288,13 +288,17 @@ def test_a_scale_down_takes_one_pod_at_a_time_out_of_the_services_before_it_goes
     fleet.step()
     fleet.replicas = 2
     gone_while_serving = []
-    while fleet.now < T0 + 120 and (fleet.shape.replicas != 2 or any(p.deleting for p in fleet.pods.values())):
+    while fleet.now < T0 + 120 and (
+        fleet.shape.replicas != 2 or any(p.deleting for p in fleet.pods.values())
+    ):
         before = {o: p.serving for o, p in fleet.pods.items()}
         deleting = sum(1 for p in fleet.pods.values() if p.deleting)
         fleet.step()
         assert sum(1 for p in fleet.pods.values() if p.deleting) <= max(deleting, 1), "two pods went at once"
         gone_while_serving += [o for o, p in fleet.pods.items() if p.deleting and before.get(o) == "true"]
-    assert sorted(o for o, p in fleet.pods.items() if not p.deleting) == [0, 1] and fleet.shape == Shape(0, 2, 2)
+    assert sorted(o for o, p in fleet.pods.items() if not p.deleting) == [0, 1] and fleet.shape == Shape(
+        0, 2, 2
+    )
     assert not gone_while_serving, f"pods {gone_while_serving} went while the Services still sent clients"
     assert max(fleet.moves.values()) == 1, "a client moved twice"
     assert sum(fleet.load()) == 400 and max(fleet.load()) - min(fleet.load()) <= 60, fleet.load()
@@ -302,3 +306,39 @@ def test_a_scale_down_takes_one_pod_at_a_time_out_of_the_services_before_it_goes
     fleet.replicas = 3  # a scale-up adds at once, from the current template
     plan = fleet.step()
     assert plan.shape == Shape(0, 3, 3) and plan.progress is None
+
+
+def test_no_pod_is_let_go_while_the_disruption_budget_is_spent():
+    fleet = Fleet(3, 30)
+    fleet.step()
+    fleet.pods[1].ready_at = None  # (a node problem: one old pod not Ready)
+    fleet.set_template("r2")
+    plan = fleet.run(fleet.now + 60, max_unavailable=0)
+    assert fleet.shape == Shape(0, 4, 3) and plan.progress is not None
+    assert "disruption budget" in plan.progress.message and fleet.replaced == 0
+    fleet.run(fleet.now + 30, max_unavailable=1)  # one may be down: it goes on
+    assert fleet.replaced >= 1
+    fleet = Fleet(3, 30)
+    fleet.step()
+    fleet.pods[0].ready_at = None
+    fleet.replicas = 2
+    fleet.run(fleet.now + 60, max_unavailable=0)
+    assert fleet.shape == Shape(0, 3, 3), "a pod went while one that stays was not Ready"
+
+
+def test_pods_never_made_come_from_the_new_template_once_it_is_fixed():
+    """A template the API server refuses (a ServiceAccount that does not exist): no pod exists, and the
+    StatefulSet's current revision stays the refused one. Fixed, the missing pods must be made from the
+    new template (below the partition they would come from the current one, refused again)."""
+    fleet = Fleet(3, 0)
+    fleet.pods.clear()
+    fleet.bad.add("r1")
+    fleet.set_template("r2")
+    fleet.controller = lambda: None  # (look at the plan alone)
+    fleet.observed = fleet.generation
+    plan = fleet.step()
+    assert plan.shape == Shape(0, 3, 0), plan
+    fleet = Fleet(3, 3)
+    fleet.step()
+    del fleet.pods[2]  # one pod missing while no rollout runs: the partition stays
+    assert fleet.step().shape == Shape(0, 3, 3)
