@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any
@@ -152,6 +153,9 @@ class Node:
             "config_hash": self.config_hash,
             "connections": connections,
             "sessions": sessions,
+            # (totals: the operator's autoscaler takes their rates between two reports)
+            "delivered": sum(sum(z.delivered) for z in self.metrics.zones.values()),
+            "cpu_seconds": f"{time.process_time():.3f}",
         }
         if self.rebalance is not None:
             out["rebalance"] = self.rebalance.encode()

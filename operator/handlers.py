@@ -25,11 +25,12 @@ from typing import Any
 import kopf
 from fleetmq.broker.auth import hash_password, verify_password
 
-from . import crdsync, metrics, rebalance, render, rollout
+from . import autoscale, crdsync, metrics, rebalance, render, rollout
 from .crds import GROUP, VERSION, SecretKeyRef, fleet_ref
 from .kube import ApiError, Connection, Kube, connect
 from .reports import ReportReader
 from .status import (
+    Autoscaled,
     Observed,
     bridge_status,
     condition,
@@ -78,6 +79,9 @@ class Operator:
     #: when the operator last changed a serving label of a fleet's pods (monotonic): a rollout lets an old
     #: pod go only once the Services had time to follow (rollout.STEER_SETTLE)
     steered_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: the autoscaler's per fleet: the pods' report totals (for rates) and its recent recommendations
+    rates: dict[tuple[str, str], autoscale.Rates] = field(default_factory=dict)
+    recommendations: dict[tuple[str, str], list[tuple[float, int]]] = field(default_factory=dict)
     #: each fleet's next look (_recheck): when it is due (monotonic), and its task
     due: dict[tuple[str, str], tuple[float, asyncio.Task[None]]] = field(default_factory=dict)
 
@@ -193,6 +197,7 @@ class Operator:
                 fleet, observed.brokers, rendered.config["store"], passwords
             )
         balancing = await self._rebalance(parsed, observed) if rendered is not None else None
+        observed.autoscaling = await self._autoscale(parsed, observed)
         if pods_listed and rendered is not None:
             if balancing is not None and balancing.donors and plan.progress is None:
                 plan = self._rollout(parsed, before, observed.pods, balancing.donors)
@@ -254,8 +259,11 @@ class Operator:
             and all(pod in observed.nodeinfo for pod in pods)
         )
         wall = time.time()
+        rules = spec.rebalance
+        if spec.autoscaling is not None and not rules.afterScaleUp:  # (pods it adds would start empty)
+            rules = rules.model_copy(update={"afterScaleUp": True})
         step = rebalance.step(
-            spec.rebalance,
+            rules,
             (fleet.obj.get("status") or {}).get("rebalance"),
             (meta.get("annotations") or {}).get(rebalance.ANNOTATION),
             steady,
@@ -300,6 +308,51 @@ class Operator:
         self.due[key] = (due, task)
         self.rechecks.add(task)
         task.add_done_callback(self.rechecks.discard)
+
+    async def _autoscale(self, fleet: render.Fleet, observed: Observed) -> Autoscaled | None:
+        """spec.autoscaling (autoscale.py): recommend from the pods' reports and set spec.replicas. It steps
+        aside while a HorizontalPodAutoscaler targets the fleet. None without spec.autoscaling."""
+        spec, key = fleet.spec.autoscaling, (fleet.namespace, fleet.name)
+        if spec is None:
+            self.rates.pop(key, None)
+            self.recommendations.pop(key, None)
+            return None
+        try:
+            hpas = await self.kube.list("HorizontalPodAutoscaler", fleet.namespace)
+        except ApiError as e:
+            metrics.RECONCILE_ERRORS.labels("autoscaling").inc()
+            return Autoscaled(None, "Unknown", f"cannot list HorizontalPodAutoscalers: {e}")
+        for hpa in hpas:
+            target = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+            if (target.get("kind"), target.get("name")) == ("BrokerFleet", fleet.name):
+                name = hpa["metadata"]["name"]
+                return Autoscaled(None, "HPAOwnsScale", f"HorizontalPodAutoscaler {name} scales this fleet")
+        if observed.nodeinfo is None:
+            return Autoscaled(None, "MetricsUnavailable", f"no pod reports: {observed.nodeinfo_error}")
+        rates = self.rates.setdefault(key, autoscale.Rates())
+        rates.update(observed.nodeinfo, time.monotonic())
+        ready = {p["metadata"]["name"] for p in _brokers(observed.pods) if rollout.ready(p)}
+        load = rates.load({p: i for p, i in observed.nodeinfo.items() if p in observed.brokers}, ready)
+        replicas = fleet.spec.replicas
+        wanted = autoscale.recommend(spec, replicas, load) if load.pods else None
+        if wanted is None:
+            self._recheck(*key, autoscale.MIN_INTERVAL + 1)
+            return Autoscaled(None, "MetricsUnavailable", "waiting for two reports of every Ready pod", load)
+        history = self.recommendations.setdefault(key, [])
+        decision = autoscale.decide(spec, replicas, history, wanted, time.monotonic())
+        self._recheck(*key, 15.0)  # (the brokers' reports come with no Kubernetes event)
+        out = Autoscaled(decision.desired, decision.reason, "", load)
+        if decision.replicas != replicas:
+            try:
+                await self.kube.scale(fleet.obj, decision.replicas)
+            except ApiError as e:  # (409: changed meanwhile; the next pass decides again)
+                metrics.RECONCILE_ERRORS.labels("autoscaling").inc()
+                return Autoscaled(decision.desired, "Unknown", f"cannot set spec.replicas: {e}", load)
+            history.clear()
+            message = f"spec.replicas {replicas} -> {decision.replicas}: {autoscale.describe(spec, load)}"
+            await self._event(fleet.obj, decision.reason, message)
+            out = Autoscaled(decision.desired, decision.reason, message, load, now())
+        return out
 
     def _rollout(
         self,

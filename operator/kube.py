@@ -42,6 +42,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "StatefulSet": ("apis/apps/v1", "statefulsets", True),
     "Job": ("apis/batch/v1", "jobs", True),
     "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets", True),
+    "HorizontalPodAutoscaler": ("apis/autoscaling/v2", "horizontalpodautoscalers", True),
     "ServiceMonitor": ("apis/monitoring.coreos.com/v1", "servicemonitors", True),
     "BrokerFleet": ("apis/fleetmq.io/v1alpha1", "brokerfleets", True),
     "MqttZone": ("apis/fleetmq.io/v1alpha1", "mqttzones", True),
@@ -280,6 +281,16 @@ class Kube:
             {"metadata": {"labels": labels}},
             content_type="application/merge-patch+json",
         )
+
+    async def scale(self, obj: dict[str, Any], replicas: int) -> Any:
+        """Set spec.replicas of an object as it was read (ApiError 409 if it changed since: someone else
+        decided meanwhile, and the next reconcile sees what)."""
+        meta = obj["metadata"]
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": replicas}}
+        return await self.request(
+            "PATCH", path_of(obj["kind"], meta["namespace"], meta["name"]), body,
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
 
     async def delete(self, kind: str, namespace: str | None, name: str) -> bool:
         try:

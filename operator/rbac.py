@@ -87,6 +87,10 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
     ),
     (
+        "spec.autoscaling: step aside while a HorizontalPodAutoscaler targets the fleet (one owner of its scale)",
+        {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": ["list"]},
+    ),
+    (
         "read the passwords of redis.secretRef (to reach the fleet's Redis for the pods' reports) and the "
         "MqttBridges' and MqttUsers' Secrets; create the managed Redis' password and MqttUsers' generated "
         "passwords once; apply (patch) the fleet's bridge Secret, the copy of its bridges' Secrets the pods "

@@ -115,6 +115,10 @@ def _ready_since(pod: Mapping[str, Any]) -> float | None:
     return None
 
 
+def ready(pod: Mapping[str, Any]) -> bool:
+    return _ready_since(pod) is not None
+
+
 def _failure(pod: Mapping[str, Any], now: float, deadline: float) -> tuple[str, str] | None:
     """Why an added pod will not become Ready: (Progressing reason, message), or None."""
     name = pod["metadata"]["name"]

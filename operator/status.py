@@ -15,6 +15,7 @@ from typing import Any
 
 from fleetmq.broker.eventschema import BRIDGE_LOST
 
+from .autoscale import Load
 from .crds import RedisSpec, fleet_ref
 from .render import Fleet, Rejection, Rendered, User, names, redis_pods, selector_string
 from .rollout import Progress
@@ -63,6 +64,19 @@ def condition(status: dict[str, Any] | None, type_: str) -> dict[str, Any] | Non
     return next((c for c in (status or {}).get("conditions") or [] if c.get("type") == type_), None)
 
 
+@dataclass(frozen=True)
+class Autoscaled:
+    """What the operator's autoscaler made of this pass (handlers._autoscale)."""
+
+    desired: int | None
+    reason: (
+        str  # ScaledUp, ScaledDown, Stable, Stabilizing, Limited; HPAOwnsScale, MetricsUnavailable, Unknown
+    )
+    message: str = ""
+    load: Load | None = None
+    scaled_at: str | None = None  # when it changed spec.replicas in this pass
+
+
 @dataclass
 class Observed:
     """What the operator saw of a fleet's running parts."""
@@ -83,6 +97,8 @@ class Observed:
     brokers: list[str] = field(default_factory=list)
     #: a rollout under way (rollout.plan), None when none is
     rollout: Progress | None = None
+    #: spec.autoscaling's pass, None without it
+    autoscaling: Autoscaled | None = None
 
 
 def pod_problems(pods: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -350,7 +366,34 @@ def fleet_status(
         msg = f"{ready}/{replicas} pods ready" + "".join(f"; {m}" for _, m in stuck if ready < replicas)
         conds = set_condition(conds, "Ready", False, reason, msg, gen, timestamp)
     status["conditions"] = conds
+    _autoscaling_status(status, observed.autoscaling, previous, gen, timestamp)
     return status
+
+
+def _autoscaling_status(
+    status: dict[str, Any], scaled: Autoscaled | None, previous: dict[str, Any], gen: Any, timestamp: str
+) -> None:
+    """status.autoscaling and the Autoscaling condition: True while the operator's autoscaler acts,
+    False while a HorizontalPodAutoscaler owns the scale, Unknown without metrics (absent without
+    spec.autoscaling)."""
+    conds = status["conditions"]
+    if scaled is None:
+        status["autoscaling"] = None
+        status["conditions"] = [c for c in conds if c.get("type") != "Autoscaling"]
+        return
+    last = (previous.get("autoscaling") or {}).get("lastScaleTime")
+    out: dict[str, Any] = {"desiredReplicas": scaled.desired, "lastScaleTime": scaled.scaled_at or last}
+    load = scaled.load
+    if load is not None:
+        out["connections"] = round(load.connections, 1)
+        if load.messages_per_second is not None:
+            out["messagesPerSecond"] = round(load.messages_per_second, 1)
+        if load.cpu_millicores is not None:
+            out["cpu"] = f"{load.cpu_millicores:.0f}m"
+    status["autoscaling"] = out
+    state = {"HPAOwnsScale": False, "MetricsUnavailable": None, "Unknown": None}.get(scaled.reason, True)
+    message = scaled.message or f"desired {scaled.desired} replicas"
+    status["conditions"] = set_condition(conds, "Autoscaling", state, scaled.reason, message, gen, timestamp)
 
 
 def zone_status(

@@ -21,6 +21,7 @@ from .base import (
 )
 from .bridge import MqttBridgeSpec, MqttBridgeStatus
 from .fleet import (
+    AutoscalingSpec,
     BrokerFleetSpec,
     BrokerFleetStatus,
     DisruptionSpec,
@@ -47,6 +48,7 @@ __all__ = [
     "REDIS_NAMES",
     "VERSION",
     "ZONE_GROUPS",
+    "AutoscalingSpec",
     "BrokerFleetSpec",
     "BrokerFleetStatus",
     "Condition",

@@ -492,6 +492,96 @@ class DisruptionSpec(CrdModel):
         return scaled(1 if self.maxUnavailable is None else self.maxUnavailable)
 
 
+class ScalingRules(CrdModel):
+    """How fast the autoscaler moves one way."""
+
+    stabilizationWindowSeconds: int = Field(
+        ge=0,
+        le=3600,
+        description="The autoscaler acts on the most conservative recommendation of this many seconds "
+        "(up: the lowest, down: the highest), so a short spike or dip moves nothing.",
+    )
+    maxStep: int = Field(ge=1, description="Pods added (up) or removed (down) in one change at most.")
+
+
+class AutoscalingTargets(CrdModel):
+    """Targets per broker pod; the fleet gets enough pods for the most demanding one. Set at least one."""
+
+    connections: int | None = Field(None, ge=1, description="Client connections per pod.")
+    messagesPerSecond: float | None = Field(None, gt=0, description="Messages delivered per second per pod.")
+    cpu: Quantity | None = Field(
+        None, description="CPU per pod (e.g. 500m), as the pods report their own use."
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.connections) || has(self.messagesPerSecond) || has(self.cpu)",
+                    "message": "autoscaling.targets: set at least one of connections, messagesPerSecond, cpu",
+                }
+            ]
+        },
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> AutoscalingTargets:
+        if self.connections is None and self.messagesPerSecond is None and self.cpu is None:
+            raise ValueError("set at least one of connections, messagesPerSecond, cpu")
+        if self.cpu is not None:
+            millicores(self.cpu)
+        return self
+
+
+def millicores(cpu: int | str) -> float:
+    """A CPU quantity in millicores ("500m", "1.5", 2)."""
+    text = str(cpu)
+    try:
+        return float(text[:-1]) if text.endswith("m") else float(text) * 1000
+    except ValueError:
+        raise ValueError(f"not a CPU quantity: {cpu!r} (such as 500m or 1.5)") from None
+
+
+class AutoscalingSpec(CrdModel):
+    """The operator's own autoscaler, from what the broker pods report (no metrics-server or adapter). A
+    scale-up adds pods and then rebalances connections onto them; a scale-down takes one pod at a time
+    out of the Services before it evicts its clients, their sessions kept. It sets spec.replicas, and
+    steps aside while a HorizontalPodAutoscaler targets the fleet (condition Autoscaling)."""
+
+    minReplicas: int = Field(ge=1, description="Fewest broker pods.")
+    maxReplicas: int = Field(ge=1, description="Most broker pods.")
+    targets: AutoscalingTargets = Field(description=doc(AutoscalingTargets))
+    scaleUp: ScalingRules = Field(
+        default_factory=lambda: ScalingRules(stabilizationWindowSeconds=0, maxStep=4),
+        description="How fast pods are added (default: at once, 4 at most per change).",
+    )
+    scaleDown: ScalingRules = Field(
+        default_factory=lambda: ScalingRules(stabilizationWindowSeconds=300, maxStep=1),
+        description="How fast pods are removed (default: after 5 minutes of lower load, one at a time).",
+    )
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.minReplicas <= self.maxReplicas",
+                    "message": "autoscaling: minReplicas cannot exceed maxReplicas",
+                }
+            ]
+        },
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> AutoscalingSpec:
+        if self.minReplicas > self.maxReplicas:
+            raise ValueError("minReplicas cannot exceed maxReplicas")
+        return self
+
+
 class BrokerFleetSpec(CrdModel):
     """A fleet of broker pods sharing one Redis, serving the MqttZones that point at it."""
 
@@ -536,6 +626,7 @@ class BrokerFleetSpec(CrdModel):
     rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec, description=doc(RebalanceSpec))
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description=doc(RolloutSpec))
     disruption: DisruptionSpec = Field(default_factory=DisruptionSpec, description=doc(DisruptionSpec))
+    autoscaling: AutoscalingSpec | None = Field(None, description=doc(AutoscalingSpec))
     paused: bool = Field(
         False,
         description="Hold a rollout where it is (no pod added or let go); everything else is reconciled. "
@@ -611,6 +702,16 @@ class StoreStatus(CrdModel):
     )
 
 
+class AutoscalingStatus(CrdModel):
+    """What the operator's autoscaler saw and decided (absent without spec.autoscaling)."""
+
+    desiredReplicas: int | None = Field(None, description="What the load asks for now, within the limits.")
+    connections: float | None = Field(None, description="Client connections per Ready pod.")
+    messagesPerSecond: float | None = Field(None, description="Messages delivered per second per Ready pod.")
+    cpu: str | None = Field(None, description="CPU used per Ready pod (millicores, e.g. 430m).")
+    lastScaleTime: str | None = Field(None, description="When it last changed spec.replicas.")
+
+
 class RolloutStatus(CrdModel):
     """A rollout under way (absent when none is)."""
 
@@ -639,4 +740,5 @@ class BrokerFleetStatus(CrdModel):
     store: StoreStatus | None = Field(None, description=doc(StoreStatus))
     rebalance: RebalanceStatus | None = Field(None, description=doc(RebalanceStatus))
     updatedReplicas: int = Field(0, description="Broker pods made from the current template.")
+    autoscaling: AutoscalingStatus | None = Field(None, description=doc(AutoscalingStatus))
     rollout: RolloutStatus | None = Field(None, description=doc(RolloutStatus))
