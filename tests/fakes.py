@@ -10,6 +10,7 @@ host.commit(ok=True)                             # the store answers what the ch
 node = make_node(max_inflight=2)                 # a real Node (router, channel manager, memory store)
 c = Client(node, clock, MQTT5)                   # a client whose channel runs on that node
 await c.connect("dev1"); c.subscribe("t/#")      # packets in, packets out (c.received())
+c = await connected(node, clock, "dev1", MQTT5)  # the same, connected in one step
 """
 
 from __future__ import annotations
@@ -133,21 +134,20 @@ async def settle(n: int = 8) -> None:
         await asyncio.sleep(0)
 
 
-class Client:
-    """One simulated client connection: encodes packets into the channel, decodes what it writes."""
+class Wire:
+    """The client's end of a channel on a FakeIO: packets encoded into the channel, and the packets it
+    wrote since the last look decoded out."""
 
-    def __init__(self, node: Node, clock: Clock, version: int = MQTT311, zone: str = "default") -> None:
-        self.node = node
-        self.clock = clock
+    ch: Channel
+
+    def __init__(self, io: FakeIO, version: int) -> None:
+        self.io = io
         self.version = version
-        self.io = FakeIO(clock)
-        self.ch = node.channel(zone, self.io, peer="127.0.0.1:1", listener="test", clock=self.io)
         self._parser = Parser(version=version)
         self._pos = 0
-        self._backlog: list[Any] = []
 
-    def send(self, packet: Any) -> None:
-        self.ch.data_received(encode(packet, self.version))
+    def send(self, *packets: Any) -> None:
+        self.ch.data_received(b"".join(encode(p, self.version) for p in packets))
 
     def send_raw(self, data: bytes) -> None:
         self.ch.data_received(data)
@@ -156,8 +156,23 @@ class Client:
         """Packets written since the last call."""
         new = bytes(self.io.data[self._pos :])
         self._pos = len(self.io.data)
+        return self._parser.feed(new)
+
+
+class Client(Wire):
+    """One simulated client connection: encodes packets into the channel, decodes what it writes."""
+
+    def __init__(self, node: Node, clock: Clock, version: int = MQTT311, zone: str = "default") -> None:
+        super().__init__(FakeIO(clock), version)
+        self.node = node
+        self.clock = clock
+        self.ch = node.channel(zone, self.io, peer="127.0.0.1:1", listener="test", clock=self.io)
+        self._backlog: list[Any] = []
+
+    def received(self) -> list[Any]:
+        """Packets written since the last call."""
         backlog, self._backlog = self._backlog, []
-        return backlog + self._parser.feed(new)
+        return backlog + super().received()
 
     async def connect(self, client_id: str = "c", **kw: Any) -> Connack:
         kw.setdefault("keepalive", 0)
@@ -174,10 +189,25 @@ class Client:
         assert type(ack) is Suback
         return ack
 
+    def publish_each(self, topic: str, payloads: Iterable[bytes], qos: int = 1, first_id: int = 1) -> None:
+        """PUBLISH each payload to `topic` at `qos` (1 or 2), under packet ids first_id, first_id + 1, ..."""
+        for packet_id, payload in enumerate(payloads, first_id):
+            self.send(Publish(topic, payload, qos=qos, packet_id=packet_id))
+
     def publishes(self) -> list[Publish]:
         got = self.received()
         assert all(type(p) is Publish for p in got), got
         return got
+
+
+async def connected(
+    node: Node, clock: Clock, client_id: str, version: int = MQTT311, *, zone: str = "default", **kw: Any
+) -> Client:
+    """A Client on `node` whose CONNECT (with `kw`) was answered; what followed the CONNACK is left to be
+    received."""
+    c = Client(node, clock, version, zone)
+    await c.connect(client_id, **kw)
+    return c
 
 
 def make_node(**zone: Any) -> Node:

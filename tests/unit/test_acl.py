@@ -21,7 +21,7 @@ from fleetmq.broker.zones import AclRule
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.fakes import Client, Clock, settle
+from tests.fakes import Client, Clock, connected, settle
 from tests.unit.topics_support import reference_match
 
 # -----------------------------------------------------------------------------------------------
@@ -233,10 +233,8 @@ def test_subscriber_receives_exactly_what_its_rules_allow(rules, default, fs, ts
                 }
             )
         )
-        sub = Client(node, clock, MQTT5)
-        await sub.connect("sub", clean_start=True)
-        pub = Client(node, clock, MQTT5, zone="open")
-        await pub.connect("pub", clean_start=True)
+        sub = await connected(node, clock, "sub", MQTT5, clean_start=True)
+        pub = await connected(node, clock, "pub", MQTT5, zone="open", clean_start=True)
         if retained:  # published before the SUBSCRIBE: sent on subscribe, where the rules apply too
             for t in ts:
                 pub.send(Publish(t, b"r", qos=0, retain=True))
@@ -273,11 +271,9 @@ def test_subscriber_receives_exactly_what_its_rules_allow(rules, default, fs, ts
 async def test_live_acl_change_stops_deliveries_on_existing_subscriptions():
     clock = Clock()
     node = acl_node([], "allow")
-    sub = Client(node, clock, MQTT311)
-    await sub.connect("sub", clean_start=False)
+    sub = await connected(node, clock, "sub", MQTT311, clean_start=False)
     assert subscribe_many(sub, ["#"]) == [1]
-    pub = Client(node, clock, MQTT311)
-    await pub.connect("pub", clean_start=True)
+    pub = await connected(node, clock, "pub", MQTT311, clean_start=True)
     pub.send(Publish("secret/x", b"1", qos=0))
     await settle()
     assert [p.payload for p in sub.publishes()] == [b"1"]
@@ -286,8 +282,7 @@ async def test_live_acl_change_stops_deliveries_on_existing_subscriptions():
     cfg["zones"]["default"]["max_inflight"] = 1
     node.apply_config(load_config(overrides=cfg))
     node.cm.channels["sub"].apply_zone()
-    for i in range(3):
-        pub.send(Publish("secret/x", b"q%d" % i, qos=1, packet_id=i + 1))
+    pub.publish_each("secret/x", [b"q0", b"q1", b"q2"])
     await settle()
     sub.received()
     assert len(node.cm.channels["sub"].session.mqueue) == 2
@@ -324,8 +319,7 @@ async def test_v5_will_on_a_denied_topic_is_refused_at_connect():
 async def test_v3_will_on_a_denied_topic_is_dropped_when_due():
     clock = Clock()
     node = acl_node([("deny", "publish", "secret/#")], "allow")
-    watcher = Client(node, clock, MQTT311)
-    await watcher.connect("watch", clean_start=True)
+    watcher = await connected(node, clock, "watch", MQTT311, clean_start=True)
     assert subscribe_many(watcher, ["#"]) == [1]
     c = Client(node, clock, MQTT311)
     c.send(Connect("w", proto_level=MQTT311, will=Will("secret/w", b"bye")))

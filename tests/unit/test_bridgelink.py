@@ -27,7 +27,7 @@ from fleetmq.broker.config import load_config
 from fleetmq.broker.negotiation import INTERNAL
 from fleetmq.broker.node import Node
 
-from tests.fakes import Client, Clock, FakeIO, settle
+from tests.fakes import Client, Clock, FakeIO, connected, settle
 
 BRIDGE = {
     "name": "cloud",
@@ -89,12 +89,14 @@ class Rig:
         await settle()
         self._attach()
 
+    async def local(self, client_id: str) -> Client:
+        """A local v5 client, connected with a clean start."""
+        return await connected(self.node, self.clock, client_id, MQTT5, clean_start=True)
+
     async def published(self, n: int) -> list[Any]:
         """A local client publishes `n` QoS 1 messages, b"0", b"1", ...: what reaches the remote."""
-        pub = Client(self.node, self.clock, MQTT5)
-        await pub.connect("dev", clean_start=True)
-        for i in range(n):
-            pub.send(Publish("up/t", str(i).encode(), qos=1, packet_id=20 + i))
+        pub = await self.local("dev")
+        pub.publish_each("up/t", [str(i).encode() for i in range(n)], first_id=20)
         await self.pump()
         return self.at_remote()
 
@@ -131,8 +133,7 @@ class Rig:
 async def test_egress_maps_topics_keeps_packet_ids_and_marks_the_path():
     rig = Rig()
     await rig.up()
-    pub = Client(rig.node, rig.clock, MQTT5)
-    await pub.connect("dev", clean_start=True)
+    pub = await rig.local("dev")
     pub.send(Publish("up/a/b", b"1", qos=2, packet_id=9))
     pub.send(Publish("up/private/x", b"2", qos=1, packet_id=10))  # excluded: acked locally, not sent
     pub.send(Publish("short/x", b"3", qos=1, packet_id=11))  # {3} of a 2-level topic: unmapped
@@ -154,8 +155,7 @@ async def test_egress_maps_topics_keeps_packet_ids_and_marks_the_path():
 async def test_ingress_maps_topics_and_acks_the_remote_after_the_fleet():
     rig = Rig()
     await rig.up()
-    sub = Client(rig.node, rig.clock, MQTT5)
-    await sub.connect("app", clean_start=True)
+    sub = await rig.local("app")
     sub.subscribe("cmd/#", qos=2)
     await rig.from_remote(Publish("down/x/y", b"go", qos=2, packet_id=300))
     [rec] = rig.at_remote()
@@ -202,8 +202,7 @@ async def test_a_remote_refusing_the_connection_closes_the_link_with_its_reason(
 async def test_keepalive_and_the_ack_watchdog():
     rig = Rig({**BRIDGE, "ack_timeout": "5s", "remote": {"host": "r", "keepalive": 10}})
     await rig.up()
-    pub = Client(rig.node, rig.clock, MQTT5)
-    await pub.connect("dev", clean_start=True)
+    pub = await rig.local("dev")
     pub.send(Publish("up/t", b"x", qos=1, packet_id=1))
     await rig.pump()
     rig.at_remote()

@@ -8,6 +8,8 @@ EMQX delivery rules on one node.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from fleetmq.broker.channel import State
 from fleetmq.broker.codec import (
@@ -36,12 +38,38 @@ from fleetmq.broker.codec import (
 )
 from fleetmq.broker.message import Delivery, Message
 
-from tests.fakes import Client, Clock, make_node, settle
+from tests.fakes import Client, Clock, connected, make_node, settle
 
 
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
+
+
+async def sub_and_pub(
+    clock: Clock,
+    sub_version: int = MQTT311,
+    pub_version: int = MQTT311,
+    *,
+    sub_props: dict[int, Any] | None = None,
+    **zone: Any,
+) -> tuple[Client, Client]:
+    """A subscriber "sub" (its CONNECT carrying `sub_props`) and a publisher "pub", both connected to one
+    node (its default zone set by `zone`); neither has subscribed yet."""
+    node = make_node(**zone)
+    sub = await connected(node, clock, "sub", sub_version, properties=sub_props or {})
+    return sub, await connected(node, clock, "pub", pub_version)
+
+
+async def offline_with_publisher(clock: Clock, **zone: Any) -> Client:
+    """A publisher "pub" connected to a node (its default zone set by `zone`) that holds the offline v3.1.1
+    session "dev", subscribed to "t" at QoS 1."""
+    node = make_node(**zone)
+    sub = await connected(node, clock, "dev", clean_start=False)
+    sub.subscribe("t", qos=1)
+    sub.ch.connection_lost()
+    await settle()
+    return await connected(node, clock, "pub")
 
 
 # -----------------------------------------------------------------------------------------------
@@ -150,8 +178,7 @@ async def test_pingreq_pingresp(clock, version):
 
 async def test_second_connect_v5_disconnect_0x82(clock):
     node = make_node()
-    c = Client(node, clock, MQTT5)
-    await c.connect("dev1")
+    c = await connected(node, clock, "dev1", MQTT5)
     c.send(Connect("dev1", proto_level=MQTT5))
     await settle()
     [d] = c.received()
@@ -161,8 +188,7 @@ async def test_second_connect_v5_disconnect_0x82(clock):
 
 
 async def test_second_connect_v311_closes_silently(clock):
-    c = Client(make_node(), clock, MQTT311)
-    await c.connect("dev1")
+    c = await connected(make_node(), clock, "dev1", MQTT311)
     c.send(Connect("dev1", proto_level=MQTT311))
     await settle()
     assert c.received() == []
@@ -183,8 +209,7 @@ async def test_packet_before_connect_closes(clock, first):
 
 
 async def test_malformed_bytes_v5_disconnect_0x81(clock):
-    c = Client(make_node(), clock, MQTT5)
-    await c.connect("dev1")
+    c = await connected(make_node(), clock, "dev1", MQTT5)
     c.send_raw(b"\x00\x00")  # packet type 0 is reserved
     [d] = c.received()
     assert type(d) is Disconnect and d.reason_code == RC.MALFORMED_PACKET
@@ -195,16 +220,14 @@ async def test_malformed_bytes_v5_disconnect_0x81(clock):
 
 
 async def test_malformed_bytes_v311_close_without_reply(clock):
-    c = Client(make_node(), clock, MQTT311)
-    await c.connect("dev1")
+    c = await connected(make_node(), clock, "dev1", MQTT311)
     c.send_raw(b"\x62\x01\x00")  # PUBREL with a remaining length too short for a packet id
     assert c.received() == []
     assert c.io.closed
 
 
 async def test_packets_before_malformed_one_are_still_handled(clock):
-    c = Client(make_node(), clock, MQTT5)
-    await c.connect("dev1")
+    c = await connected(make_node(), clock, "dev1", MQTT5)
     c.send_raw(PINGREQ_BYTES + b"\x00\x00")
     got = c.received()
     assert got[0] == Pingresp()
@@ -212,8 +235,7 @@ async def test_packets_before_malformed_one_are_still_handled(clock):
 
 
 async def test_oversized_packet_v5_disconnect_0x95(clock):
-    c = Client(make_node(max_packet_size=128), clock, MQTT5)
-    await c.connect("dev1")
+    c = await connected(make_node(max_packet_size=128), clock, "dev1", MQTT5)
     c.send(Publish("t", b"x" * 200))
     [d] = c.received()
     assert type(d) is Disconnect and d.reason_code == RC.PACKET_TOO_LARGE
@@ -237,8 +259,7 @@ async def test_no_connect_within_idle_timeout_closes(clock):
 
 
 async def test_idle_timer_does_not_close_a_connected_channel(clock):
-    c = Client(make_node(idle_timeout="15s"), clock)
-    await c.connect("dev1")
+    c = await connected(make_node(idle_timeout="15s"), clock, "dev1")
     clock.advance(100)
     c.io.fire_due()
     assert not c.io.closed
@@ -281,8 +302,7 @@ def node_metric_keepalive_timeouts(c: Client) -> int:
 
 
 async def test_keepalive_zero_arms_no_timer(clock):
-    c = Client(make_node(), clock, MQTT5)
-    await c.connect("dev1", keepalive=0)
+    c = await connected(make_node(), clock, "dev1", MQTT5, keepalive=0)
     assert c.io.pending("_check_keepalive") == []
     clock.advance(10**6)
     c.io.fire_due()
@@ -290,8 +310,7 @@ async def test_keepalive_zero_arms_no_timer(clock):
 
 
 async def test_keepalive_backoff_setting(clock):
-    c = Client(make_node(keepalive_backoff=1.0), clock, MQTT311)
-    await c.connect("dev1", keepalive=10)
+    c = await connected(make_node(keepalive_backoff=1.0), clock, "dev1", MQTT311, keepalive=10)
     t0 = clock.now
     clock.now = t0 + 19.9
     c.io.fire_due()
@@ -307,11 +326,7 @@ async def test_keepalive_backoff_setting(clock):
 
 
 async def test_publish_subscribe_qos1_between_two_channels(clock):
-    node = make_node()
-    sub = Client(node, clock, MQTT5)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, MQTT5)
     assert sub.subscribe("t/#", qos=1).reason_codes == [1]
     pub.send(Publish("t/a", b"hello", qos=1, packet_id=7))
     await settle()
@@ -328,11 +343,7 @@ async def test_publish_subscribe_qos1_between_two_channels(clock):
 
 
 async def test_subscription_qos_caps_delivery_qos(clock):
-    node = make_node()
-    sub = Client(node, clock, MQTT311)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock)
     sub.subscribe("t", qos=0)
     pub.send(Publish("t", b"x", qos=2, packet_id=3))
     await settle()
@@ -342,8 +353,7 @@ async def test_subscription_qos_caps_delivery_qos(clock):
 
 
 async def test_publish_v5_no_subscribers_puback_0x10(clock):
-    pub = Client(make_node(), clock, MQTT5)
-    await pub.connect("pub")
+    pub = await connected(make_node(), clock, "pub", MQTT5)
     pub.send(Publish("nobody", b"x", qos=1, packet_id=1))
     await settle()
     [ack] = pub.received()
@@ -351,11 +361,7 @@ async def test_publish_v5_no_subscribers_puback_0x10(clock):
 
 
 async def test_qos2_exactly_once_both_directions(clock):
-    node = make_node()
-    sub = Client(node, clock, MQTT5)
-    pub = Client(node, clock, MQTT5)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, MQTT5, MQTT5)
     sub.subscribe("q2", qos=2)
     pub.send(Publish("q2", b"once", qos=2, packet_id=5))
     await settle()
@@ -382,8 +388,7 @@ async def test_qos2_exactly_once_both_directions(clock):
 
 
 async def test_max_awaiting_rel_refuses_with_pubrec_0x93(clock):
-    pub = Client(make_node(max_awaiting_rel=1), clock, MQTT5)
-    await pub.connect("pub")
+    pub = await connected(make_node(max_awaiting_rel=1), clock, "pub", MQTT5)
     pub.send(Publish("x", b"1", qos=2, packet_id=1))
     pub.send(Publish("x", b"2", qos=2, packet_id=2))
     await settle()
@@ -401,8 +406,7 @@ async def test_max_awaiting_rel_refuses_with_pubrec_0x93(clock):
 
 
 async def test_awaiting_rel_timer_expires_entries(clock):
-    pub = Client(make_node(await_rel_timeout="10s"), clock, MQTT5)
-    await pub.connect("pub")
+    pub = await connected(make_node(await_rel_timeout="10s"), clock, "pub", MQTT5)
     pub.send(Publish("x", b"1", qos=2, packet_id=1))
     await settle()
     pub.received()
@@ -419,11 +423,7 @@ async def test_awaiting_rel_timer_expires_entries(clock):
 
 
 async def test_qos0_is_sent_at_once_even_with_a_full_window(clock):
-    node = make_node(max_inflight=1)
-    sub = Client(node, clock, MQTT311)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, max_inflight=1)
     sub.subscribe("t", qos=1)
     pub.send(Publish("t", b"q1", qos=1, packet_id=1))
     pub.send(Publish("t", b"q1-queued", qos=1, packet_id=2))
@@ -433,11 +433,7 @@ async def test_qos0_is_sent_at_once_even_with_a_full_window(clock):
 
 
 async def test_unsubscribe_stops_delivery(clock):
-    node = make_node()
-    sub = Client(node, clock, MQTT5)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, MQTT5)
     sub.subscribe("t", qos=0)
     sub.send(Unsubscribe(2, ["t", "never"]))
     [ua] = sub.received()
@@ -447,8 +443,7 @@ async def test_unsubscribe_stops_delivery(clock):
 
 
 async def test_invalid_filter_suback_failure(clock):
-    c = Client(make_node(), clock, MQTT311)
-    await c.connect("c")
+    c = await connected(make_node(), clock, "c", MQTT311)
     c.send(Subscribe(1, [("a/#/b", SubOpts(qos=1)), ("ok", SubOpts(qos=1))]))
     [ack] = c.received()
     assert ack.reason_codes == [0x80, 1]
@@ -456,11 +451,9 @@ async def test_invalid_filter_suback_failure(clock):
 
 async def test_retained_message_delivered_on_subscribe(clock):
     node = make_node()
-    pub = Client(node, clock, MQTT311)
-    await pub.connect("pub")
+    pub = await connected(node, clock, "pub", MQTT311)
     pub.send(Publish("r/1", b"kept", qos=0, retain=True))
-    sub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
+    sub = await connected(node, clock, "sub", MQTT311)
     sub.send(Subscribe(1, [("r/+", SubOpts(qos=1))]))
     got = sub.received()
     assert type(got[0]) is Suback
@@ -489,8 +482,7 @@ async def test_takeover_v5_disconnect_0x8e_and_session_present(clock):
     assert node.cm.channels["dev"] is second.ch
     # the session (and its subscription) continues on the new connection
     first.ch.connection_lost()  # the old socket goes away afterwards
-    pub = Client(node, clock, MQTT311)
-    await pub.connect("pub")
+    pub = await connected(node, clock, "pub", MQTT311)
     pub.send(Publish("t", b"after", qos=1, packet_id=1))
     await settle()
     assert [p.payload for p in second.publishes()] == [b"after"]
@@ -500,8 +492,7 @@ async def test_takeover_v5_disconnect_0x8e_and_session_present(clock):
 
 async def test_takeover_with_clean_start_discards_session(clock):
     node = make_node()
-    first = Client(node, clock, MQTT311)
-    await first.connect("dev", clean_start=False)
+    first = await connected(node, clock, "dev", MQTT311, clean_start=False)
     first.subscribe("t", qos=1)
     second = Client(node, clock, MQTT311)
     ack2 = await second.connect("dev", clean_start=True)
@@ -513,13 +504,10 @@ async def test_takeover_with_clean_start_discards_session(clock):
 
 async def test_takeover_resends_unacked_in_order_with_dup(clock):
     node = make_node(max_inflight=2)
-    first = Client(node, clock, MQTT311)
-    await first.connect("dev", clean_start=False)
+    first = await connected(node, clock, "dev", MQTT311, clean_start=False)
     first.subscribe("t", qos=1)
-    pub = Client(node, clock, MQTT311)
-    await pub.connect("pub")
-    for i in range(1, 5):
-        pub.send(Publish("t", str(i).encode(), qos=1, packet_id=i))
+    pub = await connected(node, clock, "pub", MQTT311)
+    pub.publish_each("t", [b"1", b"2", b"3", b"4"])
     await settle()
     sent = first.publishes()
     assert [p.payload for p in sent] == [b"1", b"2"]
@@ -543,17 +531,16 @@ async def test_takeover_resends_unacked_in_order_with_dup(clock):
 
 async def test_resume_after_disconnect_gets_queued_messages(clock):
     node = make_node()
-    sub = Client(node, clock, MQTT5)
-    await sub.connect("dev", clean_start=False, properties={Prop.SESSION_EXPIRY_INTERVAL: 300})
+    sub = await connected(
+        node, clock, "dev", MQTT5, clean_start=False, properties={Prop.SESSION_EXPIRY_INTERVAL: 300}
+    )
     sub.subscribe("t", qos=1)
     sub.send(Disconnect())
     sub.ch.connection_lost()
     await settle()
     assert "dev" in node.cm.offline
-    pub = Client(node, clock, MQTT311)
-    await pub.connect("pub")
-    for i in range(3):
-        pub.send(Publish("t", f"m{i}".encode(), qos=1, packet_id=i + 1))
+    pub = await connected(node, clock, "pub", MQTT311)
+    pub.publish_each("t", [b"m0", b"m1", b"m2"])
     await settle()
     # publisher confirms: acked after the message is stored for the offline session
     assert [a.packet_id for a in pub.received()] == [1, 2, 3]
@@ -567,8 +554,7 @@ async def test_resume_after_disconnect_gets_queued_messages(clock):
 
 async def test_clean_session_v311_is_discarded_on_disconnect(clock):
     node = make_node()
-    sub = Client(node, clock, MQTT311)
-    await sub.connect("dev", clean_start=True)
+    sub = await connected(node, clock, "dev", MQTT311, clean_start=True)
     sub.subscribe("t", qos=1)
     sub.ch.connection_lost()
     await settle()
@@ -584,14 +570,9 @@ async def test_clean_session_v311_is_discarded_on_disconnect(clock):
 
 
 async def test_inflight_window_and_seed_scenario_v311(clock):
-    node = make_node(max_inflight=2, retry_interval="30s")
-    sub = Client(node, clock, MQTT311)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, max_inflight=2, retry_interval="30s")
     sub.subscribe("t", qos=1)
-    for i in range(1, 5):
-        pub.send(Publish("t", str(i).encode(), qos=1, packet_id=i))
+    pub.publish_each("t", [b"1", b"2", b"3", b"4"])
     await settle()
     assert len(pub.received()) == 4  # the publisher is acked at once; the queue is the subscriber's
     wire = sub.publishes()
@@ -627,14 +608,9 @@ async def test_inflight_window_and_seed_scenario_v311(clock):
 
 
 async def test_retry_resends_both_entries_together_in_order(clock):
-    node = make_node(max_inflight=2, retry_interval="30s")
-    sub = Client(node, clock, MQTT311)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, max_inflight=2, retry_interval="30s")
     sub.subscribe("t", qos=1)
-    for i in range(1, 5):
-        pub.send(Publish("t", str(i).encode(), qos=1, packet_id=i))
+    pub.publish_each("t", [b"1", b"2", b"3", b"4"])
     await settle()
     first = sub.publishes()
     clock.advance(31)
@@ -645,11 +621,7 @@ async def test_retry_resends_both_entries_together_in_order(clock):
 
 
 async def test_v311_qos2_retry_resends_pubrel(clock):
-    node = make_node(retry_interval="30s")
-    sub = Client(node, clock, MQTT311)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, retry_interval="30s")
     sub.subscribe("t", qos=2)
     pub.send(Publish("t", b"a", qos=2, packet_id=1))
     pub.send(Publish("t", b"b", qos=2, packet_id=2))
@@ -666,11 +638,7 @@ async def test_v311_qos2_retry_resends_pubrel(clock):
 
 
 async def test_v5_channel_arms_no_retry_timer(clock):
-    node = make_node(retry_interval="30s")
-    sub = Client(node, clock, MQTT5)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, MQTT5, retry_interval="30s")
     sub.subscribe("t", qos=1)
     pub.send(Publish("t", b"x", qos=1, packet_id=1))
     await settle()
@@ -684,11 +652,7 @@ async def test_v5_channel_arms_no_retry_timer(clock):
 
 
 async def test_v3_channel_arms_retry_timer(clock):
-    node = make_node(retry_interval="30s")
-    sub = Client(node, clock, MQTT311)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, retry_interval="30s")
     sub.subscribe("t", qos=1)
     assert sub.io.pending("_on_retry") == []  # nothing inflight, no timer
     pub.send(Publish("t", b"x", qos=1, packet_id=1))
@@ -703,11 +667,7 @@ async def test_v3_channel_arms_retry_timer(clock):
 
 
 async def test_v5_retry_when_zone_opts_in(clock):
-    node = make_node(retry_interval="30s", retry_v5=True)
-    sub = Client(node, clock, MQTT5)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, MQTT5, retry_interval="30s", retry_v5=True)
     sub.subscribe("t", qos=1)
     pub.send(Publish("t", b"x", qos=1, packet_id=1))
     await settle()
@@ -719,14 +679,9 @@ async def test_v5_retry_when_zone_opts_in(clock):
 
 
 async def test_receive_maximum_limits_the_window(clock):
-    node = make_node(max_inflight=10)
-    sub = Client(node, clock, MQTT5)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub", properties={Prop.RECEIVE_MAXIMUM: 2})
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, MQTT5, sub_props={Prop.RECEIVE_MAXIMUM: 2}, max_inflight=10)
     sub.subscribe("t", qos=1)
-    for i in range(5):
-        pub.send(Publish("t", str(i).encode(), qos=1, packet_id=i + 1))
+    pub.publish_each("t", [b"0", b"1", b"2", b"3", b"4"])
     await settle()
     got = sub.publishes()
     assert [p.payload for p in got] == [b"0", b"1"]
@@ -735,31 +690,21 @@ async def test_receive_maximum_limits_the_window(clock):
 
 
 async def test_zone_change_applies_to_connected_channel(clock):
-    node = make_node(max_inflight=1)
-    sub = Client(node, clock, MQTT311)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, max_inflight=1)
     sub.subscribe("t", qos=1)
-    for i in range(4):
-        pub.send(Publish("t", str(i).encode(), qos=1, packet_id=i + 1))
+    pub.publish_each("t", [b"0", b"1", b"2", b"3"])
     await settle()
     assert [p.payload for p in sub.publishes()] == [b"0"]
-    zone = node.zones["default"]
+    zone = sub.node.zones["default"]
     zone.update(zone.settings.model_copy(update={"max_inflight": 3}))
     sub.ch.apply_zone()
     assert [p.payload for p in sub.publishes()] == [b"1", b"2"]
 
 
 async def test_queue_full_drops_oldest_through_channel(clock):
-    node = make_node(max_inflight=1, max_mqueue_len=2)
-    sub = Client(node, clock, MQTT311)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, max_inflight=1, max_mqueue_len=2)
     sub.subscribe("t", qos=1)
-    for i in range(5):
-        pub.send(Publish("t", str(i).encode(), qos=1, packet_id=i + 1))
+    pub.publish_each("t", [b"0", b"1", b"2", b"3", b"4"])
     await settle()
     [p0] = sub.publishes()
     assert sub.ch.telemetry.counters.dropped["queue_full"] == 2  # 1 and 2 dropped, 3 and 4 kept
@@ -772,11 +717,7 @@ async def test_queue_full_drops_oldest_through_channel(clock):
 
 
 async def test_too_large_delivery_does_not_stall_the_queue(clock):
-    node = make_node(max_inflight=1)
-    sub = Client(node, clock, MQTT5)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub", properties={Prop.MAXIMUM_PACKET_SIZE: 200})
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, MQTT5, sub_props={Prop.MAXIMUM_PACKET_SIZE: 200}, max_inflight=1)
     sub.subscribe("t", qos=1)
     pub.send(Publish("t", b"small-1", qos=1, packet_id=1))
     pub.send(Publish("t", b"B" * 1000, qos=1, packet_id=2))  # too large for this subscriber
@@ -796,11 +737,9 @@ async def test_too_large_delivery_does_not_stall_the_queue(clock):
 
 async def test_resume_resends_pubrel_and_publish_in_original_order(clock):
     node = make_node()
-    first = Client(node, clock, MQTT311)
-    await first.connect("dev", clean_start=False)
+    first = await connected(node, clock, "dev", MQTT311, clean_start=False)
     first.subscribe("t", qos=2)
-    pub = Client(node, clock, MQTT311)
-    await pub.connect("pub")
+    pub = await connected(node, clock, "pub", MQTT311)
     for i in range(3):
         pub.send(Publish("t", str(i).encode(), qos=2, packet_id=i + 1))
         pub.send(Pubrel(i + 1))
@@ -825,11 +764,7 @@ async def test_resume_resends_pubrel_and_publish_in_original_order(clock):
 
 
 async def test_overlapping_subscriptions_deliver_once_with_highest_qos(clock):
-    node = make_node()
-    sub = Client(node, clock, MQTT5)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub")
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, MQTT5)
     sub.subscribe("t/#", qos=0, packet_id=1)
     sub.subscribe("t/+", qos=1, packet_id=2)
     pub.send(Publish("t/x", b"x", qos=1, packet_id=1))
@@ -840,8 +775,7 @@ async def test_overlapping_subscriptions_deliver_once_with_highest_qos(clock):
 
 async def test_no_local_subscription(clock):
     node = make_node()
-    c = Client(node, clock, MQTT5)
-    await c.connect("me")
+    c = await connected(node, clock, "me", MQTT5)
     c.send(Subscribe(1, [("t", SubOpts(qos=0, no_local=True))]))
     c.received()
     c.send(Publish("t", b"mine"))
@@ -849,8 +783,7 @@ async def test_no_local_subscription(clock):
 
 
 async def test_pubrec_for_unknown_packet_id_gets_pubrel_0x92(clock):
-    c = Client(make_node(), clock, MQTT5)
-    await c.connect("c")
+    c = await connected(make_node(), clock, "c", MQTT5)
     c.send(Pubrec(42))
     [rel] = c.received()
     assert type(rel) is Pubrel and rel.packet_id == 42 and rel.reason_code == RC.PACKET_IDENTIFIER_NOT_FOUND
@@ -875,8 +808,7 @@ async def test_incoming_receive_maximum_exceeded_v5(clock):
 
 async def test_will_published_on_abrupt_close_not_on_disconnect(clock):
     node = make_node()
-    watcher = Client(node, clock, MQTT311)
-    await watcher.connect("w")
+    watcher = await connected(node, clock, "w", MQTT311)
     watcher.subscribe("will/#", qos=0)
     abrupt = Client(node, clock, MQTT311)
     await abrupt.connect("a", will=Will("will/a", b"gone"))
@@ -902,11 +834,7 @@ async def test_disconnect_v5_cannot_set_expiry_after_zero(clock):
 
 
 async def test_topic_alias_to_v5_client(clock):
-    node = make_node()
-    sub = Client(node, clock, MQTT5)
-    pub = Client(node, clock, MQTT311)
-    await sub.connect("sub", properties={Prop.TOPIC_ALIAS_MAXIMUM: 1})
-    await pub.connect("pub")
+    sub, pub = await sub_and_pub(clock, MQTT5, sub_props={Prop.TOPIC_ALIAS_MAXIMUM: 1})
     sub.subscribe("long/topic/name", qos=0)
     pub.send(Publish("long/topic/name", b"1"))
     pub.send(Publish("long/topic/name", b"2"))
@@ -918,16 +846,13 @@ async def test_topic_alias_to_v5_client(clock):
 
 async def test_takeover_old_channel_writes_nothing_more(clock):
     node = make_node(retry_interval="30s")
-    first = Client(node, clock, MQTT311)
-    await first.connect("dev", clean_start=False)
+    first = await connected(node, clock, "dev", MQTT311, clean_start=False)
     first.subscribe("t", qos=1)
-    pub = Client(node, clock, MQTT311)
-    await pub.connect("pub")
+    pub = await connected(node, clock, "pub", MQTT311)
     pub.send(Publish("t", b"x", qos=1, packet_id=1))
     await settle()
     [p] = first.publishes()
-    second = Client(node, clock, MQTT311)
-    await second.connect("dev", clean_start=False)
+    second = await connected(node, clock, "dev", MQTT311, clean_start=False)
     [again] = second.publishes()
     assert (again.packet_id, again.dup) == (p.packet_id, True)
     # the old connection's timers are cancelled: its retry never fires
@@ -943,37 +868,20 @@ async def test_takeover_old_channel_writes_nothing_more(clock):
 
 @pytest.mark.parametrize("store_qos0", [True, False])
 async def test_offline_session_queues_qos0_only_if_zone_says_so(clock, store_qos0):
-    node = make_node(mqueue_store_qos0=store_qos0)
-    sub = Client(node, clock, MQTT311)
-    await sub.connect("dev", clean_start=False)
-    sub.subscribe("t", qos=1)
-    sub.ch.connection_lost()
-    await settle()
-    pub = Client(node, clock, MQTT311)
-    await pub.connect("pub")
+    pub = await offline_with_publisher(clock, mqueue_store_qos0=store_qos0)
     pub.send(Publish("t", b"q0", qos=0))
     pub.send(Publish("t", b"q1", qos=1, packet_id=1))
     await settle()
-    again = Client(node, clock, MQTT311)
-    await again.connect("dev", clean_start=False)
+    again = await connected(pub.node, clock, "dev", MQTT311, clean_start=False)
     got = [(p.payload, p.qos) for p in again.publishes()]
     assert got == ([(b"q0", 0), (b"q1", 1)] if store_qos0 else [(b"q1", 1)])
 
 
 async def test_offline_queue_limit_drops_oldest(clock):
-    node = make_node(max_mqueue_len=2)
-    sub = Client(node, clock, MQTT311)
-    await sub.connect("dev", clean_start=False)
-    sub.subscribe("t", qos=1)
-    sub.ch.connection_lost()
+    pub = await offline_with_publisher(clock, max_mqueue_len=2)
+    pub.publish_each("t", [b"0", b"1", b"2", b"3", b"4"])
     await settle()
-    pub = Client(node, clock, MQTT311)
-    await pub.connect("pub")
-    for i in range(5):
-        pub.send(Publish("t", str(i).encode(), qos=1, packet_id=i + 1))
-    await settle()
-    again = Client(node, clock, MQTT311)
-    await again.connect("dev", clean_start=False)
+    again = await connected(pub.node, clock, "dev", MQTT311, clean_start=False)
     assert [p.payload for p in again.publishes()] == [b"3", b"4"]
 
 
@@ -982,8 +890,9 @@ async def test_a_stored_delivery_under_a_receipt_the_session_accepted_is_a_repea
     under its receipt) before the copy another node routed through the store is pulled; the pulled copy
     is then a repeat, and a QoS 2 message must not be sent twice (chaos --store cluster, seed 42)."""
     node = make_node()
-    sub = Client(node, clock, MQTT5)
-    await sub.connect("sub", clean_start=False, properties={Prop.SESSION_EXPIRY_INTERVAL: 300})
+    sub = await connected(
+        node, clock, "sub", MQTT5, clean_start=False, properties={Prop.SESSION_EXPIRY_INTERVAL: 300}
+    )
     sub.subscribe("t", qos=2)
 
     def copy(n: int) -> Delivery:

@@ -17,7 +17,6 @@ from fleetmq.broker.codec import (
     Connack,
     Connect,
     Disconnect,
-    Parser,
     Prop,
     Puback,
     Pubcomp,
@@ -27,33 +26,21 @@ from fleetmq.broker.codec import (
     Suback,
     SubOpts,
     Subscribe,
-    encode,
 )
 from fleetmq.broker.message import Message
 from fleetmq.broker.zones import ZoneSettings
 
-from tests.fakes import WALL_OFFSET, Clock, FakeHost, FakeIO
+from tests.fakes import WALL_OFFSET, Clock, FakeHost, FakeIO, Wire
 
 
-class Peer:
+class Peer(Wire):
     """The client's side of one channel: packets in, the packets it wrote since the last look out."""
 
     def __init__(self, host: FakeHost, version: int = MQTT5, **settings: Any) -> None:
         self.clock = Clock()
-        self.io = FakeIO(self.clock)
+        super().__init__(FakeIO(self.clock), version)
         self.host = host
-        self.version = version
         self.ch: Channel = host.channel(self.io, ZoneSettings(**settings))
-        self._parser = Parser(version=version)
-        self._seen = 0
-
-    def send(self, *packets: Any) -> None:
-        self.ch.data_received(b"".join(encode(p, self.version) for p in packets))
-
-    def received(self) -> list[Any]:
-        new = bytes(self.io.data[self._seen :])
-        self._seen = len(self.io.data)
-        return self._parser.feed(new)
 
     def connect(self, client_id: str = "c1", **kw: Any) -> Connack:
         kw.setdefault("keepalive", 0)

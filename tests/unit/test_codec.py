@@ -42,6 +42,8 @@ from fleetmq.broker.codec import (
     encode_varint,
 )
 
+from tests.unit.codec_support import ALLOWED, WILL, roundtrip
+
 # ---------------------------------------------------------------------------------------------
 # Helpers for hand-built packets
 # ---------------------------------------------------------------------------------------------
@@ -103,8 +105,7 @@ def expect_error(data: bytes, version: int, reason: int) -> ProtocolError:
 
 
 # ---------------------------------------------------------------------------------------------
-# Sample properties: one value per property, and the spec's table of where each may appear
-# (MQTT 5 section 2.2.2.2), written out independently of the codec's own table.
+# Sample properties: one value per property (where each may appear: codec_support.ALLOWED)
 # ---------------------------------------------------------------------------------------------
 
 SAMPLE: dict[int, object] = {
@@ -137,69 +138,7 @@ SAMPLE: dict[int, object] = {
     Prop.SHARED_SUBSCRIPTION_AVAILABLE: 1,
 }
 
-WILL = "will"
 P = Prop
-ALLOWED: dict[object, list[int]] = {
-    PacketType.CONNECT: [
-        P.SESSION_EXPIRY_INTERVAL,
-        P.AUTHENTICATION_METHOD,
-        P.AUTHENTICATION_DATA,
-        P.REQUEST_PROBLEM_INFORMATION,
-        P.REQUEST_RESPONSE_INFORMATION,
-        P.RECEIVE_MAXIMUM,
-        P.TOPIC_ALIAS_MAXIMUM,
-        P.USER_PROPERTY,
-        P.MAXIMUM_PACKET_SIZE,
-    ],
-    WILL: [
-        P.PAYLOAD_FORMAT_INDICATOR,
-        P.MESSAGE_EXPIRY_INTERVAL,
-        P.CONTENT_TYPE,
-        P.RESPONSE_TOPIC,
-        P.CORRELATION_DATA,
-        P.WILL_DELAY_INTERVAL,
-        P.USER_PROPERTY,
-    ],
-    PacketType.CONNACK: [
-        P.SESSION_EXPIRY_INTERVAL,
-        P.ASSIGNED_CLIENT_IDENTIFIER,
-        P.SERVER_KEEP_ALIVE,
-        P.AUTHENTICATION_METHOD,
-        P.AUTHENTICATION_DATA,
-        P.RESPONSE_INFORMATION,
-        P.SERVER_REFERENCE,
-        P.REASON_STRING,
-        P.RECEIVE_MAXIMUM,
-        P.TOPIC_ALIAS_MAXIMUM,
-        P.MAXIMUM_QOS,
-        P.RETAIN_AVAILABLE,
-        P.USER_PROPERTY,
-        P.MAXIMUM_PACKET_SIZE,
-        P.WILDCARD_SUBSCRIPTION_AVAILABLE,
-        P.SUBSCRIPTION_IDENTIFIER_AVAILABLE,
-        P.SHARED_SUBSCRIPTION_AVAILABLE,
-    ],
-    PacketType.PUBLISH: [
-        P.PAYLOAD_FORMAT_INDICATOR,
-        P.MESSAGE_EXPIRY_INTERVAL,
-        P.CONTENT_TYPE,
-        P.RESPONSE_TOPIC,
-        P.CORRELATION_DATA,
-        P.SUBSCRIPTION_IDENTIFIER,
-        P.TOPIC_ALIAS,
-        P.USER_PROPERTY,
-    ],
-    PacketType.PUBACK: [P.REASON_STRING, P.USER_PROPERTY],
-    PacketType.PUBREC: [P.REASON_STRING, P.USER_PROPERTY],
-    PacketType.PUBREL: [P.REASON_STRING, P.USER_PROPERTY],
-    PacketType.PUBCOMP: [P.REASON_STRING, P.USER_PROPERTY],
-    PacketType.SUBSCRIBE: [P.SUBSCRIPTION_IDENTIFIER, P.USER_PROPERTY],
-    PacketType.SUBACK: [P.REASON_STRING, P.USER_PROPERTY],
-    PacketType.UNSUBSCRIBE: [P.USER_PROPERTY],
-    PacketType.UNSUBACK: [P.REASON_STRING, P.USER_PROPERTY],
-    PacketType.DISCONNECT: [P.SESSION_EXPIRY_INTERVAL, P.SERVER_REFERENCE, P.REASON_STRING, P.USER_PROPERTY],
-    PacketType.AUTH: [P.AUTHENTICATION_METHOD, P.AUTHENTICATION_DATA, P.REASON_STRING, P.USER_PROPERTY],
-}
 
 
 def sample_props(ctx: object, only: int | None = None) -> dict[int, object]:
@@ -235,15 +174,6 @@ def v5_packet(ptype: object, pr: dict[int, object]) -> Packet:
         PacketType.DISCONNECT: lambda: Disconnect(RC.DISCONNECT_WITH_WILL, pr),
         PacketType.AUTH: lambda: Auth(RC.CONTINUE_AUTHENTICATION, pr),
     }[ptype]()
-
-
-def roundtrip(pkt: Packet, version: int) -> Packet:
-    data = encode(pkt, version)
-    parser = Parser(version=0 if isinstance(pkt, Connect) else version)
-    out = parser.feed(data)
-    assert len(out) == 1
-    assert parser.version == version
-    return out[0]
 
 
 # ---------------------------------------------------------------------------------------------

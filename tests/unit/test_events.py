@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 from fleetmq.broker.events import MARK_TTL, EventLog, partition
@@ -51,6 +52,15 @@ async def until(cond, timeout: float = 5.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.01)
+
+
+async def storing(url: str, **kw: Any) -> EventLog:
+    """A started EventLog (fleet "f", node "n1") whose first record, a delivery of message 1, is stored."""
+    ev = EventLog(url, fleet="f", node="n1", **kw)
+    await ev.start()
+    ev.emit(DELIVER, "z", "c", 1)
+    await until(lambda: ev.written == 1)
+    return ev
 
 
 async def test_records_arrive_with_every_field(redis_server):
@@ -156,10 +166,7 @@ async def test_maxlen_trims_each_partition_to_its_share(redis_server):
 
 
 async def test_redis_down_drops_with_a_counter_and_never_blocks(redis_server):
-    ev = EventLog(redis_server.url, fleet="f", node="n1", max_buffer=2000, batch=100, timeout=0.5)
-    await ev.start()
-    ev.emit(DELIVER, "z", "c", 1)
-    await until(lambda: ev.written == 1)
+    ev = await storing(redis_server.url, max_buffer=2000, batch=100, timeout=0.5)
     redis_server.stop()
     ticks = 0
 
@@ -193,10 +200,7 @@ async def test_redis_down_drops_with_a_counter_and_never_blocks(redis_server):
 
 
 async def test_paused_redis_is_a_slow_redis_drops_not_waits(redis_server):
-    ev = EventLog(redis_server.url, fleet="f", node="n1", max_buffer=1000, batch=100, timeout=0.3)
-    await ev.start()
-    ev.emit(DELIVER, "z", "c", 1)
-    await until(lambda: ev.written == 1)
+    ev = await storing(redis_server.url, max_buffer=1000, batch=100, timeout=0.3)
     redis_server.pause()
     try:
         t0 = time.perf_counter()

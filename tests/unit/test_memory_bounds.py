@@ -31,11 +31,7 @@ from fleetmq.broker.message import Message
 from fleetmq.broker.node import Node
 from fleetmq.broker.retained import SCAN_STEP, Retained
 
-from tests.fakes import Client, Clock, settle
-
-
-def make_node(**zone: Any) -> Node:
-    return Node(load_config(overrides={"node_id": "t1", "zones": {"default": zone}}))
+from tests.fakes import Client, Clock, connected, make_node, settle
 
 
 def load_retained(node: Node, clock: Clock, n: int, qos: int = 0, size: int = 100) -> None:
@@ -49,6 +45,19 @@ def load_retained(node: Node, clock: Clock, n: int, qos: int = 0, size: int = 10
                 MQTT311,
             )
         )
+
+
+async def retained_subscriber(clock: Clock, n: int, qos: int = 0, size: int = 100, **zone: Any) -> Client:
+    """A client "sub" connected to a node (its default zone set by `zone`) that holds `n` retained messages
+    (load_retained); it has not subscribed yet."""
+    node = make_node(**zone)
+    load_retained(node, clock, n, qos, size)
+    return await connected(node, clock, "sub")
+
+
+def subscribe_retained(sub: Client, qos: int = 0) -> None:
+    """SUBSCRIBE to where the retained messages are, at `qos`."""
+    sub.send(Subscribe(1, [("r/#", SubOpts(qos=qos))]))
 
 
 def publishes(c: Client) -> list[Publish]:
@@ -70,11 +79,8 @@ def loop_turn(c: Client) -> bool:
 
 
 async def test_retained_go_out_a_batch_per_loop_turn(clock):
-    node = make_node()
-    load_retained(node, clock, 1000)
-    sub = Client(node, clock)
-    await sub.connect("sub")
-    sub.send(Subscribe(1, [("r/#", SubOpts(qos=0))]))
+    sub = await retained_subscriber(clock, 1000)
+    subscribe_retained(sub)
     got = sub.received()
     assert type(got[0]) is Suback
     assert len(got) - 1 == RETAINED_BATCH, "only a first batch in the SUBSCRIBE's own turn"
@@ -92,12 +98,9 @@ async def test_retained_go_out_a_batch_per_loop_turn(clock):
 
 
 async def test_retained_qos0_wait_while_the_socket_is_congested(clock):
-    node = make_node()
-    load_retained(node, clock, 500)
-    sub = Client(node, clock)
-    await sub.connect("sub")
+    sub = await retained_subscriber(clock, 500)
     sub.ch.set_congested(True)  # the socket takes nothing
-    sub.send(Subscribe(1, [("r/#", SubOpts(qos=0))]))
+    subscribe_retained(sub)
     assert [type(p) for p in sub.received()] == [Suback]
     sub.io.fire_due()
     assert publishes(sub) == [], "nothing is added to a congested socket"
@@ -115,10 +118,7 @@ async def test_retained_qos0_wait_while_the_socket_is_congested(clock):
 async def test_retained_stop_at_congestion_within_a_batch(clock):
     """The transport says it is full while the batch runs (connection.Connection flushes past FLUSH_AT):
     the pump stops at once, and resumes when the socket drains."""
-    node = make_node()
-    load_retained(node, clock, 300, size=1000)
-    sub = Client(node, clock)
-    await sub.connect("sub")
+    sub = await retained_subscriber(clock, 300, size=1000)
     sub.received()
     written = 0
     plain_write = sub.io.write
@@ -132,7 +132,7 @@ async def test_retained_stop_at_congestion_within_a_batch(clock):
 
     sub.io.write = write  # type: ignore[method-assign]
     sub.ch.write_publish = write
-    sub.send(Subscribe(1, [("r/#", SubOpts(qos=0))]))
+    subscribe_retained(sub)
     sub.io.fire_due()
     first = publishes(sub)
     assert 10 <= len(first) <= 12, "no more than what passed the mark, one message beyond"
@@ -146,11 +146,8 @@ async def test_retained_stop_at_congestion_within_a_batch(clock):
 async def test_retained_qos1_are_paced_by_the_window_and_never_dropped(clock):
     """20 times more retained messages than the queue holds: they enter the session as the window frees,
     so none is dropped (before, the queue overflowed at once: max_mqueue_len drops)."""
-    node = make_node(max_inflight=10, max_mqueue_len=50)
-    load_retained(node, clock, 1000, qos=1)
-    sub = Client(node, clock)
-    await sub.connect("sub")
-    sub.send(Subscribe(1, [("r/#", SubOpts(qos=1))]))
+    sub = await retained_subscriber(clock, 1000, qos=1, max_inflight=10, max_mqueue_len=50)
+    subscribe_retained(sub, qos=1)
     got = [p for p in sub.received() if type(p) is Publish]
     session = sub.ch.session
     assert session is not None
@@ -168,11 +165,8 @@ async def test_retained_qos1_are_paced_by_the_window_and_never_dropped(clock):
 
 
 async def test_unsubscribe_stops_the_retained_still_due(clock):
-    node = make_node()
-    load_retained(node, clock, 500)
-    sub = Client(node, clock)
-    await sub.connect("sub")
-    sub.send(Subscribe(1, [("r/#", SubOpts(qos=0))]))
+    sub = await retained_subscriber(clock, 500)
+    subscribe_retained(sub)
     assert len(publishes(sub)) == RETAINED_BATCH
     sub.send(Unsubscribe(2, ["r/#"]))
     sub.received()
@@ -182,13 +176,10 @@ async def test_unsubscribe_stops_the_retained_still_due(clock):
 
 async def test_retained_messages_keep_no_encodings(clock):
     """A retained message stays in the store: an encoding cached on it for one subscriber would double it."""
-    node = make_node()
-    load_retained(node, clock, 3)
-    sub = Client(node, clock)
-    await sub.connect("sub")
-    sub.send(Subscribe(1, [("r/#", SubOpts(qos=0))]))
+    sub = await retained_subscriber(clock, 3)
+    subscribe_retained(sub)
     assert len(publishes(sub)) == 3
-    for m in node.retained.match("r/#", 0.0):
+    for m in sub.node.retained.match("r/#", 0.0):
         assert m._plain is None
 
 

@@ -20,20 +20,15 @@ from fleetmq.broker.codec import (
     Will,
     encode,
 )
-from fleetmq.broker.config import load_config
 from fleetmq.broker.node import Node
 from fleetmq.broker.topic import is_sys
 from fleetmq.broker.zones import AclRule
 
-from tests.fakes import Client, Clock, FakeIO, settle
+from tests.fakes import Client, Clock, FakeIO, connected, make_node, settle
 
 
 def rule(permission: str, filter: str, action: str = "all") -> AclRule:
     return AclRule(permission=permission, action=action, filter=filter)  # type: ignore[arg-type]
-
-
-def make_node(**zone: Any) -> Node:
-    return Node(load_config(overrides={"node_id": "t1", "zones": {"default": zone}}))
 
 
 @pytest.fixture
@@ -83,15 +78,19 @@ def drops(c: Client) -> int:
     return c.ch.telemetry.counters.dropped["not_authorized"]
 
 
+async def sys_watcher(node: Node, clock: Clock, qos: int) -> Client:
+    """A v5 client "watcher" on `node`, subscribed to $SYS/# at `qos`."""
+    watcher = await connected(node, clock, "watcher", MQTT5)
+    watcher.subscribe("$SYS/#", qos=qos)
+    return watcher
+
+
 @pytest.mark.parametrize("version", [MQTT311, MQTT5])
 @pytest.mark.parametrize("zone", [{}, {"acl": [{"permission": "allow", "action": "all", "filter": "#"}]}])
 async def test_sys_publish_refused_not_routed_not_retained(clock, version, zone):
     node = make_node(**zone)
-    watcher = Client(node, clock, MQTT5)
-    await watcher.connect("watcher")
-    watcher.subscribe("$SYS/#", qos=1)
-    pub = Client(node, clock, version)
-    await pub.connect("anon")
+    watcher = await sys_watcher(node, clock, qos=1)
+    pub = await connected(node, clock, "anon", version)
     pub.send(Publish("$SYS/broker/uptime", b"forged", 1, retain=True, packet_id=7))
     await settle()
     [ack] = pub.received()
@@ -111,11 +110,8 @@ async def test_sys_publish_refused_not_routed_not_retained(clock, version, zone)
 
 async def test_sys_publish_allowed_by_an_explicit_rule(clock):
     node = make_node(acl=[{"permission": "allow", "action": "publish", "filter": "$SYS/bridge/#"}])
-    watcher = Client(node, clock, MQTT5)
-    await watcher.connect("watcher")
-    watcher.subscribe("$SYS/#", qos=1)
-    pub = Client(node, clock, MQTT5)
-    await pub.connect("agent")
+    watcher = await sys_watcher(node, clock, qos=1)
+    pub = await connected(node, clock, "agent", MQTT5)
     pub.send(Publish("$SYS/bridge/status", b"up", 1, retain=True, packet_id=1))
     await settle()
     [ack] = pub.received()
@@ -135,16 +131,13 @@ async def test_a_v5_will_on_sys_is_refused_at_connect(clock):
 
 async def test_other_publishes_are_unchanged(clock):
     node = make_node()
-    sub = Client(node, clock)
-    await sub.connect("sub")
+    sub = await connected(node, clock, "sub")
     sub.subscribe("#", qos=0)
-    pub = Client(node, clock)
-    await pub.connect("pub")
+    pub = await connected(node, clock, "pub")
     pub.send_raw(encode(Publish("$SYSTEM/x", b"1", 0), MQTT311) + encode(Publish("a/b", b"2", 0), MQTT311))
     assert [p.topic for p in sub.publishes()] == ["a/b"]  # ('#' does not match '$SYSTEM/x': 4.7.2)
     assert drops(pub) == 0
-    sub2 = Client(node, clock)
-    await sub2.connect("sub2")
+    sub2 = await connected(node, clock, "sub2")
     sub2.send(Subscribe(1, [("$SYSTEM/#", SubOpts(qos=0))]))
     sub2.received()
     pub.send(Publish("$SYSTEM/x", b"3", 0))
@@ -160,9 +153,7 @@ async def test_a_bridge_link_may_bring_the_remotes_sys_in(clock):
             self.data += item if isinstance(item, bytes | bytearray) else encode(item, MQTT5)
 
     node = make_node()
-    watcher = Client(node, clock, MQTT5)
-    await watcher.connect("watcher")
-    watcher.subscribe("$SYS/#", qos=0)
+    watcher = await sys_watcher(node, clock, qos=0)
     link_io = LinkIO(clock)
     link = node.channel("default", link_io, peer="bridge:b", listener="$internal", clock=link_io)
     link.packets_received([Connect("$bridge-b", proto_level=MQTT5, keepalive=0)])
