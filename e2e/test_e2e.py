@@ -754,6 +754,53 @@ def test_a_rolling_update_moves_each_of_300_clients_once(cluster: Cluster, endpo
     assert busiest <= rate + 10, f"{busiest} reconnects within one second (eviction rate {rate}/s)"
 
 
+def test_a_bad_image_stops_the_rollout_at_the_added_pod_and_setting_it_back_recovers(cluster: Cluster):
+    """The two commonest upgrade accidents: a tag that does not exist (pull policy Never: ErrImageNeverPull)
+    and an image that crash-loops (kubectl's, which refuses the broker's arguments). Each time, within 60 s
+    the fleet says why (Progressing=False, ImagePullFailed / CrashLoop) and no old pod was replaced (the
+    rollout adds a pod before it lets one go); setting the image back makes the fleet Ready within 120 s,
+    with no pod deleted by the test."""
+    c = cluster
+    spec = c.get("brokerfleet", FLEET)["spec"]
+    good = {"image": spec.get("image"), "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent")}
+    old = {p["metadata"]["name"]: p["metadata"]["uid"] for p in c.pods(BROKER_PODS)}
+    crashing = f"fleetmq/broker:{VERSION}-e2e-crashloop"
+    c.tag_image("registry.k8s.io/kubectl:v1.33.4", crashing)
+    for bad, reason in (
+        ({"image": f"fleetmq/broker:{VERSION}-e2e-missing", "imagePullPolicy": "Never"}, "ImagePullFailed"),
+        ({"image": crashing}, "CrashLoop"),
+    ):
+        t0 = time.monotonic()
+        c.kubectl(
+            "patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p", json.dumps({"spec": bad})
+        )
+        cond = wait_for(
+            lambda r=reason: (k := c.condition("brokerfleet", FLEET, "Progressing", APP_NS)).get("reason") == r and k,
+            timeout=60, msg=f"Progressing {reason}",
+        )  # fmt: skip
+        print(f"{reason}: said {time.monotonic() - t0:.0f}s after the change: {cond['message']}")
+        assert cond["status"] == "False", cond
+        now = {p["metadata"]["name"]: p["metadata"]["uid"] for p in c.pods(BROKER_PODS)}
+        assert all(now.get(name) == uid for name, uid in old.items()), f"an old pod was replaced: {now}"
+        assert len(now) == len(old) + 1, now
+        assert fleet_ready(c), "the old pods must keep the fleet Ready"
+        events = c.kubectl(
+            "get", "events", "-n", APP_NS, "--field-selector", f"reason={reason}", "-o", "name"
+        )
+        assert events.stdout.strip(), f"no {reason} event"
+        t0 = time.monotonic()
+        c.kubectl(
+            "patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p", json.dumps({"spec": good})
+        )
+        wait_for(
+            lambda: fleet_ready(c)
+            and {p["metadata"]["name"]: p["metadata"]["uid"] for p in c.pods(BROKER_PODS)} == old
+            and not (c.get("brokerfleet", FLEET)["status"].get("rollout")),
+            timeout=120, msg="the fleet back as it was, Ready",
+        )  # fmt: skip
+        print(f"{reason}: set back, Ready with the same pods {time.monotonic() - t0:.0f}s later")
+
+
 def test_a_scale_up_rebalances_connections_onto_the_new_pod(cluster: Cluster, endpoints):
     """150 persistent clients on 2 pods; the fleet scaled to 3 with spec.rebalance.afterScaleUp: once the
     new pod is Ready, the operator orders each old pod to let its excess go (DISCONNECT 0x9C, 20 a
