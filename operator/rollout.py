@@ -203,7 +203,11 @@ def plan(
     live = sorted((p for p in pods if ordinal(p) in shape.ordinals()), key=ordinal)
     old = [p for p in live if _labels(p).get(L_REVISION) != update]
     updated = len(live) - len(old)
-    leaving = [p for p in pods if p["metadata"].get("deletionTimestamp")]
+    # (one the StatefulSet is still to delete, outside the ordinals, is leaving too: the pass right after a
+    # slide may come before the controller marks it)
+    leaving = [
+        p for p in pods if p["metadata"].get("deletionTimestamp") or ordinal(p) not in shape.ordinals()
+    ]
     if not old or (
         shape.replicas > replicas and old == live[-1:] and ordinal(old[0]) >= shape.start + replicas
     ):
@@ -211,6 +215,11 @@ def plan(
         if shape.replicas > replicas:
             return _scale_down(shape, replicas, live, leaving, settled_for, donors, max_unavailable)
         serving = _serving(live, {p["metadata"]["name"]: p["metadata"]["name"] not in donors for p in live})
+        if leaving and any(v == "true" for v in serving.values()):
+            # (the last old pod of a rollout may still be letting its clients go: they go where the
+            # rollout sent new clients, so pods serve again only once it is gone)
+            serving = {n: v for n, v in serving.items() if v == "false"}
+            return Plan(steady, serving, recheck=1.0)
         if status.get("currentRevision") != update:
             # A pod below the partition is made from the current revision, which moves on only once every
             # pod is updated and Ready: a pod that was never made (a template the API server refused) would
@@ -229,23 +238,21 @@ def plan(
     top = live[-1] if live and added and ordinal(live[-1]) == shape.start + replicas else None
     newest = top if top is not None and _labels(top).get(L_REVISION) == update else None
     ready_since = _ready_since(newest) if newest is not None else None
-    # Steering: the pod just added takes every new connection once it is Ready; before that, any updated
-    # pod that is; if none is, every pod (a new revision that does not start must leave somewhere to go).
-    if ready_since is not None and newest is not None:
-        want = {p["metadata"]["name"]: p is newest for p in live}
-    else:
-        ready_updated = {p["metadata"]["name"] for p in live if p not in old and _ready_since(p) is not None}
-        want = {
-            p["metadata"]["name"]: not ready_updated or p["metadata"]["name"] in ready_updated for p in live
-        }
-    serving = _serving(live, want)
+    # Steering: every new connection goes to the updated pod added last that is Ready, alone: the one just
+    # added, or until it is Ready the one before (whose old pod may still be letting its clients go: they
+    # must not land on an earlier new pod, or the new pods would not end up with one old pod's load each).
+    # With no updated pod Ready, to every pod (a new revision that does not start must leave somewhere to go).
+    ready_updated = [p for p in live if p not in old and _ready_since(p) is not None]
+    steer_to = ready_updated[-1] if ready_updated else None
+    serving = _serving(live, {p["metadata"]["name"]: steer_to is None or p is steer_to for p in live})
 
     def progress(status: bool | None, reason: str, message: str, pod: str | None) -> Progress:
         return Progress(status, reason, f"{message} ({updated}/{replicas} pods updated)", updated, pod)
 
     if paused:  # (held where it is; new clients go to every updated pod that is Ready, not one alone)
-        ready_updated = {p["metadata"]["name"] for p in live if p not in old and _ready_since(p) is not None}
-        serving = _serving(live, {n: not ready_updated or n in ready_updated for n in want})
+        serving = _serving(
+            live, {p["metadata"]["name"]: not ready_updated or p in ready_updated for p in live}
+        )
         return Plan(shape, serving, progress(None, "Paused", "the rollout is paused (spec.paused)", None))
     if leaving:  # the last pod let go is still evicting its clients: the next step waits for it
         name = leaving[0]["metadata"]["name"]
