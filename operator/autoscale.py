@@ -5,8 +5,8 @@ it used (fleetmq.broker.node, keys.nodeinfo); rates come from two reports some s
 The recommendation is Kubernetes' HorizontalPodAutoscaler's: per target, ceil(replicas x average per Ready
 pod / target), ignored within 10% of the target; the largest wins, within [minReplicas, maxReplicas]. The
 stabilisation windows and step limits are the HPA's behaviour: up, the lowest recommendation of the
-window, at most scaleUp.maxStep pods more; down, the highest of the window, at most scaleDown.maxStep
-fewer. Pure: the operator keeps the history and applies the decision to spec.replicas.
+window, at most scaleUp.maxStep pods more per scaleUp.periodSeconds; down, the highest of the window, at
+most scaleDown.maxStep fewer per scaleDown.periodSeconds. Pure: the operator keeps the history and applies the decision to spec.replicas.
 """
 
 from __future__ import annotations
@@ -93,21 +93,39 @@ class Decision:
 
 
 def decide(
-    spec: AutoscalingSpec, replicas: int, history: list[tuple[float, int]], recommendation: int, now: float
+    spec: AutoscalingSpec,
+    replicas: int,
+    history: list[tuple[float, int]],
+    recommendation: int,
+    now: float,
+    changes: list[tuple[float, int]] | None = None,
 ) -> Decision:
-    """Add `recommendation` (made at `now`) to `history` (kept to the longer window) and decide."""
+    """Add `recommendation` (made at `now`) to `history` (kept to the longer window) and decide; `changes`
+    holds the changes made lately, (when, pods added or removed), for the step limits (the caller adds
+    the one it makes)."""
     history.append((now, recommendation))
-    keep = max(spec.scaleUp.stabilizationWindowSeconds, spec.scaleDown.stabilizationWindowSeconds)
+    changes = changes if changes is not None else []
+    up_rules, down_rules = spec.scaleUp, spec.scaleDown
+    keep = max(up_rules.stabilizationWindowSeconds, down_rules.stabilizationWindowSeconds)
     history[:] = [(t, r) for t, r in history if now - t <= keep]
-    up = min(r for t, r in history if now - t <= spec.scaleUp.stabilizationWindowSeconds)
-    down = max(r for t, r in history if now - t <= spec.scaleDown.stabilizationWindowSeconds)
+    changes[:] = [
+        (t, d) for t, d in changes if now - t < max(up_rules.periodSeconds, down_rules.periodSeconds)
+    ]
+    up = min(r for t, r in history if now - t <= up_rules.stabilizationWindowSeconds)
+    down = max(r for t, r in history if now - t <= down_rules.stabilizationWindowSeconds)
     bounded = min(max(replicas, spec.minReplicas), spec.maxReplicas)  # (limits changed, or a hand scale)
     if bounded != replicas:
         return Decision(bounded, recommendation, "Limited")
     if up > replicas:
-        return Decision(min(up, replicas + spec.scaleUp.maxStep), recommendation, "ScaledUp")
+        room = up_rules.maxStep - sum(d for t, d in changes if d > 0 and now - t < up_rules.periodSeconds)
+        if room > 0:
+            return Decision(min(up, replicas + room), recommendation, "ScaledUp")
+        return Decision(replicas, recommendation, "Stabilizing")
     if down < replicas:
-        return Decision(max(down, replicas - spec.scaleDown.maxStep), recommendation, "ScaledDown")
+        room = down_rules.maxStep + sum(d for t, d in changes if d < 0 and now - t < down_rules.periodSeconds)
+        if room > 0:
+            return Decision(max(down, replicas - room), recommendation, "ScaledDown")
+        return Decision(replicas, recommendation, "Stabilizing")
     return Decision(replicas, recommendation, "Stable" if recommendation == replicas else "Stabilizing")
 
 

@@ -82,6 +82,7 @@ class Operator:
     #: the autoscaler's per fleet: the pods' report totals (for rates) and its recent recommendations
     rates: dict[tuple[str, str], autoscale.Rates] = field(default_factory=dict)
     recommendations: dict[tuple[str, str], list[tuple[float, int]]] = field(default_factory=dict)
+    scalings: dict[tuple[str, str], list[tuple[float, int]]] = field(default_factory=dict)
     #: each fleet's next look (_recheck): when it is due (monotonic), and its task
     due: dict[tuple[str, str], tuple[float, asyncio.Task[None]]] = field(default_factory=dict)
 
@@ -316,6 +317,7 @@ class Operator:
         if spec is None:
             self.rates.pop(key, None)
             self.recommendations.pop(key, None)
+            self.scalings.pop(key, None)
             return None
         try:
             hpas = await self.kube.list("HorizontalPodAutoscaler", fleet.namespace)
@@ -339,7 +341,8 @@ class Operator:
             self._recheck(*key, autoscale.MIN_INTERVAL + 1)
             return Autoscaled(None, "MetricsUnavailable", "waiting for two reports of every Ready pod", load)
         history = self.recommendations.setdefault(key, [])
-        decision = autoscale.decide(spec, replicas, history, wanted, time.monotonic())
+        changes = self.scalings.setdefault(key, [])
+        decision = autoscale.decide(spec, replicas, history, wanted, time.monotonic(), changes)
         self._recheck(*key, 15.0)  # (the brokers' reports come with no Kubernetes event)
         out = Autoscaled(decision.desired, decision.reason, "", load)
         if decision.replicas != replicas:
@@ -348,7 +351,7 @@ class Operator:
             except ApiError as e:  # (409: changed meanwhile; the next pass decides again)
                 metrics.RECONCILE_ERRORS.labels("autoscaling").inc()
                 return Autoscaled(decision.desired, "Unknown", f"cannot set spec.replicas: {e}", load)
-            history.clear()
+            changes.append((time.monotonic(), decision.replicas - replicas))
             message = f"spec.replicas {replicas} -> {decision.replicas}: {autoscale.describe(spec, load)}"
             await self._event(fleet.obj, decision.reason, message)
             out = Autoscaled(decision.desired, decision.reason, message, load, now())

@@ -501,7 +501,8 @@ class ScalingRules(CrdModel):
         description="The autoscaler acts on the most conservative recommendation of this many seconds "
         "(up: the lowest, down: the highest), so a short spike or dip moves nothing.",
     )
-    maxStep: int = Field(ge=1, description="Pods added (up) or removed (down) in one change at most.")
+    maxStep: int = Field(ge=1, description="Pods added (up) or removed (down) per periodSeconds at most.")
+    periodSeconds: int = Field(60, ge=1, le=1800, description="The period maxStep counts over.")
 
 
 class AutoscalingTargets(CrdModel):
@@ -554,12 +555,12 @@ class AutoscalingSpec(CrdModel):
     maxReplicas: int = Field(ge=1, description="Most broker pods.")
     targets: AutoscalingTargets = Field(description=doc(AutoscalingTargets))
     scaleUp: ScalingRules = Field(
-        default_factory=lambda: ScalingRules(stabilizationWindowSeconds=0, maxStep=4),
-        description="How fast pods are added (default: at once, 4 at most per change).",
+        default_factory=lambda: ScalingRules(stabilizationWindowSeconds=0, maxStep=4, periodSeconds=15),
+        description="How fast pods are added (default: at once, up to 4 every 15 s).",
     )
     scaleDown: ScalingRules = Field(
-        default_factory=lambda: ScalingRules(stabilizationWindowSeconds=300, maxStep=1),
-        description="How fast pods are removed (default: after 5 minutes of lower load, one at a time).",
+        default_factory=lambda: ScalingRules(stabilizationWindowSeconds=300, maxStep=1, periodSeconds=60),
+        description="How fast pods are removed (default: after 5 minutes of lower load, one a minute).",
     )
 
     model_config = ConfigDict(

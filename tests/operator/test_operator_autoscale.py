@@ -32,7 +32,7 @@ def test_the_fleet_scales_with_its_connections_and_steps_aside_for_an_hpa(
     run_operator()
     k.apply(fleet(replicas=2, redis={"url": redis_server.url}, autoscaling={
         "minReplicas": 2, "maxReplicas": 4, "targets": {"connections": 100},
-        "scaleDown": {"stabilizationWindowSeconds": 10, "maxStep": 1}}))  # fmt: skip
+        "scaleDown": {"stabilizationWindowSeconds": 10, "maxStep": 1, "periodSeconds": 5}}))  # fmt: skip
     k.apply(zone())
     report(r, {"edge-0": 175, "edge-1": 175})  # 350 clients, 100 a pod
     wait_for(lambda: k.get("brokerfleet", "edge")["spec"]["replicas"] == 4, timeout=60, msg="4 replicas")
@@ -41,13 +41,13 @@ def test_the_fleet_scales_with_its_connections_and_steps_aside_for_an_hpa(
     )
     assert st["autoscaling"]["desiredReplicas"] == 4 and st["autoscaling"]["lastScaleTime"], st
     cond = k.condition("brokerfleet", "edge", "Autoscaling")
-    assert (cond["status"], cond["reason"]) == ("True", "ScaledUp") and "connections 175/100" in cond[
-        "message"
-    ]
+    assert cond["status"] == "True" and cond["reason"] in ("ScaledUp", "Stable"), (
+        cond
+    )  # (a pass later: Stable)
     events = json.loads(k("get", "events", "--field-selector", "reason=ScaledUp", "-o", "json").stdout)[
         "items"
     ]
-    assert any("spec.replicas 2 -> 4" in e["message"] for e in events), events
+    assert any("spec.replicas 2 -> 4: connections 175/100" in e["message"] for e in events), events
 
     # back to 120 clients: 2 pods, one at a time, once the 10 s window has passed
     wait_for(lambda: len(k("get", "pods", "-o", "name").stdout.split()) == 4, timeout=60, msg="4 pods")

@@ -30,16 +30,21 @@ def test_up_at_once_down_after_its_window_and_one_pod_at_a_time():
     history: list[tuple[float, int]] = []
     d = autoscale.decide(s, 2, history, 6, now=0)
     assert (d.replicas, d.reason) == (6, "ScaledUp")
-    s = spec(scaleUp={"stabilizationWindowSeconds": 0, "maxStep": 1})
+    s = spec(scaleUp={"stabilizationWindowSeconds": 0, "maxStep": 1, "periodSeconds": 30})
     assert autoscale.decide(s, 2, [], 4, now=0).replicas == 3  # one step at most
+    assert autoscale.decide(s, 3, [], 4, now=10, changes=[(0, 1)]).replicas == 3  # (within its period)
     history = []
     for t in range(0, 300, 15):  # the load drops: 2 pods would do, for less than the 300 s window
         d = autoscale.decide(spec(), 4, history, 2 if t else 4, now=t)
         assert d.replicas == 4, (t, d)
     assert d.reason == "Stabilizing"
-    d = autoscale.decide(spec(), 4, history, 2, now=301)
+    changes: list[tuple[float, int]] = []
+    d = autoscale.decide(spec(), 4, history, 2, now=301, changes=changes)
     assert (d.replicas, d.reason) == (3, "ScaledDown")  # one at a time
-    d = autoscale.decide(spec(), 3, history, 2, now=316)
+    changes.append((301, -1))
+    d = autoscale.decide(spec(), 3, history, 2, now=316, changes=changes)
+    assert (d.replicas, d.reason) == (3, "Stabilizing")  # one pod a minute (scaleDown.periodSeconds)
+    d = autoscale.decide(spec(), 3, history, 2, now=362, changes=changes)
     assert d.replicas == 2
     # a spike inside the window holds a scale-down back
     history = [(0.0, 2), (100.0, 4)]
