@@ -875,6 +875,96 @@ def test_a_scale_up_rebalances_connections_onto_the_new_pod(cluster: Cluster, en
     assert max(after.values()) - min(after.values()) <= 15, f"still uneven: {after}"
 
 
+def test_the_autoscaler_follows_the_connections_moving_each_client_once_per_change(
+    cluster: Cluster, endpoints
+):
+    """spec.autoscaling: min 2, max 4, 100 connections a pod. 350 clients: 4 pods Ready within 3 minutes, and
+    after the rebalance max/mean connections at most 1.15; back to 120 clients: 2 pods again, one at a time,
+    after the scale-down window. Each client moves at most once per change, and no acknowledged QoS 1
+    message is lost."""
+    c = cluster
+    svc = c.endpoint("svc/edge-internal-mqtt", 11883)
+    endpoints.append(svc.start())
+    spec = {"autoscaling": {"minReplicas": 2, "maxReplicas": 4, "targets": {"connections": 100},
+                            "scaleDown": {"stabilizationWindowSeconds": 30, "maxStep": 1, "periodSeconds": 20}},
+            "rebalance": {"minConnections": 10, "evictionRate": 50}}  # fmt: skip
+    c.kubectl("patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p", json.dumps({"spec": spec}))
+    wait_for(
+        lambda: len(brokers(c)) == 2 and fleet_ready(c), timeout=240, msg="2 pods with no load (minReplicas)"
+    )
+    tag = uuid.uuid4().hex[:6]
+    stay = Subscribers(svc, 120, tag, "as")
+    extra = Subscribers(svc, 230, tag, "ax")
+    pub = Resilient({"svc": svc}, f"e2e-as-pub-{tag}", clean=True)
+    pub.connect(["svc"])
+    acked: dict[int, set[int]] = {i: set() for i in range(120)}
+    seq = 0
+
+    def publish(seconds: float) -> None:
+        nonlocal seq
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            i = seq % 120
+            if pub.publish(stay.topic(i), str(seq).encode()):
+                acked[i].add(seq)
+                seq += 1
+            time.sleep(0.02)
+
+    replicas_seen: list[int] = []
+
+    def replicas() -> int:
+        n = c.get("brokerfleet", FLEET)["spec"]["replicas"]
+        if not replicas_seen or replicas_seen[-1] != n:
+            replicas_seen.append(n)
+        return n
+
+    try:
+        t0 = time.monotonic()
+        wait_for(lambda: len(stay.connects) + len(extra.connects) >= 350, timeout=120, msg="350 clients")
+        stay.reset()
+        extra.reset()
+        while not (replicas() == 4 and len(brokers(c)) == 4 and fleet_ready(c)):
+            assert time.monotonic() - t0 < 180, f"not 4 Ready pods in 3 minutes: {replicas_seen}"
+            publish(1)
+        up_s = time.monotonic() - t0
+        while True:  # the rebalance onto the new pods
+            st = c.get("brokerfleet", FLEET)["status"].get("rebalance") or {}
+            load = pods_connections(c)
+            if st.get("phase") not in (None, "Running") and len(load) == 4 and sum(load.values()) >= 350:
+                break
+            assert time.monotonic() - t0 < 420, f"no rebalance after the scale-up: {st}"
+            publish(1)
+        mean = sum(load.values()) / len(load)
+        print(f"autoscaling 2 -> 4 with 350 clients: 4 pods Ready {up_s:.0f}s after they connected; after the "
+              f"rebalance {load} (max/mean {max(load.values()) / mean:.2f}); rebalance {st}")  # fmt: skip
+        assert max(load.values()) / mean <= 1.15, load
+        up_moves = [len(d) for d in [*stay.moved().values(), *extra.moved().values()]]
+        assert max(up_moves) <= 1, "a client moved twice in the scale-up"
+        stay.reset()
+        extra.close()
+        t1 = time.monotonic()
+        while not (replicas() == 2 and len(brokers(c)) == 2):
+            assert time.monotonic() - t1 < 300, f"not back to 2 pods in 5 minutes: {replicas_seen}"
+            publish(1)
+        down_s = time.monotonic() - t1
+        wait_for(lambda: all(acked[i] <= stay.received[i] for i in range(120)), timeout=120,
+                 msg="every acknowledged message at its client")  # fmt: skip
+        down_moves = [len(d) for d in stay.moved().values()]
+    finally:
+        close(pub.c)
+        stay.close()
+        extra.close()
+        c.kubectl("patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p",
+                  json.dumps({"spec": {"autoscaling": None, "replicas": 3}}))  # fmt: skip
+    print(f"back to 120 clients: 2 pods {down_s:.0f}s later, spec.replicas went {replicas_seen}; clients moved "
+          f"{sum(1 for k in down_moves if k)}, at most {max(down_moves)} times; {seq} messages acknowledged, "
+          "none lost")  # fmt: skip
+    assert replicas_seen[-3:] == [4, 3, 2], f"not one pod at a time: {replicas_seen}"
+    assert down_s >= 30, "scaled down within the 30 s window"
+    assert max(down_moves) <= 2, "a client moved more than once per change (two changes: 4 -> 3 -> 2)"
+    wait_for(lambda: len(brokers(c)) == 3 and fleet_ready(c), timeout=240, msg="the fleet back at 3 pods")
+
+
 # ------------------------------------------------------------------------------------------- monitoring
 class EndpointDiscovery(threading.Thread):
     """What a ServiceMonitor makes Prometheus do, for Debian's Prometheus (built without Kubernetes service
