@@ -247,7 +247,8 @@ def plan(
     serving = _serving(live, {p["metadata"]["name"]: steer_to is None or p is steer_to for p in live})
 
     def progress(status: bool | None, reason: str, message: str, pod: str | None) -> Progress:
-        return Progress(status, reason, f"{message} ({updated}/{replicas} pods updated)", updated, pod)
+        done = max(replicas - len(old), 0)
+        return Progress(status, reason, f"{message} ({done}/{replicas} old pods replaced)", updated, pod)
 
     if paused:  # (held where it is; new clients go to every updated pod that is Ready, not one alone)
         serving = _serving(
