@@ -813,11 +813,9 @@ def test_while_catching_up_receipts_are_checked_in_queue_order_not_arrival_order
     assert not s.admit(("inc1", 2))  # caught up: repeats are known at once again
 
 
-def test_a_restored_delivery_s_receipt_counts_as_taken_even_if_not_recorded_yet():
-    """A message taken while its session caught up is recorded as seen only once the session has caught
-    up; the session moved before that, so its new owner restored the delivery without the record, and
-    the publisher's resend under the same receipt reached the subscriber a second time (chaos --store
-    cluster, seed 43 at 318de0c: #114, #115)."""
+def restored_with_a_taken_delivery() -> Session:
+    """A session restored with a delivery of receipt ("inc1", 5) the store had not recorded as seen (its
+    record of that publisher: 3)."""
     d = dl("taken", 2)
     d.msg.receipt, d.order = ("inc1", 5), 3
     s = Session("s", zone())
@@ -825,6 +823,15 @@ def test_a_restored_delivery_s_receipt_counts_as_taken_even_if_not_recorded_yet(
         epoch=2, expiry_interval=60.0, next_pid=1, order=4, subscriptions=[], deliveries=[d],
         awaiting_rel=[], sink=Sink(), incarnation="inc9", received=0, seen={"inc1": 3},
     )  # fmt: skip
+    return s
+
+
+def test_a_restored_delivery_s_receipt_counts_as_taken_even_if_not_recorded_yet():
+    """A message taken while its session caught up is recorded as seen only once the session has caught
+    up; the session moved before that, so its new owner restored the delivery without the record, and
+    the publisher's resend under the same receipt reached the subscriber a second time (chaos --store
+    cluster, seed 43 at 318de0c: #114, #115)."""
+    s = restored_with_a_taken_delivery()
     assert not s.admit(("inc1", 5)) and not s.admit(("inc1", 4))
     assert s.admit(("inc1", 6))
 
@@ -834,13 +841,7 @@ def test_a_restored_delivery_s_receipt_reaches_the_store_as_seen():
     restored delivery counts as taken was raised in memory only: the store still queued the publisher's
     resend under it as new, and once the restored copy had been delivered and acknowledged (gone), the
     session's next owner, restoring only the resend, delivered the message again."""
-    d = dl("taken", 2)
-    d.msg.receipt, d.order = ("inc1", 5), 3
-    s = Session("s", zone())
-    s.restore(
-        epoch=2, expiry_interval=60.0, next_pid=1, order=4, subscriptions=[], deliveries=[d],
-        awaiting_rel=[], sink=Sink(), incarnation="inc9", received=0, seen={"inc1": 3},
-    )  # fmt: skip
+    s = restored_with_a_taken_delivery()
     assert s.journal is not None
     changes = s.journal.take()
     assert changes is not None and changes.seen == {"inc1": 5}
