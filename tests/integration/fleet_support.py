@@ -420,22 +420,23 @@ def session_keys(cid: str) -> list[str]:
 def drain(pubs: list, subs: list, *, timeout: float = 30.0) -> None:
     """Stop the publishers, wait until every subscriber has every message acknowledged to them, then stop
     the subscribers; each thread must end without an error."""
-    for p in pubs:
-        p.stop()
-    for p in pubs:
-        p.join(15)
-        assert p.error is None, p.error
+    stop_all(pubs, timeout=15)
 
     def settled() -> bool:
         return all(not (p.acked - set(s.delivered(p.tag))) for s in subs for p in pubs)
 
     wait_until(settled, timeout=timeout, interval=0.2, msg="every acknowledged message delivered")
     time.sleep(0.5)
-    for s in subs:
-        s.stop()
-    for s in subs:
-        s.join(10)
-        assert s.error is None, s.error
+    stop_all(subs)
+
+
+def stop_all(workers: list, timeout: float = 10) -> None:
+    """Stop worker threads (Publisher, Subscriber), wait for each, and raise what any of them raised."""
+    for w in workers:
+        w.stop()
+    for w in workers:
+        w.join(timeout)
+        assert w.error is None, w.error
 
 
 def will_client(

@@ -22,6 +22,7 @@ from tests.integration.fleet_support import (
     raw_connect,
     seq_payload,
     session_keys,
+    stop_all,
     wait_route,
 )
 from tests.integration.harness import uid
@@ -68,11 +69,7 @@ def test_kill9_under_qos1_qos2_load_acked_messages_survive(fleet, redis_server):
     doomed.kill()
     t_kill = time.monotonic()
     time.sleep(2.5)
-    for p in pubs:
-        p.stop()
-    for p in pubs:
-        p.join(10)
-        assert p.error is None, p.error
+    stop_all(pubs)
     # the subscribers of the killed node reconnect elsewhere (a handover to a dead node that has not
     # yet missed its heartbeat TTL waits HANDOVER_TIMEOUT) and drain their queues
     total_acked = sum(len(p.acked) for p in pubs)
@@ -85,11 +82,7 @@ def test_kill9_under_qos1_qos2_load_acked_messages_survive(fleet, redis_server):
     except AssertionError:
         pass
     time.sleep(0.5)
-    for s in subs:
-        s.stop()
-    for s in subs:
-        s.join(10)
-        assert s.error is None, s.error
+    stop_all(subs)
     for s in subs[:2]:
         moved = [c for c in s.connects[1:] if c[2] == 0]
         assert moved, f"{s.cid} did not reconnect after the kill: {s.connects}"
@@ -176,11 +169,7 @@ def test_redis_stopped_10s_under_qos1_load(fleet, redis_server):
         interval=0.2,
         msg="publishers acked again after Redis returned",
     )
-    for p in pubs:
-        p.stop()
-    for p in pubs:
-        p.join(10)
-        assert p.error is None, p.error
+    stop_all(pubs)
 
     def settled():
         return all(not (p.acked - set(sub.delivered(p.tag))) for p in pubs)
