@@ -12,6 +12,7 @@ socket without DISCONNECT (so the broker sees the clients go).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -28,7 +29,7 @@ def main(argv: list[str]) -> int:
     connected: set[int] = set()
     moved: dict[int, list[int]] = {i: [] for i in range(n)}
     done = threading.Event()
-    clients = []
+    clients: list[mqtt.Client] = []
 
     def make(i: int) -> mqtt.Client:
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{prefix}-{i}", protocol=mqtt.MQTTv5)
@@ -63,12 +64,7 @@ def main(argv: list[str]) -> int:
     done.wait()
     with lock:
         print("moved " + json.dumps({str(i): r for i, r in moved.items()}), flush=True)
-    for c in clients:
-        c.loop_stop()
-        sock = c.socket()
-        if sock is not None:
-            sock.close()
-    return 0
+    os._exit(0)  # (every socket closed by the exit at once: stopping 230 loop threads one by one is slow)
 
 
 if __name__ == "__main__":
