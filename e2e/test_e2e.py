@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -76,6 +77,11 @@ def broker_state(c: Cluster) -> dict[str, tuple[str, int]]:
         p["metadata"]["name"]: (p["metadata"]["uid"], p["status"]["containerStatuses"][0]["restartCount"])
         for p in c.pods(BROKER_PODS)
     }
+
+
+def patch_fleet(c: Cluster, spec: dict[str, Any]) -> None:
+    """Merge-patch the fleet's spec, as `kubectl patch brokerfleet edge --type=merge` does."""
+    c.kubectl("patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p", json.dumps({"spec": spec}))
 
 
 def brokers(c: Cluster) -> list[str]:
@@ -563,16 +569,7 @@ def test_image_change_adds_a_pod_before_each_old_one_goes_while_clients_stay_ser
     time.sleep(1)
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    c.kubectl(
-        "patch",
-        "brokerfleet",
-        "edge",
-        "-n",
-        APP_NS,
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"image": new_image}}),
-    )
+    patch_fleet(c, {"image": new_image})
 
     seq, last_ack = 0, time.monotonic()
     deadline = time.monotonic() + 600
@@ -701,8 +698,7 @@ def test_a_rolling_update_moves_each_of_300_clients_once(cluster: Cluster, endpo
     svc = c.endpoint("svc/edge-internal-mqtt", 11883)
     endpoints.append(svc.start())
     hash_before = config_hash(c)
-    c.kubectl("patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p",
-              json.dumps({"spec": {"evictionRate": rate}}))  # fmt: skip
+    patch_fleet(c, {"evictionRate": rate})
     new_hash = wait_for(lambda: (h := config_hash(c)) != hash_before and h, msg="ConfigMap re-rendered")
     wait_for(lambda: all(c.readyz(p)["config_hash"] == new_hash for p in brokers(c)), timeout=240,
              msg="every pod on the config with the eviction rate")  # fmt: skip
@@ -718,8 +714,7 @@ def test_a_rolling_update_moves_each_of_300_clients_once(cluster: Cluster, endpo
     new_image = f"fleetmq/broker:{VERSION}-e2e-evict"
     c.tag_image(IMAGE, new_image)
     roll_start = time.monotonic()
-    c.kubectl("patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p",
-              json.dumps({"spec": {"image": new_image}}))  # fmt: skip
+    patch_fleet(c, {"image": new_image})
 
     acked: dict[int, set[int]] = {i: set() for i in range(n)}
     seq = 0
@@ -771,9 +766,7 @@ def test_a_bad_image_stops_the_rollout_at_the_added_pod_and_setting_it_back_reco
         ({"image": crashing}, "CrashLoop"),
     ):
         t0 = time.monotonic()
-        c.kubectl(
-            "patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p", json.dumps({"spec": bad})
-        )
+        patch_fleet(c, bad)
         cond = wait_for(
             lambda r=reason: (k := c.condition("brokerfleet", FLEET, "Progressing", APP_NS)).get("reason") == r and k,
             timeout=60, msg=f"Progressing {reason}",
@@ -789,9 +782,7 @@ def test_a_bad_image_stops_the_rollout_at_the_added_pod_and_setting_it_back_reco
         )
         assert events.stdout.strip(), f"no {reason} event"
         t0 = time.monotonic()
-        c.kubectl(
-            "patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p", json.dumps({"spec": good})
-        )
+        patch_fleet(c, good)
         wait_for(
             lambda: fleet_ready(c)
             and {p["metadata"]["name"]: p["metadata"]["uid"] for p in c.pods(BROKER_PODS)} == old
@@ -815,9 +806,7 @@ def test_a_scale_up_rebalances_connections_onto_the_new_pod(cluster: Cluster, en
         spec: dict[str, object] = {"replicas": replicas}
         if rebalance is not None:
             spec["rebalance"] = rebalance
-        c.kubectl(
-            "patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p", json.dumps({"spec": spec})
-        )
+        patch_fleet(c, spec)
 
     def steady(replicas: int) -> bool:
         seen = (c.get("brokerfleet", FLEET)["status"].get("rebalance") or {}).get("replicas")
@@ -929,9 +918,7 @@ def test_the_autoscaler_follows_the_connections_moving_each_client_once_per_chan
 
     crowd_moves: dict[str, list[int]] = {}
     try:
-        c.kubectl(
-            "patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p", json.dumps({"spec": spec})
-        )
+        patch_fleet(c, spec)
         wait_for(
             lambda: len(brokers(c)) == 2 and fleet_ready(c),
             timeout=240,
@@ -989,8 +976,7 @@ def test_the_autoscaler_follows_the_connections_moving_each_client_once_per_chan
             stay.close()
         if crowd is not None and crowd.poll() is None:
             crowd.kill()
-        c.kubectl("patch", "brokerfleet", FLEET, "-n", APP_NS, "--type=merge", "-p",
-                  json.dumps({"spec": {"autoscaling": None, "replicas": 3}}))  # fmt: skip
+        patch_fleet(c, {"autoscaling": None, "replicas": 3})
         wait_for(lambda: len(brokers(c)) == 3 and fleet_ready(c), timeout=240, msg="the fleet back at 3 pods")
     print(f"back to 120 clients: 2 pods {down_s:.0f}s later, spec.replicas went {replicas_seen}; clients moved "
           f"{sum(1 for k in down_moves if k)}, at most {max(down_moves)} times; {seq} messages acknowledged, "
@@ -1054,16 +1040,7 @@ def test_prometheus_scrapes_every_pod_through_its_endpoints_and_every_dashboard_
     online: list[mqtt.Client] = []
     # the event log's panels need it on: a setting brokers read at start, so the pods roll to take it
     hash_before = c.get("statefulset", "edge")["spec"]["template"]["metadata"]["annotations"]
-    c.kubectl(
-        "patch",
-        "brokerfleet",
-        "edge",
-        "-n",
-        APP_NS,
-        "--type=merge",
-        "-p",
-        '{"spec": {"eventLog": {"enabled": true}}}',
-    )
+    patch_fleet(c, {"eventLog": {"enabled": True}})
     wait_for(lambda: c.get("statefulset", "edge")["spec"]["template"]["metadata"]["annotations"] != hash_before,
              msg="a new restart hash")  # fmt: skip
     wait_for(lambda: fleet_ready(c) and c.get("statefulset", "edge")["status"].get("updatedReplicas") == 3,

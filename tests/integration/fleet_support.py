@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetmq.broker.store.redis_store import SCRIPTS, _script
@@ -480,6 +481,30 @@ def probe_routes(node: BrokerProc, subs: list[Subscriber], topic: str) -> None:
         time.sleep(0.05)
     probe.disconnect()
     assert all(s.delivered("probe") for s in subs), "routes did not reach every node"
+
+
+def resend_after_an_unknown_outcome(
+    a: BrokerProc,
+    b: BrokerProc,
+    fault: Callable[[], threading.Event],
+    topic: str,
+    payload: bytes,
+    packet_id: int,
+) -> RawClient:
+    """A QoS 2 PUBLISH on node `a` whose commit meets `fault` (armed on the Redis proxy once the publisher is
+    connected: a cut, a lost reply), so the node cannot know its outcome and must not send PUBREC; then the
+    publisher resumes on node `b` and sends it again, as MQTT says it must. Returns that connection."""
+    cid = uid("pub")
+    pub, _ = raw_connect(a, cid, 5)
+    armed = fault()
+    pub.send(mqttraw.publish(topic, payload, qos=2, packet_id=packet_id, version=5))
+    assert armed.wait(5), "the commit never went through the proxy"
+    assert closed_without(pub, PUBREC), "PUBREC for a write whose outcome the node cannot know"
+    pub.close()
+    pub, ack = raw_connect(b, cid, 5)
+    assert ack.session_present
+    publish_qos2(pub, topic, payload, packet_id, dup=True)
+    return pub
 
 
 def closed_without(c: RawClient, ptype: int, timeout: float = 5.0) -> bool:

@@ -14,17 +14,17 @@ from tests.integration.fleet_support import (
     AppView,
     ack_loop,
     app_deliveries,
-    closed_without,
     first_occurrences,
     parse_seq,
     publish_qos2,
     raw_connect,
+    resend_after_an_unknown_outcome,
     seq_payload,
     sha,
     wait_route,
 )
 from tests.integration.harness import MOSQUITTO, uid
-from tests.integration.mqttraw import CONNACK, PUBACK, PUBREC
+from tests.integration.mqttraw import CONNACK, PUBACK
 from tests.support import wait_until
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="needs a fleetmq fleet")
@@ -42,17 +42,8 @@ def test_qos2_receipt_and_its_routing_are_stored_together(fleet, redis_proxy):
     sub, _ = raw_connect(b, uid("sub"), 5)
     sub.subscribe([(topic, 2)])
     wait_route(a, sub, topic)
-    pcid = uid("pub")
-    pub, _ = raw_connect(a, pcid, 5)
-    cut = redis_proxy.cut_after(b"EVALSHA", sha("enqueue"))
-    pub.send(mqttraw.publish(topic, seq_payload("m", 1), qos=2, packet_id=119, version=5))
-    assert cut.wait(5), "the commit never went through the proxy"
-    assert closed_without(pub, PUBREC), "PUBREC for a write whose outcome the node cannot know"
-    pub.close()
-    # the client resumes elsewhere and resends, as MQTT says it must
-    pub, ack = raw_connect(b, pcid, 5)
-    assert ack.session_present
-    publish_qos2(pub, topic, seq_payload("m", 1), 119, dup=True)
+    cut = lambda: redis_proxy.cut_after(b"EVALSHA", sha("enqueue"))  # noqa: E731
+    resend_after_an_unknown_outcome(a, b, cut, topic, seq_payload("m", 1), 119)
     assert app_deliveries(sub, quiet=2.0, timeout=10) == [("m", 1)], (
         "a QoS 2 message reached the subscriber twice"
     )
