@@ -108,7 +108,18 @@ class Operator:
         if os.environ.get("FLEETMQ_SHOW_OPERATOR_LOG"):
             print(output)
         assert "Forbidden" not in output, f"RBAC is not enough:\n{output[-6000:]}"
-        errors = [ln for ln in output.splitlines() if "[ERROR" in ln and "will retry" not in ln]
+        # Once kopf sets its stop flag it closes its own API session while its resource observer may still
+        # be asking: those requests' retries ("Request attempt #N/9 failed ...") are kopf's shutdown, not
+        # the operator's errors (seen once in a full `make test` run). Anything else logged then counts.
+        stopping = False
+        errors = []
+        for ln in output.splitlines():
+            stopping = stopping or "Stop-flag is set to True" in ln
+            if "[ERROR" not in ln or "will retry" in ln:
+                continue
+            if stopping and "kopf._core.reactor.o" in ln and "Request attempt #" in ln:
+                continue
+            errors.append(ln)
         assert "Traceback" not in output and not errors, output[-6000:]
         return output
 
