@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.config import JsonDict
 
 GROUP = "fleetmq.io"
 VERSION = "v1alpha1"
@@ -17,6 +18,14 @@ class CrdModel(BaseModel):
     """camelCase fields as the CRD spells them; unknown ones are refused."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+def cel(*rules: JsonDict) -> ConfigDict:
+    """A CrdModel's config with CEL rules the API server checks (x-kubernetes-validations); the model's
+    own validators tell pydantic the same."""
+    return ConfigDict(
+        extra="forbid", populate_by_name=True, json_schema_extra={"x-kubernetes-validations": list(rules)}
+    )
 
 
 def doc(model: type[BaseModel]) -> str:

@@ -10,7 +10,7 @@ from fleetmq.broker.config import EventLogConfig, RedisClusterConfig, RedisStore
 from fleetmq.broker.zones import parse_duration
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from .base import Condition, CrdModel, SecretKeyRef, doc
+from .base import Condition, CrdModel, SecretKeyRef, cel, doc
 from .core import Quantity
 from .derive import derive
 from .pod import BrokerPodTemplate, RedisPodTemplate
@@ -446,17 +446,11 @@ class DisruptionSpec(CrdModel):
         None, description="Pods (or a percentage of replicas, rounded up) that must stay available."
     )
 
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!(has(self.maxUnavailable) && has(self.minAvailable))",
-                    "message": "disruption: set maxUnavailable or minAvailable, not both",
-                }
-            ]
-        },
+    model_config = cel(
+        {
+            "rule": "!(has(self.maxUnavailable) && has(self.minAvailable))",
+            "message": "disruption: set maxUnavailable or minAvailable, not both",
+        }
     )
 
     @field_validator("maxUnavailable", "minAvailable")
@@ -514,17 +508,11 @@ class AutoscalingTargets(CrdModel):
         None, description="CPU per pod (e.g. 500m), as the pods report their own use."
     )
 
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.connections) || has(self.messagesPerSecond) || has(self.cpu)",
-                    "message": "autoscaling.targets: set at least one of connections, messagesPerSecond, cpu",
-                }
-            ]
-        },
+    model_config = cel(
+        {
+            "rule": "has(self.connections) || has(self.messagesPerSecond) || has(self.cpu)",
+            "message": "autoscaling.targets: set at least one of connections, messagesPerSecond, cpu",
+        }
     )
 
     @model_validator(mode="after")
@@ -563,17 +551,11 @@ class AutoscalingSpec(CrdModel):
         description="How fast pods are removed (default: after 5 minutes of lower load, one a minute).",
     )
 
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self.minReplicas <= self.maxReplicas",
-                    "message": "autoscaling: minReplicas cannot exceed maxReplicas",
-                }
-            ]
-        },
+    model_config = cel(
+        {
+            "rule": "self.minReplicas <= self.maxReplicas",
+            "message": "autoscaling: minReplicas cannot exceed maxReplicas",
+        }
     )
 
     @model_validator(mode="after")
