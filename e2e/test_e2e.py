@@ -94,15 +94,20 @@ def fleet_ready(c: Cluster, name: str = FLEET, ns: str = APP_NS) -> bool:
     return c.condition("brokerfleet", name, "Ready", ns).get("status") == "True"
 
 
-def rolled_to(c: Cluster, image: str) -> bool:
-    """Whether every broker pod runs `image`, the rollout is over and the fleet is Ready again."""
-    sts = c.get("statefulset", "edge")["status"]
+def settled(c: Cluster, image: str | None = None) -> bool:
+    """Whether the fleet is at rest: 3 broker pods, none of them leaving, all of the StatefulSet's latest
+    revision (and running `image` when given), no rollout under way, and Ready. (The StatefulSet's
+    updatedReplicas reaches 3 while a surge rollout's last old pod is still letting its clients go.)"""
+    obj = c.get("statefulset", "edge")
+    sts = obj["status"]
     pods = c.pods(BROKER_PODS)
     return (
-        sts.get("updateRevision") == sts.get("currentRevision")
+        sts.get("observedGeneration") == obj["metadata"]["generation"]
+        and sts.get("updateRevision") == sts.get("currentRevision")
         and sts.get("updatedReplicas") == 3
         and len(pods) == 3
-        and all(p["spec"]["containers"][0]["image"] == image for p in pods)
+        and not any(p["metadata"].get("deletionTimestamp") for p in pods)
+        and all(image is None or p["spec"]["containers"][0]["image"] == image for p in pods)
         and not (c.get("brokerfleet", FLEET, APP_NS).get("status") or {}).get("rollout")
         and fleet_ready(c)
     )
@@ -574,7 +579,7 @@ def test_image_change_adds_a_pod_before_each_old_one_goes_while_clients_stay_ser
     seq, last_ack = 0, time.monotonic()
     deadline = time.monotonic() + 600
     try:
-        while not (seq > 50 and rolled_to(c, new_image)):
+        while not (seq > 50 and settled(c, new_image)):
             assert time.monotonic() < deadline, "the rollout did not finish in 10 minutes"
             if sub.lost.is_set():
                 sub.reconnect()
@@ -720,7 +725,7 @@ def test_a_rolling_update_moves_each_of_300_clients_once(cluster: Cluster, endpo
     seq = 0
     deadline = time.monotonic() + 900
     try:
-        while not (seq > 300 and rolled_to(c, new_image)):
+        while not (seq > 300 and settled(c, new_image)):
             assert time.monotonic() < deadline, "the rollout did not finish in 15 minutes"
             i = seq % n
             if pub.publish(subs.topic(i), str(seq).encode()):
@@ -977,7 +982,7 @@ def test_the_autoscaler_follows_the_connections_moving_each_client_once_per_chan
         if crowd is not None and crowd.poll() is None:
             crowd.kill()
         patch_fleet(c, {"autoscaling": None, "replicas": 3})
-        wait_for(lambda: len(brokers(c)) == 3 and fleet_ready(c), timeout=240, msg="the fleet back at 3 pods")
+        wait_for(lambda: settled(c), timeout=240, msg="the fleet back at 3 pods")
     print(f"back to 120 clients: 2 pods {down_s:.0f}s later, spec.replicas went {replicas_seen}; clients moved "
           f"{sum(1 for k in down_moves if k)}, at most {max(down_moves)} times; {seq} messages acknowledged, "
           "none lost")  # fmt: skip
@@ -1043,8 +1048,7 @@ def test_prometheus_scrapes_every_pod_through_its_endpoints_and_every_dashboard_
     patch_fleet(c, {"eventLog": {"enabled": True}})
     wait_for(lambda: c.get("statefulset", "edge")["spec"]["template"]["metadata"]["annotations"] != hash_before,
              msg="a new restart hash")  # fmt: skip
-    wait_for(lambda: fleet_ready(c) and c.get("statefulset", "edge")["status"].get("updatedReplicas") == 3,
-             timeout=300, msg="pods rolled with the event log on")  # fmt: skip
+    wait_for(lambda: settled(c), timeout=300, msg="pods rolled with the event log on")
     targets = tmp_path / "targets.json"
     discovery = EndpointDiscovery(c, targets, [(APP_NS, "fleetmq.io/service=headless"),
                                                (RELEASE_NS, "app.kubernetes.io/component=operator")])  # fmt: skip
