@@ -200,8 +200,8 @@ class Operator:
         balancing = await self._rebalance(parsed, observed) if rendered is not None else None
         observed.autoscaling = await self._autoscale(parsed, observed)
         if pods_listed and rendered is not None:
-            if balancing is not None and balancing.donors and plan.progress is None:
-                plan = self._rollout(parsed, before, observed.pods, balancing.donors)
+            if balancing is not None and balancing.away and plan.progress is None:
+                plan = self._rollout(parsed, before, observed.pods, balancing.away)
             await self._steer(parsed, plan)
         observed.rollout = plan.progress
         status = fleet_status(parsed, rendered, render_error, observed)
@@ -272,6 +272,8 @@ class Operator:
             wall,
             now(),
             uuid.uuid4().hex[:8],
+            # (after a restart the operator does not know when labels last changed: it waits as if now)
+            settled_for=time.monotonic() - self.steered_at.setdefault(key, time.monotonic()),
         )
         reader = self.readers.get(key)
         for pod, order in step.orders.items():
@@ -362,7 +364,7 @@ class Operator:
         fleet: render.Fleet,
         statefulset: dict[str, Any] | None,
         pods: list[dict[str, Any]] | None,
-        donors: set[str] | frozenset[str] = frozenset(),
+        away: set[str] | frozenset[str] = frozenset(),
     ) -> rollout.Plan:
         """This pass's rollout step (rollout.plan); while the pods cannot be listed, the StatefulSet stays
         as it is."""
@@ -380,7 +382,7 @@ class Operator:
             settled_for=settled_for,
             paused=spec.paused,
             deadline=spec.rollout.progressDeadline,
-            donors=donors,
+            away=away,
             max_unavailable=spec.disruption.max_unavailable(spec.replicas),
         )
 

@@ -155,14 +155,14 @@ def _scale_down(
     live: list[Mapping[str, Any]],
     leaving: list[Mapping[str, Any]],
     settled_for: float,
-    donors: Collection[str],
+    away: Collection[str],
     max_unavailable: int,
 ) -> Plan:
     """One pod fewer, the one with the highest ordinal (a StatefulSet removes no other), one at a time.
     Every pod above `target` leaves the Services first, so the clients each evicts land on pods that stay
     (each moves once)."""
     last = shape.start + target
-    want = {p["metadata"]["name"]: ordinal(p) < last and p["metadata"]["name"] not in donors for p in live}
+    want = {p["metadata"]["name"]: ordinal(p) < last and p["metadata"]["name"] not in away for p in live}
     serving = _serving(live, want)
     if leaving or serving or settled_for < STEER_SETTLE:
         wait = 1.0 if leaving or serving else STEER_SETTLE - settled_for
@@ -182,15 +182,16 @@ def plan(
     settled_for: float,
     paused: bool = False,
     deadline: float = 600.0,
-    donors: Collection[str] = (),
+    away: Collection[str] = (),
     max_unavailable: int = 1,
 ) -> Plan:
     """What to do with the broker StatefulSet and its pods' serving labels in this pass.
 
     `pods`: the broker pods; `replicas`: the fleet's; `now`: the wall clock (pod timestamps are wall
-    time); `settled_for`: seconds since the operator last changed a serving label; `donors`: pods giving
-    connections away in a rebalance (rebalance.py), not serving outside a rollout; `max_unavailable`: the
-    disruption budget (spec.disruption): no pod is let go while more of `replicas` are not Ready."""
+    time); `settled_for`: seconds since the operator last changed a serving label; `away`: pods a
+    rebalance keeps out of the Services (rebalance.py: all but the one receiving), outside a rollout;
+    `max_unavailable`: the disruption budget (spec.disruption): no pod is let go while more of
+    `replicas` are not Ready."""
     shape = Shape.of(statefulset, replicas)
     steady = Shape(shape.start, replicas, replicas)
     if statefulset is None:
@@ -213,8 +214,8 @@ def plan(
     ):
         # nothing to roll; or the pod a rollout added is the odd one: its template was set back
         if shape.replicas > replicas:
-            return _scale_down(shape, replicas, live, leaving, settled_for, donors, max_unavailable)
-        serving = _serving(live, {p["metadata"]["name"]: p["metadata"]["name"] not in donors for p in live})
+            return _scale_down(shape, replicas, live, leaving, settled_for, away, max_unavailable)
+        serving = _serving(live, {p["metadata"]["name"]: p["metadata"]["name"] not in away for p in live})
         if leaving and any(v == "true" for v in serving.values()):
             # (the last old pod of a rollout may still be letting its clients go: they go where the
             # rollout sent new clients, so pods serve again only once it is gone)

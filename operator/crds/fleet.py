@@ -383,9 +383,9 @@ class RebalanceSpec(CrdModel):
     """Moving connections from pods with more than their share to the others, a few a second. Clients stay
     on the pod they connected to, so pods added by a scale-up start empty. A rebalance starts after a
     scale-up (afterScaleUp) or when the annotation fleetmq.io/rebalance gets a new value, once every pod is
-    Ready and no rollout is under way; meanwhile the pods giving connections away take no new ones, so
-    the clients they let go (MQTT 5: DISCONNECT 0x9C Use another server) reconnect to the others, with
-    their sessions."""
+    Ready and no rollout is under way. The pods below the average receive one at a time: that pod alone
+    takes new connections while the busy pods let its share go (MQTT 5: DISCONNECT 0x9C Use another
+    server), so the clients reconnect to it, with their sessions."""
 
     afterScaleUp: bool = Field(False, description="Rebalance when the fleet has more Ready pods than before.")
     evictionRate: float = Field(
@@ -635,6 +635,33 @@ class RebalancePodStatus(CrdModel):
     moved: int = Field(0, description="Connections it let go so far.")
 
 
+class RebalanceReceiverStatus(CrdModel):
+    """A pod below the average, receiving in a stage of its own."""
+
+    pod: str
+    asked: int = Field(description="Connections it is to receive.")
+
+
+class RebalanceStageStatus(CrdModel):
+    """The stage under way: one pod receives; it alone serves, so every client let go lands on it."""
+
+    index: int = Field(description="Which of the receivers (from 0).")
+    receiver: str = Field(description="The pod receiving.")
+    startedAt: str | None = Field(None, description="When it alone began to serve.")
+    orderedAt: str | None = Field(
+        None,
+        description="When the pods giving were ordered to let connections go (the Services had settled).",
+    )
+    drainedAt: str | None = Field(
+        None,
+        description="When they all reported their orders done; the stage ends a few seconds later, once the "
+        "last clients let go have reconnected.",
+    )
+    movedBefore: dict[str, int] = Field(
+        default_factory=dict, description="Connections each pod giving had let go in earlier stages."
+    )
+
+
 class RebalanceStatus(CrdModel):
     """The last rebalance (spec.rebalance)."""
 
@@ -655,6 +682,10 @@ class RebalanceStatus(CrdModel):
     pods: dict[str, RebalancePodStatus] = Field(
         default_factory=dict, description="The pods giving connections away."
     )
+    receivers: list[RebalanceReceiverStatus] = Field(
+        default_factory=list, description="The pods receiving, in the order they do."
+    )
+    stage: RebalanceStageStatus | None = Field(None, description=doc(RebalanceStageStatus))
 
 
 class FleetZoneStatus(CrdModel):

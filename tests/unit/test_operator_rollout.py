@@ -275,10 +275,10 @@ def test_a_paused_rollout_holds_where_it_is_and_resumes():
     assert fleet.current == "r2" and max(fleet.moves.values()) == 1
 
 
-def test_outside_a_rollout_donors_stop_serving_and_serve_again_after():
+def test_outside_a_rollout_pods_held_away_stop_serving_and_serve_again_after():
     fleet = Fleet(3, 3)
     pods = [p.obj(fleet.now) for p in fleet.pods.values()]
-    plan = rollout.plan(fleet.sts(), pods, 3, now=fleet.now, settled_for=9, donors={"edge-0"})
+    plan = rollout.plan(fleet.sts(), pods, 3, now=fleet.now, settled_for=9, away={"edge-0"})
     assert plan.serving == {"edge-0": "false"}
     fleet.pods[0].serving = "false"
     pods = [p.obj(fleet.now) for p in fleet.pods.values()]
