@@ -11,7 +11,7 @@ import base64
 import hashlib
 import hmac
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import IntEnum
 from pathlib import Path
 
@@ -148,9 +148,9 @@ class Acl:
         self.default_allow = default == "allow"
         self.user_rules = user_rules or {}
 
-    def bind(self, username: str | None, client_id: str) -> ClientAcl:
-        """The rules as they apply to one client: its user's own rules, then the zone's; %u and %c
-        substituted once.
+    def bind(self, username: str | None, client_id: str, own: Sequence[AclRule] = ()) -> ClientAcl:
+        """The rules as they apply to one client: `own` (an authenticator's, e.g. a token's acl claim),
+        its user's own rules, then the zone's; %u and %c substituted once.
 
         A rule about the user does not apply to anonymous clients. A name holding '/', '+' or '#' would
         turn into other levels or wildcards, so an allow rule it would widen is left out (the client gets
@@ -160,8 +160,8 @@ class Acl:
         """
         publish: list[tuple[bool, str]] = []
         read: list[tuple[bool, str]] = []
-        own = self.user_rules.get(username, []) if username is not None else []
-        for rule in (*own, *self.rules):
+        users = self.user_rules.get(username, []) if username is not None else []
+        for rule in (*own, *users, *self.rules):
             allow = rule.permission == "allow"
             pattern = rule.filter
             if "%u" in pattern:
@@ -207,6 +207,11 @@ class ClientAcl:
         "guards_read",
         "publish_open",
     )
+
+    @classmethod
+    def superuser(cls) -> ClientAcl:
+        """Everything allowed but publishing on $SYS, which only a rule naming it grants."""
+        return cls((), (), True)
 
     def __init__(self, publish: Rules, read: Rules, default_allow: bool) -> None:
         self._publish = publish

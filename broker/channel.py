@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, cast
 
 from .auth import Access, ClientAcl
+from .authn.chain import Identity
 from .clock import Clock, Timer
 from .codec import (
     MQTT5,
@@ -218,6 +219,7 @@ class Channel:
         "_backlog",
         "_checks",
         "_dollar_checks",  # the checks of a client that publishes on '$' topics
+        "_expiry_timer",
         "_holding",
         "_in_process",
         "_ka_timer",
@@ -240,6 +242,7 @@ class Channel:
         "connected_at",
         "counted",
         "host",
+        "identity",
         "io",
         "keepalive",
         "last_recv",
@@ -306,6 +309,7 @@ class Channel:
         self.last_recv = clock.time()
         self.connected_at = 0.0
         self.acl: ClientAcl | None = None  # the zone's rules bound to this client at CONNECT
+        self.identity: Identity | None = None  # what an authenticator of the zone's chain said of it
         # Whether deliveries on the local path are checked for read access: set once a subscription
         # whose filter a deny rule reaches is made, and kept until the rules are bound again (so messages
         # already on their way through such a filter are still checked after an UNSUBSCRIBE).
@@ -326,6 +330,7 @@ class Channel:
         self._rel_timer: Timer | None = None
         self._retained: deque[RetainedRun] | None = None  # new subscriptions' retained messages still due
         self._retained_timer: Timer | None = None
+        self._expiry_timer: Timer | None = None  # its credentials' end (a token's exp)
 
     # ---------------------------------------------------------------------------------------------
     # input
@@ -441,10 +446,18 @@ class Channel:
         self.host.closed(self)
 
     def _cancel_timers(self) -> None:
-        for t in (self._ka_timer, self._retry_timer, self._rel_timer, self._retained_timer):
+        for t in (
+            self._ka_timer,
+            self._retry_timer,
+            self._rel_timer,
+            self._retained_timer,
+            self._expiry_timer,
+        ):
             if t is not None:
                 t.cancel()
-        self._ka_timer = self._retry_timer = self._rel_timer = self._retained_timer = None
+        self._ka_timer = self._retry_timer = self._rel_timer = self._retained_timer = self._expiry_timer = (
+            None
+        )
         self._retained = None
 
     # ---------------------------------------------------------------------------------------------
@@ -486,10 +499,21 @@ class Channel:
         self._stash = []
         self.host.open_session(self, result)
 
+    def authenticated(self, identity: Identity) -> None:
+        """An authenticator of the zone's chain allowed the client: its own rules apply (before the
+        zone's), and its credentials' expiry once the session is open."""
+        self.identity = identity
+        self._bind_rules()
+
     def _bind_rules(self) -> None:
         """This client's view of its zone's rules and limits (at CONNECT and after a live change)."""
         zone = self.zone
-        self.acl = zone.acl.bind(self.username, self.client_id)
+        identity = self.identity
+        if identity is not None and identity.superuser:
+            self.acl = ClientAcl.superuser()
+        else:
+            own = identity.rules if identity is not None else ()
+            self.acl = zone.acl.bind(self.username, self.client_id, own)
         rate = self.settings.max_publish_rate
         if not rate:
             self.publish_rate = None
@@ -516,6 +540,9 @@ class Channel:
         unreadable = self._guard_session()
         self.io.write(encode(Connack(present, 0, connack_props), self.version))
         self._arm_keepalive()
+        if self.identity is not None and self.identity.expires_at is not None:
+            left = max(0.0, self.identity.expires_at - self.clock.wall())
+            self._expiry_timer = self.clock.call_later(left, self._credentials_expired)
         self.telemetry.connected(self.client_id, present, session)
         now = self.clock.time()
         if present:
@@ -536,6 +563,10 @@ class Channel:
                 self.protocol_error(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
                 break
             handler(self, packet)
+
+    def _credentials_expired(self) -> None:
+        self._expiry_timer = None
+        self.disconnect(RC.NOT_AUTHORIZED, "credentials_expired", "the token expired")
 
     def _connect_timeout(self) -> None:
         self._ka_timer = None

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from .authn.chain import Credentials, Verdict
 from .channel import Channel, State
 from .codec import MQTT5, RC
 from .eventschema import DropReason
@@ -184,8 +185,30 @@ class ChannelManager:
             return ch.refuse(RC.CONNECTION_RATE_EXCEEDED, "connection_rate_exceeded")
         limits.connections += 1
         ch.counted = True
+        if zone.authn:
+            peer = ch.peer.rpartition(":")[0] or ch.peer
+            credentials = Credentials(req.client_id, req.username, req.password, peer)
+            mechanism, decision = await zone.authn.authenticate(credentials, ch.clock.wall())
+            if ch.state == State.CLOSED:
+                return
+            if decision.verdict is not Verdict.IGNORE:
+                result = "unavailable" if decision.unavailable else decision.verdict.value
+                self.metrics.zone(zone.name).authentications[mechanism, result] += 1
+            if decision.verdict is Verdict.DENY:
+                log.info(
+                    "%s authentication refused %r from %s: %s",
+                    mechanism,
+                    req.client_id,
+                    ch.peer,
+                    decision.why,
+                )
+                if decision.unavailable:  # (not the client's fault: it may try again)
+                    return ch.refuse(RC.SERVER_UNAVAILABLE, "server_unavailable")
+                return ch.refuse(RC.BAD_USER_NAME_OR_PASSWORD, "bad_username_or_password")
+            if decision.identity is not None:
+                ch.authenticated(decision.identity)
         auth = zone.auth
-        if auth is not None and req.username is not None and not req.certified:
+        if ch.identity is None and auth is not None and req.username is not None and not req.certified:
             # a slow hash by design: computed off the event loop (hashlib releases the GIL)
             loop = asyncio.get_running_loop()
             ok = await loop.run_in_executor(None, auth.check, req.username, req.password)

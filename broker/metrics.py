@@ -79,6 +79,7 @@ class ZoneMetrics:
 
     __slots__ = (
         "acked",
+        "authentications",
         "delivered",
         "disconnects",
         "dropped",
@@ -101,6 +102,8 @@ class ZoneMetrics:
         self.disconnects: dict[str, int] = defaultdict(int)
         self.session_events: dict[str, int] = defaultdict(int)
         self.latency = Histogram(LATENCY_BUCKETS)
+        #: decisions of the zone's authentication chain by (mechanism, result: allow, deny, unavailable)
+        self.authentications: dict[tuple[str, str], int] = defaultdict(int)
 
 
 class Metrics:
@@ -186,6 +189,11 @@ class _Collector(Collector):
         drop = counter("messages_dropped", "Messages dropped by reason.", ["zone", "reason"])
         full = counter("inflight_full", "Deliveries queued because the Inflight Window was full.", ["zone"])
         ka = counter("keepalive_timeouts", "Connections closed for keep-alive timeout.", ["zone"])
+        authn = counter(
+            "authentications",
+            "Decisions of the zone's authentication chain (unavailable: its source could not answer; denied).",
+            ["zone", "mechanism", "result"],
+        )
         lat = HistogramMetricFamily(
             "fleetmq_delivery_latency_seconds",
             "Publish to the subscriber's acknowledgement (PUBACK or PUBCOMP) of QoS 1/2 deliveries.",
@@ -196,6 +204,8 @@ class _Collector(Collector):
                 ev.add_metric([zone, event], z.session_events.get(event, 0))
             for reason, n in sorted(z.disconnects.items()):
                 disc.add_metric([zone, reason], n)
+            for (mechanism, result), n in sorted(z.authentications.items()):
+                authn.add_metric([zone, mechanism, result], n)
             for qos in range(3):
                 recv.add_metric([zone, str(qos)], z.received[qos])
                 dlv.add_metric([zone, str(qos)], z.delivered[qos])
@@ -206,7 +216,7 @@ class _Collector(Collector):
             full.add_metric([zone], z.inflight_full)
             ka.add_metric([zone], z.keepalive_timeouts)
             lat.add_metric([zone], z.latency.buckets(), z.latency.sum)
-        yield from (ev, disc, recv, dlv, ack, rtx, drop, full, ka, lat)
+        yield from (ev, disc, recv, dlv, ack, rtx, drop, full, ka, authn, lat)
 
         err = counter("store_errors", "Failed session-store operations.", [])
         err.add_metric([], m.store_errors)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -66,6 +66,73 @@ class UsersFile(BaseModel):
         "arrives after the ConfigMap, or before), the node keeps the config it runs, so a config and its "
         "users are applied together.",
     )
+
+
+JwtAlgorithm = Literal["HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "ES256", "ES384", "ES512"]
+
+
+def _asymmetric() -> list[JwtAlgorithm]:
+    return ["RS256", "ES256"]
+
+
+class JwtAuthentication(BaseModel):
+    """A JSON Web Token in the CONNECT's password (or username), checked against keys the zone is given
+    (EMQX's jwt authenticator). A token that verifies allows the client; one that does not denies it."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    mechanism: Literal["jwt"] = Field(description="jwt: a JSON Web Token checked against keys.")
+    from_: Literal["password", "username"] = Field(
+        "password", alias="from", description="Which CONNECT field carries the token."
+    )
+    algorithms: list[JwtAlgorithm] = Field(
+        default_factory=_asymmetric,
+        min_length=1,
+        description="Signature algorithms accepted (the token's header must name one of them).",
+    )
+    secret_file: str | None = Field(None, description="File holding the HMAC secret of HS* tokens.")
+    public_key_file: str | None = Field(None, description="PEM public key of RS*/ES* tokens.")
+    jwks_file: str | None = Field(
+        None, description="JSON Web Key Set file; read again when it changes (a rotated key set, no restart)."
+    )
+    jwks_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="JSON Web Key Set URL: fetched, kept, and fetched again every jwks_refresh, and at once "
+        "for a token whose key id it does not hold (at most once a jwks_refresh_min).",
+    )
+    jwks_refresh: Duration = Field(300.0, gt=0, description="How often jwks_url is fetched again.")
+    jwks_refresh_min: Duration = Field(
+        10.0, ge=0, description="Least time between two fetches of jwks_url (an unknown key id asks for one)."
+    )
+    verify_claims: dict[str, str] = Field(
+        default_factory=dict,
+        description="Claims that must be present and equal these values (%c: the client id, %u: the "
+        "username), e.g. {sub: '%c'}.",
+    )
+    acl_claim: str | None = Field(
+        None,
+        description="Claim holding the client's own ACL rules (the acl rule shape), matched before the zone's.",
+    )
+    disconnect_after_expire: bool = Field(
+        True, description="End the connection when the token expires (MQTT 5: DISCONNECT 0x87)."
+    )
+    leeway: Duration = Field(0.0, ge=0, description="Clock skew allowed on exp and nbf.")
+
+    @model_validator(mode="after")
+    def _keys(self) -> JwtAuthentication:
+        hmac = [a for a in self.algorithms if a.startswith("HS")]
+        public = [a for a in self.algorithms if not a.startswith("HS")]
+        if hmac and self.secret_file is None:
+            raise ValueError(f"algorithms {hmac} need secret_file")
+        if public and not (self.public_key_file or self.jwks_file or self.jwks_url):
+            raise ValueError(f"algorithms {public} need public_key_file, jwks_file or jwks_url")
+        if self.secret_file is not None and not hmac:
+            raise ValueError("secret_file is for HS* algorithms: list one in algorithms")
+        return self
+
+
+Authentication = Annotated[JwtAuthentication, Field(discriminator="mechanism")]
 
 
 class ZoneSettings(BaseModel):
@@ -175,6 +242,12 @@ class ZoneSettings(BaseModel):
         "with peer_cert_as_username: cn (a common name not listed is the username itself).",
     )
     acl_default: Literal["allow", "deny"] = Field("allow", description="Permission when no ACL rule matches.")
+    authentication: list[Authentication] = Field(
+        default_factory=list,
+        description="Authenticators tried in order at CONNECT; each allows, denies or passes to the next. "
+        "When every one passes (or there is none), users_file, users_files and certificates decide as "
+        "before. One that cannot answer denies.",
+    )
 
     def keepalive_timeout(self, keepalive: int) -> float:
         """Seconds of silence after which a connection with this Keep Alive is closed (0 = never)."""
