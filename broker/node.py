@@ -375,6 +375,8 @@ class Node:
     async def stop(self) -> None:
         for bridge in self.bridges:
             await bridge.stop()
+        for zone in self.zones.values():
+            await zone.authn.close()
         if self.cluster is not None:
             await self.cluster.stop()
         if self.events is not None:

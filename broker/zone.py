@@ -6,12 +6,14 @@ its telemetry. Channels hold their zone and pick up a live change at their next 
 from __future__ import annotations
 
 from .auth import Acl, Authenticator, zone_users
+from .authn.chain import Authenticator as ChainAuthenticator
 from .authn.chain import Chain
+from .authn.http import HttpAuthenticator
 from .authn.jwt import JwtAuthenticator
 from .config import ConfigError
 from .limiter import TokenBucket
 from .telemetry import Telemetry
-from .zones import ZoneSettings
+from .zones import JwtAuthentication, ZoneSettings
 
 
 class ConnectLimits:
@@ -59,10 +61,10 @@ class Zone:
     @staticmethod
     def chain(name: str, settings: ZoneSettings) -> Chain:
         """The zone's authenticators; ConfigError names the one whose key or secret cannot be read."""
-        out = []
+        out: list[ChainAuthenticator] = []
         for i, a in enumerate(settings.authentication):
             try:
-                out.append(JwtAuthenticator(a))
+                out.append(JwtAuthenticator(a) if isinstance(a, JwtAuthentication) else HttpAuthenticator(a))
             except (OSError, ValueError) as e:
                 raise ConfigError(f"zones.{name}.authentication.{i} ({a.mechanism}): {e}") from e
         return Chain(out)
@@ -74,5 +76,7 @@ class Zone:
         # (an unchanged chain is kept: its fetched key sets with it)
         same = settings.authentication == self.settings.authentication
         authn = self.authn if same else self.chain(self.name, settings)
+        if authn is not self.authn:
+            self.authn.close_soon()
         self.settings, self.acl, self.auth, self.authn = settings, acl, auth, authn
         self.limits.set_rate(settings.max_conn_rate)

@@ -132,7 +132,39 @@ class JwtAuthentication(BaseModel):
         return self
 
 
-Authentication = Annotated[JwtAuthentication, Field(discriminator="mechanism")]
+class HttpAuthentication(BaseModel):
+    """An HTTP service of the platform asked "may this client connect?" (EMQX's http authenticator). It
+    answers JSON {"result": "allow" | "deny" | "ignore", "is_superuser": bool, "acl": [rules]}."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mechanism: Literal["http"] = Field(description="http: a request to an authentication service.")
+    url: str = Field(pattern=r"^https?://", description="Where the request goes.")
+    method: Literal["post", "get"] = Field(
+        "post", description="post: the body as JSON; get: the body's fields as query parameters."
+    )
+    headers: dict[str, str] = Field(default_factory=dict, description="Headers sent as written.")
+    header_files: dict[str, str] = Field(
+        default_factory=dict,
+        description="Headers whose value is read from a file (a mounted Secret: an API key never sits in "
+        "the config), read again when it changes.",
+    )
+    body: dict[str, str] = Field(
+        default_factory=lambda: {"clientid": "%c", "username": "%u", "password": "%P", "peerhost": "%a"},
+        description="Fields sent; %c client id, %u username, %P password, %a the client's address.",
+    )
+    timeout: Duration = Field(
+        2.0, gt=0, description="A request not answered by then counts as the service unavailable: denied."
+    )
+    cache_ttl: Duration = Field(
+        0.0,
+        ge=0,
+        description="How long an answer is reused for the same client id and credentials; 0 = not reused.",
+    )
+    cache_size: int = Field(10000, ge=1, description="Answers kept at most (the oldest go first).")
+
+
+Authentication = Annotated[JwtAuthentication | HttpAuthentication, Field(discriminator="mechanism")]
 
 
 class ZoneSettings(BaseModel):

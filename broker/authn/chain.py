@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -12,6 +14,7 @@ from typing import Protocol
 from ..zones import AclRule
 
 log = logging.getLogger("fleetmq.authn")
+_closing: set[asyncio.Task[None]] = set()  # (a task is only weakly held by its loop)
 
 
 class Verdict(Enum):
@@ -65,6 +68,10 @@ class Authenticator(Protocol):
         """The decision on one CONNECT; raises only for what the chain counts as unavailable."""
         ...
 
+    async def close(self) -> None:
+        """Let go of what it holds open (connections to its service)."""
+        ...
+
 
 class Chain:
     """A zone's authenticators, tried in order."""
@@ -87,6 +94,19 @@ class Chain:
             if decision.verdict is not Verdict.IGNORE:
                 return a.mechanism, decision
         return "", IGNORED
+
+    async def close(self) -> None:
+        for a in self.authenticators:
+            await a.close()
+
+    def close_soon(self) -> None:
+        """close() once the running loop gets to it (a chain replaced by a config change)."""
+        if self.authenticators:
+            with contextlib.suppress(RuntimeError):  # (no loop running: nothing was opened)
+                loop = asyncio.get_running_loop()
+                task = loop.create_task(self.close())
+                _closing.add(task)
+                task.add_done_callback(_closing.discard)
 
     def _warn(self, mechanism: str, message: str) -> None:
         """At most one warning a second per mechanism: an authenticator down must not flood the log."""

@@ -133,6 +133,10 @@ class JwtAuthenticator:
             return decide(claims, s, c)
         return Decision.deny("bad_signature")
 
+    async def close(self) -> None:
+        if self._fetching is not None:
+            self._fetching.cancel()
+
     async def _keys(self, alg: str, kid: str | None) -> list[Any]:
         """The keys a token with this algorithm and key id may be signed with."""
         if alg.startswith("HS"):
