@@ -82,6 +82,35 @@ class LabelSelector(CrdModel):
     )
 
 
+class IPBlock(CrdModel):
+    """Addresses a network policy admits (a Kubernetes IPBlock)."""
+
+    cidr: str = Field(min_length=1, description="CIDR admitted, e.g. 10.0.0.0/8.")
+    except_: list[str] | None = Field(None, alias="except", description="CIDRs within it that are not.")
+
+
+class NetworkPolicyPeer(CrdModel):
+    """Who may connect (a Kubernetes NetworkPolicyPeer): pods by labels, in namespaces by labels (both:
+    those pods in those namespaces; podSelector alone: in the fleet's namespace), or addresses."""
+
+    podSelector: LabelSelector | None = Field(None, description="Pods admitted.")
+    namespaceSelector: LabelSelector | None = Field(None, description="Namespaces whose pods are admitted.")
+    ipBlock: IPBlock | None = Field(None, description="Addresses admitted (not with the selectors).")
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.ipBlock) != (has(self.podSelector) || has(self.namespaceSelector))",
+                    "message": "set ipBlock, or podSelector and/or namespaceSelector",
+                }
+            ]
+        },
+    )
+
+
 class Toleration(CrdModel):
     """A node taint the pods tolerate (a Kubernetes Toleration)."""
 

@@ -38,11 +38,11 @@ def test_every_child_is_owned_by_the_fleet_and_labelled():
     kinds = sorted(m["kind"] for m in r.manifests)
     # brokers: config, bridge and users Secrets, StatefulSet, headless Service, zone Service, budget,
     # monitor; the managed Redis (sentinel mode): its script, servers and sentinels with a Service and a
-    # budget each
+    # budget each, and a NetworkPolicy
     assert kinds == sorted(
         ["ConfigMap", "Secret", "Secret", "StatefulSet", "Service", "Service", "PodDisruptionBudget", "ServiceMonitor",
          "ConfigMap", "StatefulSet", "Service", "PodDisruptionBudget", "StatefulSet", "Service",
-         "PodDisruptionBudget"]
+         "PodDisruptionBudget", "NetworkPolicy"]
     )  # fmt: skip
     for m in r.manifests:
         (owner,) = m["metadata"]["ownerReferences"]
@@ -482,3 +482,25 @@ def test_the_brokers_disruption_budget_is_the_fleets_and_the_operator_counts_it_
             assert where in str(e)
         else:
             raise AssertionError(f"{bad} accepted")
+
+
+def test_the_managed_redis_admits_only_its_fleet_the_operator_and_allow_from():
+    peer = {
+        "namespaceSelector": {"matchLabels": {"team": "sre"}},
+        "podSelector": {"matchLabels": {"app": "debug"}},
+    }
+    r = rendered(fleet(redis={"managed": True, "networkPolicy": {"allowFrom": [peer]}}), zone("external"),
+                 operator_namespace="fleetmq-system")  # fmt: skip
+    (policy,) = by_kind(r, "NetworkPolicy")
+    assert policy["metadata"]["name"] == "edge-redis" and policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    brokers, store, operator, extra = rule["from"]
+    assert brokers == {"podSelector": {"matchLabels": render.selector_labels("edge")}}
+    assert store["podSelector"]["matchExpressions"][0]["values"] == ["redis", "redis-sentinel", "redis-setup"]
+    assert operator["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "fleetmq-system"}}
+    assert extra == peer
+    # an operator outside the cluster is no pod: no peer for it; and the policy can be left out
+    (outside,) = by_kind(rendered(fleet(redis={"managed": True}), zone("external")), "NetworkPolicy")
+    assert len(outside["spec"]["ingress"][0]["from"]) == 2
+    off = rendered(fleet(redis={"managed": True, "networkPolicy": {"enabled": False}}), zone("external"))
+    assert "NetworkPolicy" not in {m["kind"] for m in off.manifests}
