@@ -66,11 +66,12 @@ targets=(broker)
 image_pid=$!
 trap 'kill "$image_pid" 2>/dev/null; wait "$image_pid" 2>/dev/null' EXIT # a failed Go build stops it too
 
-# the control plane (and the node's kubelet, kube-proxy, pause program, kubectl), CoreDNS, helm, kind
+# the control plane (and the node's kubelet, kube-proxy, pause program, kubectl), CoreDNS, metrics-server,
+# helm, kind
 bash "$ROOT/scripts/envtest.sh" >/dev/null
 if [[ "$E2E_CLUSTER" != kind ]]; then
   ENVTEST_COMPONENTS="kubelet kube-proxy pause kubectl" bash "$ROOT/scripts/envtest.sh" >/dev/null
-  bash "$ROOT/scripts/tools.sh" coredns >/dev/null
+  bash "$ROOT/scripts/tools.sh" coredns metrics-server >/dev/null
 fi
 tools=(helm)
 [[ "$E2E_CLUSTER" != kind ]] || tools+=(kind)
