@@ -88,6 +88,7 @@ class JwtAuthentication(BaseModel):
     algorithms: list[JwtAlgorithm] = Field(
         default_factory=_asymmetric,
         min_length=1,
+        max_length=9,
         description="Signature algorithms accepted (the token's header must name one of them).",
     )
     secret_file: str | None = Field(None, description="File holding the HMAC secret of HS* tokens.")

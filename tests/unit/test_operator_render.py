@@ -504,3 +504,44 @@ def test_the_managed_redis_admits_only_its_fleet_the_operator_and_allow_from():
     assert len(outside["spec"]["ingress"][0]["from"]) == 2
     off = rendered(fleet(redis={"managed": True, "networkPolicy": {"enabled": False}}), zone("external"))
     assert "NetworkPolicy" not in {m["kind"] for m in off.manifests}
+
+
+def test_an_authentication_chain_reaches_the_brokers_with_its_keys_as_mounted_files():
+    chain = [
+        {"mechanism": "jwt", "from": "username", "algorithms": ["RS256", "HS256"], "jwksUrl": "https://idp/jwks",
+         "jwksRef": {"name": "idp-keys", "key": "jwks.json"}, "secretRef": {"name": "idp-hmac", "key": "hmac"},
+         "verifyClaims": {"sub": "%c"}, "aclClaim": "acl", "jwksRefreshMin": "30s"},
+        {"mechanism": "http", "url": "http://auth.platform:8080/mqtt", "cacheTtl": "30s",
+         "headers": {"X-Source": "fleetmq"}, "headerSecretRefs": {"X-Api-Key": {"name": "auth-key", "key": "key"}}},
+    ]  # fmt: skip
+    r = rendered(fleet(), zone("external", authentication={"chain": chain}))
+    cfg = BrokerConfig.model_validate(yaml.safe_load(by_kind(r, "ConfigMap")[0]["data"][render.CONFIG_KEY]))
+    jwt_, http = cfg.zones["external"].authentication
+    base = "/etc/fleetmq/authn/external"
+    assert (jwt_.from_, jwt_.jwks_url, jwt_.jwks_refresh_min, jwt_.acl_claim) == (
+        "username",
+        "https://idp/jwks",
+        30.0,
+        "acl",
+    )
+    assert jwt_.jwks_file == f"{base}/0/jwksRef/jwks.json" and jwt_.secret_file == f"{base}/0/secretRef/hmac"
+    assert http.header_files == {"X-Api-Key": f"{base}/1/header-0/key"} and http.headers == {
+        "X-Source": "fleetmq"
+    }
+    assert http.cache_ttl == 30.0
+    pod = broker_sts(r)["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    sources = {path: {k: v for k, v in volumes[name].items() if k != "name"} for path, name in mounts.items()
+               if path.startswith(base)}  # fmt: skip
+    assert sources == {
+        f"{base}/0/jwksRef": {
+            "configMap": {"name": "idp-keys", "items": [{"key": "jwks.json", "path": "jwks.json"}]}
+        },
+        f"{base}/0/secretRef": {
+            "secret": {"secretName": "idp-hmac", "items": [{"key": "hmac", "path": "hmac"}]}
+        },
+        f"{base}/1/header-0": {
+            "secret": {"secretName": "auth-key", "items": [{"key": "key", "path": "key"}]}
+        },
+    }
