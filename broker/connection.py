@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, cast
 
+from . import proxyproto
 from .channel import Channel, ChannelIO
 from .codec import RC
 from .websocket import WebSocket
@@ -163,11 +164,12 @@ class Connection(asyncio.Protocol):
         self._registry = connections
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport, peer: tuple[str, int] | None = None) -> None:
+        """`peer`: the client's address when the socket's is a load balancer's (a PROXY header)."""
         t = self.transport = cast(asyncio.Transport, transport)  # a stream (uvloop's are not subclasses)
         t.set_write_buffer_limits(high=self._budget.connection_limit)
         self._registry.add(self)
-        peer = transport.get_extra_info("peername")
+        peer = peer or transport.get_extra_info("peername")
         self.channel = self._new_channel(self, f"{peer[0]}:{peer[1]}" if peer else "?", self.listener)
         if self._peer_cert:
             self.channel.cert_name = common_name(transport.get_extra_info("peercert"))
@@ -356,3 +358,59 @@ class WsConnection(Connection):
         self._closing = self._careful = True
         self.transport.write(self.ws.close())
         self.transport.close()
+
+
+class ProxyGate(asyncio.Protocol):
+    """A connection on a listener with proxy_protocol until its PROXY header is in: then the connection is
+    its protocol's (`make`), from the address the header names, and the bytes after the header are its
+    first. A header that is not one, or that does not come within `timeout`, closes the connection."""
+
+    __slots__ = ("_buf", "_make", "_refused", "_timeout", "_timer", "transport")
+
+    def __init__(
+        self, make: Callable[[], Connection], timeout: float, refused: Callable[[str], None]
+    ) -> None:
+        self._make = make
+        self._timeout = timeout
+        self._refused = refused
+        self._buf = b""
+        self._timer: asyncio.TimerHandle | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        try:
+            got = proxyproto.parse(self._buf)
+        except proxyproto.ProxyError as e:
+            return self._refuse(str(e))
+        if got is None:
+            return
+        header, used = got
+        if self._timer is not None:
+            self._timer.cancel()
+        rest, self._buf = self._buf[used:], b""
+        transport, conn = self.transport, self._make()
+        assert transport is not None
+        transport.set_protocol(conn)
+        conn.connection_made(transport, header.source)
+        if rest:
+            conn.data_received(rest)
+
+    def _expired(self) -> None:
+        self._refuse(f"no PROXY header within {self._timeout:g}s")
+
+    def _refuse(self, why: str) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        self._refused(f"{peer[0]}:{peer[1]}: {why}" if peer else why)
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()

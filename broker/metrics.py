@@ -126,6 +126,8 @@ class Metrics:
         # each bridge's report (bridge.Bridge.report) by name
         self.bridges: Callable[[], dict[str, dict[str, Any]]] | None = None
         self.config_info: dict[str, str] = {}
+        #: connections closed for a missing or invalid PROXY protocol header, by listener
+        self.proxy_refused: dict[str, int] = defaultdict(int)
 
     def zone(self, name: str) -> ZoneMetrics:
         return self.zones[name]
@@ -246,6 +248,14 @@ class _Collector(Collector):
         rec = counter("store_reconnects", "Times the node resynchronised with the store after an outage.", [])
         rec.add_metric([], m.store_reconnects)
         yield rec
+        proxy = counter(
+            "proxy_protocol_refused",
+            "Connections closed for a missing or invalid PROXY protocol header, by listener.",
+            ["listener"],
+        )
+        for listener, n in sorted(m.proxy_refused.items()):
+            proxy.add_metric([listener], n)
+        yield proxy
         if m.store_topology is not None:
             topology, primaries, failovers, retries = m.store_topology()
             info = GaugeMetricFamily(

@@ -21,7 +21,7 @@ from . import http
 from .auth import UsersFileError, UsersFilePending
 from .codec import RC
 from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
-from .connection import Connection, WriteBudget, WsConnection
+from .connection import Connection, ProxyGate, WriteBudget, WsConnection
 from .limiter import Pacer
 from .metrics import Metrics
 from .node import Node
@@ -81,6 +81,7 @@ class Server:
         self._reload = reload  # reads and validates the config file again
         self._watch = watch  # the file whose changes trigger a reload
         self.metrics = Metrics()
+        self._proxy_logged = -1e9  # when a refused PROXY header was last logged (monotonic)
         self.node = Node(config, make_store(config), self.metrics, evict=self._rebalance)
         self.connections: set[Connection] = set()
         buffers = config.write_buffers
@@ -113,11 +114,15 @@ class Server:
         args = (partial(self.node.channel, listener.zone), listener.name, self.connections)
         by_cert = listener.peer_cert_as_username == "cn"
         if listener.protocol in ("ws", "wss"):
-            factory: Callable[[], Connection] = partial(
+            connection: Callable[[], Connection] = partial(
                 WsConnection, *args, listener.path, peer_cert_as_username=by_cert, budget=self.write_budget
             )
         else:
-            factory = partial(Connection, *args, peer_cert_as_username=by_cert, budget=self.write_budget)
+            connection = partial(Connection, *args, peer_cert_as_username=by_cert, budget=self.write_budget)
+        factory: Callable[[], asyncio.Protocol] = connection
+        if listener.proxy_protocol:
+            refused = partial(self._proxy_refused, listener.name)
+            factory = partial(ProxyGate, connection, listener.proxy_protocol_timeout, refused)
         ctx = tls_context(listener) if listener.protocol in ("tls", "wss") else None
         if ctx is not None:
             self._tls[listener.name] = ctx
@@ -137,6 +142,14 @@ class Server:
         log.info(
             "listener %s (%s, zone %s) on %s:%d", listener.name, listener.protocol, listener.zone, host, port
         )
+
+    def _proxy_refused(self, listener: str, why: str) -> None:
+        """A connection closed for its PROXY header: counted, and logged at most once a second."""
+        self.metrics.proxy_refused[listener] += 1
+        now = time.monotonic()
+        if now - self._proxy_logged >= 1.0:
+            self._proxy_logged = now
+            log.warning("listener %s: closed a connection without a valid PROXY header: %s", listener, why)
 
     async def serve_forever(self) -> None:
         assert self._stopping is not None
