@@ -148,9 +148,13 @@ class Acl:
         self.default_allow = default == "allow"
         self.user_rules = user_rules or {}
 
-    def bind(self, username: str | None, client_id: str, own: Sequence[AclRule] = ()) -> ClientAcl:
+    def bind(
+        self, username: str | None, client_id: str, own: Sequence[AclRule] = (), peerhost: str = ""
+    ) -> ClientAcl:
         """The rules as they apply to one client: `own` (an authenticator's, e.g. a token's acl claim),
-        its user's own rules, then the zone's; %u and %c substituted once.
+        its user's own rules, then the zone's; %u, %c and %a (the client's address, as a PROXY header
+        gives it behind a load balancer) substituted once. A rule with %a does not apply where the
+        address is not known (a will published after its client went).
 
         A rule about the user does not apply to anonymous clients. A name holding '/', '+' or '#' would
         turn into other levels or wildcards, so an allow rule it would widen is left out (the client gets
@@ -172,6 +176,10 @@ class Acl:
                 if allow and _UNSAFE.intersection(client_id):
                     continue
                 pattern = pattern.replace("%c", client_id)
+            if "%a" in pattern:
+                if not peerhost:
+                    continue
+                pattern = pattern.replace("%a", peerhost)
             if allow and pattern.startswith("$") and not rule.filter.startswith("$"):
                 continue
             if rule.action != "subscribe":

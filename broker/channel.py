@@ -513,7 +513,7 @@ class Channel:
             self.acl = ClientAcl.superuser()
         else:
             own = identity.rules if identity is not None else ()
-            self.acl = zone.acl.bind(self.username, self.client_id, own)
+            self.acl = zone.acl.bind(self.username, self.client_id, own, self.peer.rpartition(":")[0])
         rate = self.settings.max_publish_rate
         if not rate:
             self.publish_rate = None

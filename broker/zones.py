@@ -50,7 +50,10 @@ class AclRule(BaseModel):
 
     permission: Literal["allow", "deny"] = Field(description="What a matching rule decides.")
     action: Literal["publish", "subscribe", "all"] = Field("all", description="The action the rule is about.")
-    filter: str = Field(min_length=1, description="Topic filter the rule applies to (%u, %c substituted)")
+    filter: str = Field(
+        min_length=1,
+        description="Topic filter the rule applies to (%u, %c and %a, the client's address, substituted)",
+    )
 
 
 class UsersFile(BaseModel):

@@ -82,3 +82,17 @@ def test_a_bad_or_missing_header_closes_that_connection_alone(proxied, service):
     with RawClient(proxied.host, proxied.ports["direct"], version=5) as c:
         c.send(b"PROXY TCP4 203.0.113.7 10.0.0.1 51234 1883\r\n")
         assert c.wait_closed(timeout=3)[0]
+
+
+def test_acl_rules_name_the_address_the_header_carries(start_broker):
+    bp = start_broker({
+        "listeners": [{"name": "lb", "bind": "127.0.0.1:0", "zone": "default", "proxy_protocol": True}],
+        "zones": {"default": {"acl_default": "deny",
+                              "acl": [{"permission": "allow", "action": "publish", "filter": "sites/%a/#"}]}},
+    })  # fmt: skip
+    with through_balancer(bp, b"PROXY TCP4 203.0.113.7 10.0.0.1 51234 1883\r\n") as c:
+        c.connect(uid("lb"))
+        c.publish("sites/203.0.113.7/state", b"x", qos=1, packet_id=1)
+        c.publish("sites/127.0.0.1/state", b"x", qos=1, packet_id=2)
+        acks = c.recv_n(2, ptype=PUBACK)
+    assert acks[0].reason < 0x80 and acks[1].reason == 0x87, acks
