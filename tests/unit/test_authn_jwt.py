@@ -17,7 +17,7 @@ from fleetmq.broker.authn.chain import IGNORED, Chain, Credentials, Decision, Ve
 from fleetmq.broker.authn.jwt import JwtAuthenticator, key_set
 from fleetmq.broker.zones import AclRule, JwtAuthentication
 
-NOW = time.time()
+NOW = time.time()  # (for the chain's `now` only: PyJWT checks exp and nbf against the clock itself)
 RULES = [{"permission": "allow", "action": "all", "filter": "devices/%c/#"}]
 
 
@@ -33,7 +33,7 @@ def jwk(key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey, kid: str) -> dict[s
 
 def token(key, claims: dict[str, object], kid: str | None = None, alg: str = "RS256") -> bytes:
     headers = {"kid": kid} if kid else None
-    return jwt.encode({"exp": NOW + 600, **claims}, key, algorithm=alg, headers=headers).encode()
+    return jwt.encode({"exp": time.time() + 600, **claims}, key, algorithm=alg, headers=headers).encode()
 
 
 def creds(password: bytes | None, client_id: str = "dev-1", username: str | None = "u") -> Credentials:
@@ -63,9 +63,10 @@ def settings(**kw) -> JwtAuthentication:
 
 def test_a_valid_token_allows_with_its_acl_claim_and_its_expiry(keys, pem):
     a = JwtAuthenticator(settings(public_key_file=str(pem), verify_claims={"sub": "%c"}, acl_claim="acl"))
-    d = run(a, creds(token(keys[0], {"sub": "dev-1", "acl": RULES, "exp": NOW + 60})))
+    exp = time.time() + 60
+    d = run(a, creds(token(keys[0], {"sub": "dev-1", "acl": RULES, "exp": exp})))
     assert d.verdict is Verdict.ALLOW and d.identity is not None
-    assert d.identity.rules == (AclRule.model_validate(RULES[0]),) and d.identity.expires_at == NOW + 60
+    assert d.identity.rules == (AclRule.model_validate(RULES[0]),) and d.identity.expires_at == exp
     # the rules come before the zone's, %c substituted
     acl = Acl([AclRule(permission="deny", filter="#")]).bind("u", "dev-1", d.identity.rules)
     assert acl.can_publish("devices/dev-1/t") and not acl.can_publish("devices/dev-2/t")
@@ -74,8 +75,8 @@ def test_a_valid_token_allows_with_its_acl_claim_and_its_expiry(keys, pem):
 @pytest.mark.parametrize(
     ("why", "make"),
     [
-        ("expired", lambda k: token(k[0], {"sub": "dev-1", "exp": NOW - 5})),
-        ("not_yet_valid", lambda k: token(k[0], {"sub": "dev-1", "nbf": NOW + 60})),
+        ("expired", lambda k: token(k[0], {"sub": "dev-1", "exp": time.time() - 5})),
+        ("not_yet_valid", lambda k: token(k[0], {"sub": "dev-1", "nbf": time.time() + 60})),
         ("bad_signature", lambda k: token(k[1], {"sub": "dev-1"})),
         ("claim_sub", lambda k: token(k[0], {"sub": "dev-2"})),
         ("claim_sub", lambda k: token(k[0], {})),
@@ -119,12 +120,13 @@ def test_a_rotated_jwks_file_applies_without_a_restart(tmp_path, keys):
     old, new = token(keys[0], {}, "k1"), token(keys[1], {}, "k2")
     assert run(a, creds(old)).verdict is Verdict.ALLOW and run(a, creds(new)).why == "unknown_key"
     path.write_text(json.dumps({"keys": [jwk(keys[1], "k2")]}))
-    os.utime(path, (NOW + 10, NOW + 10))  # (a new mtime even within the filesystem's resolution)
+    later = time.time() + 10
+    os.utime(path, (later, later))  # (a new mtime even within the filesystem's resolution)
     assert run(a, creds(new)).verdict is Verdict.ALLOW and run(a, creds(old)).why == "unknown_key"
     # an EC key in the set works alike
     ec_key = ec.generate_private_key(ec.SECP256R1())
     path.write_text(json.dumps({"keys": [jwk(ec_key, "e1")]}))
-    os.utime(path, (NOW + 20, NOW + 20))
+    os.utime(path, (later + 10, later + 10))
     assert run(a, creds(token(ec_key, {}, "e1", alg="ES256"))).verdict is Verdict.ALLOW
 
 
