@@ -14,6 +14,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from .base import Condition, CrdModel, ObjectRef, SecretRef, UsersSecretRef, cel, doc
+from .core import NetworkPolicyPeer
 from .derive import derive, derived_field
 
 # Where each ZoneSettings field lives in an MqttZone spec: group -> {broker field: camelCase name}.
@@ -205,6 +206,8 @@ _LISTENER_DERIVED = derive(
         "path": "path",
         "verify_peer": "verifyPeer",
         "peer_cert_as_username": "peerCertAsUsername",
+        "proxy_protocol": "proxyProtocol",
+        "proxy_protocol_timeout": "proxyProtocolTimeout",
     },
     "A listener.",
     {
@@ -306,6 +309,13 @@ class ListenerSpec(_LISTENER_DERIVED):  # type: ignore[misc,valid-type]
         "wss listener.",
     )
     service: ListenerServiceSpec | None = Field(None, description=doc(ListenerServiceSpec))
+    allowFrom: list[NetworkPolicyPeer] | None = Field(
+        None,
+        max_length=16,
+        description="Who may connect to this listener (NetworkPolicyPeers): with it the fleet's brokers get a "
+        "NetworkPolicy, and other listeners stay open to all. Holds where the network plugin enforces "
+        "NetworkPolicies.",
+    )
 
     model_config = ConfigDict(
         extra="forbid",
@@ -319,6 +329,10 @@ class ListenerSpec(_LISTENER_DERIVED):  # type: ignore[misc,valid-type]
                 {
                     "rule": "!self.verifyPeer || self.protocol in ['tls', 'wss']",
                     "message": "verifyPeer needs a tls or wss listener",
+                },
+                {
+                    "rule": "!self.proxyProtocol || self.protocol in ['tcp', 'ws']",
+                    "message": "proxyProtocol needs a tcp or ws listener (terminate TLS at the load balancer)",
                 },
                 {
                     "rule": "!has(self.peerCertAsUsername) || self.verifyPeer",

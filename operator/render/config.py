@@ -148,6 +148,8 @@ def broker_config(
             }
             if lst.protocol in ("ws", "wss"):
                 entry["path"] = lst.path
+            if lst.proxy_protocol:
+                entry |= {"proxy_protocol": True, "proxy_protocol_timeout": lst.proxy_protocol_timeout}
             if lst.tlsSecretRef is not None:
                 base = tls_dir(lst.tlsSecretRef.name)
                 entry |= {"certfile": f"{base}/tls.crt", "keyfile": f"{base}/tls.key"}

@@ -545,3 +545,27 @@ def test_an_authentication_chain_reaches_the_brokers_with_its_keys_as_mounted_fi
             "secret": {"secretName": "auth-key", "items": [{"key": "key", "path": "key"}]}
         },
     }
+
+
+def test_a_listener_with_allow_from_gets_the_brokers_a_network_policy_and_proxy_protocol_reaches_them():
+    lb = {"ipBlock": {"cidr": "10.20.0.0/16"}}
+    r = rendered(fleet(), zone("external", listeners=[
+        {"name": "mqtt", "port": 1883, "allowFrom": [lb], "proxyProtocol": True, "proxyProtocolTimeout": "5s"},
+        {"name": "ws", "port": 8083, "protocol": "ws"},
+    ]))  # fmt: skip
+    (policy,) = [m for m in by_kind(r, "NetworkPolicy") if m["metadata"]["name"] == "edge"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": render.selector_labels("edge")}
+    assert policy["spec"]["ingress"] == [
+        {"from": [lb], "ports": [{"protocol": "TCP", "port": 1883}]},
+        {
+            "ports": [
+                {"protocol": "TCP", "port": p}
+                for p in sorted([8083, render.Fleet.parse(fleet()).spec.metrics.port])
+            ]
+        },
+    ]
+    cfg = BrokerConfig.model_validate(yaml.safe_load(by_kind(r, "ConfigMap")[0]["data"][render.CONFIG_KEY]))
+    mqtt = next(lst for lst in cfg.listeners if lst.name == "external/mqtt")
+    assert mqtt.proxy_protocol and mqtt.proxy_protocol_timeout == 5.0
+    others = by_kind(rendered(fleet(), zone("external")), "NetworkPolicy")
+    assert "edge" not in [m["metadata"]["name"] for m in others]  # (nothing restricted: none for the brokers)
