@@ -153,6 +153,14 @@ def _check_publish_rate(ch: Channel, p: Publish, topic: str) -> Refused | None:
     return None
 
 
+def _check_publish_bytes(ch: Channel, p: Publish, topic: str) -> Refused | None:
+    """The zone's max_publish_bytes_rate, as _check_publish_rate does for packets."""
+    bucket = ch.publish_bytes
+    if bucket is not None and bucket.take(ch.clock.time(), len(p.payload)):
+        return RC.QUOTA_EXCEEDED, DropReason.RATE_LIMITED, "publish bytes rate exceeded"
+    return None
+
+
 def _check_acl(ch: Channel, p: Publish, topic: str) -> Refused | None:
     acl = ch.acl
     if acl is not None and not acl.can_publish(topic):
@@ -181,6 +189,8 @@ def publish_checks(
         checks.append(_check_payload_format)
         if settings.max_publish_rate:
             checks.append(_check_publish_rate)
+        if settings.max_publish_bytes_rate:
+            checks.append(_check_publish_bytes)
     if acl is not None and not acl.publish_open:
         checks.append(_check_acl)  # (it refuses $SYS too)
     elif acl is not None and dollar:
@@ -230,6 +240,7 @@ class Channel:
         "_retained_timer",
         "_retry_timer",
         "_stash",
+        "_v3_limited",
         "acl",
         "cert_name",
         "clean_start",
@@ -249,6 +260,7 @@ class Channel:
         "listener",
         "parser",
         "peer",
+        "publish_bytes",
         "publish_rate",
         "read_guard",
         "retry",
@@ -315,6 +327,8 @@ class Channel:
         # already on their way through such a filter are still checked after an UNSUBSCRIBE).
         self.read_guard = False
         self.publish_rate: TokenBucket | None = None
+        self.publish_bytes: TokenBucket | None = None
+        self._v3_limited = False  # an MQTT 3 client with a publish rate: slowed down, not refused
         self._checks: tuple[PublishCheck, ...] = ()
         self._dollar_checks: tuple[PublishCheck, ...] = ()
         self._holding = False  # catching up after opening here (Session.hold_back): nothing new goes out
@@ -367,9 +381,9 @@ class Channel:
         for i, packet in enumerate(packets):
             state = self.state
             if state == State.CONNECTED:
-                if self.publish_rate is not None and type(packet) is Publish and self.version < MQTT5:
-                    wait = self.publish_rate.take(self.clock.time())
-                    if wait:  # over the zone's publish rate: v3 cannot be told, so it is slowed down
+                if self._v3_limited and type(packet) is Publish:
+                    wait = self._v3_wait(packet)
+                    if wait:  # over the zone's publish rates: v3 cannot be told, so it is slowed down
                         self._hold_back(packets[i:], wait)
                         return
                 handler = _HANDLERS.get(type(packet))
@@ -389,6 +403,18 @@ class Channel:
                 self._on_connect(packet)
             else:
                 return
+
+    def _v3_wait(self, packet: Publish) -> float:
+        """Seconds until the zone's publish rates let this packet in (0: now; it is counted)."""
+        now = self.clock.time()
+        rate, volume = self.publish_rate, self.publish_bytes
+        if rate is not None and (wait := rate.take(now)):
+            return wait
+        if volume is not None and (wait := volume.take(now, len(packet.payload))):
+            if rate is not None:
+                rate.tokens += 1.0  # (not let in after all: it is taken again when it is)
+            return wait
+        return 0.0
 
     def _hold_back(self, packets: list[Any], wait: float) -> None:
         """Read nothing more and handle `packets` once the publish rate allows (TCP backpressure then
@@ -519,6 +545,12 @@ class Channel:
             self.publish_rate = None
         elif self.publish_rate is None or self.publish_rate.rate != rate:
             self.publish_rate = TokenBucket(rate, self.clock.time())
+        volume = self.settings.max_publish_bytes_rate
+        if not volume:
+            self.publish_bytes = None
+        elif self.publish_bytes is None or self.publish_bytes.rate != volume:
+            self.publish_bytes = TokenBucket(volume, self.clock.time())
+        self._v3_limited = self.version < MQTT5 and (rate > 0 or volume > 0)
         # Publishes on $SYS are refused unless a rule allows them. That is checked only for a client that
         # sent a '$' topic (its parser tells), so the others pay nothing for it; a bridge's link (in
         # process, set up by the operator) may bring the remote's $SYS in.
@@ -1036,6 +1068,11 @@ class Channel:
             access = self.acl.subscribe_access(real) if self.acl is not None else Access.ALLOWED
             if access is Access.DENIED:
                 codes.append(RC.NOT_AUTHORIZED if self.version >= MQTT5 else 0x80)
+                continue
+            limit = self.settings.max_subscriptions
+            if limit and topic_filter not in session.subscriptions and len(session.subscriptions) >= limit:
+                self.telemetry.counters.quota_refusals["subscriptions"] += 1
+                codes.append(RC.QUOTA_EXCEEDED if self.version >= MQTT5 else 0x80)
                 continue
             guarded = access is Access.FILTERED
             if guarded:

@@ -86,6 +86,7 @@ class ZoneMetrics:
         "inflight_full",
         "keepalive_timeouts",
         "latency",
+        "quota_refusals",
         "received",
         "retransmitted",
         "session_events",
@@ -102,6 +103,8 @@ class ZoneMetrics:
         self.disconnects: dict[str, int] = defaultdict(int)
         self.session_events: dict[str, int] = defaultdict(int)
         self.latency = Histogram(LATENCY_BUCKETS)
+        #: what a quota refused that no other counter counts, by quota (subscriptions)
+        self.quota_refusals: dict[str, int] = defaultdict(int)
         #: decisions of the zone's authentication chain by (mechanism, result: allow, deny, unavailable)
         self.authentications: dict[tuple[str, str], int] = defaultdict(int)
 
@@ -191,6 +194,12 @@ class _Collector(Collector):
         drop = counter("messages_dropped", "Messages dropped by reason.", ["zone", "reason"])
         full = counter("inflight_full", "Deliveries queued because the Inflight Window was full.", ["zone"])
         ka = counter("keepalive_timeouts", "Connections closed for keep-alive timeout.", ["zone"])
+        quota = counter(
+            "quota_refusals",
+            "Requests refused by a quota of the zone that no other counter counts (subscriptions: "
+            "SUBSCRIBE filters beyond max_subscriptions; refused publishes are messages_dropped).",
+            ["zone", "quota"],
+        )
         authn = counter(
             "authentications",
             "Decisions of the zone's authentication chain (unavailable: its source could not answer; denied).",
@@ -208,6 +217,8 @@ class _Collector(Collector):
                 disc.add_metric([zone, reason], n)
             for (mechanism, result), n in sorted(z.authentications.items()):
                 authn.add_metric([zone, mechanism, result], n)
+            for kind, n in sorted(z.quota_refusals.items()):
+                quota.add_metric([zone, kind], n)
             for qos in range(3):
                 recv.add_metric([zone, str(qos)], z.received[qos])
                 dlv.add_metric([zone, str(qos)], z.delivered[qos])
@@ -218,7 +229,7 @@ class _Collector(Collector):
             full.add_metric([zone], z.inflight_full)
             ka.add_metric([zone], z.keepalive_timeouts)
             lat.add_metric([zone], z.latency.buckets(), z.latency.sum)
-        yield from (ev, disc, recv, dlv, ack, rtx, drop, full, ka, authn, lat)
+        yield from (ev, disc, recv, dlv, ack, rtx, drop, full, ka, authn, quota, lat)
 
         err = counter("store_errors", "Failed session-store operations.", [])
         err.add_metric([], m.store_errors)

@@ -256,6 +256,15 @@ class ZoneSettings(BaseModel):
     max_publish_rate: float = Field(
         0.0, ge=0, description="PUBLISH packets per second per connection; 0 = no limit."
     )
+    max_publish_bytes_rate: float = Field(
+        0.0,
+        ge=0,
+        description="PUBLISH payload bytes per second per connection; 0 = no limit. Beyond it MQTT 5 "
+        "publishes are refused (0x97), MQTT 3 clients are slowed down.",
+    )
+    max_subscriptions: int = Field(
+        0, ge=0, description="Subscriptions per client; 0 = no limit. Beyond it a filter is refused (0x97)."
+    )
     users_file: str | None = Field(
         None,
         description="File of users and salted password hashes (fleetmq-broker passwd); a mounted Secret.",

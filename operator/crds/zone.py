@@ -39,6 +39,8 @@ LIMITS_FIELDS = {
     "max_connections": "maxConnections",
     "max_conn_rate": "maxConnRate",
     "max_publish_rate": "maxPublishRate",
+    "max_publish_bytes_rate": "maxPublishBytesRate",
+    "max_subscriptions": "maxSubscriptions",
     "max_packet_size": "maxPacketSize",
     "max_topic_alias": "maxTopicAlias",
     "max_clientid_len": "maxClientidLen",
