@@ -180,16 +180,21 @@ PublishCheck = Callable[["Channel", Publish, str], Refused | None]
 
 
 def publish_checks(
-    settings: ZoneSettings, acl: ClientAcl | None, version: int, dollar: bool = False
+    settings: ZoneSettings,
+    acl: ClientAcl | None,
+    version: int,
+    dollar: bool = False,
+    username: str | None = None,
 ) -> tuple[PublishCheck, ...]:
-    """The checks a client's PUBLISH goes through: only those its zone and protocol call for (`dollar`: on
-    a topic starting with '$')."""
+    """The checks a client's PUBLISH goes through: only those its zone, its user's quotas and its protocol
+    call for (`dollar`: on a topic starting with '$')."""
     checks: list[PublishCheck] = []
     if version >= MQTT5:
         checks.append(_check_payload_format)
-        if settings.max_publish_rate:
+        rate, volume, _ = settings.quota(username)
+        if rate:
             checks.append(_check_publish_rate)
-        if settings.max_publish_bytes_rate:
+        if volume:
             checks.append(_check_publish_bytes)
     if acl is not None and not acl.publish_open:
         checks.append(_check_acl)  # (it refuses $SYS too)
@@ -258,6 +263,7 @@ class Channel:
         "keepalive",
         "last_recv",
         "listener",
+        "max_subscriptions",
         "parser",
         "peer",
         "publish_bytes",
@@ -329,6 +335,7 @@ class Channel:
         self.publish_rate: TokenBucket | None = None
         self.publish_bytes: TokenBucket | None = None
         self._v3_limited = False  # an MQTT 3 client with a publish rate: slowed down, not refused
+        self.max_subscriptions = 0  # the zone's, or its user's quota (0: no limit)
         self._checks: tuple[PublishCheck, ...] = ()
         self._dollar_checks: tuple[PublishCheck, ...] = ()
         self._holding = False  # catching up after opening here (Session.hold_back): nothing new goes out
@@ -540,12 +547,11 @@ class Channel:
         else:
             own = identity.rules if identity is not None else ()
             self.acl = zone.acl.bind(self.username, self.client_id, own, self.peer.rpartition(":")[0])
-        rate = self.settings.max_publish_rate
+        rate, volume, self.max_subscriptions = self.settings.quota(self.username)
         if not rate:
             self.publish_rate = None
         elif self.publish_rate is None or self.publish_rate.rate != rate:
             self.publish_rate = TokenBucket(rate, self.clock.time())
-        volume = self.settings.max_publish_bytes_rate
         if not volume:
             self.publish_bytes = None
         elif self.publish_bytes is None or self.publish_bytes.rate != volume:
@@ -554,8 +560,10 @@ class Channel:
         # Publishes on $SYS are refused unless a rule allows them. That is checked only for a client that
         # sent a '$' topic (its parser tells), so the others pay nothing for it; a bridge's link (in
         # process, set up by the operator) may bring the remote's $SYS in.
-        self._checks = publish_checks(self.settings, self.acl, self.version)
-        self._dollar_checks = publish_checks(self.settings, self.acl, self.version, not self._in_process)
+        self._checks = publish_checks(self.settings, self.acl, self.version, False, self.username)
+        self._dollar_checks = publish_checks(
+            self.settings, self.acl, self.version, not self._in_process, self.username
+        )
         if self.parser.dollar:
             self._checks = self._dollar_checks
 
@@ -1069,7 +1077,7 @@ class Channel:
             if access is Access.DENIED:
                 codes.append(RC.NOT_AUTHORIZED if self.version >= MQTT5 else 0x80)
                 continue
-            limit = self.settings.max_subscriptions
+            limit = self.max_subscriptions
             if limit and topic_filter not in session.subscriptions and len(session.subscriptions) >= limit:
                 self.telemetry.counters.quota_refusals["subscriptions"] += 1
                 codes.append(RC.QUOTA_EXCEEDED if self.version >= MQTT5 else 0x80)

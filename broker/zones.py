@@ -171,6 +171,18 @@ class HttpAuthentication(BaseModel):
 Authentication = Annotated[JwtAuthentication | HttpAuthentication, Field(discriminator="mechanism")]
 
 
+class UserQuota(BaseModel):
+    """One user's quotas, in place of the zone's (an MqttUser's quotas; Strimzi's KafkaUser has them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_publish_rate: float | None = Field(None, ge=0, description="PUBLISH packets a second a connection.")
+    max_publish_bytes_rate: float | None = Field(
+        None, ge=0, description="PUBLISH payload bytes a second a connection."
+    )
+    max_subscriptions: int | None = Field(None, ge=0, description="Subscriptions a client.")
+
+
 class ZoneSettings(BaseModel):
     """Session and keep-alive settings of one zone; every field has EMQX's default."""
 
@@ -281,6 +293,11 @@ class ZoneSettings(BaseModel):
         default_factory=dict,
         description="Rules of single users (by username), matched before the zone's acl (first match wins).",
     )
+    user_quotas: dict[str, UserQuota] = Field(
+        default_factory=dict,
+        description="Quotas of single users (by username), in place of the zone's max_publish_rate, "
+        "max_publish_bytes_rate and max_subscriptions (0: no limit).",
+    )
     cert_users: dict[str, str] = Field(
         default_factory=dict,
         description="Username of a client whose verified certificate has this common name, on listeners "
@@ -293,6 +310,17 @@ class ZoneSettings(BaseModel):
         "When every one passes (or there is none), users_file, users_files and certificates decide as "
         "before. One that cannot answer denies.",
     )
+
+    def quota(self, username: str | None) -> tuple[float, float, int]:
+        """(max_publish_rate, max_publish_bytes_rate, max_subscriptions) for a client of this user."""
+        q = self.user_quotas.get(username) if username is not None else None
+        if q is None:
+            return self.max_publish_rate, self.max_publish_bytes_rate, self.max_subscriptions
+        return (
+            self.max_publish_rate if q.max_publish_rate is None else q.max_publish_rate,
+            self.max_publish_bytes_rate if q.max_publish_bytes_rate is None else q.max_publish_bytes_rate,
+            self.max_subscriptions if q.max_subscriptions is None else q.max_subscriptions,
+        )
 
     def keepalive_timeout(self, keepalive: int) -> float:
         """Seconds of silence after which a connection with this Keep Alive is closed (0 = never)."""

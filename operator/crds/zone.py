@@ -54,6 +54,7 @@ OPERATOR_SET_FIELDS = {
     "users_files": "the MqttUsers of the zone (their passwords' hashes, in the fleet's users Secret)",
     "user_acl": "MqttUser acl",
     "cert_users": "MqttUser certificateCommonName",
+    "user_quotas": "MqttUser quotas",
     "authentication": "authentication.chain (its Secrets and ConfigMaps mounted into the pods)",
 }
 ZONE_GROUPS = {

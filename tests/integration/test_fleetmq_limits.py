@@ -117,3 +117,18 @@ def test_subscriptions_beyond_the_quota_are_refused_and_counted(start_broker, ra
     c.expect(UNSUBACK)
     assert c.subscribe([("c", 1)]).codes == [1]
     assert bp.metric("fleetmq_quota_refusals_total", quota="subscriptions") == 1
+
+
+def test_a_users_quota_replaces_the_zones(start_broker, raw_clients):
+    bp = start_broker(zone_overrides={"max_subscriptions": 3,
+                                      "user_quotas": {"sensor": {"max_subscriptions": 1, "max_publish_rate": 2}}})  # fmt: skip
+    sensor = raw_clients(bp, 5)
+    sensor.connect(uid("q"), username="sensor")
+    assert sensor.subscribe([("a", 0), ("b", 0)]).codes == [0, 0x97]
+    for i in range(6):
+        sensor.publish("t", b"%d" % i, qos=1, packet_id=i + 1)
+    acks = sensor.recv_n(6, ptype=PUBACK)
+    assert 2 <= sum(a.reason < 0x80 for a in acks) <= 3, acks  # (its own rate: 2 a second)
+    other = raw_clients(bp, 5)
+    other.connect(uid("q"), username="someone")
+    assert other.subscribe([("a", 0), ("b", 0), ("c", 0), ("d", 0)]).codes == [0, 0, 0, 0x97]  # the zone's
