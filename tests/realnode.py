@@ -730,17 +730,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     },
                 ],
             },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": "fleetmq:coredns"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": "fleetmq:coredns",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": "coredns", "namespace": ns}],
-            },
+            _binding(
+                "ClusterRoleBinding",
+                "fleetmq:coredns",
+                "ClusterRole",
+                "fleetmq:coredns",
+                {"kind": "ServiceAccount", "name": "coredns", "namespace": ns},
+            ),
             {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
@@ -872,6 +868,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         (self.workdir / "node.json").write_text(json.dumps(self._state(), indent=2) + "\n")
 
 
+def _binding(
+    kind: str, name: str, role_kind: str, role: str, subject: dict[str, str], namespace: str | None = None
+) -> dict[str, Any]:
+    """A (Cluster)RoleBinding of `role` to one subject, as the cluster add-ons' manifests have them."""
+    rbac = "rbac.authorization.k8s.io"
+    meta: dict[str, Any] = {"name": name} | ({"namespace": namespace} if namespace else {})
+    return {"apiVersion": f"{rbac}/v1", "kind": kind, "metadata": meta,
+            "roleRef": {"apiGroup": rbac, "kind": role_kind, "name": role}, "subjects": [subject]}  # fmt: skip
+
+
 def _metrics_server() -> list[dict[str, Any]]:
     """metrics-server as clusters run it (its release manifest's objects): a Deployment behind the
     APIService v1beta1.metrics.k8s.io, reading each node's kubelet (/metrics/resource, its serving
@@ -879,17 +885,7 @@ def _metrics_server() -> list[dict[str, Any]]:
     ns, name = "kube-system", "metrics-server"
     labels = {"k8s-app": name}
     rbac = "rbac.authorization.k8s.io"
-    subject = [{"kind": "ServiceAccount", "name": name, "namespace": ns}]
-
-    def binding(
-        kind: str, binding_name: str, role_kind: str, role: str, namespace: str | None = None
-    ) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": binding_name}
-        if namespace:
-            meta["namespace"] = namespace
-        return {"apiVersion": f"{rbac}/v1", "kind": kind, "metadata": meta,
-                "roleRef": {"apiGroup": rbac, "kind": role_kind, "name": role}, "subjects": subject}  # fmt: skip
-
+    sa = {"kind": "ServiceAccount", "name": name, "namespace": ns}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
         {
@@ -901,18 +897,20 @@ def _metrics_server() -> list[dict[str, Any]]:
                 {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]},
             ],
         },
-        binding("ClusterRoleBinding", "system:metrics-server", "ClusterRole", "system:metrics-server"),
-        binding(
+        _binding("ClusterRoleBinding", "system:metrics-server", "ClusterRole", "system:metrics-server", sa),
+        _binding(
             "ClusterRoleBinding",
             "metrics-server:system:auth-delegator",
             "ClusterRole",
             "system:auth-delegator",
+            sa,
         ),
-        binding(
+        _binding(
             "RoleBinding",
             "metrics-server-auth-reader",
             "Role",
             "extension-apiserver-authentication-reader",
+            sa,
             ns,
         ),
         {

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from .base import CrdModel
+from .base import CrdModel, cel
 
 #: a resource quantity (1, "100m", "128Mi")
 Quantity = Annotated[
@@ -97,17 +97,11 @@ class NetworkPolicyPeer(CrdModel):
     namespaceSelector: LabelSelector | None = Field(None, description="Namespaces whose pods are admitted.")
     ipBlock: IPBlock | None = Field(None, description="Addresses admitted (not with the selectors).")
 
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "has(self.ipBlock) != (has(self.podSelector) || has(self.namespaceSelector))",
-                    "message": "set ipBlock, or podSelector and/or namespaceSelector",
-                }
-            ]
-        },
+    model_config = cel(
+        {
+            "rule": "has(self.ipBlock) != (has(self.podSelector) || has(self.namespaceSelector))",
+            "message": "set ipBlock, or podSelector and/or namespaceSelector",
+        }
     )
 
 
