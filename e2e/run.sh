@@ -9,6 +9,8 @@
 # run.
 #
 #   e2e/run.sh [pytest args]      E2E_KEEP=1 keeps the cluster afterwards
+#   E2E_PREPARE=1 e2e/run.sh      only build and install what the run needs, then exit (.ci/run does this in
+#                                 the background while `make test` runs)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export CACHE="${CACHE:-$HOME/.cache/fleetmq}"
@@ -95,6 +97,7 @@ saved+=("${previous[1]}")
 FLEETMQ_IMAGE_ARCHIVES="$(IFS=:; echo "${saved[*]}")"
 export FLEETMQ_IMAGE_ARCHIVES
 echo "e2e: tools and images ready in $((SECONDS - t0))s" >&2
+[[ -z "${E2E_PREPARE:-}" ]] || exit 0
 
 cd "$ROOT"
 # -rP: what passing tests print (failover counts, timings) stays in the log
