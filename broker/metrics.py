@@ -103,7 +103,7 @@ class ZoneMetrics:
         self.disconnects: dict[str, int] = defaultdict(int)
         self.session_events: dict[str, int] = defaultdict(int)
         self.latency = Histogram(LATENCY_BUCKETS)
-        #: what a quota refused that no other counter counts, by quota (subscriptions)
+        #: what a quota refused that no other counter counts, by quota (subscriptions, connections)
         self.quota_refusals: dict[str, int] = defaultdict(int)
         #: decisions of the zone's authentication chain by (mechanism, result: allow, deny, unavailable)
         self.authentications: dict[tuple[str, str], int] = defaultdict(int)
@@ -197,7 +197,8 @@ class _Collector(Collector):
         quota = counter(
             "quota_refusals",
             "Requests refused by a quota of the zone that no other counter counts (subscriptions: "
-            "SUBSCRIBE filters beyond max_subscriptions; refused publishes are messages_dropped).",
+            "SUBSCRIBE filters beyond max_subscriptions; connections: CONNECTs beyond "
+            "max_connections_per_user; refused publishes are messages_dropped).",
             ["zone", "quota"],
         )
         authn = counter(

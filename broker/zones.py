@@ -181,6 +181,9 @@ class UserQuota(BaseModel):
         None, ge=0, description="PUBLISH payload bytes a second a connection."
     )
     max_subscriptions: int | None = Field(None, ge=0, description="Subscriptions a client.")
+    max_connections: int | None = Field(
+        None, ge=0, description="Connections of this user at once, over the whole fleet."
+    )
 
 
 class ZoneSettings(BaseModel):
@@ -277,6 +280,12 @@ class ZoneSettings(BaseModel):
     max_subscriptions: int = Field(
         0, ge=0, description="Subscriptions per client; 0 = no limit. Beyond it a filter is refused (0x97)."
     )
+    max_connections_per_user: int = Field(
+        0,
+        ge=0,
+        description="Connections of one username at once, over the whole fleet; 0 = no limit. Beyond it a "
+        "CONNECT is refused (0x97; MQTT 3: server unavailable). Clients without a username are not counted.",
+    )
     users_file: str | None = Field(
         None,
         description="File of users and salted password hashes (fleetmq-broker passwd); a mounted Secret.",
@@ -296,7 +305,7 @@ class ZoneSettings(BaseModel):
     user_quotas: dict[str, UserQuota] = Field(
         default_factory=dict,
         description="Quotas of single users (by username), in place of the zone's max_publish_rate, "
-        "max_publish_bytes_rate and max_subscriptions (0: no limit).",
+        "max_publish_bytes_rate, max_subscriptions and max_connections_per_user (0: no limit).",
     )
     cert_users: dict[str, str] = Field(
         default_factory=dict,
@@ -321,6 +330,16 @@ class ZoneSettings(BaseModel):
             self.max_publish_bytes_rate if q.max_publish_bytes_rate is None else q.max_publish_bytes_rate,
             self.max_subscriptions if q.max_subscriptions is None else q.max_subscriptions,
         )
+
+    def connections_quota(self, username: str | None) -> int:
+        """How many connections this username may have at once in the fleet (0: no limit, and none for
+        a client without a username)."""
+        if username is None:
+            return 0
+        q = self.user_quotas.get(username)
+        if q is None or q.max_connections is None:
+            return self.max_connections_per_user
+        return q.max_connections
 
     def keepalive_timeout(self, keepalive: int) -> float:
         """Seconds of silence after which a connection with this Keep Alive is closed (0 = never)."""

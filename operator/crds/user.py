@@ -20,7 +20,7 @@ _QuotasBase = derive(
     "QuotasBase",
     UserQuota,
     {"max_publish_rate": "maxPublishRate", "max_publish_bytes_rate": "maxPublishBytesRate",
-     "max_subscriptions": "maxSubscriptions"},
+     "max_subscriptions": "maxSubscriptions", "max_connections": "maxConnections"},
     "A user's quotas.",
 )  # fmt: skip
 

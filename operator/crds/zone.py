@@ -41,6 +41,7 @@ LIMITS_FIELDS = {
     "max_publish_rate": "maxPublishRate",
     "max_publish_bytes_rate": "maxPublishBytesRate",
     "max_subscriptions": "maxSubscriptions",
+    "max_connections_per_user": "maxConnectionsPerUser",
     "max_packet_size": "maxPacketSize",
     "max_topic_alias": "maxTopicAlias",
     "max_clientid_len": "maxClientidLen",
