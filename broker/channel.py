@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, cast
 
-from .auth import Access, ClientAcl
+from .auth import Access, Asked, ClientAcl
 from .authn.chain import Identity
 from .clock import Clock, Timer
 from .codec import (
@@ -127,6 +127,10 @@ class ChannelHost(Protocol):
     def new_client_id(self) -> str:
         """An id for a client that sent none (unique in the fleet)."""
 
+    def authorize(self, ch: Channel, asks: list[tuple[str, str]]) -> None:
+        """Ask the client's authorization service (its identity's authorizer) about these (action,
+        topic) pairs; answers later with `ch.authorized(...)`, a service that cannot answer denying."""
+
 
 class State:
     NEW, CONNECTING, CONNECTED, CLOSED = range(4)
@@ -231,10 +235,12 @@ class Channel:
         "_acks_pending",
         "_aliases_in",
         "_aliases_out",
+        "_asked",
         "_backlog",
         "_checks",
         "_dollar_checks",  # the checks of a client that publishes on '$' topics
         "_expiry_timer",
+        "_gated",
         "_holding",
         "_in_process",
         "_ka_timer",
@@ -335,6 +341,8 @@ class Channel:
         self.publish_rate: TokenBucket | None = None
         self.publish_bytes: TokenBucket | None = None
         self._v3_limited = False  # an MQTT 3 client with a publish rate: slowed down, not refused
+        self._asked: Asked | None = None  # its authorization service's answers (an identity's authorizer)
+        self._gated = False  # either of those two: packets wait at _dispatch for the rate or the service
         self.max_subscriptions = 0  # the zone's, or its user's quota (0: no limit)
         self._checks: tuple[PublishCheck, ...] = ()
         self._dollar_checks: tuple[PublishCheck, ...] = ()
@@ -388,9 +396,15 @@ class Channel:
         for i, packet in enumerate(packets):
             state = self.state
             if state == State.CONNECTED:
-                if self._v3_limited and type(packet) is Publish:
-                    wait = self._v3_wait(packet)
-                    if wait:  # over the zone's publish rates: v3 cannot be told, so it is slowed down
+                if self._gated:
+                    if self._asked is not None and (asks := self._asks(packet)):
+                        # its authorization service is asked first; nothing more is read meanwhile
+                        self._backlog = packets[i:]
+                        self.io.pause_reading()
+                        self.host.authorize(self, asks)
+                        return
+                    if self._v3_limited and type(packet) is Publish and (wait := self._v3_wait(packet)):
+                        # over the zone's publish rates: v3 cannot be told, so it is slowed down
                         self._hold_back(packets[i:], wait)
                         return
                 handler = _HANDLERS.get(type(packet))
@@ -410,6 +424,39 @@ class Channel:
                 self._on_connect(packet)
             else:
                 return
+
+    def _asks(self, packet: Any) -> list[tuple[str, str]]:
+        """What the client's authorization service is to be asked before this packet is handled: a
+        PUBLISH's topic, a SUBSCRIBE's filters (without $share/group/), whose answers are missing or
+        expired. A topic alias is looked up, not registered (the handler does that)."""
+        asked = self._asked
+        assert asked is not None
+        now = self.clock.time()
+        t = type(packet)
+        if t is Publish:
+            topic = packet.topic
+            if not topic and self._aliases_in is not None:
+                topic = self._aliases_in.get(packet.properties.get(Prop.TOPIC_ALIAS), "")
+            return [("publish", topic)] if topic and asked.due("publish", topic, now) else []
+        if t is Subscribe:
+            asks: list[tuple[str, str]] = []
+            for topic_filter, _ in packet.subscriptions:
+                real = parse_share(topic_filter)[1]
+                ask = ("subscribe", real)
+                if valid_filter(topic_filter) and ask not in asks and asked.due(*ask, now):
+                    asks.append(ask)
+            return asks
+        return []
+
+    def authorized(self, answers: list[tuple[str, str, bool | None]]) -> None:
+        """The authorization service's answers (True allow, False deny, None: the rules decide): the
+        packets that waited are handled."""
+        if self._asked is None or self.state == State.CLOSED:
+            return
+        self._asked.put(answers, self.clock.time())
+        self._release_backlog()
+        if self._asked is not None:
+            self._asked.settle()
 
     def _v3_wait(self, packet: Publish) -> float:
         """Seconds until the zone's publish rates let this packet in (0: now; it is counted)."""
@@ -544,9 +591,16 @@ class Channel:
         identity = self.identity
         if identity is not None and identity.superuser:
             self.acl = ClientAcl.superuser()
+            self._asked = None
         else:
             own = identity.rules if identity is not None else ()
-            self.acl = zone.acl.bind(self.username, self.client_id, own, self.peer.rpartition(":")[0])
+            authorizer = identity.authorizer if identity is not None else None
+            if authorizer is None:
+                self._asked = None
+            elif self._asked is None or self._asked.ttl != authorizer.ttl:
+                self._asked = Asked(authorizer.ttl)
+            peerhost = self.peer.rpartition(":")[0]
+            self.acl = zone.acl.bind(self.username, self.client_id, own, peerhost, self._asked)
         rate, volume, self.max_subscriptions = self.settings.quota(self.username)
         if not rate:
             self.publish_rate = None
@@ -557,6 +611,7 @@ class Channel:
         elif self.publish_bytes is None or self.publish_bytes.rate != volume:
             self.publish_bytes = TokenBucket(volume, self.clock.time())
         self._v3_limited = self.version < MQTT5 and (rate > 0 or volume > 0)
+        self._gated = self._v3_limited or self._asked is not None
         # Publishes on $SYS are refused unless a rule allows them. That is checked only for a client that
         # sent a '$' topic (its parser tells), so the others pay nothing for it; a bridge's link (in
         # process, set up by the operator) may bring the remote's $SYS in.
@@ -794,11 +849,14 @@ class Channel:
 
     def _publish_refused(self, p: Publish, rc: int) -> None:
         """Not accepted: v5 clients learn why from the ack's reason code; v3 acks cannot say it (EMQX's
-        default, acl_deny_action = ignore)."""
-        if p.qos == 1:
-            self._send_ack(PUBACK, p.packet_id, rc)
-        elif p.qos == 2:
-            self._send_ack(PUBREC, p.packet_id, rc)
+        default, acl_deny_action = ignore). Behind the acks still waiting for a commit, as any ack: they go
+        out in the order their PUBLISHes came [MQTT-4.6.0-2, -3]."""
+        if p.qos:
+            ptype = PUBACK if p.qos == 1 else PUBREC
+            if self._acks_pending:
+                self._ack_when_stored(ptype, p.packet_id, rc)
+            else:
+                self._send_ack(ptype, p.packet_id, rc)
 
     def _send_ack(self, ptype: int, packet_id: int, rc: int) -> None:
         self.io.write(encode_ack(ptype, packet_id, rc if self.version >= MQTT5 else 0, self.version))

@@ -143,6 +143,7 @@ class ChannelManager:
         self._fenced_last: set[str] = set()  # sessions the last commit found owned elsewhere
         #: client id -> the connection counted for its user (max_connections_per_user), its zone, username
         self._user_connections: dict[str, tuple[Channel, str, str]] = {}
+        self._authz_warned: dict[str, float] = {}  # zone -> when its authorization service was last logged
         self._client_ids = itertools.count(1)
         self._id_prefix = f"fleetmq-{node_id}-{os.getpid():x}-"
         #: how long a CONNECT waits for a store that does not answer before it is refused (seconds)
@@ -233,6 +234,10 @@ class ChannelManager:
                 log.info("bad credentials from %s", ch.peer)
                 return ch.refuse(RC.BAD_USER_NAME_OR_PASSWORD, "bad_username_or_password")
         will, acl = req.will, ch.acl
+        if will is not None and ch.identity is not None and ch.identity.authorizer is not None:
+            ch.authorized(await self._ask_service(ch, [("publish", will.topic)]))  # (its service decides)
+            if ch.state == State.CLOSED:
+                return
         if will is not None and acl is not None and req.version >= MQTT5 and not acl.can_publish(will.topic):
             # Told now, with the reason, rather than finding out when the will was due that it never went
             # out. A v3 refusal (code 5) would read as bad credentials, so v3 clients are accepted and
@@ -297,6 +302,47 @@ class ChannelManager:
             if limit and ch.username is not None:
                 await self._take_connection(ch, ch.username, limit)
             return await self._open(ch, expiry, receive_max)
+
+    # -- authorization services ------------------------------------------------------------------------
+    def authorize(self, ch: Channel, asks: list[tuple[str, str]]) -> None:
+        self.spawn(self._authorize(ch, asks))
+
+    async def _authorize(self, ch: Channel, asks: list[tuple[str, str]]) -> None:
+        ch.authorized(await self._ask_service(ch, asks))
+
+    async def _ask_service(
+        self, ch: Channel, asks: list[tuple[str, str]]
+    ) -> list[tuple[str, str, bool | None]]:
+        """The answers of the client's authorization service: True allow, False deny, None (ignore) the
+        rules decide. One it cannot give denies (it fails closed), and so does every later one of the
+        same request, without asking: a service away is not asked a SUBSCRIBE's every filter in turn."""
+        authorizer = ch.identity.authorizer if ch.identity is not None else None
+        counts = self.metrics.zone(ch.zone_name).authorizations
+        answers: list[tuple[str, str, bool | None]] = []
+        available = authorizer is not None
+        for action, topic in asks:
+            said: bool | None = False
+            if authorizer is not None and available:
+                try:
+                    verdict = await authorizer.authorize(action, topic)
+                except Exception as e:
+                    available = False
+                    self._service_down(ch.zone_name, f"{type(e).__name__}: {e}")
+                else:
+                    said = None if verdict is Verdict.IGNORE else verdict is Verdict.ALLOW
+                    counts[action, verdict.value] += 1
+                    answers.append((action, topic, said))
+                    continue
+            counts[action, "unavailable"] += 1
+            answers.append((action, topic, said))
+        return answers
+
+    def _service_down(self, zone: str, message: str) -> None:
+        """At most one warning a second per zone: an authorization service down must not flood the log."""
+        t = time.monotonic()
+        if t - self._authz_warned.get(zone, -1e9) >= 1.0:
+            self._authz_warned[zone] = t
+            log.warning("authorization service of zone %s cannot answer, denying: %s", zone, message)
 
     # -- connections per user, over the fleet ---------------------------------------------------------
     @property

@@ -80,6 +80,7 @@ class ZoneMetrics:
     __slots__ = (
         "acked",
         "authentications",
+        "authorizations",
         "delivered",
         "disconnects",
         "dropped",
@@ -107,6 +108,9 @@ class ZoneMetrics:
         self.quota_refusals: dict[str, int] = defaultdict(int)
         #: decisions of the zone's authentication chain by (mechanism, result: allow, deny, unavailable)
         self.authentications: dict[tuple[str, str], int] = defaultdict(int)
+        #: answers of clients' authorization services (acl_url) by (action, result: allow, deny, ignore,
+        #: unavailable)
+        self.authorizations: dict[tuple[str, str], int] = defaultdict(int)
 
 
 class Metrics:
@@ -206,6 +210,12 @@ class _Collector(Collector):
             "Decisions of the zone's authentication chain (unavailable: its source could not answer; denied).",
             ["zone", "mechanism", "result"],
         )
+        authz = counter(
+            "authorizations",
+            "Answers of clients' authorization services (an http authenticator's acl_url) by action and "
+            "result (ignore: the ACL rules decided; unavailable: it could not answer, denied).",
+            ["zone", "action", "result"],
+        )
         lat = HistogramMetricFamily(
             "fleetmq_delivery_latency_seconds",
             "Publish to the subscriber's acknowledgement (PUBACK or PUBCOMP) of QoS 1/2 deliveries.",
@@ -218,6 +228,8 @@ class _Collector(Collector):
                 disc.add_metric([zone, reason], n)
             for (mechanism, result), n in sorted(z.authentications.items()):
                 authn.add_metric([zone, mechanism, result], n)
+            for (action, result), n in sorted(z.authorizations.items()):
+                authz.add_metric([zone, action, result], n)
             for kind, n in sorted(z.quota_refusals.items()):
                 quota.add_metric([zone, kind], n)
             for qos in range(3):
@@ -230,7 +242,7 @@ class _Collector(Collector):
             full.add_metric([zone], z.inflight_full)
             ka.add_metric([zone], z.keepalive_timeouts)
             lat.add_metric([zone], z.latency.buckets(), z.latency.sum)
-        yield from (ev, disc, recv, dlv, ack, rtx, drop, full, ka, authn, quota, lat)
+        yield from (ev, disc, recv, dlv, ack, rtx, drop, full, ka, authn, authz, quota, lat)
 
         err = counter("store_errors", "Failed session-store operations.", [])
         err.add_metric([], m.store_errors)

@@ -166,6 +166,14 @@ class HttpAuthentication(BaseModel):
         description="How long an answer is reused for the same client id and credentials; 0 = not reused.",
     )
     cache_size: int = Field(10000, ge=1, description="Answers kept at most (the oldest go first).")
+    acl_url: str | None = Field(
+        None,
+        pattern=r"^https?://",
+        description="Where the clients this service allowed are authorized: asked (method, headers and timeout "
+        "as above) once per action and topic, with the fields clientid, username, peerhost, action "
+        '(publish or subscribe) and topic; it answers JSON {"result": "allow" | "deny" | "ignore"} '
+        "(ignore: the ACL rules decide). Answers are reused for cache_ttl. One that cannot answer denies.",
+    )
 
 
 Authentication = Annotated[JwtAuthentication | HttpAuthentication, Field(discriminator="mechanism")]

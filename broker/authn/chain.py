@@ -33,6 +33,19 @@ class Credentials:
     peerhost: str
 
 
+class Authorizer(Protocol):
+    """A service that decides per action and topic what one client may do (an http authenticator's
+    acl_url). Its answers are asked before the ACL rules; IGNORE leaves the decision to them."""
+
+    #: how long an answer holds for this client (seconds; 0: asked again each time)
+    ttl: float
+
+    async def authorize(self, action: str, topic: str) -> Verdict:
+        """ "publish" to a topic, "subscribe" to a filter; raises when the service cannot answer (the
+        channel manager denies then: it fails closed)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Identity:
     """What an authenticator that allowed a client learned of it."""
@@ -40,6 +53,7 @@ class Identity:
     superuser: bool = False
     rules: tuple[AclRule, ...] = ()  # the client's own ACL rules, matched before the zone's
     expires_at: float | None = None  # wall-clock seconds: the connection ends then (a token's exp)
+    authorizer: Authorizer | None = None  # asked what the client may publish and subscribe to
 
 
 @dataclass(frozen=True, slots=True)

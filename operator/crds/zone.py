@@ -112,6 +112,7 @@ HTTP_FIELDS = {
     "timeout": "timeout",
     "cache_ttl": "cacheTtl",
     "cache_size": "cacheSize",
+    "acl_url": "aclUrl",
 }
 
 
