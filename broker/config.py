@@ -143,7 +143,8 @@ class ListenerConfig(_Model):
     proxy_protocol: bool = Field(
         False,
         description="Expect a PROXY protocol header (v1 or v2, from a load balancer) before the client's "
-        "bytes: the client's address is the one it carries. tcp and ws listeners.",
+        "bytes (on tls and wss listeners, before the TLS handshake): the client's address is the one it "
+        "carries.",
     )
     proxy_protocol_timeout: Duration = Field(
         3.0, gt=0, description="A connection whose PROXY header has not come by then is closed."
@@ -284,12 +285,6 @@ class BrokerConfig(_Model):
                 raise ValueError(f"listeners.{i}.name: duplicate listener name {listener.name!r}")
             if listener.address in binds:
                 raise ValueError(f"listeners.{i}.bind: {listener.bind} is already used by another listener")
-            if listener.proxy_protocol and listener.protocol in ("tls", "wss"):
-                # (the header comes before the TLS handshake, which asyncio's TLS servers start at once)
-                raise ValueError(
-                    f"listeners.{i}.proxy_protocol: only tcp and ws listeners take it (terminate TLS at the "
-                    "load balancer, or use a tcp listener behind a TLS-passthrough balancer without it)"
-                )
             if listener.protocol in ("tls", "wss") and not (listener.certfile and listener.keyfile):
                 raise ValueError(f"listeners.{i}: protocol {listener.protocol} needs certfile and keyfile")
             if listener.verify_peer and not listener.cafile:

@@ -15,6 +15,8 @@ V1_PREFIX = b"PROXY "
 V1_MAX = 107  # the longest v1 line, CRLF included (the spec's limit)
 V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
 V2_MAX_PAYLOAD = 2048  # addresses and TLVs; a longer header is refused rather than buffered
+#: the longest header of either version (v2: signature, version/command, family, length, payload)
+HEADER_MAX = len(V2_SIGNATURE) + 4 + V2_MAX_PAYLOAD
 _V2_FIXED = 16
 
 

@@ -10,9 +10,9 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -21,7 +21,7 @@ from . import http
 from .auth import UsersFileError, UsersFilePending
 from .codec import RC
 from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
-from .connection import Connection, ProxyGate, WriteBudget, WsConnection
+from .connection import Connection, ProxiedTlsListener, ProxyGate, WriteBudget, WsConnection
 from .limiter import Pacer
 from .metrics import Metrics
 from .node import Node
@@ -67,6 +67,17 @@ def make_store(config: BrokerConfig) -> SessionStore:
 WATCH_INTERVAL = 1.0
 
 
+class Listening(Protocol):
+    """An open listener: an asyncio.Server, or a ProxiedTlsListener."""
+
+    @property
+    def sockets(self) -> Sequence[socket.socket]: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
 class Server:
     def __init__(
         self,
@@ -86,7 +97,7 @@ class Server:
         self.connections: set[Connection] = set()
         buffers = config.write_buffers
         self.write_budget = WriteBudget(buffers.node, buffers.connection)
-        self.listeners: dict[str, asyncio.Server] = {}
+        self.listeners: dict[str, Listening] = {}
         self._tls: dict[str, ssl.SSLContext] = {}  # of the open tls/wss listeners, by name
         self._http: asyncio.Server | None = None
         self._stopping: asyncio.Event | None = None
@@ -120,21 +131,30 @@ class Server:
         else:
             connection = partial(Connection, *args, peer_cert_as_username=by_cert, budget=self.write_budget)
         factory: Callable[[], asyncio.Protocol] = connection
+        refused = partial(self._proxy_refused, listener.name)
         if listener.proxy_protocol:
-            refused = partial(self._proxy_refused, listener.name)
             factory = partial(ProxyGate, connection, listener.proxy_protocol_timeout, refused)
         ctx = tls_context(listener) if listener.protocol in ("tls", "wss") else None
         if ctx is not None:
             self._tls[listener.name] = ctx
-        server = await loop.create_server(
-            factory,
-            host,
-            port,
-            reuse_address=True,
-            reuse_port=self._worker_socket is not None,
-            backlog=BACKLOG,
-            ssl=ctx,
-        )
+        server: Listening
+        if ctx is not None and listener.proxy_protocol:  # the header comes before the TLS handshake
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.create_server(
+                (host, port), family=family, backlog=BACKLOG, reuse_port=self._worker_socket is not None
+            )
+            timeout = listener.proxy_protocol_timeout
+            server = ProxiedTlsListener(sock, connection, ctx, timeout, refused)
+        else:
+            server = await loop.create_server(
+                factory,
+                host,
+                port,
+                reuse_address=True,
+                reuse_port=self._worker_socket is not None,
+                backlog=BACKLOG,
+                ssl=ctx,
+            )
         for sock in server.sockets:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -336,10 +336,6 @@ class ListenerSpec(_LISTENER_DERIVED):  # type: ignore[misc,valid-type]
                     "message": "verifyPeer needs a tls or wss listener",
                 },
                 {
-                    "rule": "!self.proxyProtocol || self.protocol in ['tcp', 'ws']",
-                    "message": "proxyProtocol needs a tcp or ws listener (terminate TLS at the load balancer)",
-                },
-                {
                     "rule": "!has(self.peerCertAsUsername) || self.verifyPeer",
                     "message": "peerCertAsUsername needs verifyPeer: only a verified certificate names a user",
                     "fieldPath": ".peerCertAsUsername",

@@ -1,14 +1,16 @@
-"""The PROXY protocol on a broker's tcp listener: the client's address (as an auth service is told it,
+"""The PROXY protocol on a broker's tcp and tls listeners: the client's address (as an auth service is told it,
 %a) is the one the header carries; a bad or missing header closes that connection alone."""
 
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from . import mqttraw
 from .authservice import AuthService
 from .harness import MOSQUITTO, uid
 from .mqttraw import CONNACK, PUBACK, RawClient
@@ -96,3 +98,76 @@ def test_acl_rules_name_the_address_the_header_carries(start_broker):
         c.publish("sites/127.0.0.1/state", b"x", qos=1, packet_id=2)
         acks = c.recv_n(2, ptype=PUBACK)
     assert acks[0].reason < 0x80 and acks[1].reason == 0x87, acks
+
+
+class TlsAfterHeader:
+    """A client behind a balancer that sends the PROXY header and the client's TLS ClientHello in one
+    segment (so a broker reading the header off the socket must leave the handshake's bytes there)."""
+
+    def __init__(self, port: int, header: bytes, ca: str) -> None:
+        self.raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        ctx = ssl.create_default_context(cafile=ca)
+        self.tls = ctx.wrap_bio(self._in, self._out, server_hostname="127.0.0.1")
+        first = True
+        while True:
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                out = self._out.read()
+                self.raw.sendall(header + out if first else out)
+                first = False
+                data = self.raw.recv(65536)
+                if not data:
+                    raise ConnectionError("closed during the TLS handshake") from None
+                self._in.write(data)
+        self.raw.sendall(self._out.read())
+
+    def send(self, data: bytes) -> None:
+        self.tls.write(data)
+        self.raw.sendall(self._out.read())
+
+    def recv(self) -> bytes:
+        while True:
+            try:
+                return self.tls.read(65536)
+            except ssl.SSLWantReadError:
+                data = self.raw.recv(65536)
+                if not data:
+                    return b""
+                self._in.write(data)
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+def test_a_tls_listener_reads_the_header_before_its_handshake(start_broker, service, pki):
+    cert, key = pki["server"]
+    bp = start_broker({
+        "listeners": [{"name": "lb", "bind": "127.0.0.1:0", "zone": "default", "protocol": "tls",
+                       "certfile": cert, "keyfile": key, "proxy_protocol": True, "proxy_protocol_timeout": "1s"}],
+        "zones": {"default": {"authentication": [{"mechanism": "http", "url": service.url}]}},
+    })  # fmt: skip
+    port = bp.ports["lb"]
+    for source, header in (
+        ("203.0.113.9", b"PROXY TCP4 203.0.113.9 10.0.0.1 51234 8883\r\n"),
+        ("198.51.100.4", b"\r\n\r\n\x00\r\nQUIT\n\x21\x11\x00\x0c" + bytes([198, 51, 100, 4, 10, 0, 0, 1])
+         + b"\xc8\x22\x22\xb3"),
+    ):  # fmt: skip
+        c = TlsAfterHeader(port, header, pki["ca"])
+        c.send(mqttraw.connect(uid("tls"), version=5, username="alice", password=b"x"))
+        ack = c.recv()
+        c.close()
+        assert ack[:1] == b"\x20" and ack[3] == 0, f"CONNACK refused or missing: {ack!r}"
+        assert service.requests[-1]["peerhost"] == source
+    # a TLS client that sends no header: refused after the timeout, the listener goes on
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        ctx = ssl.create_default_context(cafile=pki["ca"])
+        with pytest.raises((ssl.SSLError, OSError)):
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+    c = TlsAfterHeader(port, b"PROXY TCP4 203.0.113.10 10.0.0.1 1 8883\r\n", pki["ca"])
+    c.send(mqttraw.connect(uid("tls"), version=5, username="alice", password=b"x"))
+    assert c.recv()[:1] == b"\x20"
+    c.close()
+    assert bp.metric("fleetmq_proxy_protocol_refused_total", listener="lb") == 1

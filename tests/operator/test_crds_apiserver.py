@@ -103,8 +103,8 @@ def test_defaults_are_filled_by_the_apiserver(k):
         (zone(authentication={"chain": [{"mechanism": "ldap"}]}), "spec.authentication.chain[0]"),
         (zone(authentication={"chain": [{"mechanism": "http", "url": "ftp://x"}]}),
          "spec.authentication.chain[0].url"),
-        (zone(listeners=[{"name": "m", "port": 8883, "protocol": "tls", "tlsSecretRef": {"name": "t"},
-                          "proxyProtocol": True}]), "proxyProtocol needs a tcp or ws listener"),
+        (zone(authentication={"chain": [{"mechanism": "http", "url": "http://a", "aclUrl": "ftp://x"}]}),
+         "spec.authentication.chain[0].aclUrl"),
         (zone(listeners=[{"name": "m", "port": 1883, "allowFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"},
                                                                     "podSelector": {}}]}]),
          "set ipBlock, or podSelector and/or namespaceSelector"),
@@ -121,7 +121,7 @@ def test_defaults_are_filled_by_the_apiserver(k):
         "bridge-max-qos", "user-zones-required", "user-zone-name", "user-zones-unique", "user-username-slash",
         "user-username-colon", "user-acl-enum", "user-acl-filter", "user-secret-name", "user-no-credential",
         "user-cn-length", "user-fleet-required", "jwt-hs-needs-secret", "jwt-rs-needs-keys", "chain-mechanism",
-        "http-url-scheme", "proxy-protocol-tls", "allow-from-peer",
+        "http-url-scheme", "http-acl-url-scheme", "allow-from-peer",
     ],
 )  # fmt: skip
 def test_bad_specs_are_refused_with_a_useful_message(k, obj, message):
