@@ -101,4 +101,4 @@ echo "e2e: tools and images ready in $((SECONDS - t0))s" >&2
 
 cd "$ROOT"
 # -rP: what passing tests print (failover counts, timings) stays in the log
-exec "$PY" -m pytest -p no:cacheprovider -v -rP --timeout=2400 e2e "$@"
+exec "$PY" -m pytest -p no:cacheprovider -v -rP --durations=0 --timeout=2400 e2e "$@"
