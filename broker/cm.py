@@ -314,27 +314,26 @@ class ChannelManager:
         self, ch: Channel, asks: list[tuple[str, str]]
     ) -> list[tuple[str, str, bool | None]]:
         """The answers of the client's authorization service: True allow, False deny, None (ignore) the
-        rules decide. One it cannot give denies (it fails closed), and so does every later one of the
-        same request, without asking: a service away is not asked a SUBSCRIBE's every filter in turn."""
+        rules decide. Asked all at once (a SUBSCRIBE's filters wait for one round trip, not one each);
+        one it cannot give denies: it fails closed."""
         authorizer = ch.identity.authorizer if ch.identity is not None else None
         counts = self.metrics.zone(ch.zone_name).authorizations
+        if authorizer is None:  # (its identity changed meanwhile: nothing to ask, so nothing allowed)
+            return [(action, topic, False) for action, topic in asks]
+        verdicts = await asyncio.gather(
+            *(authorizer.authorize(action, topic) for action, topic in asks), return_exceptions=True
+        )
         answers: list[tuple[str, str, bool | None]] = []
-        available = authorizer is not None
-        for action, topic in asks:
-            said: bool | None = False
-            if authorizer is not None and available:
-                try:
-                    verdict = await authorizer.authorize(action, topic)
-                except Exception as e:
-                    available = False
-                    self._service_down(ch.zone_name, f"{type(e).__name__}: {e}")
-                else:
-                    said = None if verdict is Verdict.IGNORE else verdict is Verdict.ALLOW
-                    counts[action, verdict.value] += 1
-                    answers.append((action, topic, said))
-                    continue
-            counts[action, "unavailable"] += 1
-            answers.append((action, topic, said))
+        for (action, topic), verdict in zip(asks, verdicts, strict=True):
+            if isinstance(verdict, BaseException):
+                if not isinstance(verdict, Exception):
+                    raise verdict  # (a cancellation)
+                self._service_down(ch.zone_name, f"{type(verdict).__name__}: {verdict}")
+                counts[action, "unavailable"] += 1
+                answers.append((action, topic, False))
+                continue
+            counts[action, verdict.value] += 1
+            answers.append((action, topic, None if verdict is Verdict.IGNORE else verdict is Verdict.ALLOW))
         return answers
 
     def _service_down(self, zone: str, message: str) -> None:
