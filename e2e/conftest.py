@@ -5,7 +5,8 @@
   archives in FLEETMQ_IMAGE_ARCHIVES. Pod and Service addresses are routed from this machine, so clients
   connect to them directly. At the end the machine must be as the node found it (links, addresses, routes,
   nftables, mounts, cgroups, sysctls), else the session ends in an error.
-- kind: a kind cluster (a running Docker engine), the images loaded with `kind load`; clients go through
+- kind: a kind cluster (scripts/kind.sh: the machine's Docker engine, else a private Debian dockerd; the
+  node image built locally, E2E_NODE_IMAGE), the images loaded with `kind load`; clients go through
   `kubectl port-forward`.
 - existing: the cluster of `make dev-cluster NODE=real` (E2E_DEV_DIR, default ~/.cache/fleetmq/dev-cluster),
   left running afterwards; for working on the tests.
@@ -184,9 +185,10 @@ class Cluster:
                     src_ref,
                     dst_ref,
                 )
-        else:
-            run("docker", "tag", src, dst)
-            run(tool("kind"), "load", "docker-image", dst, "--name", KIND_CLUSTER, timeout=600)
+        else:  # in the kind node's containerd (the images came as archives: the engine has none of them)
+            node = f"{KIND_CLUSTER}-control-plane"
+            ctr = ("docker", "exec", node, "ctr", "--namespace=k8s.io", "images")
+            run(*ctr, "tag", "--force", normalize(src), normalize(dst))
 
     def run_pod(
         self,
