@@ -83,12 +83,12 @@ check: lint typecheck contracts
 # kube-apiserver, kube-controller-manager, kube-scheduler (k8s.io/kubernetes) and kwok built with Go into
 # $(ENVTEST_BIN_DIR); reused when there, built when missing (the first build takes a while).
 # NODE=real: also the real node's kubelet, kube-proxy, pause program and kubectl (for the chart's kubectl
-# image), CoreDNS, and its Debian packages (containerd, runc, CNI plugins, nftables).
+# image), CoreDNS, metrics-server, and its Debian packages (containerd, runc, CNI plugins, nftables).
 envtest: deps
 	CACHE=$(CACHE) bash scripts/envtest.sh
 ifeq ($(NODE),real)
 	CACHE=$(CACHE) ENVTEST_COMPONENTS="kubelet kube-proxy pause kubectl" bash scripts/envtest.sh
-	CACHE=$(CACHE) bash scripts/tools.sh coredns
+	CACHE=$(CACHE) bash scripts/tools.sh coredns metrics-server
 	bash scripts/system-deps.sh node
 endif
 
@@ -128,10 +128,10 @@ dev-cluster-down: $(VENV)/.installed
 # one). Most tests wait on real processes and sockets: two workers on two cores took 933 s where one took
 # 1,801 s (docs/tests.md). Each worker draws its free ports from a range of its own (chaos/proxy.py).
 PYTEST_WORKERS ?= 2
-test: deps envtest tools typecheck contracts
+test: deps tools typecheck contracts
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	CACHE=$(CACHE) PYTEST_WORKERS=$(PYTEST_WORKERS) bash scripts/test.sh $(PYTEST_ARGS)
 
 bench: deps
 	$(BIN)/python -m bench $(BENCH_ARGS)

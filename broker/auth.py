@@ -11,7 +11,8 @@ import base64
 import hashlib
 import hmac
 import os
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from enum import IntEnum
 from pathlib import Path
 
@@ -134,6 +135,57 @@ CACHE_LIMIT = 4096
 
 Rules = tuple[tuple[bool, str], ...]  # (allow, filter) in order, first match wins
 
+#: topic characters a client's authorization service's answers (Asked) may hold; the oldest go first
+ASKED_CHARS = 64 * 1024
+
+
+class Asked:
+    """What a client's authorization service (an http authenticator's acl_url) answered, per action and
+    topic: True allow, False deny, None ignore (the rules decide).
+
+    The channel's host asks before a PUBLISH or SUBSCRIBE that needs an answer is handled (`due`), the
+    channel then reads the answers synchronously through its ClientAcl. Answers hold for `ttl`; those of
+    the latest round hold until `settle`, whatever their age, so that the packets that waited for them are
+    decided by them even with a ttl of 0."""
+
+    __slots__ = ("_answers", "_chars", "_fresh", "ttl")
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._answers: OrderedDict[tuple[str, str], tuple[bool | None, float]] = OrderedDict()
+        self._chars = 0
+        self._fresh: set[tuple[str, str]] = set()
+
+    def due(self, action: str, topic: str, now: float) -> bool:
+        """Whether the service is to be asked about this (never asked, or its answer has expired)."""
+        key = (action, topic)
+        a = self._answers.get(key)
+        return a is None or (a[1] <= now and key not in self._fresh)
+
+    def answer(self, action: str, topic: str) -> bool | None:
+        a = self._answers.get((action, topic))
+        return None if a is None else a[0]
+
+    def put(self, answers: Iterable[tuple[str, str, bool | None]], now: float) -> None:
+        """The service's answers of one round (they hold until `settle`)."""
+        fresh = self._fresh = set()
+        for action, topic, allowed in answers:
+            key = (action, topic)
+            if self._answers.pop(key, None) is None:
+                self._chars += len(topic)
+            self._answers[key] = (allowed, now + self.ttl)
+            fresh.add(key)
+        while self._chars > ASKED_CHARS:
+            key = next(iter(self._answers))
+            if key in fresh:
+                break  # (everything after it is of this round too)
+            del self._answers[key]
+            self._chars -= len(key[1])
+
+    def settle(self) -> None:
+        """The packets that waited for the latest round are handled: its answers expire as any."""
+        self._fresh = set()
+
 
 class Acl:
     """A zone's ordered allow/deny rules (first match wins); `bind` gives one client's view of them."""
@@ -148,20 +200,33 @@ class Acl:
         self.default_allow = default == "allow"
         self.user_rules = user_rules or {}
 
-    def bind(self, username: str | None, client_id: str) -> ClientAcl:
-        """The rules as they apply to one client: its user's own rules, then the zone's; %u and %c
-        substituted once.
+    def bind(
+        self,
+        username: str | None,
+        client_id: str,
+        own: Sequence[AclRule] = (),
+        peerhost: str = "",
+        asked: Asked | None = None,
+    ) -> ClientAcl:
+        """The rules as they apply to one client: `own` (an authenticator's, e.g. a token's acl claim),
+        its user's own rules, then the zone's; %u, %c and %a (the client's address, as a PROXY header
+        gives it behind a load balancer) substituted once. A rule with %a does not apply where the
+        address is not known (a will published after its client went).
 
         A rule about the user does not apply to anonymous clients. A name holding '/', '+' or '#' would
         turn into other levels or wildcards, so an allow rule it would widen is left out (the client gets
         nothing from it), while a deny rule is kept as substituted (it can only deny more). So is an allow
         rule that a name starting with '$' would turn into one about the server's topics ($SYS): only a
         rule written so allows publishing there.
+
+        `asked`: the answers of the client's authorization service, which decide before the rules. Such a
+        client's deliveries are then checked against the deny rules only, not the zone's default: the
+        service decided its SUBSCRIBEs (as in EMQX, where deliveries are not authorized again).
         """
         publish: list[tuple[bool, str]] = []
         read: list[tuple[bool, str]] = []
-        own = self.user_rules.get(username, []) if username is not None else []
-        for rule in (*own, *self.rules):
+        users = self.user_rules.get(username, []) if username is not None else []
+        for rule in (*own, *users, *self.rules):
             allow = rule.permission == "allow"
             pattern = rule.filter
             if "%u" in pattern:
@@ -172,13 +237,17 @@ class Acl:
                 if allow and _UNSAFE.intersection(client_id):
                     continue
                 pattern = pattern.replace("%c", client_id)
+            if "%a" in pattern:
+                if not peerhost:
+                    continue
+                pattern = pattern.replace("%a", peerhost)
             if allow and pattern.startswith("$") and not rule.filter.startswith("$"):
                 continue
             if rule.action != "subscribe":
                 publish.append((allow, pattern))
             if rule.action != "publish":
                 read.append((allow, pattern))
-        return ClientAcl(tuple(publish), tuple(read), self.default_allow)
+        return ClientAcl(tuple(publish), tuple(read), self.default_allow, asked)
 
     def allowed(self, action: str, topic: str, username: str | None, client_id: str) -> bool:
         """One decision without a bound view: `topic` is a PUBLISH topic or a SUBSCRIBE filter."""
@@ -203,23 +272,36 @@ class ClientAcl:
         "_publish",
         "_read",
         "_read_cache",
+        "asked",
         "default_allow",
         "guards_read",
         "publish_open",
+        "read_default",
     )
 
-    def __init__(self, publish: Rules, read: Rules, default_allow: bool) -> None:
+    @classmethod
+    def superuser(cls) -> ClientAcl:
+        """Everything allowed but publishing on $SYS, which only a rule naming it grants."""
+        return cls((), (), True)
+
+    def __init__(self, publish: Rules, read: Rules, default_allow: bool, asked: Asked | None = None) -> None:
         self._publish = publish
         self._read = read
         self.default_allow = default_allow
+        self.asked = asked  # the client's authorization service's answers, deciding before the rules
+        #: what a delivery no rule matches gets: the default, but for a client whose service decided its
+        #: subscriptions
+        self.read_default = default_allow or asked is not None
         #: whether any topic can be denied to this client's reading; if not, nothing is ever checked
-        self.guards_read = not default_allow or any(not allow for allow, _ in read)
+        self.guards_read = not self.read_default or any(not allow for allow, _ in read)
         #: whether every publish but one on $SYS is allowed: no rule to match (Channel's cheaper check)
-        self.publish_open = default_allow and not publish
+        self.publish_open = default_allow and not publish and asked is None
         self._pub_cache: dict[str, bool] = {}
         self._read_cache: dict[str, bool] = {}
 
     def can_publish(self, topic: str) -> bool:
+        if self.asked is not None and (said := self.asked.answer("publish", topic)) is not None:
+            return said
         ok = self._pub_cache.get(topic)
         if ok is None:
             default = self.default_allow and not is_sys(topic)
@@ -230,7 +312,7 @@ class ClientAcl:
         """Whether a message on `topic` may be delivered to this client (mosquitto's read access)."""
         ok = self._read_cache.get(topic)
         if ok is None:
-            ok = self._decide(self._read, topic, self._read_cache, self.default_allow)
+            ok = self._decide(self._read, topic, self._read_cache, self.read_default)
         return ok
 
     @staticmethod
@@ -254,7 +336,10 @@ class ClientAcl:
         an earlier allow rule reaches part of it. A granted filter that an earlier deny rule (or, under
         the default, any deny rule) reaches in part is FILTERED: those topics are denied per delivery.
         """
-        if not self.guards_read:
+        said = self.asked.answer("subscribe", topic_filter) if self.asked is not None else None
+        if said is False:
+            return Access.DENIED
+        if not self.guards_read and (said or self.default_allow):
             return Access.ALLOWED
         partial_deny = False
         granted = self.default_allow
@@ -263,9 +348,12 @@ class ClientAcl:
                 continue
             if covers(pattern, topic_filter):
                 granted = allow
+                partial_deny = partial_deny or not allow
                 break
             if not allow:
                 partial_deny = True
+        if said:  # granted by the service; what a deny rule reaches is still not delivered
+            return Access.FILTERED if partial_deny else Access.ALLOWED
         if not granted:
             return Access.DENIED
         return Access.FILTERED if partial_deny else Access.ALLOWED

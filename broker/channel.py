@@ -19,7 +19,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, cast
 
-from .auth import Access, ClientAcl
+from .auth import Access, Asked, ClientAcl
+from .authn.chain import Identity
 from .clock import Clock, Timer
 from .codec import (
     MQTT5,
@@ -126,6 +127,10 @@ class ChannelHost(Protocol):
     def new_client_id(self) -> str:
         """An id for a client that sent none (unique in the fleet)."""
 
+    def authorize(self, ch: Channel, asks: list[tuple[str, str]]) -> None:
+        """Ask the client's authorization service (its identity's authorizer) about these (action,
+        topic) pairs; answers later with `ch.authorized(...)`, a service that cannot answer denying."""
+
 
 class State:
     NEW, CONNECTING, CONNECTED, CLOSED = range(4)
@@ -152,6 +157,14 @@ def _check_publish_rate(ch: Channel, p: Publish, topic: str) -> Refused | None:
     return None
 
 
+def _check_publish_bytes(ch: Channel, p: Publish, topic: str) -> Refused | None:
+    """The zone's max_publish_bytes_rate, as _check_publish_rate does for packets."""
+    bucket = ch.publish_bytes
+    if bucket is not None and bucket.take(ch.clock.time(), len(p.payload)):
+        return RC.QUOTA_EXCEEDED, DropReason.RATE_LIMITED, "publish bytes rate exceeded"
+    return None
+
+
 def _check_acl(ch: Channel, p: Publish, topic: str) -> Refused | None:
     acl = ch.acl
     if acl is not None and not acl.can_publish(topic):
@@ -171,15 +184,22 @@ PublishCheck = Callable[["Channel", Publish, str], Refused | None]
 
 
 def publish_checks(
-    settings: ZoneSettings, acl: ClientAcl | None, version: int, dollar: bool = False
+    settings: ZoneSettings,
+    acl: ClientAcl | None,
+    version: int,
+    dollar: bool = False,
+    username: str | None = None,
 ) -> tuple[PublishCheck, ...]:
-    """The checks a client's PUBLISH goes through: only those its zone and protocol call for (`dollar`: on
-    a topic starting with '$')."""
+    """The checks a client's PUBLISH goes through: only those its zone, its user's quotas and its protocol
+    call for (`dollar`: on a topic starting with '$')."""
     checks: list[PublishCheck] = []
     if version >= MQTT5:
         checks.append(_check_payload_format)
-        if settings.max_publish_rate:
+        rate, volume, _ = settings.quota(username)
+        if rate:
             checks.append(_check_publish_rate)
+        if volume:
+            checks.append(_check_publish_bytes)
     if acl is not None and not acl.publish_open:
         checks.append(_check_acl)  # (it refuses $SYS too)
     elif acl is not None and dollar:
@@ -215,9 +235,12 @@ class Channel:
         "_acks_pending",
         "_aliases_in",
         "_aliases_out",
+        "_asked",
         "_backlog",
         "_checks",
         "_dollar_checks",  # the checks of a client that publishes on '$' topics
+        "_expiry_timer",
+        "_gated",
         "_holding",
         "_in_process",
         "_ka_timer",
@@ -228,6 +251,7 @@ class Channel:
         "_retained_timer",
         "_retry_timer",
         "_stash",
+        "_v3_limited",
         "acl",
         "cert_name",
         "clean_start",
@@ -240,12 +264,15 @@ class Channel:
         "connected_at",
         "counted",
         "host",
+        "identity",
         "io",
         "keepalive",
         "last_recv",
         "listener",
+        "max_subscriptions",
         "parser",
         "peer",
+        "publish_bytes",
         "publish_rate",
         "read_guard",
         "retry",
@@ -306,11 +333,17 @@ class Channel:
         self.last_recv = clock.time()
         self.connected_at = 0.0
         self.acl: ClientAcl | None = None  # the zone's rules bound to this client at CONNECT
+        self.identity: Identity | None = None  # what an authenticator of the zone's chain said of it
         # Whether deliveries on the local path are checked for read access: set once a subscription
         # whose filter a deny rule reaches is made, and kept until the rules are bound again (so messages
         # already on their way through such a filter are still checked after an UNSUBSCRIBE).
         self.read_guard = False
         self.publish_rate: TokenBucket | None = None
+        self.publish_bytes: TokenBucket | None = None
+        self._v3_limited = False  # an MQTT 3 client with a publish rate: slowed down, not refused
+        self._asked: Asked | None = None  # its authorization service's answers (an identity's authorizer)
+        self._gated = False  # either of those two: packets wait at _dispatch for the rate or the service
+        self.max_subscriptions = 0  # the zone's, or its user's quota (0: no limit)
         self._checks: tuple[PublishCheck, ...] = ()
         self._dollar_checks: tuple[PublishCheck, ...] = ()
         self._holding = False  # catching up after opening here (Session.hold_back): nothing new goes out
@@ -326,6 +359,7 @@ class Channel:
         self._rel_timer: Timer | None = None
         self._retained: deque[RetainedRun] | None = None  # new subscriptions' retained messages still due
         self._retained_timer: Timer | None = None
+        self._expiry_timer: Timer | None = None  # its credentials' end (a token's exp)
 
     # ---------------------------------------------------------------------------------------------
     # input
@@ -362,9 +396,15 @@ class Channel:
         for i, packet in enumerate(packets):
             state = self.state
             if state == State.CONNECTED:
-                if self.publish_rate is not None and type(packet) is Publish and self.version < MQTT5:
-                    wait = self.publish_rate.take(self.clock.time())
-                    if wait:  # over the zone's publish rate: v3 cannot be told, so it is slowed down
+                if self._gated:
+                    if self._asked is not None and (asks := self._asks(packet)):
+                        # its authorization service is asked first; nothing more is read meanwhile
+                        self._backlog = packets[i:]
+                        self.io.pause_reading()
+                        self.host.authorize(self, asks)
+                        return
+                    if self._v3_limited and type(packet) is Publish and (wait := self._v3_wait(packet)):
+                        # over the zone's publish rates: v3 cannot be told, so it is slowed down
                         self._hold_back(packets[i:], wait)
                         return
                 handler = _HANDLERS.get(type(packet))
@@ -384,6 +424,51 @@ class Channel:
                 self._on_connect(packet)
             else:
                 return
+
+    def _asks(self, packet: Any) -> list[tuple[str, str]]:
+        """What the client's authorization service is to be asked before this packet is handled: a
+        PUBLISH's topic, a SUBSCRIBE's filters (without $share/group/), whose answers are missing or
+        expired. A topic alias is looked up, not registered (the handler does that)."""
+        asked = self._asked
+        assert asked is not None
+        now = self.clock.time()
+        t = type(packet)
+        if t is Publish:
+            topic = packet.topic
+            if not topic and self._aliases_in is not None:
+                topic = self._aliases_in.get(packet.properties.get(Prop.TOPIC_ALIAS), "")
+            return [("publish", topic)] if topic and asked.due("publish", topic, now) else []
+        if t is Subscribe:
+            asks: list[tuple[str, str]] = []
+            for topic_filter, _ in packet.subscriptions:
+                real = parse_share(topic_filter)[1]
+                ask = ("subscribe", real)
+                if valid_filter(topic_filter) and ask not in asks and asked.due(*ask, now):
+                    asks.append(ask)
+            return asks
+        return []
+
+    def authorized(self, answers: list[tuple[str, str, bool | None]]) -> None:
+        """The authorization service's answers (True allow, False deny, None: the rules decide): the
+        packets that waited are handled."""
+        if self._asked is None or self.state == State.CLOSED:
+            return
+        self._asked.put(answers, self.clock.time())
+        self._release_backlog()
+        if self._asked is not None:
+            self._asked.settle()
+
+    def _v3_wait(self, packet: Publish) -> float:
+        """Seconds until the zone's publish rates let this packet in (0: now; it is counted)."""
+        now = self.clock.time()
+        rate, volume = self.publish_rate, self.publish_bytes
+        if rate is not None and (wait := rate.take(now)):
+            return wait
+        if volume is not None and (wait := volume.take(now, len(packet.payload))):
+            if rate is not None:
+                rate.tokens += 1.0  # (not let in after all: it is taken again when it is)
+            return wait
+        return 0.0
 
     def _hold_back(self, packets: list[Any], wait: float) -> None:
         """Read nothing more and handle `packets` once the publish rate allows (TCP backpressure then
@@ -441,10 +526,18 @@ class Channel:
         self.host.closed(self)
 
     def _cancel_timers(self) -> None:
-        for t in (self._ka_timer, self._retry_timer, self._rel_timer, self._retained_timer):
+        for t in (
+            self._ka_timer,
+            self._retry_timer,
+            self._rel_timer,
+            self._retained_timer,
+            self._expiry_timer,
+        ):
             if t is not None:
                 t.cancel()
-        self._ka_timer = self._retry_timer = self._rel_timer = self._retained_timer = None
+        self._ka_timer = self._retry_timer = self._rel_timer = self._retained_timer = self._expiry_timer = (
+            None
+        )
         self._retained = None
 
     # ---------------------------------------------------------------------------------------------
@@ -486,20 +579,46 @@ class Channel:
         self._stash = []
         self.host.open_session(self, result)
 
+    def authenticated(self, identity: Identity) -> None:
+        """An authenticator of the zone's chain allowed the client: its own rules apply (before the
+        zone's), and its credentials' expiry once the session is open."""
+        self.identity = identity
+        self._bind_rules()
+
     def _bind_rules(self) -> None:
         """This client's view of its zone's rules and limits (at CONNECT and after a live change)."""
         zone = self.zone
-        self.acl = zone.acl.bind(self.username, self.client_id)
-        rate = self.settings.max_publish_rate
+        identity = self.identity
+        if identity is not None and identity.superuser:
+            self.acl = ClientAcl.superuser()
+            self._asked = None
+        else:
+            own = identity.rules if identity is not None else ()
+            authorizer = identity.authorizer if identity is not None else None
+            if authorizer is None:
+                self._asked = None
+            elif self._asked is None or self._asked.ttl != authorizer.ttl:
+                self._asked = Asked(authorizer.ttl)
+            peerhost = self.peer.rpartition(":")[0]
+            self.acl = zone.acl.bind(self.username, self.client_id, own, peerhost, self._asked)
+        rate, volume, self.max_subscriptions = self.settings.quota(self.username)
         if not rate:
             self.publish_rate = None
         elif self.publish_rate is None or self.publish_rate.rate != rate:
             self.publish_rate = TokenBucket(rate, self.clock.time())
+        if not volume:
+            self.publish_bytes = None
+        elif self.publish_bytes is None or self.publish_bytes.rate != volume:
+            self.publish_bytes = TokenBucket(volume, self.clock.time())
+        self._v3_limited = self.version < MQTT5 and (rate > 0 or volume > 0)
+        self._gated = self._v3_limited or self._asked is not None
         # Publishes on $SYS are refused unless a rule allows them. That is checked only for a client that
         # sent a '$' topic (its parser tells), so the others pay nothing for it; a bridge's link (in
         # process, set up by the operator) may bring the remote's $SYS in.
-        self._checks = publish_checks(self.settings, self.acl, self.version)
-        self._dollar_checks = publish_checks(self.settings, self.acl, self.version, not self._in_process)
+        self._checks = publish_checks(self.settings, self.acl, self.version, False, self.username)
+        self._dollar_checks = publish_checks(
+            self.settings, self.acl, self.version, not self._in_process, self.username
+        )
         if self.parser.dollar:
             self._checks = self._dollar_checks
 
@@ -516,6 +635,9 @@ class Channel:
         unreadable = self._guard_session()
         self.io.write(encode(Connack(present, 0, connack_props), self.version))
         self._arm_keepalive()
+        if self.identity is not None and self.identity.expires_at is not None:
+            left = max(0.0, self.identity.expires_at - self.clock.wall())
+            self._expiry_timer = self.clock.call_later(left, self._credentials_expired)
         self.telemetry.connected(self.client_id, present, session)
         now = self.clock.time()
         if present:
@@ -536,6 +658,10 @@ class Channel:
                 self.protocol_error(RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__}")
                 break
             handler(self, packet)
+
+    def _credentials_expired(self) -> None:
+        self._expiry_timer = None
+        self.disconnect(RC.NOT_AUTHORIZED, "credentials_expired", "the token expired")
 
     def _connect_timeout(self) -> None:
         self._ka_timer = None
@@ -723,11 +849,14 @@ class Channel:
 
     def _publish_refused(self, p: Publish, rc: int) -> None:
         """Not accepted: v5 clients learn why from the ack's reason code; v3 acks cannot say it (EMQX's
-        default, acl_deny_action = ignore)."""
-        if p.qos == 1:
-            self._send_ack(PUBACK, p.packet_id, rc)
-        elif p.qos == 2:
-            self._send_ack(PUBREC, p.packet_id, rc)
+        default, acl_deny_action = ignore). Behind the acks still waiting for a commit, as any ack: they go
+        out in the order their PUBLISHes came [MQTT-4.6.0-2, -3]."""
+        if p.qos:
+            ptype = PUBACK if p.qos == 1 else PUBREC
+            if self._acks_pending:
+                self._ack_when_stored(ptype, p.packet_id, rc)
+            else:
+                self._send_ack(ptype, p.packet_id, rc)
 
     def _send_ack(self, ptype: int, packet_id: int, rc: int) -> None:
         self.io.write(encode_ack(ptype, packet_id, rc if self.version >= MQTT5 else 0, self.version))
@@ -1005,6 +1134,11 @@ class Channel:
             access = self.acl.subscribe_access(real) if self.acl is not None else Access.ALLOWED
             if access is Access.DENIED:
                 codes.append(RC.NOT_AUTHORIZED if self.version >= MQTT5 else 0x80)
+                continue
+            limit = self.max_subscriptions
+            if limit and topic_filter not in session.subscriptions and len(session.subscriptions) >= limit:
+                self.telemetry.counters.quota_refusals["subscriptions"] += 1
+                codes.append(RC.QUOTA_EXCEEDED if self.version >= MQTT5 else 0x80)
                 continue
             guarded = access is Access.FILTERED
             if guarded:

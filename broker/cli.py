@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         logging.getLogger("fleetmq").error("cannot start: %s", e)
         return 1
-    except (NotImplementedError, UsersFileError, ssl.SSLError) as e:
+    except (ConfigError, NotImplementedError, UsersFileError, ssl.SSLError) as e:
         logging.getLogger("fleetmq").error("%s", e)
         return 2
     return 0

@@ -100,6 +100,10 @@ class Cluster:
         ordered: Callable[[bytes | None], None] = lambda _: None,
     ) -> None:
         self.node_id = node_id
+        #: this run of the node: its heartbeat's value, and what the store's connection counts name (a pod
+        #: restarted under the same name does not inherit the counts of its previous run)
+        self.instance = f"{node_id}:{os.urandom(6).hex()}"
+        self._live: dict[str, str] = {}  # node id -> its live instance, as of the last check
         self.store = store
         self.sessions = sessions
         self.router = router
@@ -145,6 +149,7 @@ class Cluster:
         await self._release(self.node_id)
         await self._beat()
         await self._client(keys.NODES).sadd(keys.NODES, self.node_id)
+        await self._check_live()
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._listen(), name="fleetmq-cluster-listen"),
@@ -177,7 +182,7 @@ class Cluster:
         ttl = int(HEARTBEAT_TTL * 1000)
         mine = keys.alive(self.node_id)
         async with self._client(mine).pipeline(transaction=False) as pipe:
-            pipe.set(mine, b"1", px=ttl)
+            pipe.set(mine, self.instance, px=ttl)
             pipe.hset(keys.nodeinfo(self.node_id), mapping=info)
             pipe.pexpire(keys.nodeinfo(self.node_id), 3 * ttl)
             pipe.get(keys.rebalance(self.node_id))
@@ -225,9 +230,37 @@ class Cluster:
         while True:
             await asyncio.sleep(REAP_INTERVAL)
             try:
+                await self._check_live()
                 await self._reap_dead()
             except Exception as e:
                 log.warning("checking for dead nodes failed: %s", e)
+
+    def live_instances(self) -> frozenset[str]:
+        return frozenset((self.instance, *self._live.values()))
+
+    async def check_instances(self, instances: list[str]) -> frozenset[str]:
+        """Those of `instances` alive now: their node's heartbeat names them, or their node still listens
+        on its channel with no heartbeat naming another run (it lost Redis for a while)."""
+        alive = set()
+        for instance in instances:
+            node = instance.rpartition(":")[0]
+            beat = await self._client(keys.alive(node)).get(keys.alive(node))
+            if (beat is not None and text(beat) == instance) or (beat is None and await self.listening(node)):
+                alive.add(instance)
+        return frozenset(alive)
+
+    async def _check_live(self) -> None:
+        """Which run of each registered node is alive (its heartbeat's value). A node whose heartbeat
+        lapsed while it still listens on its channel keeps the instance it had."""
+        nodes = [text(n) for n in await self._client(keys.NODES).smembers(keys.NODES)]
+        beats = await asyncio.gather(*(self._client(keys.alive(n)).get(keys.alive(n)) for n in nodes))
+        live: dict[str, str] = {}
+        for node, beat in zip(nodes, beats, strict=True):
+            if beat is not None:
+                live[node] = text(beat)
+            elif node in self._live and await self.listening(node):
+                live[node] = self._live[node]
+        self._live = live
 
     async def _reap_dead(self) -> None:
         if not await self._may_reap():

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Itera
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from .authn.chain import Credentials, Verdict
 from .channel import Channel, State
 from .codec import MQTT5, RC
 from .eventschema import DropReason
@@ -50,8 +51,21 @@ log = logging.getLogger("fleetmq.cm")
 T = TypeVar("T")
 
 
+class _OverQuota(Exception):
+    """The client's user has max_connections_per_user connections already."""
+
+
 class Fleet(Protocol):
     """What the channel manager asks of the other nodes (cluster.Cluster)."""
+
+    #: this run of this node (its id and a random part): what the store's connection counts name
+    instance: str
+
+    def live_instances(self) -> frozenset[str]:
+        """The runs of the fleet's nodes that are alive, as of the last check (about a second ago)."""
+
+    async def check_instances(self, instances: list[str]) -> frozenset[str]:
+        """Those of `instances` (runs of nodes) that are alive now."""
 
     async def catch_up(self, client_id: str, epoch: int, first: int, reserved: int) -> None:
         """Pull what the store queued for a session that just opened here into the positions reserved;
@@ -127,6 +141,9 @@ class ChannelManager:
         self.offline: dict[str, Offline] = {}
         self._locks: dict[str, _ClientLock] = {}
         self._fenced_last: set[str] = set()  # sessions the last commit found owned elsewhere
+        #: client id -> the connection counted for its user (max_connections_per_user), its zone, username
+        self._user_connections: dict[str, tuple[Channel, str, str]] = {}
+        self._authz_warned: dict[str, float] = {}  # zone -> when its authorization service was last logged
         self._client_ids = itertools.count(1)
         self._id_prefix = f"fleetmq-{node_id}-{os.getpid():x}-"
         #: how long a CONNECT waits for a store that does not answer before it is refused (seconds)
@@ -184,8 +201,30 @@ class ChannelManager:
             return ch.refuse(RC.CONNECTION_RATE_EXCEEDED, "connection_rate_exceeded")
         limits.connections += 1
         ch.counted = True
+        if zone.authn:
+            peer = ch.peer.rpartition(":")[0] or ch.peer
+            credentials = Credentials(req.client_id, req.username, req.password, peer)
+            mechanism, decision = await zone.authn.authenticate(credentials, ch.clock.wall())
+            if ch.state == State.CLOSED:
+                return
+            if decision.verdict is not Verdict.IGNORE:
+                result = "unavailable" if decision.unavailable else decision.verdict.value
+                self.metrics.zone(zone.name).authentications[mechanism, result] += 1
+            if decision.verdict is Verdict.DENY:
+                log.info(
+                    "%s authentication refused %r from %s: %s",
+                    mechanism,
+                    req.client_id,
+                    ch.peer,
+                    decision.why,
+                )
+                if decision.unavailable:  # (not the client's fault: it may try again)
+                    return ch.refuse(RC.SERVER_UNAVAILABLE, "server_unavailable")
+                return ch.refuse(RC.BAD_USER_NAME_OR_PASSWORD, "bad_username_or_password")
+            if decision.identity is not None:
+                ch.authenticated(decision.identity)
         auth = zone.auth
-        if auth is not None and req.username is not None and not req.certified:
+        if ch.identity is None and auth is not None and req.username is not None and not req.certified:
             # a slow hash by design: computed off the event loop (hashlib releases the GIL)
             loop = asyncio.get_running_loop()
             ok = await loop.run_in_executor(None, auth.check, req.username, req.password)
@@ -195,6 +234,10 @@ class ChannelManager:
                 log.info("bad credentials from %s", ch.peer)
                 return ch.refuse(RC.BAD_USER_NAME_OR_PASSWORD, "bad_username_or_password")
         will, acl = req.will, ch.acl
+        if will is not None and ch.identity is not None and ch.identity.authorizer is not None:
+            ch.authorized(await self._ask_service(ch, [("publish", will.topic)]))  # (its service decides)
+            if ch.state == State.CLOSED:
+                return
         if will is not None and acl is not None and req.version >= MQTT5 and not acl.can_publish(will.topic):
             # Told now, with the reason, rather than finding out when the will was due that it never went
             # out. A v3 refusal (code 5) would read as bad credentials, so v3 clients are accepted and
@@ -204,6 +247,12 @@ class ChannelManager:
             return ch.refuse(RC.NOT_AUTHORIZED, "will_not_authorized", "will topic not authorized")
         try:
             session, present = await self._open_locked(ch, req.expiry, req.receive_maximum)
+        except _OverQuota:
+            self.metrics.zone(zone.name).quota_refusals["connections"] += 1
+            log.info("refusing %r: user %r is at max_connections_per_user", ch.client_id, ch.username)
+            if ch.state != State.CLOSED:
+                ch.refuse(RC.QUOTA_EXCEEDED, "quota_exceeded", "too many connections of this user")
+            return
         except Exception as e:
             log.warning("cannot open session for %r: %s", ch.client_id, e)
             if ch.state != State.CLOSED:
@@ -249,7 +298,108 @@ class ChannelManager:
     async def _open_locked(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
         """Find or create the session of a connecting client; returns (session, session present)."""
         async with self._client_id(ch.client_id):
+            limit = ch.settings.connections_quota(ch.username)
+            if limit and ch.username is not None:
+                await self._take_connection(ch, ch.username, limit)
             return await self._open(ch, expiry, receive_max)
+
+    # -- authorization services ------------------------------------------------------------------------
+    def authorize(self, ch: Channel, asks: list[tuple[str, str]]) -> None:
+        self.spawn(self._authorize(ch, asks))
+
+    async def _authorize(self, ch: Channel, asks: list[tuple[str, str]]) -> None:
+        ch.authorized(await self._ask_service(ch, asks))
+
+    async def _ask_service(
+        self, ch: Channel, asks: list[tuple[str, str]]
+    ) -> list[tuple[str, str, bool | None]]:
+        """The answers of the client's authorization service: True allow, False deny, None (ignore) the
+        rules decide. One it cannot give denies (it fails closed), and so does every later one of the
+        same request, without asking: a service away is not asked a SUBSCRIBE's every filter in turn."""
+        authorizer = ch.identity.authorizer if ch.identity is not None else None
+        counts = self.metrics.zone(ch.zone_name).authorizations
+        answers: list[tuple[str, str, bool | None]] = []
+        available = authorizer is not None
+        for action, topic in asks:
+            said: bool | None = False
+            if authorizer is not None and available:
+                try:
+                    verdict = await authorizer.authorize(action, topic)
+                except Exception as e:
+                    available = False
+                    self._service_down(ch.zone_name, f"{type(e).__name__}: {e}")
+                else:
+                    said = None if verdict is Verdict.IGNORE else verdict is Verdict.ALLOW
+                    counts[action, verdict.value] += 1
+                    answers.append((action, topic, said))
+                    continue
+            counts[action, "unavailable"] += 1
+            answers.append((action, topic, said))
+        return answers
+
+    def _service_down(self, zone: str, message: str) -> None:
+        """At most one warning a second per zone: an authorization service down must not flood the log."""
+        t = time.monotonic()
+        if t - self._authz_warned.get(zone, -1e9) >= 1.0:
+            self._authz_warned[zone] = t
+            log.warning("authorization service of zone %s cannot answer, denying: %s", zone, message)
+
+    # -- connections per user, over the fleet ---------------------------------------------------------
+    @property
+    def instance(self) -> str:
+        """This run of this node, as the store's connection counts name it."""
+        return self.fleet.instance if self.fleet is not None else self.node_id
+
+    async def _take_connection(self, ch: Channel, username: str, limit: int) -> None:
+        """Count the client among its user's connections in the fleet; _OverQuota when the user has its
+        `limit` already. Under the client id's lock, as is `_free_connection`: a reconnect's count comes
+        after the count its previous connection gave back."""
+        cid, zone = ch.client_id, ch.zone_name
+        live = self.fleet.live_instances() if self.fleet is not None else frozenset()
+        instance = self.instance
+        deadline = time.monotonic() + self.claim_wait
+        store, fleet = self.store, self.fleet
+        try:
+            taken = await self._until_store(
+                lambda: store.take_connection(zone, username, cid, instance, limit, live), ch, deadline
+            )
+            if isinstance(taken, list) and fleet is not None:  # runs of nodes it has not seen yet
+                unseen = taken
+                found = await self._until_store(lambda: fleet.check_instances(unseen), ch, deadline)
+                live, dead = live | found, [i for i in unseen if i not in found]
+                taken = await self._until_store(
+                    lambda: store.take_connection(zone, username, cid, instance, limit, live, dead, True),
+                    ch,
+                    deadline,
+                )
+        except Exception:
+            if cid not in self._user_connections:  # it may have run, its reply lost: given back
+                self.spawn(self._free_connection(zone, username, cid))
+            raise
+        if taken is not True:
+            raise _OverQuota
+        held = self._user_connections.get(cid)
+        if ch.state == State.CLOSED:  # gone meanwhile (closed() has run): given back, unless held
+            if held is None:
+                self.spawn(self._free_connection(zone, username, cid))
+            return
+        if held is not None and (held[1], held[2]) != (zone, username):
+            self.spawn(self._free_connection(held[1], held[2], cid))  # the client id's previous user's
+        self._user_connections[cid] = (ch, zone, username)
+
+    async def _free_connection(self, zone: str, username: str, cid: str) -> None:
+        """Give a connection's count back; sent again while the store is away (it is idempotent), for
+        a count left behind would refuse the user's clients for as long as this node runs."""
+        instance = self.instance
+        try:
+            async with self._client_id(cid):
+                await retrying(
+                    self.store,
+                    lambda: self.store.free_connection(zone, username, cid, instance),
+                    time.monotonic() + READ_BACK_FOR,
+                )
+        except Exception as e:
+            log.warning("cannot give back the connection of %r (user %r): %s", cid, username, e)
 
     async def _open(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
         cid = ch.client_id
@@ -415,6 +565,10 @@ class ChannelManager:
             ch.counted = False
             ch.zone.limits.connections -= 1
         cid = ch.client_id
+        held = self._user_connections.get(cid)
+        if held is not None and held[0] is ch:
+            del self._user_connections[cid]
+            self.spawn(self._free_connection(held[1], held[2], cid))
         session = ch.session
         if session is None or self.channels.get(cid) is not ch:
             return  # not connected yet, or taken over: the new connection owns the session now

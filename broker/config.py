@@ -140,6 +140,15 @@ class ListenerConfig(_Model):
         "name maps to (the zone's cert_users, else the common name itself); its CONNECT username and "
         "password are not used",
     )
+    proxy_protocol: bool = Field(
+        False,
+        description="Expect a PROXY protocol header (v1 or v2, from a load balancer) before the client's "
+        "bytes (on tls and wss listeners, before the TLS handshake): the client's address is the one it "
+        "carries.",
+    )
+    proxy_protocol_timeout: Duration = Field(
+        3.0, gt=0, description="A connection whose PROXY header has not come by then is closed."
+    )
 
     @field_validator("bind")
     @classmethod

@@ -15,10 +15,14 @@ no cost, and holds at most what one loop turn routes to it (reads are bounded pe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
+import ssl
 from collections.abc import Callable
 from typing import Any, cast
 
+from . import proxyproto
 from .channel import Channel, ChannelIO
 from .codec import RC
 from .websocket import WebSocket
@@ -131,6 +135,7 @@ class Connection(asyncio.Protocol):
         "channel",
         "held",
         "listener",
+        "proxied",
         "transport",
     )
 
@@ -161,13 +166,16 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.channel: Channel | None = None
         self._registry = connections
+        #: the client's address from a PROXY header read before TLS started (ProxiedTlsListener)
+        self.proxied: tuple[str, int] | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport, peer: tuple[str, int] | None = None) -> None:
+        """`peer`: the client's address when the socket's is a load balancer's (a PROXY header)."""
         t = self.transport = cast(asyncio.Transport, transport)  # a stream (uvloop's are not subclasses)
         t.set_write_buffer_limits(high=self._budget.connection_limit)
         self._registry.add(self)
-        peer = transport.get_extra_info("peername")
+        peer = peer or self.proxied or transport.get_extra_info("peername")
         self.channel = self._new_channel(self, f"{peer[0]}:{peer[1]}" if peer else "?", self.listener)
         if self._peer_cert:
             self.channel.cert_name = common_name(transport.get_extra_info("peercert"))
@@ -356,3 +364,164 @@ class WsConnection(Connection):
         self._closing = self._careful = True
         self.transport.write(self.ws.close())
         self.transport.close()
+
+
+class ProxyGate(asyncio.Protocol):
+    """A connection on a listener with proxy_protocol until its PROXY header is in: then the connection is
+    its protocol's (`make`), from the address the header names, and the bytes after the header are its
+    first. A header that is not one, or that does not come within `timeout`, closes the connection."""
+
+    __slots__ = ("_buf", "_make", "_refused", "_timeout", "_timer", "transport")
+
+    def __init__(
+        self, make: Callable[[], Connection], timeout: float, refused: Callable[[str], None]
+    ) -> None:
+        self._make = make
+        self._timeout = timeout
+        self._refused = refused
+        self._buf = b""
+        self._timer: asyncio.TimerHandle | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self._timer = asyncio.get_running_loop().call_later(self._timeout, self._expired)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        try:
+            got = proxyproto.parse(self._buf)
+        except proxyproto.ProxyError as e:
+            return self._refuse(str(e))
+        if got is None:
+            return
+        header, used = got
+        if self._timer is not None:
+            self._timer.cancel()
+        rest, self._buf = self._buf[used:], b""
+        transport, conn = self.transport, self._make()
+        assert transport is not None
+        transport.set_protocol(conn)
+        conn.connection_made(transport, header.source)
+        if rest:
+            conn.data_received(rest)
+
+    def _expired(self) -> None:
+        self._refuse(f"no PROXY header within {self._timeout:g}s")
+
+    def _refuse(self, why: str) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        self._refused(f"{peer[0]}:{peer[1]}: {why}" if peer else why)
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+class ProxiedTlsListener:
+    """A tls or wss listener behind a load balancer that sends a PROXY header before the TLS handshake.
+
+    asyncio starts TLS on a socket as soon as it accepts it, and a ProxyGate would read the start of the
+    handshake along with the header. So this listener accepts its sockets itself: it peeks at their first
+    bytes until the header is whole, takes exactly the header's bytes off the socket and starts TLS on
+    what follows (connect_accepted_socket), the connection knowing the address the header names. It has
+    what Server uses of an asyncio.Server: sockets, close() and wait_closed()."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        make: Callable[[], Connection],
+        tls: ssl.SSLContext,
+        timeout: float,
+        refused: Callable[[str], None],
+    ) -> None:
+        self.sockets = [sock]
+        self._make = make
+        self._tls = tls
+        self._timeout = timeout
+        self._refused = refused
+        self._admitting: set[asyncio.Task[None]] = set()
+        sock.setblocking(False)
+        self._accepting = asyncio.get_running_loop().create_task(self._accept())
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self.sockets[0])
+            except OSError as e:  # (out of file descriptors, say: the next accept may work)
+                log.warning("accept failed: %s", e)
+                await asyncio.sleep(0.1)
+                continue
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            task = loop.create_task(self._admit(conn))
+            self._admitting.add(task)
+            task.add_done_callback(self._admitting.discard)
+
+    async def _admit(self, conn: socket.socket) -> None:
+        try:
+            header = await asyncio.wait_for(_read_header(conn), self._timeout)
+        except (proxyproto.ProxyError, TimeoutError, OSError) as e:
+            why = f"no PROXY header within {self._timeout:g}s" if isinstance(e, TimeoutError) else str(e)
+            try:
+                peer = conn.getpeername()
+                self._refused(f"{peer[0]}:{peer[1]}: {why}")
+            except OSError:
+                self._refused(why)
+            conn.close()
+            return
+        if header is None:
+            conn.close()
+            return
+        connection = self._make()
+        connection.proxied = header.source
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(lambda: connection, conn, ssl=self._tls)
+        except (OSError, ssl.SSLError, TimeoutError) as e:  # a failed handshake: that client's alone
+            log.debug("TLS handshake after a PROXY header failed: %s", e)
+            conn.close()
+
+    def close(self) -> None:
+        self._accepting.cancel()
+        for task in self._admitting:
+            task.cancel()
+        self.sockets[0].close()
+
+    async def wait_closed(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._accepting
+
+
+async def _read_header(conn: socket.socket) -> proxyproto.ProxyHeader | None:
+    """The PROXY header at the start of `conn`, its bytes (and only those) taken off the socket; None
+    when the connection closed first."""
+    loop = asyncio.get_running_loop()
+    while True:
+        readable: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(conn.fileno(), _set_once, readable)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(conn.fileno())
+        data = conn.recv(proxyproto.HEADER_MAX, socket.MSG_PEEK)
+        if not data:
+            return None  # (a balancer's health check, say: as with ProxyGate, not a refusal)
+        got = proxyproto.parse(data)
+        if got is not None:
+            header, used = got
+            conn.recv(used)  # (there: it was just peeked at)
+            return header
+        # The rest of the header is on its way. A peek leaves what it saw, so the socket stays readable:
+        # wait a moment rather than spin.
+        await asyncio.sleep(0.005)
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

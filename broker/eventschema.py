@@ -175,6 +175,6 @@ _DESCRIPTIONS = {
     DropReason.NO_SUBSCRIBERS: "no subscription matched",
     DropReason.NOT_AUTHORIZED: "ACL: a publish, a will or a delivery denied",
     DropReason.AWAITING_REL_FULL: "incoming QoS 2 refused, max_awaiting_rel reached",
-    DropReason.RATE_LIMITED: "publish refused over max_publish_rate",
+    DropReason.RATE_LIMITED: "publish refused over max_publish_rate or max_publish_bytes_rate",
     DropReason.PAYLOAD_FORMAT_INVALID: "payload not UTF-8 although the publisher said it was",
 }

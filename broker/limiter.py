@@ -15,15 +15,18 @@ class TokenBucket:
         self.tokens = self.burst
         self.stamp = now
 
-    def take(self, now: float) -> float:
-        """Take one token; returns 0 if there was one, else the seconds until there will be."""
+    def take(self, now: float, amount: float = 1.0) -> float:
+        """Take `amount` tokens; returns 0 if there were enough, else the seconds until there will be. An
+        amount above the burst (a message bigger than a second's worth of bytes) is taken once the bucket
+        is full, leaving it in debt: the rate holds on average, and no amount waits forever."""
         tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
-        if tokens >= 1.0:
-            self.tokens = tokens - 1.0
+        need = min(amount, self.burst)
+        if tokens >= need:
+            self.tokens = tokens - amount
             return 0.0
         self.tokens = tokens
-        return (1.0 - tokens) / self.rate
+        return (need - tokens) / self.rate
 
 
 class Pacer:

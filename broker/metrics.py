@@ -79,12 +79,15 @@ class ZoneMetrics:
 
     __slots__ = (
         "acked",
+        "authentications",
+        "authorizations",
         "delivered",
         "disconnects",
         "dropped",
         "inflight_full",
         "keepalive_timeouts",
         "latency",
+        "quota_refusals",
         "received",
         "retransmitted",
         "session_events",
@@ -101,6 +104,13 @@ class ZoneMetrics:
         self.disconnects: dict[str, int] = defaultdict(int)
         self.session_events: dict[str, int] = defaultdict(int)
         self.latency = Histogram(LATENCY_BUCKETS)
+        #: what a quota refused that no other counter counts, by quota (subscriptions, connections)
+        self.quota_refusals: dict[str, int] = defaultdict(int)
+        #: decisions of the zone's authentication chain by (mechanism, result: allow, deny, unavailable)
+        self.authentications: dict[tuple[str, str], int] = defaultdict(int)
+        #: answers of clients' authorization services (acl_url) by (action, result: allow, deny, ignore,
+        #: unavailable)
+        self.authorizations: dict[tuple[str, str], int] = defaultdict(int)
 
 
 class Metrics:
@@ -123,6 +133,8 @@ class Metrics:
         # each bridge's report (bridge.Bridge.report) by name
         self.bridges: Callable[[], dict[str, dict[str, Any]]] | None = None
         self.config_info: dict[str, str] = {}
+        #: connections closed for a missing or invalid PROXY protocol header, by listener
+        self.proxy_refused: dict[str, int] = defaultdict(int)
 
     def zone(self, name: str) -> ZoneMetrics:
         return self.zones[name]
@@ -186,6 +198,24 @@ class _Collector(Collector):
         drop = counter("messages_dropped", "Messages dropped by reason.", ["zone", "reason"])
         full = counter("inflight_full", "Deliveries queued because the Inflight Window was full.", ["zone"])
         ka = counter("keepalive_timeouts", "Connections closed for keep-alive timeout.", ["zone"])
+        quota = counter(
+            "quota_refusals",
+            "Requests refused by a quota of the zone that no other counter counts (subscriptions: "
+            "SUBSCRIBE filters beyond max_subscriptions; connections: CONNECTs beyond "
+            "max_connections_per_user; refused publishes are messages_dropped).",
+            ["zone", "quota"],
+        )
+        authn = counter(
+            "authentications",
+            "Decisions of the zone's authentication chain (unavailable: its source could not answer; denied).",
+            ["zone", "mechanism", "result"],
+        )
+        authz = counter(
+            "authorizations",
+            "Answers of clients' authorization services (an http authenticator's acl_url) by action and "
+            "result (ignore: the ACL rules decided; unavailable: it could not answer, denied).",
+            ["zone", "action", "result"],
+        )
         lat = HistogramMetricFamily(
             "fleetmq_delivery_latency_seconds",
             "Publish to the subscriber's acknowledgement (PUBACK or PUBCOMP) of QoS 1/2 deliveries.",
@@ -196,6 +226,12 @@ class _Collector(Collector):
                 ev.add_metric([zone, event], z.session_events.get(event, 0))
             for reason, n in sorted(z.disconnects.items()):
                 disc.add_metric([zone, reason], n)
+            for (mechanism, result), n in sorted(z.authentications.items()):
+                authn.add_metric([zone, mechanism, result], n)
+            for (action, result), n in sorted(z.authorizations.items()):
+                authz.add_metric([zone, action, result], n)
+            for kind, n in sorted(z.quota_refusals.items()):
+                quota.add_metric([zone, kind], n)
             for qos in range(3):
                 recv.add_metric([zone, str(qos)], z.received[qos])
                 dlv.add_metric([zone, str(qos)], z.delivered[qos])
@@ -206,7 +242,7 @@ class _Collector(Collector):
             full.add_metric([zone], z.inflight_full)
             ka.add_metric([zone], z.keepalive_timeouts)
             lat.add_metric([zone], z.latency.buckets(), z.latency.sum)
-        yield from (ev, disc, recv, dlv, ack, rtx, drop, full, ka, lat)
+        yield from (ev, disc, recv, dlv, ack, rtx, drop, full, ka, authn, authz, quota, lat)
 
         err = counter("store_errors", "Failed session-store operations.", [])
         err.add_metric([], m.store_errors)
@@ -236,6 +272,14 @@ class _Collector(Collector):
         rec = counter("store_reconnects", "Times the node resynchronised with the store after an outage.", [])
         rec.add_metric([], m.store_reconnects)
         yield rec
+        proxy = counter(
+            "proxy_protocol_refused",
+            "Connections closed for a missing or invalid PROXY protocol header, by listener.",
+            ["listener"],
+        )
+        for listener, n in sorted(m.proxy_refused.items()):
+            proxy.add_metric([listener], n)
+        yield proxy
         if m.store_topology is not None:
             topology, primaries, failovers, retries = m.store_topology()
             info = GaugeMetricFamily(

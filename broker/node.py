@@ -214,8 +214,11 @@ class Node:
     def apply_config(self, config: BrokerConfig) -> None:
         """Adopt a changed config's zones: new sessions get them at once, live ones at their next
         delivery (Channel.apply_zone). Raises (changing nothing) if a users file cannot be read."""
-        for settings in config.zones.values():
-            Zone.access(settings)  # every users file readable, or nothing changes
+        for name, settings in config.zones.items():
+            Zone.access(settings)  # every users file readable, every key, or nothing changes
+            zone = self.zones.get(name)
+            if zone is None or zone.settings.authentication != settings.authentication:
+                Zone.chain(name, settings)
         for name, settings in config.zones.items():
             zone = self.zones.get(name)
             if zone is None:
@@ -372,6 +375,8 @@ class Node:
     async def stop(self) -> None:
         for bridge in self.bridges:
             await bridge.stop()
+        for zone in self.zones.values():
+            await zone.authn.close()
         if self.cluster is not None:
             await self.cluster.stop()
         if self.events is not None:

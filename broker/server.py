@@ -10,9 +10,9 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -21,7 +21,7 @@ from . import http
 from .auth import UsersFileError, UsersFilePending
 from .codec import RC
 from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
-from .connection import Connection, WriteBudget, WsConnection
+from .connection import Connection, ProxiedTlsListener, ProxyGate, WriteBudget, WsConnection
 from .limiter import Pacer
 from .metrics import Metrics
 from .node import Node
@@ -67,6 +67,17 @@ def make_store(config: BrokerConfig) -> SessionStore:
 WATCH_INTERVAL = 1.0
 
 
+class Listening(Protocol):
+    """An open listener: an asyncio.Server, or a ProxiedTlsListener."""
+
+    @property
+    def sockets(self) -> Sequence[socket.socket]: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
 class Server:
     def __init__(
         self,
@@ -81,11 +92,12 @@ class Server:
         self._reload = reload  # reads and validates the config file again
         self._watch = watch  # the file whose changes trigger a reload
         self.metrics = Metrics()
+        self._proxy_logged = -1e9  # when a refused PROXY header was last logged (monotonic)
         self.node = Node(config, make_store(config), self.metrics, evict=self._rebalance)
         self.connections: set[Connection] = set()
         buffers = config.write_buffers
         self.write_budget = WriteBudget(buffers.node, buffers.connection)
-        self.listeners: dict[str, asyncio.Server] = {}
+        self.listeners: dict[str, Listening] = {}
         self._tls: dict[str, ssl.SSLContext] = {}  # of the open tls/wss listeners, by name
         self._http: asyncio.Server | None = None
         self._stopping: asyncio.Event | None = None
@@ -113,23 +125,36 @@ class Server:
         args = (partial(self.node.channel, listener.zone), listener.name, self.connections)
         by_cert = listener.peer_cert_as_username == "cn"
         if listener.protocol in ("ws", "wss"):
-            factory: Callable[[], Connection] = partial(
+            connection: Callable[[], Connection] = partial(
                 WsConnection, *args, listener.path, peer_cert_as_username=by_cert, budget=self.write_budget
             )
         else:
-            factory = partial(Connection, *args, peer_cert_as_username=by_cert, budget=self.write_budget)
+            connection = partial(Connection, *args, peer_cert_as_username=by_cert, budget=self.write_budget)
+        factory: Callable[[], asyncio.Protocol] = connection
+        refused = partial(self._proxy_refused, listener.name)
+        if listener.proxy_protocol:
+            factory = partial(ProxyGate, connection, listener.proxy_protocol_timeout, refused)
         ctx = tls_context(listener) if listener.protocol in ("tls", "wss") else None
         if ctx is not None:
             self._tls[listener.name] = ctx
-        server = await loop.create_server(
-            factory,
-            host,
-            port,
-            reuse_address=True,
-            reuse_port=self._worker_socket is not None,
-            backlog=BACKLOG,
-            ssl=ctx,
-        )
+        server: Listening
+        if ctx is not None and listener.proxy_protocol:  # the header comes before the TLS handshake
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.create_server(
+                (host, port), family=family, backlog=BACKLOG, reuse_port=self._worker_socket is not None
+            )
+            timeout = listener.proxy_protocol_timeout
+            server = ProxiedTlsListener(sock, connection, ctx, timeout, refused)
+        else:
+            server = await loop.create_server(
+                factory,
+                host,
+                port,
+                reuse_address=True,
+                reuse_port=self._worker_socket is not None,
+                backlog=BACKLOG,
+                ssl=ctx,
+            )
         for sock in server.sockets:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -137,6 +162,14 @@ class Server:
         log.info(
             "listener %s (%s, zone %s) on %s:%d", listener.name, listener.protocol, listener.zone, host, port
         )
+
+    def _proxy_refused(self, listener: str, why: str) -> None:
+        """A connection closed for its PROXY header: counted, and logged at most once a second."""
+        self.metrics.proxy_refused[listener] += 1
+        now = time.monotonic()
+        if now - self._proxy_logged >= 1.0:
+            self._proxy_logged = now
+            log.warning("listener %s: closed a connection without a valid PROXY header: %s", listener, why)
 
     async def serve_forever(self) -> None:
         assert self._stopping is not None

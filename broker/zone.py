@@ -6,9 +6,14 @@ its telemetry. Channels hold their zone and pick up a live change at their next 
 from __future__ import annotations
 
 from .auth import Acl, Authenticator, zone_users
+from .authn.chain import Authenticator as ChainAuthenticator
+from .authn.chain import Chain
+from .authn.http import HttpAuthenticator
+from .authn.jwt import JwtAuthenticator
+from .config import ConfigError
 from .limiter import TokenBucket
 from .telemetry import Telemetry
-from .zones import ZoneSettings
+from .zones import JwtAuthentication, ZoneSettings
 
 
 class ConnectLimits:
@@ -34,7 +39,7 @@ class ConnectLimits:
 
 
 class Zone:
-    __slots__ = ("acl", "auth", "limits", "name", "settings", "telemetry")
+    __slots__ = ("acl", "auth", "authn", "limits", "name", "settings", "telemetry")
 
     def __init__(self, name: str, settings: ZoneSettings, telemetry: Telemetry) -> None:
         self.name = name
@@ -42,6 +47,7 @@ class Zone:
         self.limits = ConnectLimits(settings.max_conn_rate)
         self.settings = settings
         self.acl, self.auth = self.access(settings)
+        self.authn = self.chain(name, settings)
 
     @staticmethod
     def access(settings: ZoneSettings) -> tuple[Acl, Authenticator | None]:
@@ -52,9 +58,25 @@ class Zone:
         users = zone_users(settings)
         return acl, Authenticator(users) if users is not None else None
 
+    @staticmethod
+    def chain(name: str, settings: ZoneSettings) -> Chain:
+        """The zone's authenticators; ConfigError names the one whose key or secret cannot be read."""
+        out: list[ChainAuthenticator] = []
+        for i, a in enumerate(settings.authentication):
+            try:
+                out.append(JwtAuthenticator(a) if isinstance(a, JwtAuthentication) else HttpAuthenticator(a))
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"zones.{name}.authentication.{i} ({a.mechanism}): {e}") from e
+        return Chain(out)
+
     def update(self, settings: ZoneSettings) -> None:
         """Adopt changed settings (new sessions at once, live ones at their next delivery). Raises
-        UsersFileError, changing nothing, if its users file cannot be read."""
+        UsersFileError or ConfigError, changing nothing, if its users file or keys cannot be read."""
         acl, auth = self.access(settings)
-        self.settings, self.acl, self.auth = settings, acl, auth
+        # (an unchanged chain is kept: its fetched key sets with it)
+        same = settings.authentication == self.settings.authentication
+        authn = self.authn if same else self.chain(self.name, settings)
+        if authn is not self.authn:
+            self.authn.close_soon()
+        self.settings, self.acl, self.auth, self.authn = settings, acl, auth, authn
         self.limits.set_rate(settings.max_conn_rate)

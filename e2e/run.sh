@@ -11,6 +11,8 @@
 # run.
 #
 #   e2e/run.sh [pytest args]      E2E_KEEP=1 keeps the cluster afterwards
+#   E2E_PREPARE=1 e2e/run.sh      only build and install what the run needs, then exit (.ci/run does this in
+#                                 the background while `make test` runs)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export CACHE="${CACHE:-$HOME/.cache/fleetmq}"
@@ -72,12 +74,12 @@ targets=(broker standins)
 image_pid=$!
 trap 'kill "$image_pid" 2>/dev/null; wait "$image_pid" 2>/dev/null' EXIT # a failed Go build stops it too
 
-# the control plane (and the node's kubelet, kube-proxy, pause program, kubectl), CoreDNS, helm; on kind
-# what its node image needs (kubeadm, etcd 3.5) and kind
+# the control plane (and the node's kubelet, kube-proxy, pause program, kubectl), CoreDNS, metrics-server,
+# helm; on kind what its node image needs (kubeadm, etcd 3.5) and kind
 if [[ "$E2E_CLUSTER" != kind ]]; then
   bash "$ROOT/scripts/envtest.sh" >/dev/null
   ENVTEST_COMPONENTS="kubelet kube-proxy pause kubectl" bash "$ROOT/scripts/envtest.sh" >/dev/null
-  bash "$ROOT/scripts/tools.sh" coredns >/dev/null
+  bash "$ROOT/scripts/tools.sh" coredns metrics-server >/dev/null
 else
   bash "$ROOT/scripts/kind.sh" build >/dev/null
 fi
@@ -100,10 +102,11 @@ saved+=("${previous[1]}")
 FLEETMQ_IMAGE_ARCHIVES="$(IFS=:; echo "${saved[*]}")"
 export FLEETMQ_IMAGE_ARCHIVES
 echo "e2e: tools and images ready in $((SECONDS - t0))s" >&2
+[[ -z "${E2E_PREPARE:-}" ]] || exit 0
 
 cd "$ROOT"
 # -rP: what passing tests print (failover counts, timings) stays in the log
-pytest=("$PY" -m pytest -p no:cacheprovider -v -rP --timeout=2400 e2e "$@")
+pytest=("$PY" -m pytest -p no:cacheprovider -v -rP --durations=0 --timeout=2400 e2e "$@")
 [[ "$E2E_CLUSTER" == kind ]] || exec "${pytest[@]}"
 
 # kind: its engine (a private dockerd, when the machine has none) runs from `up` to `down`, one run at a

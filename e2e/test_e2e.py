@@ -989,6 +989,81 @@ def test_the_autoscaler_follows_the_connections_moving_each_client_once_per_chan
     assert max(down_moves) <= 2, "a client moved more than once per change (two changes: 4 -> 3 -> 2)"
 
 
+def test_an_hpa_scales_the_fleet_on_its_pods_cpu(cluster: Cluster, endpoints):
+    """An autoscaling/v2 HorizontalPodAutoscaler on the BrokerFleet (its scale subresource), on the broker
+    pods' CPU from metrics-server (the real node runs it, as clusters do): with the brokers busy it scales
+    the fleet from 3 to 4 pods, which the operator adds as any scale-up. (spec.autoscaling is off: one
+    owner of the scale at a time.)"""
+    c = cluster
+    if not c.routable:
+        pytest.skip("metrics-server is part of the real node (tests/realnode.py); other clusters may lack it")
+
+    def metrics() -> dict[str, str]:
+        out = c.kubectl("get", "--raw", f"/apis/metrics.k8s.io/v1beta1/namespaces/{APP_NS}/pods", check=False)
+        items = json.loads(out.stdout or "{}").get("items") or [] if out.returncode == 0 else []
+        return {
+            i["metadata"]["name"]: i["containers"][0]["usage"]["cpu"] for i in items if i.get("containers")
+        }
+
+    wait_for(lambda: set(brokers(c)) <= set(metrics()), timeout=120,
+             msg=lambda: f"metrics-server's CPU of every broker pod: {metrics()}")  # fmt: skip
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": FLEET, "namespace": APP_NS},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "fleetmq.io/v1alpha1", "kind": "BrokerFleet", "name": FLEET},
+            "minReplicas": 3,
+            "maxReplicas": 4,
+            "metrics": [{"type": "Resource", "resource": {
+                "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 60}}}],
+            "behavior": {"scaleUp": {"stabilizationWindowSeconds": 0}},
+        },
+    }  # fmt: skip
+    svc = c.endpoint("svc/edge-internal-mqtt", 11883)
+    endpoints.append(svc.start())
+    stop = threading.Event()
+    sent = [0]
+
+    def busy(i: int) -> None:  # QoS 1 to a subscriber: each message costs the brokers a routed delivery
+        tag = f"e2e-hpa-{i}-{uuid.uuid4().hex[:6]}"
+        sub = client(svc.local, f"{tag}-sub", host=svc.host)
+        sub.subscribe(f"e2e/hpa/{tag}", qos=1)
+        pub = client(svc.local, f"{tag}-pub", host=svc.host)
+        try:
+            while not stop.is_set():
+                infos = [pub.publish(f"e2e/hpa/{tag}", b"x" * 64, qos=1) for _ in range(50)]
+                for info in infos:
+                    info.wait_for_publish(10)
+                sent[0] += len(infos)
+        finally:
+            close(pub)
+            close(sub)
+
+    workers = [threading.Thread(target=busy, args=(i,), daemon=True) for i in range(4)]
+    t0 = time.monotonic()
+    try:
+        c.kubectl("apply", "-f", "-", input=json.dumps(hpa))
+        for w in workers:
+            w.start()
+        wait_for(lambda: c.get("brokerfleet", FLEET)["spec"]["replicas"] == 4, timeout=240,
+                 msg=lambda: f"the HPA scaled the fleet: {(c.get('hpa', FLEET) or {}).get('status')}")  # fmt: skip
+        scaled_s = time.monotonic() - t0
+        status = (c.get("hpa", FLEET) or {}).get("status") or {}
+        wait_for(lambda: len(brokers(c)) == 4 and fleet_ready(c), timeout=180, msg="4 Ready broker pods")
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(30)
+        c.kubectl("delete", "hpa", FLEET, "-n", APP_NS, "--ignore-not-found")
+        patch_fleet(c, {"replicas": 3})
+        wait_for(lambda: settled(c), timeout=240, msg="the fleet back at 3 pods")
+    used = [m["resource"]["current"] for m in status.get("currentMetrics") or [] if m.get("resource")]
+    print(f"HPA on CPU (target 60% of the pods' requests): spec.replicas 3 -> 4 {scaled_s:.0f}s after the load "
+          f"began ({sent[0]} QoS 1 messages); the HPA saw {used}")  # fmt: skip
+    assert used and used[0].get("averageUtilization", 0) > 60, status
+
+
 # ------------------------------------------------------------------------------------------- monitoring
 class EndpointDiscovery(threading.Thread):
     """What a ServiceMonitor makes Prometheus do, for Debian's Prometheus (built without Kubernetes service

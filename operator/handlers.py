@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -52,7 +53,16 @@ VERIFIED_LIMIT = 10_000
 #: a FailedCreate event older than this is taken for a mistake since fixed (the controller retries with backoff)
 CREATE_FAILURE_WINDOW = 600.0
 CHILD_LABELS = {render.L_MANAGED: render.MANAGER}
-PRUNED_KINDS = ("Service", "StatefulSet", "Job", "PodDisruptionBudget", "ConfigMap", "ServiceMonitor")
+PRUNED_KINDS = (
+    "Service",
+    "StatefulSet",
+    "Job",
+    "PodDisruptionBudget",
+    "NetworkPolicy",
+    "ConfigMap",
+    "ServiceMonitor",
+)
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 def _env_float(name: str, default: float) -> float:
@@ -85,6 +95,8 @@ class Operator:
     scalings: dict[tuple[str, str], list[tuple[float, int]]] = field(default_factory=dict)
     #: each fleet's next look (_recheck): when it is due (monotonic), and its task
     due: dict[tuple[str, str], tuple[float, asyncio.Task[None]]] = field(default_factory=dict)
+    #: where the operator's own pods run (the managed Redis' NetworkPolicy admits them); None outside
+    namespace: str | None = None
 
     async def request(self, namespace: str, name: str) -> None:
         """Reconcile the fleet now, or once more after the pass that is running."""
@@ -181,6 +193,7 @@ class Operator:
                 users=users,
                 user_history=render.user_history(current_cm),
                 shape=plan.shape,
+                operator_namespace=self.namespace,
             )
         except (render.RenderError, ValueError) as e:
             metrics.RECONCILE_ERRORS.labels("render").inc()
@@ -848,7 +861,20 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     kube = Kube(await _connection(memo))
     if os.environ.get("FLEETMQ_MANAGE_CRDS", "").lower() == "true":
         await crdsync.sync(kube)
-    memo["fleetmq"] = Operator(kube, resync=_env_float("FLEETMQ_RESYNC_SECONDS", 30.0))
+    memo["fleetmq"] = Operator(
+        kube, resync=_env_float("FLEETMQ_RESYNC_SECONDS", 30.0), namespace=_own_namespace()
+    )
+
+
+def _own_namespace() -> str | None:
+    """The namespace of the operator's pod (FLEETMQ_OPERATOR_NAMESPACE, else its ServiceAccount's); None
+    for an operator outside the cluster."""
+    if ns := os.environ.get("FLEETMQ_OPERATOR_NAMESPACE"):
+        return ns
+    try:
+        return Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip() or None
+    except OSError:
+        return None
 
 
 @kopf.on.cleanup()

@@ -42,6 +42,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "StatefulSet": ("apis/apps/v1", "statefulsets", True),
     "Job": ("apis/batch/v1", "jobs", True),
     "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets", True),
+    "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies", True),
     "HorizontalPodAutoscaler": ("apis/autoscaling/v2", "horizontalpodautoscalers", True),
     "ServiceMonitor": ("apis/monitoring.coreos.com/v1", "servicemonitors", True),
     "BrokerFleet": ("apis/fleetmq.io/v1alpha1", "brokerfleets", True),

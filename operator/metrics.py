@@ -87,7 +87,14 @@ FLEET_STORE_PODS = Gauge(
 # Every label value a counter can take starts at 0, so rates and panels have data before the first event.
 RESULTS = ("ok", "error", "paused", "gone")
 STEPS = ("render", "apply", "prune", "status", "nodeinfo", "pods")
-CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget", "ServiceMonitor")
+CHILD_KINDS = (
+    "ConfigMap",
+    "Service",
+    "StatefulSet",
+    "PodDisruptionBudget",
+    "NetworkPolicy",
+    "ServiceMonitor",
+)
 for _result in RESULTS:
     RECONCILES.labels(_result)
 for _step in STEPS:

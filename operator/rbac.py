@@ -78,6 +78,10 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": _WRITE},
     ),
     (
+        "children: the managed Redis' NetworkPolicy (only its fleet's pods and the operator reach it)",
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _WRITE},
+    ),
+    (
         "children: scraping config where Prometheus Operator is installed",
         {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"], "verbs": _WRITE},
     ),

@@ -118,6 +118,8 @@ def _type(node: dict[str, Any], defs: dict[str, Any]) -> str:
         kind = "one of " + ", ".join(_code(v) for v in node["enum"])
     elif "const" in node:
         kind = _code(node["const"])
+    elif branches := node.get("oneOf") or node.get("anyOf"):  # a union of models (authenticators)
+        kind = "one of " + ", ".join(str(_resolve(b, defs).get("title", "any")) for b in branches)
     else:
         kind = str(node.get("type", "any"))
         if kind == "array":
@@ -183,7 +185,7 @@ def fields(node: dict[str, Any], path: str, defs: dict[str, Any] | None = None) 
             yield f
     if node.get("type") == "array" and isinstance(node.get("items"), dict):
         items = _resolve(node["items"], defs)
-        if "properties" in items or "anyOf" in items:
+        if "properties" in items or "anyOf" in items or "oneOf" in items:
             yield from _children(items, f"{path}[]", defs)
     if isinstance(node.get("additionalProperties"), dict):
         values = _resolve(node["additionalProperties"], defs)

@@ -8,6 +8,7 @@
 #
 #   scripts/envtest.sh            build what is missing, print the bin folder
 #   scripts/envtest.sh --path     only print the bin folder (builds nothing)
+#   scripts/envtest.sh --check    exit 0 when everything is built, 1 when something is missing (builds nothing)
 #   ENVTEST_COMPONENTS="kube-apiserver" scripts/envtest.sh   build only some (default: all four, plus
 #                                                            kubectl when there is none on PATH)
 #   ENVTEST_COMPONENTS="kubelet kube-proxy pause kubectl"    the real node's (tests/realnode.py): kubelet and
@@ -30,6 +31,11 @@ command -v kubectl >/dev/null || COMPONENTS+=" kubectl"
 
 if [[ "${1:-}" == "--path" ]]; then
   echo "$BIN"
+  exit 0
+fi
+
+if [[ "${1:-}" == "--check" ]]; then
+  for c in $COMPONENTS; do [[ -x "$BIN/$c" ]] || exit 1; done
   exit 0
 fi
 

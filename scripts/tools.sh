@@ -5,13 +5,15 @@
 # A tool already there is reused; a missing one is (re)built. Bump a version here to get a new build.
 #
 #   scripts/tools.sh              helm
-#   scripts/tools.sh helm kind    the ones named (helm, kind, coredns: the real node's DNS, tests/realnode.py)
+#   scripts/tools.sh helm kind    the ones named (helm, kind; coredns and metrics-server: the real node's DNS
+#                                 and resource metrics, tests/realnode.py)
 #   scripts/tools.sh --path TOOL  only print where TOOL is (or would be) installed; builds nothing
 set -euo pipefail
 HELM_VERSION=v3.18.6 # client-go v0.33: Kubernetes 1.33, as the test control plane (tests/envtest/go.mod)
 HELM_K8S_MINOR=33
 KIND_VERSION=v0.30.0
 COREDNS_VERSION=v1.12.0 # the CoreDNS of Kubernetes 1.33 (kubeadm's constants), as the test control plane
+METRICS_SERVER_VERSION=v0.8.0 # client-go v0.33, as the test control plane
 CACHE="${CACHE:-$HOME/.cache/fleetmq}"
 TOOLS="$CACHE/tools"
 
@@ -20,7 +22,8 @@ module() {
     helm) echo "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" ;;
     kind) echo "sigs.k8s.io/kind@$KIND_VERSION" ;;
     coredns) echo "github.com/coredns/coredns@$COREDNS_VERSION" ;;
-    *) echo "tools: unknown tool $1 (helm, kind, coredns)" >&2; return 1 ;;
+    metrics-server) echo "sigs.k8s.io/metrics-server/cmd/metrics-server@$METRICS_SERVER_VERSION" ;;
+    *) echo "tools: unknown tool $1 (helm, kind, coredns, metrics-server)" >&2; return 1 ;;
   esac
 }
 dir() { local m; m="$(module "$1")"; echo "$TOOLS/$1-${m##*@}"; }
@@ -33,7 +36,7 @@ ldflags() { # what their release builds stamp, so `helm version` / `kind version
         v+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$HELM_K8S_MINOR"
       done
       echo "$v" ;;
-    kind | coredns) echo "" ;;
+    kind | coredns | metrics-server) echo "" ;;
   esac
 }
 

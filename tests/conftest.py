@@ -28,7 +28,12 @@ from tests.support import (
 )
 
 
+# tryfirst: the envtest mark is set before `-m` selects (scripts/test.sh runs those once the control plane is built)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "control_plane" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.envtest)
     if not MOSQUITTO:
         return
     skip = pytest.mark.skip(reason="fleetmq-specific test (FLEETMQ_TEST_BROKER=mosquitto)")

@@ -233,6 +233,7 @@ class FakeHost:
         self.matched = True  # what publish() answers: a subscriber matched
         self.writes = True  # and: routing wrote to the store (the ack waits for a commit)
         self.retained_msgs: list[Message] = []
+        self.asking: list[tuple[Channel, list[tuple[str, str]]]] = []  # authorize() calls not answered yet
         self._ids = 0
 
     def channel(self, io: FakeIO, settings: ZoneSettings | None = None, zone: str = "default") -> Channel:
@@ -286,3 +287,12 @@ class FakeHost:
     def new_client_id(self) -> str:
         self._ids += 1
         return f"auto-{self._ids}"
+
+    def authorize(self, ch: Channel, asks: list[tuple[str, str]]) -> None:
+        self.asking.append((ch, asks))
+
+    def answer(self, said: dict[tuple[str, str], bool | None]) -> list[tuple[str, str]]:
+        """Answer the oldest authorize() call from `said` (an ask it lacks: denied); what was asked."""
+        ch, asks = self.asking.pop(0)
+        ch.authorized([(action, topic, said.get((action, topic), False)) for action, topic in asks])
+        return asks

@@ -490,6 +490,8 @@ class ControlPlane:
                     f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
                     f"--kubelet-certificate-authority={self.ca_file}",
                     "--kubelet-preferred-address-types=InternalIP",  # the node's name resolves nowhere
+                    # aggregated APIs (metrics-server) reached at their pods' addresses, routed from here
+                    "--enable-aggregator-routing=true",
                 ]
             if not self.controllers:
                 # No controller-manager creates each namespace's "default" ServiceAccount, so pods would be

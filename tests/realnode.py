@@ -58,6 +58,11 @@ PAUSE_IMAGE = "fleetmq.local/pause:1"
 # the CoreDNS that scripts/tools.sh builds (pinned there)
 COREDNS_VERSION = re.search(r"^COREDNS_VERSION=(\S+)", (ROOT / "scripts" / "tools.sh").read_text(), re.M)[1]
 COREDNS_IMAGE = f"fleetmq.local/coredns:{COREDNS_VERSION}"
+# the metrics-server that scripts/tools.sh builds: the resource metrics API (pods' CPU) an HPA scales on
+METRICS_SERVER_VERSION = re.search(
+    r"^METRICS_SERVER_VERSION=(\S+)", (ROOT / "scripts" / "tools.sh").read_text(), re.M
+)[1]
+METRICS_SERVER_IMAGE = f"fleetmq.local/metrics-server:{METRICS_SERVER_VERSION}"
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
 STORAGE_CLASS = "local"
 STATIC_VOLUMES = 12
@@ -270,9 +275,10 @@ def image_archive(path: Path, name: str, files: dict[str, Path], entrypoint: lis
     return path
 
 
-def coredns_binary() -> Path:
-    """CoreDNS, built with Go from the module proxy into the tools cache when missing (scripts/tools.sh)."""
-    cp = run("bash", ROOT / "scripts" / "tools.sh", "coredns", timeout=1800)
+def tool_binary(name: str) -> Path:
+    """A tool of scripts/tools.sh (coredns, metrics-server), built with Go from the module proxy into the
+    tools cache when missing."""
+    cp = run("bash", ROOT / "scripts" / "tools.sh", name, timeout=1800)
     return Path(cp.stdout.strip().splitlines()[-1])
 
 
@@ -449,9 +455,12 @@ class RealNode:
         images.mkdir(exist_ok=True)
         pause = image_archive(images / "pause.tar", PAUSE_IMAGE, {"/pause": Path(kubeapi.binary("pause"))},
                               ["/pause"], "65535:65535")  # fmt: skip
-        coredns = image_archive(images / "coredns.tar", COREDNS_IMAGE, {"/coredns": coredns_binary()},
+        coredns = image_archive(images / "coredns.tar", COREDNS_IMAGE, {"/coredns": tool_binary("coredns")},
                                 ["/coredns"], "65532:65532")  # fmt: skip
-        self.import_images([pause, coredns])
+        metrics = image_archive(images / "metrics-server.tar", METRICS_SERVER_IMAGE,
+                                {"/metrics-server": tool_binary("metrics-server")}, ["/metrics-server"],
+                                "65534:65534")  # fmt: skip
+        self.import_images([pause, coredns, metrics])
 
     # -- processes
     def _bin(self, name: str) -> str:
@@ -721,17 +730,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     },
                 ],
             },
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": "fleetmq:coredns"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": "fleetmq:coredns",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": "coredns", "namespace": ns}],
-            },
+            _binding(
+                "ClusterRoleBinding",
+                "fleetmq:coredns",
+                "ClusterRole",
+                "fleetmq:coredns",
+                {"kind": "ServiceAccount", "name": "coredns", "namespace": ns},
+            ),
             {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
@@ -809,6 +814,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 "reclaimPolicy": "Retain",
             },
         ]
+        objs += _metrics_server()
         for i in range(STATIC_VOLUMES):
             path = self.workdir / "volumes" / f"pv-{i}"
             path.mkdir(parents=True, exist_ok=True)
@@ -860,6 +866,122 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def _save_state(self) -> None:
         (self.workdir / "node.json").write_text(json.dumps(self._state(), indent=2) + "\n")
+
+
+def _binding(
+    kind: str, name: str, role_kind: str, role: str, subject: dict[str, str], namespace: str | None = None
+) -> dict[str, Any]:
+    """A (Cluster)RoleBinding of `role` to one subject, as the cluster add-ons' manifests have them."""
+    rbac = "rbac.authorization.k8s.io"
+    meta: dict[str, Any] = {"name": name} | ({"namespace": namespace} if namespace else {})
+    return {"apiVersion": f"{rbac}/v1", "kind": kind, "metadata": meta,
+            "roleRef": {"apiGroup": rbac, "kind": role_kind, "name": role}, "subjects": [subject]}  # fmt: skip
+
+
+def _metrics_server() -> list[dict[str, Any]]:
+    """metrics-server as clusters run it (its release manifest's objects): a Deployment behind the
+    APIService v1beta1.metrics.k8s.io, reading each node's kubelet (/metrics/resource, its serving
+    certificate checked against the cluster CA), so `kubectl top` and an HPA's CPU targets work."""
+    ns, name = "kube-system", "metrics-server"
+    labels = {"k8s-app": name}
+    rbac = "rbac.authorization.k8s.io"
+    sa = {"kind": "ServiceAccount", "name": name, "namespace": ns}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "system:metrics-server"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]},
+                {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]},
+            ],
+        },
+        _binding("ClusterRoleBinding", "system:metrics-server", "ClusterRole", "system:metrics-server", sa),
+        _binding(
+            "ClusterRoleBinding",
+            "metrics-server:system:auth-delegator",
+            "ClusterRole",
+            "system:auth-delegator",
+            sa,
+        ),
+        _binding(
+            "RoleBinding",
+            "metrics-server-auth-reader",
+            "Role",
+            "extension-apiserver-authentication-reader",
+            sa,
+            ns,
+        ),
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": name,
+                        "priorityClassName": "system-cluster-critical",
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "runAsUser": 65534,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "containers": [
+                            {
+                                "name": name,
+                                "image": METRICS_SERVER_IMAGE,
+                                "imagePullPolicy": "Never",
+                                "args": [
+                                    "--cert-dir=/tmp",
+                                    "--secure-port=4443",
+                                    "--kubelet-preferred-address-types=InternalIP",
+                                    "--kubelet-use-node-status-port",
+                                    "--kubelet-certificate-authority="
+                                    "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+                                    "--metric-resolution=15s",
+                                ],
+                                "ports": [{"name": "https", "containerPort": 4443}],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/readyz", "port": "https", "scheme": "HTTPS"},
+                                    "periodSeconds": 5,
+                                },
+                                "securityContext": {
+                                    "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
+                                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                            }
+                        ],
+                        "volumes": [{"name": "tmp", "emptyDir": {}}],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": ns, "labels": labels},
+            "spec": {"selector": labels, "ports": [{"name": "https", "port": 443, "targetPort": "https"}]},
+        },
+        {
+            "apiVersion": "apiregistration.k8s.io/v1",
+            "kind": "APIService",
+            "metadata": {"name": "v1beta1.metrics.k8s.io"},
+            "spec": {
+                "group": "metrics.k8s.io",
+                "version": "v1beta1",
+                "service": {"name": name, "namespace": ns, "port": 443},
+                "insecureSkipTLSVerify": True,  # (its certificate is self-signed at start, as upstream's)
+                "groupPriorityMinimum": 100,
+                "versionPriority": 100,
+            },
+        },
+    ]
 
 
 def _own_ns(kind: str) -> str:

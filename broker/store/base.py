@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -182,6 +182,29 @@ class SessionStore(ABC):
     async def set_will(self, session: Session, will: Message | None, will_delay: float) -> None:
         """Keep a connected session's will (and expiry) where other nodes find it if this one dies."""
         return None
+
+    async def take_connection(
+        self,
+        zone: str,
+        username: str,
+        client_id: str,
+        instance: str,
+        limit: int,
+        live: Collection[str],
+        dead: Collection[str] = (),
+        last: bool = False,
+    ) -> bool | list[str]:
+        """Count a connection of `username` for `client_id`, held by the node instance `instance`, unless
+        the user already has `limit` others held by live node instances; False when it has. Entries of
+        `dead` instances are dropped. Instances neither in `live` nor in `dead` are answered, with nothing
+        written, for the caller to look up, unless `last` (then they count). Sent again (its reply lost),
+        it answers the same."""
+        raise NotImplementedError
+
+    async def free_connection(self, zone: str, username: str, client_id: str, instance: str) -> None:
+        """Uncount the connection `take_connection` counted, unless another instance holds it now (a
+        takeover elsewhere). Idempotent."""
+        raise NotImplementedError
 
     async def load_routes(self) -> list[tuple[str, str, Subscription]]:
         """Every stored subscription (client id, filter, options), to fill the router at start."""

@@ -155,6 +155,12 @@ def reap_lock(node_id: str) -> str:
     return f"{PREFIX}:reap:{{{node_id}}}"
 
 
+def user_connections(zone: str, username: str) -> str:
+    """One user's connections in a zone, over the fleet (hash: client id -> the node instance holding it;
+    store.SessionStore.take_connection). One key, one slot, whatever the username holds."""
+    return f"{PREFIX}:uconn:{{{zone}\0{username}}}"
+
+
 #: prefix of a fleet's event log (``fmq:events`` is the pub/sub channel above, hence another name)
 EVENT_STREAM_PREFIX = f"{PREFIX}:eventlog:"
 #: the streams a fleet's event log is split into: enough that each primary of a cluster gets its share of

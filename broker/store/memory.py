@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from ..message import Message
 from ..session import Session
 from ..zones import ZoneSettings
@@ -14,6 +16,7 @@ class MemoryStore(SessionStore):
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
         self._epochs: dict[str, int] = {}
+        self._connections: dict[tuple[str, str], dict[str, str]] = {}  # (zone, user) -> client id -> instance
 
     async def open(self) -> None:
         return None
@@ -40,6 +43,31 @@ class MemoryStore(SessionStore):
         if session is not None:
             session.epoch = epoch
         return Claimed(epoch, session)
+
+    async def take_connection(
+        self,
+        zone: str,
+        username: str,
+        client_id: str,
+        instance: str,
+        limit: int,
+        live: Collection[str],
+        dead: Collection[str] = (),
+        last: bool = False,
+    ) -> bool | list[str]:
+        # (one node: every entry is this process's)
+        held = self._connections.setdefault((zone, username), {})
+        if sum(1 for cid in held if cid != client_id) >= limit:
+            return False
+        held[client_id] = instance
+        return True
+
+    async def free_connection(self, zone: str, username: str, client_id: str, instance: str) -> None:
+        held = self._connections.get((zone, username))
+        if held is not None and held.get(client_id) == instance:
+            del held[client_id]
+            if not held:
+                del self._connections[zone, username]
 
     async def commit(self, ops: list[Op]) -> CommitResult:
         result = CommitResult([], [])

@@ -21,7 +21,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +123,8 @@ SCRIPTS = {
         "reassert",
         "claimed",
         "abandon",
+        "conntake",
+        "connfree",
     )
 }
 
@@ -760,6 +762,32 @@ class RedisStore(SessionStore):
         (r,) = await self._send(
             [self._script("abandon", self._session(client_id, events=True), args)], may_repeat=True
         )
+        if isinstance(r, Exception):
+            raise r
+
+    async def take_connection(
+        self,
+        zone: str,
+        username: str,
+        client_id: str,
+        instance: str,
+        limit: int,
+        live: Collection[str],
+        dead: Collection[str] = (),
+        last: bool = False,
+    ) -> bool | list[str]:
+        args = [client_id, instance, limit, int(last), len(live), *live, *dead]
+        call = self._script("conntake", [keys.user_connections(zone, username)], args)
+        (r,) = await self._send([call], may_repeat=True)
+        if isinstance(r, Exception):
+            raise r
+        if int(r[0]) < 0:
+            return [text(i) for i in r[1:]]
+        return int(r[0]) == 1
+
+    async def free_connection(self, zone: str, username: str, client_id: str, instance: str) -> None:
+        call = self._script("connfree", [keys.user_connections(zone, username)], [client_id, instance])
+        (r,) = await self._send([call], may_repeat=True)
         if isinstance(r, Exception):
             raise r
 

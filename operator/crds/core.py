@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from .base import CrdModel
+from .base import CrdModel, cel
 
 #: a resource quantity (1, "100m", "128Mi")
 Quantity = Annotated[
@@ -79,6 +79,29 @@ class LabelSelector(CrdModel):
     matchLabels: dict[str, str] | None = Field(None, description="Labels the pods have.")
     matchExpressions: list[LabelSelectorRequirement] | None = Field(
         None, max_length=16, description="Requirements the pods' labels meet (ANDed)."
+    )
+
+
+class IPBlock(CrdModel):
+    """Addresses a network policy admits (a Kubernetes IPBlock)."""
+
+    cidr: str = Field(min_length=1, description="CIDR admitted, e.g. 10.0.0.0/8.")
+    except_: list[str] | None = Field(None, alias="except", description="CIDRs within it that are not.")
+
+
+class NetworkPolicyPeer(CrdModel):
+    """Who may connect (a Kubernetes NetworkPolicyPeer): pods by labels, in namespaces by labels (both:
+    those pods in those namespaces; podSelector alone: in the fleet's namespace), or addresses."""
+
+    podSelector: LabelSelector | None = Field(None, description="Pods admitted.")
+    namespaceSelector: LabelSelector | None = Field(None, description="Namespaces whose pods are admitted.")
+    ipBlock: IPBlock | None = Field(None, description="Addresses admitted (not with the selectors).")
+
+    model_config = cel(
+        {
+            "rule": "has(self.ipBlock) != (has(self.podSelector) || has(self.namespaceSelector))",
+            "message": "set ipBlock, or podSelector and/or namespaceSelector",
+        }
     )
 
 

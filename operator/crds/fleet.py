@@ -11,7 +11,7 @@ from fleetmq.broker.zones import parse_duration
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from .base import Condition, CrdModel, SecretKeyRef, cel, doc
-from .core import Quantity
+from .core import NetworkPolicyPeer, Quantity
 from .derive import derive
 from .pod import BrokerPodTemplate, RedisPodTemplate
 
@@ -110,6 +110,17 @@ def _same_cel(field: str) -> str:
     return f"(has(self.{field}) ? self.{field} : '') == (has(oldSelf.{field}) ? oldSelf.{field} : '')"
 
 
+class RedisNetworkPolicySpec(CrdModel):
+    """Who may reach the managed Redis: a NetworkPolicy admits only the fleet's brokers, its Redis pods
+    (replication, sentinels, the cluster's setup Job) and the operator and pipeline pods of the operator's
+    namespace, plus allowFrom. It holds where the cluster's network plugin enforces NetworkPolicies."""
+
+    enabled: bool = Field(True, description="Render the NetworkPolicy.")
+    allowFrom: list[NetworkPolicyPeer] = Field(
+        default_factory=list, max_length=16, description="More peers admitted (a debugging pod, an exporter)."
+    )
+
+
 class RedisSpec(CrdModel):
     """Where the fleet keeps its sessions: a Redis the operator runs (managed: true; highly available by
     default) or an existing one (url, sentinel or cluster)."""
@@ -170,6 +181,9 @@ class RedisSpec(CrdModel):
         description="CPU and memory of the Job forming a Redis Cluster (requests == limits).",
     )
     image: str = Field("redis:7-alpine", min_length=1, description="Image of the managed Redis (Redis >= 7).")
+    networkPolicy: RedisNetworkPolicySpec = Field(
+        default_factory=RedisNetworkPolicySpec, description=doc(RedisNetworkPolicySpec)
+    )
     scheduling: SchedulingSpec = Field(
         default_factory=SchedulingSpec,
         description="How managed Redis servers (and, apart from them, sentinels) spread over nodes.",

@@ -4,15 +4,30 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fleetmq.broker.zones import AclRule
+from fleetmq.broker.zones import AclRule, UserQuota
 from pydantic import ConfigDict, Field, model_validator
 
-from .base import Condition, CrdModel, ObjectRef, SecretKeyRef
+from .base import Condition, CrdModel, ObjectRef, SecretKeyRef, doc
+from .derive import derive
 
 #: a username the users file and the ACL's %u can carry: no ':' (the file's separator), no '/', '+', '#'
 #: (a %u rule would reach other users' topics) and no spaces
 USERNAME_PATTERN = r"^[^:/+#\s]+$"
 ZONE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+_QuotasBase = derive(
+    "QuotasBase",
+    UserQuota,
+    {"max_publish_rate": "maxPublishRate", "max_publish_bytes_rate": "maxPublishBytesRate",
+     "max_subscriptions": "maxSubscriptions", "max_connections": "maxConnections"},
+    "A user's quotas.",
+)  # fmt: skip
+
+
+class QuotasSpec(_QuotasBase):  # type: ignore[misc,valid-type]
+    """The user's quotas in its zones, in place of each zone's limits of the same name (0: no limit).
+    Beyond them MQTT 5 clients are refused with 0x97; MQTT 3 publishers are slowed down, losing nothing."""
 
 
 class MqttUserSpec(CrdModel):
@@ -51,6 +66,7 @@ class MqttUserSpec(CrdModel):
         description="This user's own rules, matched before the zone's acl (first match wins; %u and %c "
         "substituted).",
     )
+    quotas: QuotasSpec | None = Field(None, description=doc(QuotasSpec))
     certificateCommonName: str | None = Field(
         None,
         min_length=1,

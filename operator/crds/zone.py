@@ -3,14 +3,19 @@ the broker's ZoneSettings and ListenerConfig."""
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Annotated, Any, Literal
 
 from fleetmq.broker.config import ListenerConfig
-from fleetmq.broker.zones import AclRule, ZoneSettings
-from pydantic import ConfigDict, Field
+from fleetmq.broker.zones import AclRule, HttpAuthentication, JwtAuthentication, ZoneSettings
+from pydantic import ConfigDict, Field, create_model
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
-from .base import Condition, CrdModel, ObjectRef, SecretRef, UsersSecretRef, doc
-from .derive import derive
+from .base import Condition, CrdModel, ObjectRef, SecretRef, UsersSecretRef, cel, doc
+from .core import NetworkPolicyPeer
+from .derive import derive, derived_field
 
 # Where each ZoneSettings field lives in an MqttZone spec: group -> {broker field: camelCase name}.
 SESSION_FIELDS = {
@@ -34,6 +39,9 @@ LIMITS_FIELDS = {
     "max_connections": "maxConnections",
     "max_conn_rate": "maxConnRate",
     "max_publish_rate": "maxPublishRate",
+    "max_publish_bytes_rate": "maxPublishBytesRate",
+    "max_subscriptions": "maxSubscriptions",
+    "max_connections_per_user": "maxConnectionsPerUser",
     "max_packet_size": "maxPacketSize",
     "max_topic_alias": "maxTopicAlias",
     "max_clientid_len": "maxClientidLen",
@@ -47,6 +55,8 @@ OPERATOR_SET_FIELDS = {
     "users_files": "the MqttUsers of the zone (their passwords' hashes, in the fleet's users Secret)",
     "user_acl": "MqttUser acl",
     "cert_users": "MqttUser certificateCommonName",
+    "user_quotas": "MqttUser quotas",
+    "authentication": "authentication.chain (its Secrets and ConfigMaps mounted into the pods)",
 }
 ZONE_GROUPS = {
     "session": SESSION_FIELDS,
@@ -71,6 +81,107 @@ LimitsSpec = derive(
 _AuthBase = derive("AuthenticationBase", ZoneSettings, AUTH_FIELDS, "Who may connect.")
 
 
+class KeyRef(CrdModel):
+    """One key of a Secret or ConfigMap in the zone's namespace, mounted into the broker pods as a file."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the object in this namespace.")
+    key: str = Field(min_length=1, max_length=253, description="Key holding the content.")
+
+
+JWT_FIELDS = {
+    "mechanism": "mechanism",
+    "from_": "from",
+    "algorithms": "algorithms",
+    "jwks_url": "jwksUrl",
+    "jwks_refresh": "jwksRefresh",
+    "jwks_refresh_min": "jwksRefreshMin",
+    "verify_claims": "verifyClaims",
+    "acl_claim": "aclClaim",
+    "disconnect_after_expire": "disconnectAfterExpire",
+    "leeway": "leeway",
+}
+#: JwtAuthentication's files, and the fields of a jwt authenticator that mount them (Secret or ConfigMap)
+JWT_FILES = {"secret_file": ("secretRef", "Secret"), "public_key_file": ("publicKeyRef", "ConfigMap"),
+             "jwks_file": ("jwksRef", "ConfigMap")}  # fmt: skip
+HTTP_FIELDS = {
+    "mechanism": "mechanism",
+    "url": "url",
+    "method": "method",
+    "headers": "headers",
+    "body": "body",
+    "timeout": "timeout",
+    "cache_ttl": "cacheTtl",
+    "cache_size": "cacheSize",
+    "acl_url": "aclUrl",
+}
+
+
+def _optional(fields: dict[str, tuple[Any, FieldInfo]], mechanism: str) -> dict[str, tuple[Any, FieldInfo]]:
+    """Derived fields made optional with no default in the schema (the broker's applies), so an entry of
+    the other mechanism does not get them filled in by the API server."""
+    out = {}
+    for name, (annotation, info) in fields.items():
+        default = info.get_default(call_default_factory=True)
+        shown = info.json_schema_extra.get("default") if isinstance(info.json_schema_extra, dict) else default
+        described = f"({mechanism}) {info.description or ''}"
+        if shown not in (None, PydanticUndefined) and shown != [] and shown != {}:
+            described += f" Default: {json.dumps(shown)}."
+        info = copy.copy(info)
+        info.default, info.default_factory, info.json_schema_extra = None, None, None
+        info.description = described
+        out[name] = (annotation | None, info)
+    return out
+
+
+_JWT = {n: derived_field(JwtAuthentication, n, a) for n, a in JWT_FIELDS.items() if n != "mechanism"}
+_HTTP = {n: derived_field(HttpAuthentication, n, a) for n, a in HTTP_FIELDS.items() if n != "mechanism"}
+_AuthenticatorBase: type[CrdModel] = create_model(  # type: ignore[call-overload]
+    "AuthenticatorBase", __base__=CrdModel, **_optional(_JWT, "jwt"), **_optional(_HTTP, "http")
+)
+
+
+class AuthenticatorSpec(_AuthenticatorBase):
+    """One authenticator of a zone's chain (the broker's jwt or http authentication, in camelCase; its
+    files from Secrets and ConfigMaps). One schema for both mechanisms: a CRD's schema cannot branch."""
+
+    mechanism: Literal["jwt", "http"] = Field(
+        description="jwt: a JSON Web Token in the CONNECT; http: the platform's authentication service."
+    )
+    secretRef: KeyRef | None = Field(
+        None, description="(jwt) Secret key holding the HMAC secret of HS* tokens."
+    )
+    publicKeyRef: KeyRef | None = Field(None, description="(jwt) ConfigMap key holding the PEM public key.")
+    jwksRef: KeyRef | None = Field(
+        None,
+        description="(jwt) ConfigMap key holding a JSON Web Key Set; an edit reaches the brokers without a "
+        "restart.",
+    )
+    headerSecretRefs: dict[str, KeyRef] | None = Field(
+        None,
+        description="(http) Headers whose value is a Secret key (an API key), mounted into the brokers, never "
+        "in the rendered config.",
+    )
+
+    model_config = cel(
+        {"rule": "self.mechanism != 'http' || has(self.url)", "message": "http authenticators need url"},
+        {
+            "rule": "self.mechanism != 'jwt' || !has(self.algorithms) "
+            "|| !self.algorithms.exists(a, a.startsWith('HS')) || has(self.secretRef)",
+            "message": "HS* algorithms need secretRef",
+        },
+        {
+            "rule": "self.mechanism != 'jwt' || (has(self.algorithms) && self.algorithms.all(a, a.startsWith('HS'))) "
+            "|| has(self.publicKeyRef) || has(self.jwksRef) || has(self.jwksUrl)",
+            "message": "RS*/ES* algorithms (the default) need publicKeyRef, jwksRef or jwksUrl",
+        },
+    )
+
+    def broker(self) -> dict[str, Any]:
+        """The broker config's entry, without the files (render.config puts the mounted paths in)."""
+        names = JWT_FIELDS if self.mechanism == "jwt" else HTTP_FIELDS
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+
 class AuthenticationSpec(_AuthBase):  # type: ignore[misc,valid-type]
     """Who may connect: anonymous clients, the users of a Secret (`fleetmq-broker passwd` format) and the
     zone's MqttUsers. Once a zone has users, a client giving a username must give its password."""
@@ -79,6 +190,13 @@ class AuthenticationSpec(_AuthBase):  # type: ignore[misc,valid-type]
         None,
         description="Secret whose key (default 'users') holds the users file (salted hashes, one user a line, "
         "written by `fleetmq-broker passwd`). Mounted into the pods; edits reach the brokers live.",
+    )
+    chain: list[AuthenticatorSpec] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Authenticators tried in order at CONNECT (jwt, http); each allows, denies or passes to "
+        "the next. When every one passes, the users Secret, MqttUsers and certificates decide. One that "
+        "cannot answer denies (CONNACK 0x88).",
     )
 
     # (allowAnonymous: false without usersSecretRef was refused before MqttUsers: now the zone's users can
@@ -93,6 +211,8 @@ _LISTENER_DERIVED = derive(
         "path": "path",
         "verify_peer": "verifyPeer",
         "peer_cert_as_username": "peerCertAsUsername",
+        "proxy_protocol": "proxyProtocol",
+        "proxy_protocol_timeout": "proxyProtocolTimeout",
     },
     "A listener.",
     {
@@ -194,6 +314,13 @@ class ListenerSpec(_LISTENER_DERIVED):  # type: ignore[misc,valid-type]
         "wss listener.",
     )
     service: ListenerServiceSpec | None = Field(None, description=doc(ListenerServiceSpec))
+    allowFrom: list[NetworkPolicyPeer] | None = Field(
+        None,
+        max_length=16,
+        description="Who may connect to this listener (NetworkPolicyPeers): with it the fleet's brokers get a "
+        "NetworkPolicy, and other listeners stay open to all. Holds where the network plugin enforces "
+        "NetworkPolicies.",
+    )
 
     model_config = ConfigDict(
         extra="forbid",

@@ -24,7 +24,7 @@ from .common import (
     object_meta,
     selector_labels,
 )
-from .config import tls_dir, users_dir
+from .config import authn_files, tls_dir, users_dir
 from .pods import BROKER_UID, POD_NAME_ENV, RESTRICTED_CONTAINER, pod_template, restricted_pod
 from .select import Bridge, Zone
 
@@ -81,6 +81,12 @@ def _secret_volumes(fleet_name: str, zones: list[Zone]) -> tuple[list[dict[str, 
     for i, secret in enumerate(tls):
         volumes.append({"name": f"tls-{i}", "secret": {"secretName": secret}})
         mounts.append({"name": f"tls-{i}", "mountPath": tls_dir(secret), "readOnly": True})
+    # (a volume per file the authentication chains read: projecting one key keeps the others out)
+    for i, (kind, directory, key_ref, _field) in enumerate(f for z in zones for f in authn_files(z)):
+        source: dict[str, Any] = {"secretName" if kind == "Secret" else "name": key_ref.name}
+        source["items"] = [{"key": key_ref.key, "path": key_ref.key}]
+        volumes.append({"name": f"authn-{i}", "secret" if kind == "Secret" else "configMap": source})
+        mounts.append({"name": f"authn-{i}", "mountPath": directory, "readOnly": True})
     for i, zone in enumerate(z for z in zones if z.spec.authentication.usersSecretRef):
         ref = zone.spec.authentication.usersSecretRef
         assert ref is not None

@@ -17,6 +17,7 @@ from fleetmq.broker.config import BrokerConfig, format_validation_error
 from pydantic import BaseModel, ValidationError
 
 from ..crds import BrokerFleetSpec, MqttBridgeSpec, MqttZoneSpec
+from ..crds.zone import JWT_FILES, KeyRef
 from .common import (
     BRIDGE_SECRETS_DIR,
     CONFIG_DIR,
@@ -52,6 +53,37 @@ def tls_dir(secret: str) -> str:
 
 def users_dir(zone: str) -> str:
     return f"{CONFIG_DIR}/users/{zone}"
+
+
+def authn_files(zone: Zone) -> list[tuple[str, str, KeyRef, str]]:
+    """Every file the zone's authentication chain reads: (volume kind Secret or ConfigMap, the directory
+    it is mounted at, the key reference, the broker config field it goes to, e.g. "0.jwks_file" or
+    "1.header_files.X-Api-Key")."""
+    out = []
+    for i, a in enumerate(zone.spec.authentication.chain):
+        if a.mechanism == "jwt":
+            for field, (attr, kind) in JWT_FILES.items():
+                ref = getattr(a, attr)
+                if ref is not None:
+                    out.append((kind, f"{CONFIG_DIR}/authn/{zone.name}/{i}/{attr}", ref, f"{i}.{field}"))
+        else:
+            for n, (header, ref) in enumerate(sorted((a.headerSecretRefs or {}).items())):
+                out.append(("Secret", f"{CONFIG_DIR}/authn/{zone.name}/{i}/header-{n}", ref,
+                            f"{i}.header_files.{header}"))  # fmt: skip
+    return out
+
+
+def authentication(zone: Zone) -> list[dict[str, Any]]:
+    """The zone's chain as the broker config has it: the CRD's fields in snake_case, its references as
+    the files they are mounted at (authn_files)."""
+    chain = [a.broker() for a in zone.spec.authentication.chain]
+    for _kind, directory, ref, target in authn_files(zone):
+        i, field, *header = target.split(".", 2)
+        if header:
+            chain[int(i)].setdefault(field, {})[header[0]] = f"{directory}/{ref.key}"
+        else:
+            chain[int(i)][field] = f"{directory}/{ref.key}"
+    return chain
 
 
 def listener_name(zone: str, listener: str) -> str:
@@ -105,8 +137,8 @@ def broker_config(
         users_ref = zone.spec.authentication.usersSecretRef
         users_file = f"{users_dir(zone.name)}/{users_ref.key}" if users_ref else None
         zone_cfg[zone.name] = zone.spec.zone_settings(
-            users_file, **zone_user_settings(zone, users, files)
-        ).model_dump(mode="json")
+            users_file, authentication=authentication(zone), **zone_user_settings(zone, users, files)
+        ).model_dump(mode="json", by_alias=True)
         for lst in zone.spec.listeners:
             entry: dict[str, Any] = {
                 "name": listener_name(zone.name, lst.name),
@@ -116,6 +148,8 @@ def broker_config(
             }
             if lst.protocol in ("ws", "wss"):
                 entry["path"] = lst.path
+            if lst.proxy_protocol:
+                entry |= {"proxy_protocol": True, "proxy_protocol_timeout": lst.proxy_protocol_timeout}
             if lst.tlsSecretRef is not None:
                 base = tls_dir(lst.tlsSecretRef.name)
                 entry |= {"certfile": f"{base}/tls.crt", "keyfile": f"{base}/tls.key"}

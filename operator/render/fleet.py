@@ -13,7 +13,7 @@ from .pods import pdb
 from .redis import redis_manifests
 from .secrets import bridge_secret, users_secret
 from .select import Bridge, User, Zone, user_files
-from .services import client_services, headless_service, servicemonitor
+from .services import broker_network_policy, client_services, headless_service, servicemonitor
 
 
 @dataclass
@@ -38,6 +38,7 @@ def render(
     users: list[User] = (),  # type: ignore[assignment]
     user_history: dict[str, dict[str, str]] | None = None,
     shape: Shape | None = None,
+    operator_namespace: str | None = None,
 ) -> Rendered:
     """Everything the operator applies for a fleet (raises RenderError, applying nothing, if invalid).
 
@@ -46,7 +47,8 @@ def render(
     template (kubelet brings the files within its sync period; a bridge reads them at each connection).
     users: the MqttUsers with their password hashes, into the fleet's users Secret (mounted always, too).
     shape: the broker StatefulSet's start ordinal, replicas and partition, by which the operator drives a
-    rollout (rollout.plan)."""
+    rollout (rollout.plan). operator_namespace: where the operator's pods run (the managed Redis'
+    NetworkPolicy admits them), None outside a cluster."""
     bridge_files = bridge_files or {}
     config = broker_config(fleet, zones, bridges, bridge_files, users)
     digest = expected_hash(config)
@@ -71,8 +73,10 @@ def render(
         pdb(fleet),
         *client_services(fleet, zones),
     ]
+    if (policy := broker_network_policy(fleet, zones)) is not None:
+        out.manifests.append(policy)
     if spec.redis.managed:
-        out.manifests += redis_manifests(fleet)
+        out.manifests += redis_manifests(fleet, operator_namespace)
     if service_monitor and spec.metrics.serviceMonitor:
         out.manifests.append(servicemonitor(fleet))
     return out

@@ -13,6 +13,8 @@ from typing import Any
 from ..crds import BrokerFleetSpec
 from .common import (
     L_COMPONENT,
+    L_INSTANCE,
+    L_NAME,
     PASSWORD_KEY,
     REDIS_PORT,
     SENTINEL_PORT,
@@ -313,7 +315,47 @@ def cluster_create_job(fleet: Fleet) -> dict[str, Any]:
     }
 
 
-def redis_manifests(fleet: Fleet) -> list[dict[str, Any]]:
+#: the operator's and the pipeline's pods (the chart's labels), admitted from the operator's namespace
+OPERATOR_PEERS = {"app.kubernetes.io/part-of": "fleetmq"}
+OPERATOR_COMPONENTS = ["operator", "pipeline"]
+
+
+def redis_network_policy(fleet: Fleet, operator_namespace: str | None) -> dict[str, Any]:
+    """Ingress to the managed Redis' pods only from the fleet's brokers, its Redis pods (replication,
+    sentinels, the cluster's setup Job), the operator and pipeline pods of the operator's namespace (when
+    known: an operator outside the cluster is no pod) and spec.redis.networkPolicy.allowFrom."""
+    spec = fleet.spec.redis
+    store = {"key": L_COMPONENT, "operator": "In", "values": list(STORE_COMPONENTS)}
+    servers = {"key": L_COMPONENT, "operator": "In", "values": ["redis", "redis-sentinel"]}
+    instance = {L_NAME: "fleetmq", L_INSTANCE: fleet.name}
+    peers: list[dict[str, Any]] = [
+        {"podSelector": {"matchLabels": selector_labels(fleet.name)}},
+        {"podSelector": {"matchLabels": instance, "matchExpressions": [store]}},
+    ]
+    if operator_namespace:
+        peers.append({
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": operator_namespace}},
+            "podSelector": {"matchLabels": OPERATOR_PEERS, "matchExpressions": [
+                {"key": L_COMPONENT, "operator": "In", "values": OPERATOR_COMPONENTS}]},
+        })  # fmt: skip
+    peers += [
+        p.model_dump(mode="json", by_alias=True, exclude_none=True) for p in spec.networkPolicy.allowFrom
+    ]
+    ports = [REDIS_PORT] + ([REDIS_PORT + 10000] if spec.mode == "cluster" else [])
+    ports += [SENTINEL_PORT] if spec.mode == "sentinel" else []
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": object_meta(fleet, names(fleet.name)["redis"], "redis"),
+        "spec": {
+            "podSelector": {"matchLabels": instance, "matchExpressions": [servers]},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": p} for p in ports]}],
+        },
+    }
+
+
+def redis_manifests(fleet: Fleet, operator_namespace: str | None = None) -> list[dict[str, Any]]:
     """Everything of the managed Redis but its password Secret (see redis_auth_secret)."""
     n = names(fleet.name)
     mode = fleet.spec.redis.mode
@@ -334,6 +376,8 @@ def redis_manifests(fleet: Fleet) -> list[dict[str, Any]]:
         ]
     elif mode == "cluster":
         out.append(cluster_create_job(fleet))
+    if fleet.spec.redis.networkPolicy.enabled:
+        out.append(redis_network_policy(fleet, operator_namespace))
     return out
 
 

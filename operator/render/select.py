@@ -237,7 +237,7 @@ def user_files(zones: list[Zone], users: list[User]) -> dict[str, bytes]:
 
 def zone_user_settings(zone: Zone, users: list[User], files: dict[str, bytes]) -> dict[str, Any]:
     """The ZoneSettings fields a zone's MqttUsers set: its users file (pinned to its content), the users'
-    own rules, and the certificate common names that name them."""
+    own rules and quotas, and the certificate common names that name them."""
     mine = [u for u in users if zone.name in u.zones]
     out: dict[str, Any] = {}
     if zone.name in files:
@@ -251,4 +251,6 @@ def zone_user_settings(zone: Zone, users: list[User], files: dict[str, bytes]) -
         out["user_acl"] = acl
     if certs := {u.spec.certificateCommonName: u.username for u in mine if u.spec.certificateCommonName}:
         out["cert_users"] = certs
+    if quotas := {u.username: u.spec.quotas.model_dump(exclude_none=True) for u in mine if u.spec.quotas}:
+        out["user_quotas"] = quotas
     return out

@@ -98,3 +98,28 @@ def servicemonitor(fleet: Fleet) -> dict[str, Any]:
             "endpoints": [endpoint],
         },
     }
+
+
+def broker_network_policy(fleet: Fleet, zones: list[Zone]) -> dict[str, Any] | None:
+    """Once a listener says who may connect (allowFrom), a NetworkPolicy on the broker pods: that port only
+    from those peers, every other listener and the metrics port from anywhere (a policy selecting a pod
+    refuses what it does not admit). None while no listener restricts anything."""
+    listeners = [lst for zone in zones for lst in zone.spec.listeners]
+    if not any(lst.allowFrom is not None for lst in listeners):
+        return None
+    ingress: list[dict[str, Any]] = []
+    open_ports = [fleet.spec.metrics.port]
+    for lst in listeners:
+        if lst.allowFrom is None:
+            open_ports.append(lst.port)
+        else:
+            peers = [p.model_dump(mode="json", by_alias=True, exclude_none=True) for p in lst.allowFrom]
+            ingress.append({"from": peers, "ports": [{"protocol": "TCP", "port": lst.port}]})
+    ingress.append({"ports": [{"protocol": "TCP", "port": p} for p in sorted(set(open_ports))]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": object_meta(fleet, fleet.name),
+        "spec": {"podSelector": {"matchLabels": selector_labels(fleet.name)}, "policyTypes": ["Ingress"],
+                 "ingress": ingress},
+    }  # fmt: skip

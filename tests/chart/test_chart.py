@@ -73,7 +73,8 @@ def test_versions_and_image_agree_with_the_project():
 def test_defaults_render_operator_rbac_dashboards_and_nothing_optional(helm):
     m = helm.template()
     assert kinds(m) == sorted(
-        ["ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+        ["ClusterKopfPeering", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+        + ["ClusterRole"] * 3  # (the operator's; fleetmq's resources in the default view and edit roles)
         + ["ConfigMap"] * len(DASHBOARDS)
     )
     dep = find(m, "Deployment")
@@ -116,9 +117,9 @@ def test_defaults_render_operator_rbac_dashboards_and_nothing_optional(helm):
     # RBAC: operator/rbac.py's rules, bound to the ServiceAccount the pods run as
     sa = find(m, "ServiceAccount")
     assert pod["serviceAccountName"] == sa["metadata"]["name"] == "fleetmq-operator"
-    assert find(m, "ClusterRole")["rules"] == [rule for _, rule in rbac.RULES]
+    assert find(m, "ClusterRole", "fleetmq-operator")["rules"] == [rule for _, rule in rbac.RULES]
     binding = find(m, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == find(m, "ClusterRole")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == "fleetmq-operator"
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "fleetmq-operator", "namespace": "fleetmq-system"}
     ]
@@ -128,6 +129,42 @@ def test_defaults_render_operator_rbac_dashboards_and_nothing_optional(helm):
     assert svc["spec"]["ports"] == [
         {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
     ]
+
+
+def test_the_default_view_and_edit_roles_take_in_every_fleetmq_resource(helm):
+    """Aggregated ClusterRoles: the CRDs' plurals (and status, and the fleet's scale) to view, edit and
+    admin; changes to edit and admin only. Off with rbac.aggregateClusterRoles: false."""
+    crds_ = [yaml.safe_load(f.read_text()) for f in sorted((CHART / "crds").glob("*.yaml"))]
+    plurals = sorted(c["spec"]["names"]["plural"] for c in crds_ if c["spec"]["group"] == "fleetmq.io")
+    m = helm.template()
+    view, edit = find(m, "ClusterRole", "fleetmq-view"), find(m, "ClusterRole", "fleetmq-edit")
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in view["metadata"]["labels"].items() if k.startswith(aggregate) and v == "true"} == {
+        aggregate + "view", aggregate + "edit", aggregate + "admin"}  # fmt: skip
+    assert {k for k in edit["metadata"]["labels"] if k.startswith(aggregate)} == {
+        aggregate + "edit",
+        aggregate + "admin",
+    }
+    (read,) = view["rules"]
+    assert read["verbs"] == ["get", "list", "watch"] and read["apiGroups"] == ["fleetmq.io"]
+    assert sorted(read["resources"]) == sorted(
+        [*plurals, *(f"{p}/status" for p in plurals), "brokerfleets/scale"]
+    )
+    (write,) = edit["rules"]
+    assert sorted(write["resources"]) == sorted([*plurals, "brokerfleets/scale"])
+    assert "get" not in write["verbs"] and {"create", "patch", "delete"} <= set(write["verbs"])
+    off = helm.template({"rbac": {"aggregateClusterRoles": False}})
+    assert [r["metadata"]["name"] for r in off if r["kind"] == "ClusterRole"] == ["fleetmq-operator"]
+
+
+def test_the_operators_disruption_budget_comes_with_a_second_replica(helm):
+    """A budget of one pod for one replica would stop every drain of its node: none then."""
+    assert not [r for r in helm.template() if r["kind"] == "PodDisruptionBudget"]
+    pdb = find(helm.template({"operator": {"replicas": 2}}), "PodDisruptionBudget")
+    dep = find(helm.template({"operator": {"replicas": 2}}), "Deployment")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": dep["spec"]["selector"]}
+    off = helm.template({"operator": {"replicas": 2, "podDisruptionBudget": {"enabled": False}}})
+    assert not [r for r in off if r["kind"] == "PodDisruptionBudget"]
 
 
 def test_dashboards_are_configmaps_for_the_grafana_sidecar(helm):
@@ -326,6 +363,8 @@ BAD_VALUES = [
     ({"operator": {"replicas": -1}}, "/operator/replicas"),
     ({"operator": {"ports": {"metrics": 70000}}}, "/operator/ports/metrics"),
     ({"operator": {"logLevel": "trace"}}, "/operator/logLevel"),
+    ({"operator": {"podDisruptionBudget": {"minAvailable": 2}}}, "/operator/podDisruptionBudget"),
+    ({"rbac": {"aggregateClusterRoles": "yes"}}, "/rbac/aggregateClusterRoles"),
     ({"operator": {"watchNamespaces": ["Team A"]}}, "/operator/watchNamespaces/0"),
     ({"operator": {"peering": {"name": "Not_A_Name"}}}, "/operator/peering/name"),
     ({"operator": {"resources": {"requests": {"cpu": ["1"]}}}}, "/operator/resources/requests/cpu"),

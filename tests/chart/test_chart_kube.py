@@ -93,6 +93,46 @@ def test_rendered_manifests_pass_the_apiserver(helm, control_plane, chart_crds, 
     assert "PodSecurity" not in out.stderr, out.stderr
 
 
+def test_the_default_view_and_edit_roles_let_users_read_and_change_fleetmq_resources(
+    helm, control_plane, chart_crds, ns
+):
+    """The chart's aggregated ClusterRoles, applied to a control plane whose controller-manager aggregates
+    roles: a user with `view` in a namespace reads BrokerFleets there and changes nothing; one with `edit`
+    creates them and scales them."""
+    cp = control_plane
+    if not cp.controllers:
+        pytest.skip("needs kube-controller-manager's ClusterRole aggregation (make envtest)")
+    release = f"r{uuid.uuid4().hex[:6]}"
+    roles = [m for m in helm.template(release=release, namespace=ns)
+             if m["kind"] == "ClusterRole" and m["metadata"]["name"].endswith(("-view", "-edit"))]  # fmt: skip
+    assert len(roles) == 2
+    cp.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(r) for r in roles))
+    users = {role: f"{role}er-{release}" for role in ("view", "edit")}
+    try:
+        for role, user in users.items():
+            cp.kubectl("create", "rolebinding", user, f"--clusterrole={role}", f"--user={user}", "-n", ns)
+
+        def can(user: str, verb: str, resource: str) -> bool:
+            kc = cp.kubeconfig_for(user)
+            out = cp.kubectl("auth", "can-i", verb, resource, "-n", ns, kubeconfig=kc, check=False)
+            return out.stdout.strip() == "yes"
+
+        wait_for(lambda: can(users["view"], "list", "brokerfleets.fleetmq.io"), timeout=60,
+                 msg="view aggregated the fleetmq roles")  # fmt: skip
+        wait_for(lambda: can(users["edit"], "create", "brokerfleets.fleetmq.io"), timeout=60,
+                 msg="edit aggregated the fleetmq roles")  # fmt: skip
+        for resource in ("mqttzones", "mqttbridges", "mqttusers"):
+            assert can(users["view"], "get", f"{resource}.fleetmq.io") and can(
+                users["edit"], "delete", f"{resource}.fleetmq.io"
+            )
+            assert not can(users["view"], "patch", f"{resource}.fleetmq.io")
+        assert can(users["edit"], "patch", "brokerfleets.fleetmq.io/scale")
+        assert not can(users["view"], "create", "brokerfleets.fleetmq.io")
+    finally:
+        for r in roles:
+            cp.kubectl("delete", "clusterrole", r["metadata"]["name"], "--ignore-not-found")
+
+
 def test_bad_example_spec_is_refused_by_the_crd(helm, control_plane, chart_crds, ns):
     """The values schema leaves the example specs to the CRDs, which refuse them with the field's path."""
     values = {"examples": {"enabled": True, "fleet": {"spec": {"replicas": -1, "redis": {"managed": True}}}}}

@@ -96,6 +96,18 @@ def test_defaults_are_filled_by_the_apiserver(k):
                                        "certificateCommonName"),
         (user(certificateCommonName="x" * 65), "spec.certificateCommonName: Too long"),
         (user(fleetRef=None), "spec.fleetRef: Required value"),
+        (zone(authentication={"chain": [{"mechanism": "jwt", "algorithms": ["HS256"]}]}),
+         "HS* algorithms need secretRef"),
+        (zone(authentication={"chain": [{"mechanism": "jwt", "algorithms": ["RS256"]}]}),
+         "RS*/ES* algorithms (the default) need publicKeyRef, jwksRef or jwksUrl"),
+        (zone(authentication={"chain": [{"mechanism": "ldap"}]}), "spec.authentication.chain[0]"),
+        (zone(authentication={"chain": [{"mechanism": "http", "url": "ftp://x"}]}),
+         "spec.authentication.chain[0].url"),
+        (zone(authentication={"chain": [{"mechanism": "http", "url": "http://a", "aclUrl": "ftp://x"}]}),
+         "spec.authentication.chain[0].aclUrl"),
+        (zone(listeners=[{"name": "m", "port": 1883, "allowFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"},
+                                                                    "podSelector": {}}]}]),
+         "set ipBlock, or podSelector and/or namespaceSelector"),
     ],
     ids=[
         "inflight-range", "duration-pattern", "protocol-enum", "tls-needs-secret", "listener-names-unique",
@@ -108,7 +120,8 @@ def test_defaults_are_filled_by_the_apiserver(k):
         "bridge-transport-enum", "bridge-mqtt-version", "bridge-overflow-enum", "bridge-jitter-range",
         "bridge-max-qos", "user-zones-required", "user-zone-name", "user-zones-unique", "user-username-slash",
         "user-username-colon", "user-acl-enum", "user-acl-filter", "user-secret-name", "user-no-credential",
-        "user-cn-length", "user-fleet-required",
+        "user-cn-length", "user-fleet-required", "jwt-hs-needs-secret", "jwt-rs-needs-keys", "chain-mechanism",
+        "http-url-scheme", "http-acl-url-scheme", "allow-from-peer",
     ],
 )  # fmt: skip
 def test_bad_specs_are_refused_with_a_useful_message(k, obj, message):

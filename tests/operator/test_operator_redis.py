@@ -43,6 +43,15 @@ def fleet_status(k) -> dict:
     return (k.get("brokerfleet", "edge") or {}).get("status") or {}
 
 
+def selector(label_selector: dict) -> str:
+    """A LabelSelector as kubectl's -l takes it."""
+    terms = [f"{k}={v}" for k, v in (label_selector.get("matchLabels") or {}).items()]
+    for e in label_selector.get("matchExpressions") or []:
+        assert e["operator"] == "In", e
+        terms.append(f"{e['key']} in ({','.join(e['values'])})")
+    return ",".join(terms)
+
+
 def pods(k, component: str) -> list[dict]:
     sel = f"{render.L_INSTANCE}=edge,{render.L_COMPONENT}={component}"
     return json.loads(k("get", "pods", "-l", sel, "-o", "json").stdout)["items"]
@@ -103,6 +112,18 @@ def test_each_mode_through_the_operator(k, run_operator, control_plane, kube_nam
         assert next(c for c in st["conditions"] if c["type"] == "StoreReady")["message"].startswith(
             f"{wanted}/{wanted} Redis pods ready"
         )
+
+        # the NetworkPolicy selects exactly the Redis servers and sentinels, and admits the fleet's pods
+        policy = k.get("networkpolicy", "edge-redis")
+        assert policy["metadata"]["ownerReferences"][0]["uid"] == f["metadata"]["uid"]
+        selected = {p["metadata"]["name"] for p in json.loads(k("get", "pods", "-l", selector(policy["spec"]["podSelector"]),
+                                                                "-o", "json").stdout)["items"]}  # fmt: skip
+        live = {p["metadata"]["name"] for c in ("redis", "redis-sentinel") for p in pods(k, c)}
+        assert selected == live and live
+        (rule,) = policy["spec"]["ingress"]
+        assert {"podSelector": {"matchLabels": render.selector_labels("edge")}} in rule["from"]
+        ports = {p["port"] for p in rule["ports"]}
+        assert ports == {"sentinel": {6379, 26379}, "cluster": {6379, 16379}, "standalone": {6379}}[mode]
 
 
 def test_password_is_made_once_and_never_again(k, run_operator):

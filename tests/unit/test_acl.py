@@ -341,3 +341,11 @@ def test_user_rules_come_before_the_zones_and_only_for_that_user():
     assert not acl.bind("other", "c2").can_publish("devices/other/t")  # another user's rules never apply
     assert not acl.bind(None, "c3").can_publish("devices/dev/t")  # nor to anonymous clients
     assert dev.subscribe_access("devices/#") is Access.ALLOWED  # reading: no rule, the default
+
+
+def test_a_rule_may_name_the_clients_address_and_does_not_apply_where_it_is_unknown():
+    rules = [AclRule(permission="allow", filter="sites/%a/#"), AclRule(permission="deny", filter="#")]
+    acl = Acl(rules)
+    assert acl.bind("u", "c", (), "203.0.113.7").can_publish("sites/203.0.113.7/t")
+    assert not acl.bind("u", "c", (), "203.0.113.7").can_publish("sites/10.0.0.1/t")
+    assert not acl.bind("u", "c").can_publish("sites//t")  # (no address: the rule is left out)

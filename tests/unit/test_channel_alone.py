@@ -75,6 +75,18 @@ def test_a_puback_waits_for_the_commit_that_stores_the_message():
     assert peer.received() == [Puback(7, 0)]
 
 
+def test_a_refused_publishs_ack_waits_behind_an_ack_waiting_for_its_commit():
+    """A PUBLISH the ACL refuses was acknowledged (0x87) at once, ahead of the PUBACK of an earlier one
+    still waiting for its commit: acks must go out in the order their PUBLISHes came [MQTT-4.6.0-2]."""
+    host = FakeHost()
+    peer = Peer(host, acl=[{"permission": "deny", "action": "publish", "filter": "no"}])
+    peer.connect()
+    peer.send(Publish("yes", b"1", 1, packet_id=1), Publish("no", b"2", 1, packet_id=2))
+    assert peer.received() == []
+    host.commit(ok=True)
+    assert peer.received() == [Puback(1, 0), Puback(2, RC.NOT_AUTHORIZED)]
+
+
 def test_acks_go_out_in_the_order_their_publishes_came():
     """A second PUBLISH that wrote nothing to the store still waits behind the first one's commit."""
     host = FakeHost()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from fleetmq.broker.limiter import Pacer
+import pytest
+from fleetmq.broker.limiter import Pacer, TokenBucket
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -38,3 +39,12 @@ def test_no_second_holds_more_than_the_rate(rate: float, stalls: list[float]) ->
     for i, start in enumerate(went):
         in_window = sum(1 for t in went[i:] if t < start + 1.0)
         assert in_window <= math.floor(rate) + 1
+
+
+def test_a_bucket_takes_amounts_and_one_above_its_burst_leaves_it_in_debt():
+    b = TokenBucket(1000.0, 0.0)  # bytes a second, a second's burst
+    assert b.take(0.0, 600) == 0.0 and b.take(0.0, 300) == 0.0
+    assert b.take(0.0, 300) == pytest.approx(0.2)  # 100 left: 200 more to come
+    assert b.take(1.0, 5000) == 0.0  # a full bucket lets a big one through...
+    assert b.take(2.0, 1) == pytest.approx(3.001)  # ...and repays it before the next
+    assert b.take(5.01, 1) == 0.0

@@ -38,11 +38,11 @@ def test_every_child_is_owned_by_the_fleet_and_labelled():
     kinds = sorted(m["kind"] for m in r.manifests)
     # brokers: config, bridge and users Secrets, StatefulSet, headless Service, zone Service, budget,
     # monitor; the managed Redis (sentinel mode): its script, servers and sentinels with a Service and a
-    # budget each
+    # budget each, and a NetworkPolicy
     assert kinds == sorted(
         ["ConfigMap", "Secret", "Secret", "StatefulSet", "Service", "Service", "PodDisruptionBudget", "ServiceMonitor",
          "ConfigMap", "StatefulSet", "Service", "PodDisruptionBudget", "StatefulSet", "Service",
-         "PodDisruptionBudget"]
+         "PodDisruptionBudget", "NetworkPolicy"]
     )  # fmt: skip
     for m in r.manifests:
         (owner,) = m["metadata"]["ownerReferences"]
@@ -482,3 +482,90 @@ def test_the_brokers_disruption_budget_is_the_fleets_and_the_operator_counts_it_
             assert where in str(e)
         else:
             raise AssertionError(f"{bad} accepted")
+
+
+def test_the_managed_redis_admits_only_its_fleet_the_operator_and_allow_from():
+    peer = {
+        "namespaceSelector": {"matchLabels": {"team": "sre"}},
+        "podSelector": {"matchLabels": {"app": "debug"}},
+    }
+    r = rendered(fleet(redis={"managed": True, "networkPolicy": {"allowFrom": [peer]}}), zone("external"),
+                 operator_namespace="fleetmq-system")  # fmt: skip
+    (policy,) = by_kind(r, "NetworkPolicy")
+    assert policy["metadata"]["name"] == "edge-redis" and policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    brokers, store, operator, extra = rule["from"]
+    assert brokers == {"podSelector": {"matchLabels": render.selector_labels("edge")}}
+    assert store["podSelector"]["matchExpressions"][0]["values"] == ["redis", "redis-sentinel", "redis-setup"]
+    assert operator["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "fleetmq-system"}}
+    assert extra == peer
+    # an operator outside the cluster is no pod: no peer for it; and the policy can be left out
+    (outside,) = by_kind(rendered(fleet(redis={"managed": True}), zone("external")), "NetworkPolicy")
+    assert len(outside["spec"]["ingress"][0]["from"]) == 2
+    off = rendered(fleet(redis={"managed": True, "networkPolicy": {"enabled": False}}), zone("external"))
+    assert "NetworkPolicy" not in {m["kind"] for m in off.manifests}
+
+
+def test_an_authentication_chain_reaches_the_brokers_with_its_keys_as_mounted_files():
+    chain = [
+        {"mechanism": "jwt", "from": "username", "algorithms": ["RS256", "HS256"], "jwksUrl": "https://idp/jwks",
+         "jwksRef": {"name": "idp-keys", "key": "jwks.json"}, "secretRef": {"name": "idp-hmac", "key": "hmac"},
+         "verifyClaims": {"sub": "%c"}, "aclClaim": "acl", "jwksRefreshMin": "30s"},
+        {"mechanism": "http", "url": "http://auth.platform:8080/mqtt", "cacheTtl": "30s",
+         "headers": {"X-Source": "fleetmq"}, "headerSecretRefs": {"X-Api-Key": {"name": "auth-key", "key": "key"}}},
+    ]  # fmt: skip
+    r = rendered(fleet(), zone("external", authentication={"chain": chain}))
+    cfg = BrokerConfig.model_validate(yaml.safe_load(by_kind(r, "ConfigMap")[0]["data"][render.CONFIG_KEY]))
+    jwt_, http = cfg.zones["external"].authentication
+    base = "/etc/fleetmq/authn/external"
+    assert (jwt_.from_, jwt_.jwks_url, jwt_.jwks_refresh_min, jwt_.acl_claim) == (
+        "username",
+        "https://idp/jwks",
+        30.0,
+        "acl",
+    )
+    assert jwt_.jwks_file == f"{base}/0/jwksRef/jwks.json" and jwt_.secret_file == f"{base}/0/secretRef/hmac"
+    assert http.header_files == {"X-Api-Key": f"{base}/1/header-0/key"} and http.headers == {
+        "X-Source": "fleetmq"
+    }
+    assert http.cache_ttl == 30.0
+    pod = broker_sts(r)["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    sources = {path: {k: v for k, v in volumes[name].items() if k != "name"} for path, name in mounts.items()
+               if path.startswith(base)}  # fmt: skip
+    assert sources == {
+        f"{base}/0/jwksRef": {
+            "configMap": {"name": "idp-keys", "items": [{"key": "jwks.json", "path": "jwks.json"}]}
+        },
+        f"{base}/0/secretRef": {
+            "secret": {"secretName": "idp-hmac", "items": [{"key": "hmac", "path": "hmac"}]}
+        },
+        f"{base}/1/header-0": {
+            "secret": {"secretName": "auth-key", "items": [{"key": "key", "path": "key"}]}
+        },
+    }
+
+
+def test_a_listener_with_allow_from_gets_the_brokers_a_network_policy_and_proxy_protocol_reaches_them():
+    lb = {"ipBlock": {"cidr": "10.20.0.0/16"}}
+    r = rendered(fleet(), zone("external", listeners=[
+        {"name": "mqtt", "port": 1883, "allowFrom": [lb], "proxyProtocol": True, "proxyProtocolTimeout": "5s"},
+        {"name": "ws", "port": 8083, "protocol": "ws"},
+    ]))  # fmt: skip
+    (policy,) = [m for m in by_kind(r, "NetworkPolicy") if m["metadata"]["name"] == "edge"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": render.selector_labels("edge")}
+    assert policy["spec"]["ingress"] == [
+        {"from": [lb], "ports": [{"protocol": "TCP", "port": 1883}]},
+        {
+            "ports": [
+                {"protocol": "TCP", "port": p}
+                for p in sorted([8083, render.Fleet.parse(fleet()).spec.metrics.port])
+            ]
+        },
+    ]
+    cfg = BrokerConfig.model_validate(yaml.safe_load(by_kind(r, "ConfigMap")[0]["data"][render.CONFIG_KEY]))
+    mqtt = next(lst for lst in cfg.listeners if lst.name == "external/mqtt")
+    assert mqtt.proxy_protocol and mqtt.proxy_protocol_timeout == 5.0
+    others = by_kind(rendered(fleet(), zone("external")), "NetworkPolicy")
+    assert "edge" not in [m["metadata"]["name"] for m in others]  # (nothing restricted: none for the brokers)

@@ -160,3 +160,23 @@ def test_user_status_follows_the_pods_hashes_and_the_password():
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["Accepted"]["reason"] == conds["Applied"]["reason"] == "SecretMissing"
     assert "Secret pw not found" in conds["Applied"]["message"]
+
+
+def test_a_users_quotas_reach_the_zones_it_is_in():
+    zones = served(zone("external"), zone("internal", listeners=[{"name": "mqtt", "port": 11883}]))
+    objs = [user("sensor", zones=["external"],
+                 quotas={"maxSubscriptions": 1, "maxPublishBytesRate": 4096, "maxConnections": 2}),
+            user("ops", zones=["external", "internal"])]  # fmt: skip
+    users, rejected = render.select_users(objs, zones)
+    assert rejected == {}
+    users = [dataclasses.replace(u, entry=hash_password(u.name, iterations=1000)) for u in users]
+    cfg = BrokerConfig.model_validate(render.render(render.Fleet.parse(fleet()), zones, users=users).config)
+    ext = cfg.zones["external"]
+    assert ext.user_quotas["sensor"].model_dump(exclude_none=True) == {"max_subscriptions": 1,
+                                                                       "max_publish_bytes_rate": 4096,
+                                                                       "max_connections": 2}  # fmt: skip
+    assert ext.quota("sensor") == (ext.max_publish_rate, 4096, 1) and "ops" not in ext.user_quotas
+    assert ext.connections_quota("sensor") == 2
+    assert ext.connections_quota("ops") == ext.max_connections_per_user == 0
+    assert ext.connections_quota(None) == 0
+    assert cfg.zones["internal"].user_quotas == {}
