@@ -128,7 +128,7 @@ dev-cluster-down: $(VENV)/.installed
 # one). Most tests wait on real processes and sockets: two workers on two cores took 933 s where one took
 # 1,801 s (docs/tests.md). Each worker draws its free ports from a range of its own (chaos/proxy.py).
 PYTEST_WORKERS ?= 2
-test: deps tools typecheck contracts
+test: deps linktree
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	CACHE=$(CACHE) PYTEST_WORKERS=$(PYTEST_WORKERS) bash scripts/test.sh $(PYTEST_ARGS)

@@ -27,8 +27,11 @@ def roundtrip(
     ca: str | None = None,
     verify_name: bool = True,
     timeout: float = 20.0,
+    username: str | None = None,
+    password: str | None = None,
 ) -> dict:
-    """Subscribe, publish one QoS 1 message, receive it. {"ok", "error", "seconds"}."""
+    """Subscribe, publish one QoS 1 message, receive it (both clients with `username` and `password` if
+    given). {"ok", "error", "seconds"}."""
     t0 = time.monotonic()
     topic = f"e2e/rt/{uuid.uuid4().hex[:10]}"
     payload = uuid.uuid4().hex.encode()
@@ -45,6 +48,8 @@ def roundtrip(
         )
         if transport == "websockets":
             c.ws_set_options(path="/mqtt")
+        if username is not None:
+            c.username_pw_set(username, password)
         if ca:
             ctx = ssl.create_default_context(cafile=ca)
             ctx.check_hostname = verify_name  # the chain is checked either way

@@ -2,7 +2,10 @@
 (helm install, a fleet of 3 with two zones, `helm test`), then what a user relies on:
 - the status columns the README shows;
 - MQTT clients (paho v3.1.1 and v5, aiomqtt) through the zone Services over tcp, ws and tls (a listener
-  added live), from this machine and from a pod;
+  added live), from this machine and from a pod; a device with a JWT through the zone's authentication
+  chain (its HMAC key a Secret);
+- an MqttUser with a generated password connects; no Secret value is then seen in any ConfigMap, pod spec,
+  Event, log or broker metric;
 - clear errors for bad input: an invalid MqttZone refused by the API server, a zone taking a used port
   refused in its conditions, an image that does not exist surfaced in the fleet's conditions;
 - a broker pod deleted under QoS 1 and QoS 2 load with persistent sessions: no acknowledged message lost;
@@ -21,6 +24,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import math
@@ -28,6 +32,7 @@ import os
 import re
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -256,18 +261,52 @@ def _aiomqtt_roundtrip(host: str, port: int) -> bool:
     return asyncio.run(go())
 
 
+JWT_SECRET = "e2e-jwt"
+JWT_KEY = uuid.uuid4().hex + uuid.uuid4().hex  # the HMAC key: must appear nowhere but in its Secret
+
+
+def _token(sub: str, key: str = JWT_KEY) -> str:
+    import jwt
+
+    return jwt.encode({"sub": sub, "exp": int(time.time()) + 600}, key, algorithm="HS256")
+
+
+def _connack(host: str, port: int, username: str, password: str) -> int:
+    """The reason code of an MQTT 5 CONNECT's CONNACK."""
+    codes: list[int] = []
+    done = threading.Event()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"e2e-{uuid.uuid4().hex[:8]}",
+                    protocol=mqtt.MQTTv5)  # fmt: skip
+    c.username_pw_set(username, password)
+    c.on_connect = lambda _c, _u, _f, rc, _p: (codes.append(rc.value), done.set())
+    c.on_connect_fail = lambda *_: done.set()
+    c.connect(host, port, keepalive=15)
+    c.loop_start()
+    try:
+        assert done.wait(20), "no CONNACK"
+    finally:
+        c.disconnect()
+        c.loop_stop()
+    return codes[0]
+
+
 def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
     cluster: Cluster, endpoints, tmp_path
 ):
     c = cluster
     ca = _tls_files(c, tmp_path)
     generation = c.get("mqttzone", "external")["metadata"]["generation"]
-    # a TLS listener added to the running zone; its Secret is new to the pods, so they roll to mount it
+    # A TLS listener added to the running zone, and a JWT authenticator whose HMAC key is a Secret: both
+    # are new to the pods, so they roll (once) to mount them.
+    c.kubectl("create", "secret", "generic", JWT_SECRET, "-n", APP_NS, f"--from-literal=hmac={JWT_KEY}")
     patch = {"spec": {"listeners": [
         {"name": "mqtt", "port": 1883},
         {"name": "ws", "port": 8083, "protocol": "ws", "path": "/mqtt"},
         {"name": "mqtts", "port": 8883, "protocol": "tls", "tlsSecretRef": {"name": TLS_SECRET}},
-    ]}}  # fmt: skip
+    ], "authentication": {"chain": [
+        {"mechanism": "jwt", "algorithms": ["HS256"], "secretRef": {"name": JWT_SECRET, "key": "hmac"},
+         "verifyClaims": {"sub": "%u"}},
+    ]}}}  # fmt: skip
     c.kubectl("patch", "mqttzone", "external", "-n", APP_NS, "--type=merge", "-p", json.dumps(patch))
     wait_for(
         lambda: (
@@ -298,9 +337,19 @@ def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
         ),
         "internal-v5": dict(host=internal.host, port=internal.local, version=5),
     }
+    # a device with a token from the platform's identity service, through the zone's authentication chain
+    cases["jwt-v5"] = dict(
+        host=ext["mqtt"].host,
+        port=ext["mqtt"].local,
+        version=5,
+        username="device-7",
+        password=_token("device-7"),
+    )
     results = {name: clients.roundtrip(**case) for name, case in cases.items()}
     assert all(r["ok"] for r in results.values()), results
     assert _aiomqtt_roundtrip(ext["mqtt"].host, ext["mqtt"].local)
+    for password, code in ((_token("device-7", key="another key"), 0x86), (_token("device-8"), 0x86)):
+        assert _connack(ext["mqtt"].host, ext["mqtt"].local, "device-7", password) == code
     # from a pod: the Services' DNS names, the certificate's name checked too
     items = _paho_configmap(c)
     dns = lambda svc: f"{svc}.{APP_NS}"  # noqa: E731
@@ -397,6 +446,77 @@ def test_bad_input_gets_clear_errors(cluster: Cluster):
 
 
 # ------------------------------------------------------------------------------------------- failover
+# ------------------------------------------------------------------------------------------- secrets
+def _secret_values(c: Cluster, ns: str) -> dict[str, str]:
+    """Every value of the namespace's Secrets that is a secret (not a certificate), by where it is."""
+    out = {}
+    for item in json.loads(c.kubectl("get", "secrets", "-n", ns, "-o", "json").stdout)["items"]:
+        if item.get("type") == "helm.sh/release.v1":
+            continue  # (helm's own record of the release)
+        for key, encoded in (item.get("data") or {}).items():
+            value = base64.b64decode(encoded).decode(errors="replace").strip()
+            if key.endswith(".crt") or key == "username" or len(value) < 8:
+                continue  # public (a certificate, a user's name), or too short to tell from anything else
+            out[f"{ns}/{item['metadata']['name']}/{key}"] = value
+    return out
+
+
+def test_no_secret_value_in_configmaps_pod_specs_events_logs_or_metrics(cluster: Cluster, endpoints):
+    """A user (its password generated into a Secret) connects through the zone, a JWT device has connected
+    (the zone's HMAC key is a Secret); then everything a person or a tool can see is searched for every
+    Secret value of the fleet's and the operator's namespaces: ConfigMaps, pod specs, Events, the
+    operator's and every pod's logs, and every broker's /metrics."""
+    c = cluster
+    user = {"apiVersion": "fleetmq.io/v1alpha1", "kind": "MqttUser",
+            "metadata": {"name": "e2e-grep", "namespace": APP_NS},
+            "spec": {"fleetRef": {"name": FLEET}, "zones": ["external"], "generatePassword": True}}  # fmt: skip
+    c.kubectl("apply", "-f", "-", input=json.dumps(user))
+    wait_for(
+        lambda: any(
+            cond.get("type") == "Applied" and cond.get("status") == "True"
+            for cond in ((c.get("mqttuser", "e2e-grep") or {}).get("status") or {}).get("conditions", [])
+        ),
+        timeout=120,
+        msg="the MqttUser applied",
+    )
+    secret = c.get("secret", "e2e-grep-credentials")
+    assert secret is not None
+    password = base64.b64decode(secret["data"]["password"]).decode()
+    ext = c.endpoint("svc/edge-external-mqtt", 1883)
+    endpoints.append(ext.start())
+    result = clients.roundtrip(ext.host, ext.local, version=5, username="e2e-grep", password=password)
+    assert result["ok"], result
+    assert _connack(ext.host, ext.local, "e2e-grep", "not " + password) == 0x86
+    secrets = {**_secret_values(c, APP_NS), **_secret_values(c, RELEASE_NS)}
+    assert f"{APP_NS}/e2e-grep-credentials/password" in secrets and f"{APP_NS}/{JWT_SECRET}/hmac" in secrets
+    seen: dict[str, str] = {}
+    for kind in ("configmaps", "pods", "events"):
+        seen[kind] = c.kubectl("get", kind, "-A", "-o", "json").stdout
+    seen["operator log"] = c.kubectl(
+        "logs", "-n", RELEASE_NS, "deployment/fleetmq-operator", "--tail=-1"
+    ).stdout
+    for ns in (APP_NS, RELEASE_NS):
+        pods = json.loads(c.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"]
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            out = c.kubectl("logs", "-n", ns, name, "--all-containers", "--tail=-1", check=False)
+            seen[f"{ns}/{name} log"] = out.stdout
+    port = (c.get("brokerfleet", FLEET)["spec"].get("metrics") or {}).get("port", 9100)
+    for pod in brokers(c):
+        ep = c.endpoint(f"pod/{pod}", port)
+        endpoints.append(ep.start())
+        with urllib.request.urlopen(f"http://{ep.host}:{ep.local}/metrics", timeout=10) as r:
+            seen[f"{pod} /metrics"] = r.read().decode()
+    leaks = [
+        (where, place)
+        for where, value in secrets.items()
+        for place, text in seen.items()
+        if value in text or base64.b64encode(value.encode()).decode() in text
+    ]
+    assert not leaks, f"secret values seen: {leaks}"
+    c.kubectl("delete", "mqttuser", "e2e-grep", "-n", APP_NS)
+
+
 @pytest.mark.parametrize("qos", [1, 2])
 def test_no_acked_message_is_lost_when_broker_pods_are_deleted_under_load(cluster: Cluster, endpoints, qos):
     c = cluster

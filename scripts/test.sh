@@ -1,40 +1,60 @@
 #!/usr/bin/env bash
-# `make test`'s pytest run. The test control plane (scripts/envtest.sh) takes about 8 minutes of CPU to
-# build from an empty cache, while most of the suite waits on sockets rather than computes. So when the
-# control plane is not built yet, it is built in the background at the lowest CPU priority while the tests
-# that do not need it run; the tests that do (those using the `control_plane` fixture, marked `envtest` by
-# tests/conftest.py) run once it is there. With the control plane built, or with PYTEST_ARGS given, it is
-# one pytest run.
+# `make test` after its set-up (the venv, the Debian packages): the static checks and every test.
+#
+# From an empty cache, what the tests need takes minutes of CPU to build (the test control plane,
+# scripts/envtest.sh, about 8; helm, scripts/tools.sh, about 2), while most of the suite waits on sockets
+# rather than computes. So when those are not built yet, three things run side by side:
+#   - the builds at the lowest CPU priority, then the tests that need them (those using the `control_plane`
+#     or `helm` fixtures, marked `envtest` or `helm` by tests/conftest.py) in a pytest of their own;
+#   - the type check and the import contracts (`make typecheck contracts`);
+#   - every other test.
+# With everything built, or with PYTEST_ARGS given, it is the checks and then one pytest run.
 #
 #   scripts/test.sh [pytest args]     PYTEST_WORKERS (default 2; 0 = one process), CACHE as in the Makefile
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 export CACHE="${CACHE:-$HOME/.cache/fleetmq}"
-pytest=(.venv/bin/pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadfile --durations=20)
+workers="${PYTEST_WORKERS:-2}"
+pytest=(.venv/bin/pytest -q -p no:cacheprovider --dist loadfile --durations=20)
+BUILT="envtest or helm" # the marks of the tests that need the builds
 
-if (($#)) || bash scripts/envtest.sh --check; then
-  bash scripts/envtest.sh >/dev/null
-  exec "${pytest[@]}" "$@"
+built() { bash scripts/envtest.sh --check && [[ -x "$(bash scripts/tools.sh --path helm)" ]]; }
+build() { bash scripts/envtest.sh >/dev/null && bash scripts/tools.sh helm >/dev/null; }
+
+if [[ "${1:-}" == "--after-builds" ]]; then # (internal) the builds, then the tests that need them
+  nice -n 19 bash -c "$(declare -f build); build" || exit 90
+  exec "${pytest[@]}" -n "$2" -m "$BUILT"
 fi
 
-log="$CACHE/envtest/build.log"
-mkdir -p "$CACHE/envtest"
-echo "test: building the control plane in the background (log: $log) while the tests without it run" >&2
-setsid nice -n 19 bash scripts/envtest.sh >"$log" 2>&1 & # own process group: stopped with its Go build
-build=$!
-trap 'kill -- "-$build" 2>/dev/null || true' EXIT
+if (($#)) || built; then
+  build
+  make -s typecheck contracts
+  exec "${pytest[@]}" -n "$workers" "$@"
+fi
+
+mkdir -p "$CACHE/test"
+later_log="$CACHE/test/after-builds.log" checks_log="$CACHE/test/checks.log"
+echo "test: building the control plane and helm in the background; the tests needing them run once they are" \
+  "built (log: $later_log), beside the others" >&2
+# own process groups (setsid), so that stopping them stops their Go builds and pytest workers too
+setsid bash scripts/test.sh --after-builds "$workers" >"$later_log" 2>&1 &
+later=$!
+setsid make -s typecheck contracts >"$checks_log" 2>&1 &
+checks=$!
+trap 'kill -- "-$later" "-$checks" 2>/dev/null || true' EXIT
 
 first=0
-"${pytest[@]}" -m "not envtest" || first=$?
-# 5: nothing collected, which a whole suite never is; any other status is a failure to report
-if ! wait "$build"; then
-  cat "$log" >&2
-  echo "test: building the control plane failed" >&2
-  exit 1
-fi
-trap - EXIT
+"${pytest[@]}" -n "$workers" -m "not ($BUILT)" || first=$?
+check=0
+wait "$checks" || check=$?
 second=0
-"${pytest[@]}" -m envtest || second=$?
-echo "test: tests without the control plane exited $first, with it $second" >&2
-((first == 0 && second == 0)) || exit $((first ? first : second))
+wait "$later" || second=$?
+trap - EXIT
+cat "$checks_log" >&2
+cat "$later_log"
+if ((second == 90)); then
+  echo "test: building the control plane or helm failed (above)" >&2
+fi
+echo "test: type check and contracts exited $check; tests without the builds $first, with them $second" >&2
+((check == 0 && first == 0 && second == 0)) || exit 1

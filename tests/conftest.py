@@ -28,12 +28,15 @@ from tests.support import (
 )
 
 
-# tryfirst: the envtest mark is set before `-m` selects (scripts/test.sh runs those once the control plane is built)
+# tryfirst: the envtest and helm marks are set before `-m` selects (scripts/test.sh runs those once built)
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "control_plane" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "control_plane" in fixtures:
             item.add_marker(pytest.mark.envtest)
+        if "helm" in fixtures:
+            item.add_marker(pytest.mark.helm)
     if not MOSQUITTO:
         return
     skip = pytest.mark.skip(reason="fleetmq-specific test (FLEETMQ_TEST_BROKER=mosquitto)")
