@@ -434,10 +434,36 @@ def _kind_cluster(tmp_path_factory) -> Iterator[Cluster]:
     try:
         for archive in _archives():
             run(kind, "load", "image-archive", archive, "--name", KIND_CLUSTER, timeout=600)
-        yield Cluster(kubeconfig, tool("kubectl"), tool("helm"), "kind")
+        cluster = Cluster(kubeconfig, tool("kubectl"), tool("helm"), "kind")
+        _kind_as_the_real_node(cluster)
+        yield cluster
     finally:
         if not os.environ.get("E2E_KEEP"):
             run(kind, "delete", "cluster", "--name", KIND_CLUSTER, check=False)
+
+
+def _kind_as_the_real_node(c: Cluster) -> None:
+    """What the real node has and a kind node built here lacks. Storage: kind's fallback class provisions
+    host paths only root may write to (its local-path provisioner is an image no registry serves here), so
+    static local volumes any user may write to, as on the real node (realnode.local_storage). DNS: the
+    node has no way out (its engine adds no NAT), so CoreDNS answers for the cluster alone instead of
+    forwarding, as on the real node; forwarded, a search-domain query timed out and a pod's lookup of a
+    Service failed."""
+    from tests import realnode
+
+    node = f"{KIND_CLUSTER}-control-plane"
+    paths = [f"/var/local-volumes/pv-{i}" for i in range(realnode.STATIC_VOLUMES)]
+    run("docker", "exec", node, "sh", "-c", f"mkdir -p {' '.join(paths)} && chmod 0777 {' '.join(paths)}")
+    c.kubectl("annotate", "storageclass", "standard", "storageclass.kubernetes.io/is-default-class-",
+              check=False)  # fmt: skip
+    c.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                   "items": realnode.local_storage(node, paths)}))  # fmt: skip
+    corefile = json.loads(c.kubectl("get", "configmap", "coredns", "-n", "kube-system", "-o", "json").stdout)
+    text = re.sub(r"\n\s*forward \. [^{\n]*(\{[^}]*\})?", "", corefile["data"]["Corefile"])
+    c.kubectl("patch", "configmap", "coredns", "-n", "kube-system", "--type=merge",
+              "-p", json.dumps({"data": {"Corefile": text}}))  # fmt: skip
+    c.kubectl("rollout", "restart", "deployment/coredns", "-n", "kube-system")
+    c.kubectl("rollout", "status", "deployment/coredns", "-n", "kube-system", "--timeout=120s")
 
 
 @pytest.fixture
