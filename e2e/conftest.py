@@ -467,9 +467,11 @@ def _kind_as_the_real_node(c: Cluster) -> None:
     # CPU: the real node's control plane runs outside it, kind's in static pods on the node, whose CPU
     # requests (850m with CoreDNS) left the README's fleet one sentinel short on 2 cores; they go (the
     # pods keep running as before, only the scheduler's books change), and CoreDNS runs once
+    c.kubectl("scale", "deployment/coredns", "-n", "kube-system", "--replicas=1")
+    # (then nothing until the API server is back: restarting, it refused requests it had not yet the
+    # authorization caches for)
     run("docker", "exec", node, "sh", "-c",
         r"sed -i -E '/^ *cpu: [0-9]+m?$/d' /etc/kubernetes/manifests/*.yaml")  # fmt: skip
-    c.kubectl("scale", "deployment/coredns", "-n", "kube-system", "--replicas=1")
 
     def requests_dropped() -> bool:
         out = c.kubectl("get", "pods", "-n", "kube-system", "-o", "json", check=False)
