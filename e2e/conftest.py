@@ -5,7 +5,8 @@
   archives in FLEETMQ_IMAGE_ARCHIVES. Pod and Service addresses are routed from this machine, so clients
   connect to them directly. At the end the machine must be as the node found it (links, addresses, routes,
   nftables, mounts, cgroups, sysctls), else the session ends in an error.
-- kind: a kind cluster (a running Docker engine), the images loaded with `kind load`; clients go through
+- kind: a kind cluster (scripts/kind.sh: the machine's Docker engine, else a private Debian dockerd; the
+  node image built locally, E2E_NODE_IMAGE), the images loaded with `kind load`; clients go through
   `kubectl port-forward`.
 - existing: the cluster of `make dev-cluster NODE=real` (E2E_DEV_DIR, default ~/.cache/fleetmq/dev-cluster),
   left running afterwards; for working on the tests.
@@ -184,9 +185,10 @@ class Cluster:
                     src_ref,
                     dst_ref,
                 )
-        else:
-            run("docker", "tag", src, dst)
-            run(tool("kind"), "load", "docker-image", dst, "--name", KIND_CLUSTER, timeout=600)
+        else:  # in the kind node's containerd (the images came as archives: the engine has none of them)
+            node = f"{KIND_CLUSTER}-control-plane"
+            ctr = ("docker", "exec", node, "ctr", "--namespace=k8s.io", "images")
+            run(*ctr, "tag", "--force", normalize(src), normalize(dst))
 
     def run_pod(
         self,
@@ -432,10 +434,58 @@ def _kind_cluster(tmp_path_factory) -> Iterator[Cluster]:
     try:
         for archive in _archives():
             run(kind, "load", "image-archive", archive, "--name", KIND_CLUSTER, timeout=600)
-        yield Cluster(kubeconfig, tool("kubectl"), tool("helm"), "kind")
+        cluster = Cluster(kubeconfig, tool("kubectl"), tool("helm"), "kind")
+        _kind_as_the_real_node(cluster)
+        yield cluster
     finally:
         if not os.environ.get("E2E_KEEP"):
             run(kind, "delete", "cluster", "--name", KIND_CLUSTER, check=False)
+
+
+def _kind_as_the_real_node(c: Cluster) -> None:
+    """What the real node has and a kind node built here lacks. Storage: kind's fallback class provisions
+    host paths only root may write to (its local-path provisioner is an image no registry serves here), so
+    static local volumes any user may write to, as on the real node (realnode.local_storage). DNS: the
+    node has no way out (its engine adds no NAT), so CoreDNS answers for the cluster alone instead of
+    forwarding, as on the real node; forwarded, a search-domain query timed out and a pod's lookup of a
+    Service failed."""
+    from tests import realnode
+
+    node = f"{KIND_CLUSTER}-control-plane"
+    paths = [f"/var/local-volumes/pv-{i}" for i in range(realnode.STATIC_VOLUMES)]
+    run("docker", "exec", node, "sh", "-c", f"mkdir -p {' '.join(paths)} && chmod 0777 {' '.join(paths)}")
+    c.kubectl("annotate", "storageclass", "standard", "storageclass.kubernetes.io/is-default-class-",
+              check=False)  # fmt: skip
+    c.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                   "items": realnode.local_storage(node, paths)}))  # fmt: skip
+    corefile = json.loads(c.kubectl("get", "configmap", "coredns", "-n", "kube-system", "-o", "json").stdout)
+    text = re.sub(r"\n\s*forward \. [^{\n]*(\{[^}]*\})?", "", corefile["data"]["Corefile"])
+    c.kubectl("patch", "configmap", "coredns", "-n", "kube-system", "--type=merge",
+              "-p", json.dumps({"data": {"Corefile": text}}))  # fmt: skip
+    c.kubectl("rollout", "restart", "deployment/coredns", "-n", "kube-system")
+    c.kubectl("rollout", "status", "deployment/coredns", "-n", "kube-system", "--timeout=120s")
+    # CPU: the real node's control plane runs outside it, kind's in static pods on the node, whose CPU
+    # requests (850m with CoreDNS) left the README's fleet one sentinel short on 2 cores; they go (the
+    # pods keep running as before, only the scheduler's books change), and CoreDNS runs once
+    c.kubectl("scale", "deployment/coredns", "-n", "kube-system", "--replicas=1")
+    # (then nothing until the API server is back: restarting, it refused requests it had not yet the
+    # authorization caches for)
+    run("docker", "exec", node, "sh", "-c",
+        r"sed -i -E '/^ *cpu: [0-9]+m?$/d' /etc/kubernetes/manifests/*.yaml")  # fmt: skip
+
+    def requests_dropped() -> bool:
+        out = c.kubectl("get", "pods", "-n", "kube-system", "-o", "json", check=False)
+        if out.returncode != 0:
+            return False  # (the API server restarting)
+        pods = [p for p in json.loads(out.stdout)["items"] if p["metadata"]["name"].endswith(node)]
+        return len(pods) == 4 and all(
+            "cpu" not in ((ctr.get("resources") or {}).get("requests") or {})
+            and any(cs.get("ready") for cs in (p.get("status") or {}).get("containerStatuses") or [])
+            for p in pods
+            for ctr in p["spec"]["containers"]
+        )
+
+    wait_for(requests_dropped, timeout=180, msg="the control plane's static pods without CPU requests")
 
 
 @pytest.fixture

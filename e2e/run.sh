@@ -2,7 +2,9 @@
 # The fleetmq user flow end to end (e2e/), `make e2e`: the images built (scripts/image.sh), then on
 #   E2E_CLUSTER=real (default)  the test control plane with a real node (tests/realnode.py): containerd,
 #                               kubelet, kube-proxy, CoreDNS; needs root and Linux (packages are installed)
-#   E2E_CLUSTER=kind            a kind cluster: needs a running Docker engine and a reachable registry
+#   E2E_CLUSTER=kind            a kind cluster (scripts/kind.sh): the machine's Docker engine, else Debian's
+#                               dockerd started for the run (needs root); the node image built here, no
+#                               registry needed
 #   E2E_CLUSTER=existing        the cluster of `make dev-cluster NODE=real`, left running (for test work)
 # Builds what it needs into the cache (control plane, kubelet, kube-proxy, CoreDNS, helm, kind) and says
 # exactly what is missing otherwise, with exit status 2: nothing is skipped and nothing passes that did not
@@ -43,11 +45,16 @@ case "$E2E_CLUSTER" in
     fi
     ;;
   kind)
-    if ! command -v docker >/dev/null; then
-      missing+=("docker: the Docker CLI is not on PATH")
-    elif ! err="$(docker info --format '{{.ServerVersion}}' 2>&1 >/dev/null)"; then
-      missing+=("a running Docker engine: \`docker info\` says: ${err//$'\n'/ }")
+    if [[ "$(uname -s)" != Linux ]]; then
+      missing+=("Linux: the kind node image is built here from Linux binaries")
+    elif err="$(docker info --format '{{.ServerVersion}}' 2>&1 >/dev/null)"; then
+      : # the machine's engine (scripts/kind.sh uses it)
+    elif [[ "$(id -u)" != 0 ]]; then
+      missing+=("a running Docker engine, or root to start Debian's dockerd: \`docker info\` says: ${err//$'\n'/ }")
+    elif command -v apt-get >/dev/null; then
+      bash "$ROOT/scripts/system-deps.sh" kind
     fi
+    command -v docker >/dev/null || missing+=("docker: the Docker CLI is not on PATH")
     ;;
   *) missing+=("E2E_CLUSTER=$E2E_CLUSTER is none of real, kind, existing") ;;
 esac
@@ -58,8 +65,7 @@ esac
 # disk, the other CPU)
 archives="$CACHE/images/archives"
 mkdir -p "$CACHE/images"
-targets=(broker)
-[[ "$E2E_CLUSTER" == kind ]] || targets+=(standins) # kind nodes pull those themselves
+targets=(broker standins)
 # (then the previous release's, e2e/previous.sh: the upgrade test starts from it)
 {
   IMAGE_SAVE="$archives" bash "$ROOT/scripts/image.sh" "${targets[@]}" >"$CACHE/images/e2e-archives.txt" &&
@@ -69,17 +75,16 @@ image_pid=$!
 trap 'kill "$image_pid" 2>/dev/null; wait "$image_pid" 2>/dev/null' EXIT # a failed Go build stops it too
 
 # the control plane (and the node's kubelet, kube-proxy, pause program, kubectl), CoreDNS, metrics-server,
-# helm, kind
-bash "$ROOT/scripts/envtest.sh" >/dev/null
+# helm; on kind what its node image needs (kubeadm, etcd 3.5) and kind
 if [[ "$E2E_CLUSTER" != kind ]]; then
+  bash "$ROOT/scripts/envtest.sh" >/dev/null
   ENVTEST_COMPONENTS="kubelet kube-proxy pause kubectl" bash "$ROOT/scripts/envtest.sh" >/dev/null
   bash "$ROOT/scripts/tools.sh" coredns metrics-server >/dev/null
+else
+  bash "$ROOT/scripts/kind.sh" build >/dev/null
 fi
-tools=(helm)
-[[ "$E2E_CLUSTER" != kind ]] || tools+=(kind)
-mapfile -t paths < <(bash "$ROOT/scripts/tools.sh" "${tools[@]}")
-export FLEETMQ_HELM="${paths[0]}"
-[[ "$E2E_CLUSTER" != kind ]] || export FLEETMQ_KIND="${paths[1]}"
+FLEETMQ_HELM="$(bash "$ROOT/scripts/tools.sh" helm)"
+export FLEETMQ_HELM
 kubectl="$(bash "$ROOT/scripts/envtest.sh" --path)/kubectl"
 [[ -x "$kubectl" ]] || kubectl="$(command -v kubectl || true)"
 [[ -x "$kubectl" ]] || fail_missing "kubectl: not built by \`make envtest\` and not on PATH"
@@ -101,4 +106,23 @@ echo "e2e: tools and images ready in $((SECONDS - t0))s" >&2
 
 cd "$ROOT"
 # -rP: what passing tests print (failover counts, timings) stays in the log
-exec "$PY" -m pytest -p no:cacheprovider -v -rP --durations=0 --timeout=2400 e2e "$@"
+pytest=("$PY" -m pytest -p no:cacheprovider -v -rP --durations=0 --timeout=2400 e2e "$@")
+[[ "$E2E_CLUSTER" == kind ]] || exec "${pytest[@]}"
+
+# kind: its engine (a private dockerd, when the machine has none) runs from `up` to `down`, one run at a
+# time per cache folder; down runs however this script ends, unless E2E_KEEP keeps the cluster
+mkdir -p "$CACHE/kind"
+exec 8>"$CACHE/kind/.lock"
+flock -n 8 || { echo "e2e: another kind run uses $CACHE/kind" >&2; exit 1; }
+if [[ -z "${E2E_KEEP:-}" ]]; then
+  trap 'bash "$ROOT/scripts/kind.sh" down' EXIT
+  trap 'exit 143' TERM INT
+fi
+t1=$SECONDS
+exports="$(bash "$ROOT/scripts/kind.sh" up)"
+eval "$exports"
+echo "e2e: kind engine and node image ready in $((SECONDS - t1))s" >&2
+status=0
+"${pytest[@]}" || status=$?
+[[ -z "${E2E_KEEP:-}" ]] || echo "E2E_KEEP: $exports; stop it all: CACHE=$CACHE scripts/kind.sh down" >&2
+exit "$status"

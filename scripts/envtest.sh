@@ -14,6 +14,8 @@
 #   ENVTEST_COMPONENTS="kubelet kube-proxy pause kubectl"    the real node's (tests/realnode.py): kubelet and
 #       kube-proxy of the same release, the pod sandbox program (tests/envtest/pause) and a kubectl of the
 #       release (the stand-in for the chart's kubectl image)
+#   ENVTEST_COMPONENTS="... kubeadm"                        also kubeadm, for the kind node image
+#       (scripts/kind.sh)
 #
 # Go's module and build caches for these builds live in $CACHE/envtest/{gomod,gocache}.
 set -euo pipefail
@@ -84,7 +86,7 @@ build() { # build <module dir> <output> <package> <extra ldflags>
 start=$SECONDS
 for c in "${missing[@]}"; do
   case "$c" in
-    kube-apiserver | kube-controller-manager | kube-scheduler | kubectl | kubelet | kube-proxy)
+    kube-apiserver | kube-controller-manager | kube-scheduler | kubectl | kubelet | kube-proxy | kubeadm)
       build "$MOD" "$c" "k8s.io/kubernetes/cmd/$c" "$ver_ldflags" ;;
     kwok)
       build "$MOD/kwok" kwok sigs.k8s.io/kwok/cmd/kwok "" ;;

@@ -11,9 +11,10 @@
 # import`; the rootfs is cached in $CACHE/images/base and made again when missing. The Dockerfile itself is
 # the one a Docker user builds.
 #
-#   scripts/image.sh [broker] [pipeline] [standins]     default: broker pipeline
+#   scripts/image.sh [broker] [pipeline] [standins] [base]     default: broker pipeline
 #       standins: the third-party images the chart and the operator run (the managed Redis, the mosquitto
 #       clients of `helm test`, kubectl in the pre-delete hook): pulled, else stand-ins from scripts/images/
+#       base: only the Debian base (its rootfs in $CACHE/images/base; scripts/kind.sh's node image uses it)
 #   IMAGE_SAVE=DIR scripts/image.sh ...    also `docker save` every image to DIR/<name>.tar (the real node
 #       imports them into its containerd) and print the archive paths, one a line
 set -euo pipefail
@@ -33,7 +34,7 @@ die() { log "$*"; exit 1; }
 
 (($#)) || set -- broker pipeline
 for t in "$@"; do
-  case "$t" in broker | pipeline | standins) ;; *) die "unknown target $t (broker, pipeline, standins)" ;; esac
+  case "$t" in broker | pipeline | standins | base) ;; *) die "unknown target $t (broker, pipeline, standins, base)" ;; esac
 done
 [[ -n "$VERSION" && -n "$PYTHON_IMAGE" ]] || die "no version in pyproject.toml or no ARG PYTHON in Dockerfile"
 
@@ -207,6 +208,7 @@ if want broker || want pipeline; then
   if want pipeline; then build "fleetmq/pipeline:$VERSION" --target pipeline; images+=("fleetmq/pipeline:$VERSION"); fi
   if want broker; then build "fleetmq/broker:$VERSION" --target broker; images+=("fleetmq/broker:$VERSION"); fi
 fi
+if want base; then debian_base; fi
 if want standins; then
   [[ -x "$PY" ]] || die "the project venv is missing ($PY): run \`make deps\`"
   # the names the chart and the operator use, from their own defaults

@@ -5,14 +5,17 @@
 #                                   come from `make envtest`), prometheus (with promtool: tests/monitoring,
 #                                   the alert rules)
 #   scripts/system-deps.sh image    `make image` where no Docker engine runs: Debian's dockerd, debootstrap
+#   scripts/system-deps.sh kind     `E2E_CLUSTER=kind make e2e` (scripts/kind.sh): Debian's dockerd,
+#                                   debootstrap, jq (its runc wrapper), ip
 #   scripts/system-deps.sh node     the real node (tests/realnode.py): containerd, runc, the CNI plugins,
 #                                   nft (kube-proxy's nftables mode), ip and unshare/nsenter
 set -euo pipefail
 case "${1:-test}" in
   test) pkgs=(redis-server redis-sentinel mosquitto etcd-server prometheus) ;;
   image) pkgs=(docker.io debootstrap) ;;
+  kind) pkgs=(docker.io debootstrap jq iproute2) ;;
   node) pkgs=(containerd runc containernetworking-plugins nftables iproute2 util-linux) ;;
-  *) echo "system-deps: unknown set $1 (test, image, node)" >&2; exit 2 ;;
+  *) echo "system-deps: unknown set $1 (test, image, kind, node)" >&2; exit 2 ;;
 esac
 need=()
 for pkg in "${pkgs[@]}"; do

@@ -802,52 +802,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                     ],
                 },
             },
-            {
-                "apiVersion": "storage.k8s.io/v1",
-                "kind": "StorageClass",
-                "metadata": {
-                    "name": STORAGE_CLASS,
-                    "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
-                },
-                "provisioner": "kubernetes.io/no-provisioner",
-                "volumeBindingMode": "WaitForFirstConsumer",
-                "reclaimPolicy": "Retain",
-            },
         ]
         objs += _metrics_server()
-        for i in range(STATIC_VOLUMES):
-            path = self.workdir / "volumes" / f"pv-{i}"
+        paths = [self.workdir / "volumes" / f"pv-{i}" for i in range(STATIC_VOLUMES)]
+        for path in paths:
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o777)  # the kubelet makes local volumes the pod's fsGroup's; any user may start
-            objs.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {"name": f"{NODE_NAME}-pv-{i}"},
-                    "spec": {
-                        "capacity": {"storage": "20Gi"},
-                        "accessModes": ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Retain",
-                        "storageClassName": STORAGE_CLASS,
-                        "local": {"path": str(path)},
-                        "nodeAffinity": {
-                            "required": {
-                                "nodeSelectorTerms": [
-                                    {
-                                        "matchExpressions": [
-                                            {
-                                                "key": "kubernetes.io/hostname",
-                                                "operator": "In",
-                                                "values": [NODE_NAME],
-                                            }
-                                        ]
-                                    }
-                                ]
-                            }
-                        },
-                    },
-                }
-            )
+        objs += local_storage(NODE_NAME, [str(p) for p in paths])
         return objs
 
     # -- state for `down` (make dev-cluster-down) and for a stop() after a crash
@@ -1114,3 +1075,39 @@ def down(workdir: Path) -> list[str] | None:
     if not f.exists():
         return None
     return _teardown(Path(workdir), json.loads(f.read_text()))
+
+
+def local_storage(node: str, paths: list[str]) -> list[dict[str, Any]]:
+    """The default StorageClass `local` and a static local PersistentVolume on `node` for each of `paths`
+    (directories any user may write to): PersistentVolumeClaims bind as they would to a provisioner's."""
+    objs: list[dict[str, Any]] = [
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {
+                "name": STORAGE_CLASS,
+                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+            },
+            "provisioner": "kubernetes.io/no-provisioner",
+            "volumeBindingMode": "WaitForFirstConsumer",
+            "reclaimPolicy": "Retain",
+        }
+    ]
+    for i, path in enumerate(paths):
+        selector = {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+        objs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": f"{node}-pv-{i}"},
+                "spec": {
+                    "capacity": {"storage": "20Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": STORAGE_CLASS,
+                    "local": {"path": path},
+                    "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [selector]}]}},
+                },
+            }
+        )
+    return objs
