@@ -15,14 +15,17 @@ from tests import realnode
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_kind_without_a_docker_engine_is_not_run_and_says_why(tmp_path):
-    # a `docker` that answers like a CLI without an engine behind it
+def test_kind_without_a_docker_engine_or_root_is_not_run_and_says_why(tmp_path):
+    # a `docker` that answers like a CLI without an engine behind it, and a user who is not root (as root,
+    # scripts/kind.sh would start Debian's dockerd)
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "docker").write_text(
         "#!/bin/sh\necho 'Cannot connect to the Docker daemon at unix:///nowhere' >&2\nexit 1\n"
     )
-    (fake / "docker").chmod(0o755)
+    (fake / "id").write_text("#!/bin/sh\necho 1000\n")
+    for tool in ("docker", "id"):
+        (fake / tool).chmod(0o755)
     env = {
         **os.environ,
         "E2E_CLUSTER": "kind",
@@ -34,7 +37,10 @@ def test_kind_without_a_docker_engine_is_not_run_and_says_why(tmp_path):
     )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "e2e: NOT RUN on kind, missing:" in out.stderr
-    assert "a running Docker engine: `docker info` says: Cannot connect to the Docker daemon" in out.stderr
+    assert (
+        "a running Docker engine, or root to start Debian's dockerd: `docker info` says: Cannot connect to the "
+        "Docker daemon" in out.stderr
+    )
     assert not list(tmp_path.glob("tools*")), "it built something before saying no"
 
 
