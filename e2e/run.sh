@@ -77,10 +77,9 @@ trap 'kill "$image_pid" 2>/dev/null; wait "$image_pid" 2>/dev/null' EXIT # a fai
 # the control plane (and the node's kubelet, kube-proxy, pause program, kubectl), CoreDNS, metrics-server,
 # helm; on kind what its node image needs (kubeadm, etcd 3.5) and kind
 if [[ "$E2E_CLUSTER" != kind ]]; then
-  # (the node's parts first: under .ci/run this runs beside `make test`, which builds the control plane)
+  bash "$ROOT/scripts/envtest.sh" >/dev/null
   ENVTEST_COMPONENTS="kubelet kube-proxy pause kubectl" bash "$ROOT/scripts/envtest.sh" >/dev/null
   bash "$ROOT/scripts/tools.sh" coredns metrics-server >/dev/null
-  bash "$ROOT/scripts/envtest.sh" >/dev/null
 else
   bash "$ROOT/scripts/kind.sh" build >/dev/null
 fi

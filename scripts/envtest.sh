@@ -40,11 +40,9 @@ if [[ "${1:-}" == "--check" ]]; then
 fi
 
 mkdir -p "$BIN"
-# Each component is built under a lock of its own (two runs never build the same one; a run that needs
-# what is there already never waits behind another's build of something else, such as e2e's kubelet at
-# the idle scheduling class while `make test` needs the control plane).
 exec 9>"$DEST/.lock"
-flock 9 # (etcd's link, and the list of what is missing)
+flock 9 # one build at a time per cache folder
+
 if [[ ! -e "$BIN/etcd" ]]; then
   etcd_bin="${ETCD_BIN:-$(command -v etcd || true)}"
   if [[ -z "$etcd_bin" ]]; then
@@ -58,7 +56,6 @@ missing=()
 for c in $COMPONENTS; do
   [[ -x "$BIN/$c" ]] || missing+=("$c")
 done
-flock -u 9
 if ((${#missing[@]} == 0)); then
   echo "$BIN"
   exit 0
@@ -78,18 +75,11 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ver_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
-build() { # build <module dir> <output> <package> <extra ldflags>, unless another run just did
+build() { # build <module dir> <output> <package> <extra ldflags>
   local dir="$1" out="$2" pkg="$3" extra="$4" t0=$SECONDS
-  exec 8>"$DEST/.lock-$out"
-  flock 8
-  if [[ -x "$BIN/$out" ]]; then
-    flock -u 8
-    return
-  fi
   echo "envtest: building $out ($pkg) ..." >&2
   (cd "$dir" && go build -ldflags="-s -w $extra" -o "$BIN/.$out.tmp" "$pkg")
   mv -f "$BIN/.$out.tmp" "$BIN/$out"
-  flock -u 8
   echo "envtest: built $BIN/$out in $((SECONDS - t0))s" >&2
 }
 

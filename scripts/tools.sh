@@ -47,15 +47,12 @@ fi
 (($#)) || set -- helm
 
 mkdir -p "$TOOLS"
+exec 9>"$TOOLS/.lock"
+flock 9 # one build at a time per cache folder
 for tool in "$@"; do
   mod="$(module "$tool")"
   dest="$(dir "$tool")"
-  # one build of a tool at a time, a lock per tool: a run that needs helm does not wait behind another's
-  # build of CoreDNS
-  exec 9>"$TOOLS/.lock-$tool"
-  flock 9
   if [[ -x "$dest/$tool" ]]; then
-    flock -u 9
     echo "$dest/$tool"
     continue
   fi
@@ -65,7 +62,6 @@ for tool in "$@"; do
   mkdir -p "$dest"
   GOBIN="$dest" GOMODCACHE="$TOOLS/gomod" GOCACHE="$TOOLS/gocache" GOTOOLCHAIN=local CGO_ENABLED=0 \
     GOFLAGS="-buildvcs=false -trimpath" go install -ldflags="-s -w $(ldflags "$tool")" "$mod"
-  flock -u 9
   echo "tools: built $dest/$tool in $((SECONDS - t0))s" >&2
   echo "$dest/$tool"
 done
