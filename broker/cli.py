@@ -129,12 +129,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             for i, bind in enumerate(args.listen)
         ]
 
-    def load() -> BrokerConfig:
-        config = load_config(args.config, overrides=overrides)
+    def load(empty_ok: bool = True) -> BrokerConfig:
+        config = load_config(args.config, overrides=overrides, empty_ok=empty_ok)
         if not config.listeners:
             listener = {"name": "tcp", "zone": "default", "bind": DEFAULT_LISTEN}
             config = load_config(args.config, overrides={**overrides, "listeners": [listener]})
         return config
+
+    def reload() -> BrokerConfig:
+        return load(empty_ok=False)
 
     try:
         config = load()
@@ -162,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         pass
     try:
-        runner(run(config, load, args.config, args.worker_socket))
+        runner(run(config, reload, args.config, args.worker_socket))
     except OSError as e:
         logging.getLogger("fleetmq").error("cannot start: %s", e)
         return 1

@@ -351,8 +351,11 @@ def _mapping(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def load_config(path: str | Path | None = None, *, overrides: dict[str, Any] | None = None) -> BrokerConfig:
-    """Read and validate a config file; raise ConfigError naming each bad field."""
+def load_config(
+    path: str | Path | None = None, *, overrides: dict[str, Any] | None = None, empty_ok: bool = True
+) -> BrokerConfig:
+    """Read and validate a config file; raise ConfigError naming each bad field. An empty file is the
+    defaults, unless not `empty_ok` (a reload: the file may have been caught mid-write)."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -363,6 +366,10 @@ def load_config(path: str | Path | None = None, *, overrides: dict[str, Any] | N
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: invalid YAML: {e}") from e
+        if loaded is None and not empty_ok:
+            # (a file caught mid-write by a reload reads empty: applied, its defaults would close every
+            # configured listener; the last good config stays instead)
+            raise ConfigError(f"{path}: the file is empty (kept the running config)")
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
         data = loaded or {}

@@ -182,7 +182,9 @@ def _rewrite(bp: BrokerProc, change) -> None:
     assert bp.config_path is not None
     cfg = yaml.safe_load(bp.config_path.read_text())
     change(cfg)
-    bp.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    new = bp.config_path.with_suffix(".new")
+    new.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    new.replace(bp.config_path)  # (whole: a reload never reads it half written)
     os.kill(bp.pid, signal.SIGHUP)
 
 

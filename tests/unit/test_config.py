@@ -336,3 +336,16 @@ def test_config_hash_is_the_same_on_every_pod():
 def test_config_dump_is_json_serialisable():
     cfg = load()
     json.dumps(cfg.model_dump(mode="json"))
+
+
+def test_a_reload_refuses_an_empty_config_file(tmp_path):
+    """A reload that read the file while it was being rewritten (truncated, not yet written) applied the
+    defaults: every configured listener closed and a tcp one opened on 1883 (seen in an empty-cache CI
+    run, tests/monitoring/test_promql.py). On reload an empty file is an error; at start it is the
+    defaults, as ever."""
+    path = tmp_path / "fleetmq.yaml"
+    for text in ("", "\n", "# nothing yet\n"):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="the file is empty"):
+            load_config(path, empty_ok=False)
+        assert load_config(path).node_id
