@@ -263,6 +263,17 @@ def redis_cluster(tmp_path):
 
 
 @pytest.fixture
+def service():
+    """The platform's HTTP auth service (tests/integration/authservice.AuthService: answers per username,
+    an ACL endpoint, records requests, can be slowed and stopped); stopped at teardown."""
+    from tests.integration.authservice import AuthService
+
+    s = AuthService()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
 def redis_proxy(redis_server):
     """A RedisProxy (tests/redisproxy.py) in front of `redis_server`: nodes given its url reach Redis
     through it, and the test puts faults at chosen points. Closed at teardown."""

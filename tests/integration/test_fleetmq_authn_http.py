@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,13 +15,6 @@ from .mqttraw import PUBACK, RawClient
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")
 
 V311, V5 = 4, 5
-
-
-@pytest.fixture
-def service() -> Iterator[AuthService]:
-    s = AuthService()
-    yield s
-    s.stop()
 
 
 def http_zone(service: AuthService, tmp_path, **extra: object) -> dict[str, object]:

@@ -4,8 +4,6 @@ its answers are cached per action and topic, and a service that cannot answer de
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from .authservice import AuthService
@@ -13,13 +11,6 @@ from .harness import MOSQUITTO, uid
 from .mqttraw import PUBACK, PUBLISH
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")
-
-
-@pytest.fixture
-def service() -> Iterator[AuthService]:
-    s = AuthService()
-    yield s
-    s.stop()
 
 
 def zone(service: AuthService, **extra: object) -> dict[str, object]:

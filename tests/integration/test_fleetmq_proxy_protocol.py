@@ -6,23 +6,14 @@ from __future__ import annotations
 import socket
 import ssl
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from . import mqttraw
-from .authservice import AuthService
 from .harness import MOSQUITTO, uid
 from .mqttraw import CONNACK, PUBACK, RawClient
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")
-
-
-@pytest.fixture
-def service() -> Iterator[AuthService]:
-    s = AuthService()
-    yield s
-    s.stop()
 
 
 @pytest.fixture
