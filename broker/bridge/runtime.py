@@ -129,7 +129,11 @@ class Lease:
             try:
                 holder = (await self._redis.get(self.key) or b"").decode()
                 if holder == self.node_id:
-                    return  # ours still (a restart within the TTL)
+                    # ours: a restart within the TTL, or our own SET whose reply timed out. It may have
+                    # moments left, so it is renewed before it counts, or `keep` would find it lapsed
+                    if await self._redis.eval(self._RENEW, 1, self.key, self.node_id, ttl):
+                        return
+                    continue
                 if holder and self._alive is not None and not await self._alive(holder):
                     log.info("bridge %s: its leader %s is gone; taking the bridge over", self.name, holder)
                     await self._redis.eval(self._RELEASE, 1, self.key, holder)
