@@ -199,6 +199,10 @@ class ChannelManager:
             return ch.refuse(RC.QUOTA_EXCEEDED, "max_connections")
         if not limits.connect_allowed(ch.clock.time()):
             return ch.refuse(RC.CONNECTION_RATE_EXCEEDED, "connection_rate_exceeded")
+        if ch.cert_name is not None and not zone.knows_certificate(ch.cert_name):
+            log.info("refusing %r from %s: its certificate %r is no user of the zone", req.client_id,
+                     ch.peer, ch.cert_name)  # fmt: skip
+            return ch.refuse(RC.NOT_AUTHORIZED, "certificate_unknown")
         limits.connections += 1
         ch.counted = True
         if zone.authn:
@@ -588,6 +592,20 @@ class ChannelManager:
         self.committer.add(Save(session, expiry, pending_will, parked.will_at))
         if expiry < NEVER_EXPIRE:
             parked.expiry = asyncio.get_running_loop().call_later(expiry, self._expire, cid)
+
+    def revoke_certificates(self) -> int:
+        """Disconnect (0x87) the clients whose certificate's user their zone no longer knows, after a
+        config changed: removing a certificate's user revokes it at once, not at its next CONNECT."""
+        revoked = [
+            ch
+            for ch in self.channels.values()
+            if ch.cert_name is not None and not ch.zone.knows_certificate(ch.cert_name)
+        ]
+        for ch in revoked:
+            log.info("disconnecting %r: its certificate %r is no user of zone %s any more",
+                     ch.client_id, ch.cert_name, ch.zone_name)  # fmt: skip
+            ch.kick(RC.NOT_AUTHORIZED, "certificate_revoked")
+        return len(revoked)
 
     def _let_go(self, ch: Channel, reason: int, why: str) -> None:
         """Drop this node's copy of a session without storing anything, and close its connection."""

@@ -225,6 +225,7 @@ class Node:
                 self.zones[name] = Zone(name, settings, self._telemetry(name))
             else:
                 zone.update(settings)
+        self.cm.revoke_certificates()
         self.config = config
         self.config_hash = config.config_hash()
         self.metrics.config_info = {name: self.config_hash for name in config.zones}

@@ -69,6 +69,14 @@ class Zone:
                 raise ConfigError(f"zones.{name}.authentication.{i} ({a.mechanism}): {e}") from e
         return Chain(out)
 
+    def knows_certificate(self, common_name: str) -> bool:
+        """Whether a verified certificate with this common name may be a user of the zone (see
+        ZoneSettings.certificate_users)."""
+        settings = self.settings
+        if settings.certificate_users == "any" or common_name in settings.cert_users:
+            return True
+        return self.auth is not None and common_name in self.auth.users
+
     def update(self, settings: ZoneSettings) -> None:
         """Adopt changed settings (new sessions at once, live ones at their next delivery). Raises
         UsersFileError or ConfigError, changing nothing, if its users file or keys cannot be read."""

@@ -320,6 +320,13 @@ class ZoneSettings(BaseModel):
         description="Username of a client whose verified certificate has this common name, on listeners "
         "with peer_cert_as_username: cn (a common name not listed is the username itself).",
     )
+    certificate_users: Literal["any", "known"] = Field(
+        "any",
+        description="any: a verified certificate is the user its common name maps to, known or not. known: "
+        "only a user the zone knows (in cert_users, or a username of its users files); another certificate "
+        "is refused (0x87), and a connected client whose certificate's user goes away in a reload is "
+        "disconnected (0x87): removing the user revokes the certificate.",
+    )
     acl_default: Literal["allow", "deny"] = Field("allow", description="Permission when no ACL rule matches.")
     authentication: list[Authentication] = Field(
         default_factory=list,

@@ -55,6 +55,7 @@ OPERATOR_SET_FIELDS = {
     "users_files": "the MqttUsers of the zone (their passwords' hashes, in the fleet's users Secret)",
     "user_acl": "MqttUser acl",
     "cert_users": "MqttUser certificateCommonName",
+    "certificate_users": "always known: a certificate names an MqttUser or a user of usersSecretRef",
     "user_quotas": "MqttUser quotas",
     "authentication": "authentication.chain (its Secrets and ConfigMaps mounted into the pods)",
 }
@@ -218,8 +219,10 @@ _LISTENER_DERIVED = derive(
     {
         "verify_peer": "Require a client certificate signed by the ca.crt of tlsSecretRef (tls/wss only).",
         "peer_cert_as_username": "cn: a client with a verified certificate is authenticated by it, as the "
-        "MqttUser whose certificateCommonName is the certificate's common name (else as the user named "
-        "like the common name); its CONNECT username and password are not used. Needs verifyPeer.",
+        "MqttUser whose certificateCommonName is the certificate's common name (else as the user of "
+        "usersSecretRef named like the common name; a certificate naming no user is refused with 0x87, "
+        "and deleting the MqttUser disconnects its clients); its CONNECT username and password are not "
+        "used. Needs verifyPeer.",
     },
 )
 

@@ -239,7 +239,8 @@ def zone_user_settings(zone: Zone, users: list[User], files: dict[str, bytes]) -
     """The ZoneSettings fields a zone's MqttUsers set: its users file (pinned to its content), the users'
     own rules and quotas, and the certificate common names that name them."""
     mine = [u for u in users if zone.name in u.zones]
-    out: dict[str, Any] = {}
+    # a certificate is a user of the zone, or nobody: deleting an MqttUser revokes its certificate
+    out: dict[str, Any] = {"certificate_users": "known"}
     if zone.name in files:
         out["users_files"] = [
             {

@@ -206,3 +206,67 @@ def test_peer_cert_as_username_needs_a_ca(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"listeners\.0\.peer_cert_as_username: needs cafile"):
         load_config(cfg)
+
+
+def test_known_certificate_users_only_and_removing_one_revokes_its_certificate(
+    start_broker, raw_clients, pki, tmp_path
+):
+    """certificate_users: known: a verified certificate is only a user the zone knows (cert_users, or a
+    username of its users file). Removing the user in a reload disconnects its connected client with 0x87
+    at once, and refuses its next CONNECT with 0x87; a v3.1.1 client's connection is closed."""
+    import json
+
+    from tests.support import wait_until
+
+    from .harness import passwd
+    from .mqttraw import CONNACK, DISCONNECT, PINGRESP, pingreq
+    from .test_fleetmq_reload import rewrite
+
+    users = tmp_path / "users"
+    passwd(users, "alice", "wonderland")
+    zone = {"users_file": str(users), "allow_anonymous": False, "certificate_users": "known",
+            "cert_users": {"client": "device-7"}}  # fmt: skip
+    port = free_port()
+    cert, key = pki["server"]
+    bp = start_broker(
+        {
+            "zones": {"default": zone},
+            "listeners": [
+                {"name": "mqtt", "zone": "default", "bind": f"{HOST}:0", "protocol": "tcp"},
+                {"name": "mqtts", "zone": "default", "bind": f"{HOST}:{port}", "protocol": "tls",
+                 "certfile": cert, "keyfile": key, "cafile": pki["ca"], "verify_peer": True,
+                 "peer_cert_as_username": "cn"},
+            ],
+        }
+    )  # fmt: skip
+    v5 = tls_raw(port, pki, pki["client"])
+    assert v5.connect(uid("dev")).reason == 0
+    v3 = tls_raw(port, pki, pki["client"], version=4)
+    assert v3.connect(uid("dev3")).reason == 0
+    alice = raw_clients(bp, 5)
+    alice.connect(uid("a"), username="alice", password=b"wonderland")
+
+    def config_hash() -> str:
+        return json.loads(bp.http_get("/readyz")[1])["config_hash"]
+
+    before = config_hash()
+    rewrite(bp, lambda cfg: cfg["zones"]["default"].update(cert_users={}))
+    wait_until(lambda: config_hash() != before, timeout=10, msg="config reloaded")
+    closed, seen = v5.wait_closed(timeout=5)
+    assert closed and [(p.type, p.reason) for p in seen] == [(DISCONNECT, 0x87)]
+    closed, seen = v3.wait_closed(timeout=5)
+    assert closed and not seen
+    again = tls_raw(port, pki, pki["client"])
+    assert again.connect(uid("dev"), check=False).reason == 0x87
+    alice.send(pingreq())  # a password user of the zone is left alone
+    alice.expect(PINGRESP)
+    assert "certificate 'client' is no user of zone default any more" in bp.log()
+
+    # a username of the users file is a known user too
+    passwd(users, "client", "unused")
+    before = config_hash()
+    rewrite(bp, lambda cfg: cfg["zones"]["default"].update(max_inflight=7))  # (a reload reads the file)
+    wait_until(lambda: config_hash() != before, timeout=10, msg="config reloaded")
+    back = tls_raw(port, pki, pki["client"])
+    packet = back.connect(uid("dev"))
+    assert packet.type == CONNACK and packet.reason == 0
