@@ -12,6 +12,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import datetime
 import hashlib
 import logging
 import os
@@ -28,6 +29,7 @@ from fleetmq.broker.auth import hash_password, verify_password
 
 from . import autoscale, crdsync, metrics, rebalance, render, rollout
 from .crds import GROUP, VERSION, SecretKeyRef, fleet_ref
+from .issuing import Issuer
 from .kube import ApiError, Connection, Kube, connect
 from .reports import ReportReader
 from .status import (
@@ -97,6 +99,10 @@ class Operator:
     due: dict[tuple[str, str], tuple[float, asyncio.Task[None]]] = field(default_factory=dict)
     #: where the operator's own pods run (the managed Redis' NetworkPolicy admits them); None outside
     namespace: str | None = None
+    issuer: Issuer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.issuer = Issuer(self.kube, self._event)
 
     async def request(self, namespace: str, name: str) -> None:
         """Reconcile the fleet now, or once more after the pass that is running."""
@@ -159,6 +165,22 @@ class Operator:
         users, rejected_users = render.select_users(user_objs, accepted)
         users, missing_pw, user_secrets = await self._users_with_passwords(namespace, name, users, user_objs)
         rejected_users |= missing_pw
+        issued = await self.issuer.reconcile(
+            parsed,
+            accepted,
+            users,
+            {z["metadata"]["name"]: z for z in zones},
+            {u["metadata"]["name"]: u for u in user_objs},
+        )
+        accepted, held = render.hold_back(accepted, issued.missing, render.applied_zones(current_cm))
+        rejected |= {zone: render.Rejection("CertificatePending", why) for zone, why in held.items()}
+        rejected_users |= {
+            user: render.Rejection("IssuerConflict", why) for user, why in issued.user_problems.items()
+        }
+        if issued.next_due is not None:
+            wait = (issued.next_due - datetime.datetime.now(datetime.UTC)).total_seconds()
+            if wait < 3600:  # (later ones: a resync finds them due)
+                self._recheck(namespace, name, max(wait, 0) + 1)
         self.zone_counts[(namespace, name)] = (len(accepted), len(rejected))
         metrics.ZONES.labels("accepted").set(sum(a for a, _ in self.zone_counts.values()))
         metrics.ZONES.labels("rejected").set(sum(r for _, r in self.zone_counts.values()))

@@ -45,6 +45,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies", True),
     "HorizontalPodAutoscaler": ("apis/autoscaling/v2", "horizontalpodautoscalers", True),
     "ServiceMonitor": ("apis/monitoring.coreos.com/v1", "servicemonitors", True),
+    "Certificate": ("apis/cert-manager.io/v1", "certificates", True),
     "BrokerFleet": ("apis/fleetmq.io/v1alpha1", "brokerfleets", True),
     "MqttZone": ("apis/fleetmq.io/v1alpha1", "mqttzones", True),
     "MqttBridge": ("apis/fleetmq.io/v1alpha1", "mqttbridges", True),

@@ -86,6 +86,10 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         {"apiGroups": ["monitoring.coreos.com"], "resources": ["servicemonitors"], "verbs": _WRITE},
     ),
     (
+        "children: the listeners' and MqttUsers' certificates where a cert-manager issuer is named",
+        {"apiGroups": ["cert-manager.io"], "resources": ["certificates"], "verbs": _WRITE},
+    ),
+    (
         "read the fleet's pods: containers that cannot run (image pull errors, crash loops) go to its status; "
         "label them serving or not during a rollout (patch), so reconnecting clients land on updated pods",
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
@@ -98,7 +102,8 @@ RULES: list[tuple[str, dict[str, Any]]] = [
         "read the passwords of redis.secretRef (to reach the fleet's Redis for the pods' reports) and the "
         "MqttBridges' and MqttUsers' Secrets; create the managed Redis' password and MqttUsers' generated "
         "passwords once; apply (patch) the fleet's bridge Secret, the copy of its bridges' Secrets the pods "
-        "mount, and its users Secret (the MqttUsers' password hashes)",
+        "mount, and its users Secret (the MqttUsers' password hashes); create the fleet's CA once and apply "
+        "the certificates it signs (owned by their MqttZone or MqttUser, deleted with it)",
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create", "patch"]},
     ),
     (

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fleetmq.broker.zones import AclRule, UserQuota
 from pydantic import ConfigDict, Field, model_validator
 
 from .base import Condition, CrdModel, ObjectRef, SecretKeyRef, doc
+from .certificate import Validity
 from .derive import derive
 
 #: a username the users file and the ACL's %u can carry: no ':' (the file's separator), no '/', '+', '#'
@@ -35,6 +36,16 @@ class MqttUserSpec(CrdModel):
     ACL rules, and the common name of its client certificate. Applied live: no pod restarts."""
 
     fleetRef: ObjectRef = Field(description="The BrokerFleet (same namespace) whose zones the user is in.")
+    type: Literal["password", "tls"] = Field(
+        "password",
+        description="password: clients authenticate with a password (and a certificate naming "
+        "certificateCommonName). tls: the operator issues the user a client certificate into the Secret "
+        "<name>-tls (tls.crt, tls.key, ca.crt), from the issuer of its zones' verifying listeners with tls "
+        "(else the fleet's CA), whose common name is certificateCommonName (default: the username); "
+        "renewed before it ends. Deleting the MqttUser revokes it: refused within seconds, connected "
+        "clients disconnected (0x87).",
+    )
+    tls: Validity | None = Field(None, description="type tls: " + doc(Validity))
     zones: list[Annotated[str, Field(min_length=1, max_length=253, pattern=ZONE_NAME_PATTERN)]] = Field(
         min_length=1,
         max_length=64,
@@ -82,7 +93,7 @@ class MqttUserSpec(CrdModel):
             "x-kubernetes-validations": [
                 {
                     "rule": "has(self.passwordSecretRef) || self.generatePassword || "
-                    "has(self.certificateCommonName)",
+                    "has(self.certificateCommonName) || self.type == 'tls'",
                     "message": "a user needs a password (passwordSecretRef or generatePassword) or a "
                     "certificateCommonName",
                 }
@@ -96,6 +107,7 @@ class MqttUserSpec(CrdModel):
             self.passwordSecretRef is None
             and not self.generatePassword
             and self.certificateCommonName is None
+            and self.type != "tls"
         ):
             raise ValueError(
                 "a user needs a password (passwordSecretRef or generatePassword) or a certificateCommonName"
@@ -103,10 +115,18 @@ class MqttUserSpec(CrdModel):
         return self
 
     def password_ref(self, name: str) -> SecretKeyRef | None:
-        """Where the password is (None: certificate only)."""
+        """Where the password is (None: certificate only; a user of type tls has a password only from
+        passwordSecretRef)."""
         if self.passwordSecretRef is not None:
             return self.passwordSecretRef
-        return SecretKeyRef(name=f"{name}-credentials") if self.generatePassword else None
+        generated = self.generatePassword and self.type == "password"
+        return SecretKeyRef(name=f"{name}-credentials") if generated else None
+
+    def common_name(self, username: str) -> str | None:
+        """The common name of the certificates that are this user."""
+        if self.certificateCommonName is None and self.type == "tls":
+            return username
+        return self.certificateCommonName
 
 
 class MqttUserStatus(CrdModel):

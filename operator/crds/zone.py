@@ -9,11 +9,12 @@ from typing import Annotated, Any, Literal
 
 from fleetmq.broker.config import ListenerConfig
 from fleetmq.broker.zones import AclRule, HttpAuthentication, JwtAuthentication, ZoneSettings
-from pydantic import ConfigDict, Field, create_model
+from pydantic import ConfigDict, Field, create_model, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from .base import Condition, CrdModel, ObjectRef, SecretRef, UsersSecretRef, cel, doc
+from .certificate import ListenerTlsSpec
 from .core import NetworkPolicyPeer
 from .derive import derive, derived_field
 
@@ -217,7 +218,8 @@ _LISTENER_DERIVED = derive(
     },
     "A listener.",
     {
-        "verify_peer": "Require a client certificate signed by the ca.crt of tlsSecretRef (tls/wss only).",
+        "verify_peer": "Require a client certificate signed by the ca.crt of tlsSecretRef, or with tls by the "
+        "CA that issued the listener's certificate (tls/wss only).",
         "peer_cert_as_username": "cn: a client with a verified certificate is authenticated by it, as the "
         "MqttUser whose certificateCommonName is the certificate's common name (else as the user of "
         "usersSecretRef named like the common name; a certificate naming no user is refused with 0x87, "
@@ -314,8 +316,9 @@ class ListenerSpec(_LISTENER_DERIVED):  # type: ignore[misc,valid-type]
     tlsSecretRef: SecretRef | None = Field(
         None,
         description="kubernetes.io/tls Secret (tls.crt, tls.key, optional ca.crt for verifyPeer) of a tls or "
-        "wss listener.",
+        "wss listener. Or tls: a certificate the operator gets.",
     )
+    tls: ListenerTlsSpec | None = Field(None, description=doc(ListenerTlsSpec))
     service: ListenerServiceSpec | None = Field(None, description=doc(ListenerServiceSpec))
     allowFrom: list[NetworkPolicyPeer] | None = Field(
         None,
@@ -331,8 +334,18 @@ class ListenerSpec(_LISTENER_DERIVED):  # type: ignore[misc,valid-type]
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "!(self.protocol in ['tls', 'wss']) || has(self.tlsSecretRef)",
-                    "message": "a tls or wss listener needs tlsSecretRef",
+                    "rule": "!(self.protocol in ['tls', 'wss']) || has(self.tlsSecretRef) || has(self.tls)",
+                    "message": "a tls or wss listener needs tlsSecretRef or tls",
+                },
+                {
+                    "rule": "!(has(self.tlsSecretRef) && has(self.tls))",
+                    "message": "tlsSecretRef (a certificate you bring) and tls (one the operator gets) "
+                    "exclude each other",
+                },
+                {
+                    "rule": "!has(self.tls) || self.protocol in ['tls', 'wss']",
+                    "message": "tls needs protocol tls or wss",
+                    "fieldPath": ".tls",
                 },
                 {
                     "rule": "!self.verifyPeer || self.protocol in ['tls', 'wss']",
@@ -346,6 +359,19 @@ class ListenerSpec(_LISTENER_DERIVED):  # type: ignore[misc,valid-type]
             ]
         },
     )
+
+    @model_validator(mode="after")
+    def _certificate(self) -> ListenerSpec:
+        """The CEL rules above, for the operator's own validation (the API server checks them too)."""
+        secure = self.protocol in ("tls", "wss")
+        if secure and self.tlsSecretRef is None and self.tls is None:
+            raise ValueError("a tls or wss listener needs tlsSecretRef or tls")
+        if self.tlsSecretRef is not None and self.tls is not None:
+            raise ValueError("tlsSecretRef (a certificate you bring) and tls (one the operator gets) "
+                             "exclude each other")  # fmt: skip
+        if self.tls is not None and not secure:
+            raise ValueError("tls needs protocol tls or wss")
+        return self
 
 
 class MqttZoneSpec(CrdModel):

@@ -15,6 +15,7 @@ Redis), fleet (render: all of it), common (names, labels, paths).
 
 from ..rollout import L_SERVING
 from .broker import A_RESTART_HASH, BROKER_IMAGE_ENV, broker_image, statefulset
+from .certificates import hold_back
 from .common import (
     CONFIG_DIR,
     CONFIG_KEY,
@@ -89,6 +90,7 @@ __all__ = [
     "check_redis_topology",
     "dns_name",
     "history",
+    "hold_back",
     "labels",
     "names",
     "paused",

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..crds import BrokerFleetSpec
 from ..rollout import L_SERVING, Shape
+from .certificates import listener_secret
 from .common import (
     BRIDGE_SECRETS_DIR,
     CONFIG_DIR,
@@ -77,7 +78,7 @@ def _secret_volumes(fleet_name: str, zones: list[Zone]) -> tuple[list[dict[str, 
         {"name": "bridge-secrets", "mountPath": BRIDGE_SECRETS_DIR, "readOnly": True},
         {"name": "fleet-users", "mountPath": USERS_SECRET_DIR, "readOnly": True},
     ]
-    tls = sorted({lst.tlsSecretRef.name for z in zones for lst in z.spec.listeners if lst.tlsSecretRef})
+    tls = sorted({s for z in zones for lst in z.spec.listeners if (s := listener_secret(z.name, lst))})
     for i, secret in enumerate(tls):
         volumes.append({"name": f"tls-{i}", "secret": {"secretName": secret}})
         mounts.append({"name": f"tls-{i}", "mountPath": tls_dir(secret), "readOnly": True})

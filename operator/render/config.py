@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..crds import BrokerFleetSpec, MqttBridgeSpec, MqttZoneSpec
 from ..crds.zone import JWT_FILES, KeyRef
+from .certificates import listener_secret
 from .common import (
     BRIDGE_SECRETS_DIR,
     CONFIG_DIR,
@@ -150,8 +151,8 @@ def broker_config(
                 entry["path"] = lst.path
             if lst.proxy_protocol:
                 entry |= {"proxy_protocol": True, "proxy_protocol_timeout": lst.proxy_protocol_timeout}
-            if lst.tlsSecretRef is not None:
-                base = tls_dir(lst.tlsSecretRef.name)
+            if (secret := listener_secret(zone.name, lst)) is not None:
+                base = tls_dir(secret)
                 entry |= {"certfile": f"{base}/tls.crt", "keyfile": f"{base}/tls.key"}
                 if lst.verify_peer:
                     entry |= {"cafile": f"{base}/ca.crt", "verify_peer": True}

@@ -200,8 +200,8 @@ def select_users(
         zones_in: list[str] = []
         for zone in (z for z in spec.zones if z in served):
             wanted = [("username", username, "UsernameConflict")]
-            if spec.certificateCommonName is not None:
-                wanted.append(("cn", spec.certificateCommonName, "CertificateConflict"))
+            if (cn := spec.common_name(username)) is not None:
+                wanted.append(("cn", cn, "CertificateConflict"))
             taken = [(kind, value, reason) for kind, value, reason in wanted if (zone, kind, value) in claims]
             if taken:
                 kind, value, reason = taken[0]
@@ -250,7 +250,7 @@ def zone_user_settings(zone: Zone, users: list[User], files: dict[str, bytes]) -
         ]
     if acl := {u.username: [r.model_dump() for r in u.spec.acl] for u in mine if u.spec.acl}:
         out["user_acl"] = acl
-    if certs := {u.spec.certificateCommonName: u.username for u in mine if u.spec.certificateCommonName}:
+    if certs := {cn: u.username for u in mine if (cn := u.spec.common_name(u.username)) is not None}:
         out["cert_users"] = certs
     if quotas := {u.username: u.spec.quotas.model_dump(exclude_none=True) for u in mine if u.spec.quotas}:
         out["user_quotas"] = quotas

@@ -25,6 +25,17 @@ def zone(name: str, gen: int = 1, created: str = "2024-01-01T00:00:00Z", **spec)
     }
 
 
+def user(name: str, created: str = "2024-01-01T00:00:00Z", gen: int = 1, **spec) -> dict:
+    spec.setdefault("zones", ["external"])
+    return {
+        "apiVersion": "fleetmq.io/v1alpha1",
+        "kind": "MqttUser",
+        "metadata": {"name": name, "namespace": "mq", "uid": f"uid-{name}", "generation": gen,
+                     "creationTimestamp": created},
+        "spec": {"fleetRef": {"name": "edge"}, **spec},
+    }  # fmt: skip
+
+
 def rendered(f: dict, *zones: dict, **kw) -> render.Rendered:
     """What the operator renders for fleet `f` serving `zones` (all accepted)."""
     parsed = render.Fleet.parse(f)

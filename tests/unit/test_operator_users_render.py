@@ -13,18 +13,7 @@ from fleetmq.broker.zones import ZoneSettings
 from fleetmq.operator import render
 from fleetmq.operator.status import user_status
 
-from .operator_support import fleet, zone
-
-
-def user(name: str, created: str = "2024-01-01T00:00:00Z", gen: int = 1, **spec) -> dict:
-    spec.setdefault("zones", ["external"])
-    return {
-        "apiVersion": "fleetmq.io/v1alpha1",
-        "kind": "MqttUser",
-        "metadata": {"name": name, "namespace": "mq", "uid": f"uid-{name}", "generation": gen,
-                     "creationTimestamp": created},
-        "spec": {"fleetRef": {"name": "edge"}, **spec},
-    }  # fmt: skip
+from .operator_support import fleet, user, zone
 
 
 def served(*zones: dict) -> list[render.Zone]:
