@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import ssl
 import time
 from collections import Counter
@@ -119,30 +120,45 @@ class Lease:
         return preferred(self.name, sorted(m.decode() for m in members)) in (None, self.node_id)
 
     async def hold(self) -> None:
-        """Return once this node holds the lease: a free one (the preferred node first), or one whose
-        holder crashed (its event stream is gone: `alive` says no), taken at once."""
+        """Return once this node holds the lease: a free one (the preferred node at once, the others
+        once it stayed free for a lease period), or one whose holder crashed (its event stream is gone:
+        `alive` says no), taken at once.
+
+        It looks every RENEW_EVERY. A SET whose reply never came (a timeout) may still land, later, and
+        then lives only LEASE_TTL: so no other SET follows it for a lease period, and the next looks find
+        this node's id there (it is renewed, then leads) before it lapses. Sleeping between looks instead
+        let a slow store's SETs land and lapse unseen, over and over (seen in CI under load)."""
         self.lost.clear()
         if self._client is None:
             return
         ttl = int(LEASE_TTL * 1000)
+        loop = asyncio.get_running_loop()
+        free_since: float | None = None  # when the lease was first seen free (loop time)
+        quiet_until = 0.0  # no SET before then: the last one's outcome may be unknown yet
         while True:
             try:
                 holder = (await self._redis.get(self.key) or b"").decode()
                 if holder == self.node_id:
-                    # ours: a restart within the TTL, or our own SET whose reply timed out. It may have
-                    # moments left, so it is renewed before it counts, or `keep` would find it lapsed
+                    # ours (a SET that timed out, or a restart within the TTL), maybe about to lapse
                     if await self._redis.eval(self._RENEW, 1, self.key, self.node_id, ttl):
                         return
-                    continue
+                    continue  # it lapsed just now: look again
                 if holder and self._alive is not None and not await self._alive(holder):
                     log.info("bridge %s: its leader %s is gone; taking the bridge over", self.name, holder)
                     await self._redis.eval(self._RELEASE, 1, self.key, holder)
-                    holder = ""
-                elif not holder and not await self._first():
-                    await asyncio.sleep(LEASE_TTL)  # the preferred node goes first
-                if not holder and await self._redis.set(self.key, self.node_id, nx=True, px=ttl):
-                    return
-            except Exception as e:  # the store away: keep trying
+                    holder, free_since = "", -math.inf
+                if holder:
+                    free_since = None
+                else:
+                    now = loop.time()
+                    if free_since is None:
+                        free_since = now
+                    waited = now - free_since >= LEASE_TTL
+                    if now >= quiet_until and (waited or await self._first()):
+                        quiet_until = now + LEASE_TTL
+                        if await self._redis.set(self.key, self.node_id, nx=True, px=ttl):
+                            return
+            except Exception as e:  # the store away or slow: keep looking
                 log.debug("bridge %s: lease: %s", self.name, e)
             await asyncio.sleep(RENEW_EVERY)
 

@@ -232,7 +232,7 @@ def start_fleetmq(
         "--metrics",
         f"{HOST}:{mport}",
         "--log-level",
-        "info",
+        os.environ.get("FLEETMQ_TEST_LOG_LEVEL", "info"),  # debug: the lease, store and channel details
         *extra_args,
     ]
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
