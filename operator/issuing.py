@@ -70,7 +70,14 @@ class Issuer:
         if own:
             ca = await self._ca(fleet, now)
             for need in own:
-                due = await self._own(fleet, need, ca, now, user_objs)
+                try:
+                    due = await self._own(fleet, need, ca, now, user_objs)
+                except (ApiError, ValueError) as e:  # this one waits (its zone held back), the others go on
+                    log.warning("%s/%s: cannot issue %s: %s", fleet.namespace, fleet.name, need.secret, e)
+                    out.missing[need.secret] = f"cannot issue it: {e}"
+                    if need.user is not None:
+                        out.user_problems[need.user] = f"cannot issue its certificate: {e}"
+                    continue
                 out.next_due = due if out.next_due is None else min(out.next_due, due)
         managed = [n for n in needs if n.issuer is not None]
         has_kind = await self.kube.has_kind(CERT_MANAGER, "Certificate")
@@ -86,7 +93,7 @@ class Issuer:
         pair = key_pair(await self.kube.get("Secret", fleet.namespace, name))
         if pair is not None:
             return pair
-        pair = pki.new_ca(f"fleetmq {fleet.namespace}/{fleet.name} CA", now)
+        pair = pki.new_ca(pki.short_name(f"fleetmq CA {fleet.namespace}/{fleet.name}"), now)
         try:
             await self.kube.create(ca_secret(fleet, pair))
         except ApiError as e:

@@ -9,6 +9,7 @@ cert-manager's rotationPolicy Always does, so a leaked key ends with its certifi
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -19,6 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CA_VALIDITY = dt.timedelta(days=3650)
+MAX_COMMON_NAME = 64  # X.509's upper bound (RFC 5280 ub-common-name)
 #: a certificate's notBefore is this far in the past, for clocks of the cluster slightly behind ours
 BACKDATE = dt.timedelta(minutes=5)
 
@@ -44,6 +46,13 @@ class Wanted:
     duration: float  # seconds of validity
     renew_before: float  # seconds before the end at which it is renewed
     dns_names: tuple[str, ...] = field(default=())
+
+
+def short_name(text: str) -> str:
+    """`text` as a common name: cut to MAX_COMMON_NAME, and made unique with a digest when cut."""
+    if len(text) <= MAX_COMMON_NAME:
+        return text
+    return f"{text[: MAX_COMMON_NAME - 9]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
 def _key_usage(**on: bool) -> x509.KeyUsage:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..crds import API_VERSION, ListenerSpec
 from ..crds.certificate import IssuerRef, Validity, certificate_duration
-from ..pki import KeyPair, Wanted
+from ..pki import MAX_COMMON_NAME, KeyPair, Wanted
 from .common import Fleet, dns_name, labels, names, object_meta, owner_reference
 from .select import User, Zone
 
@@ -112,6 +112,11 @@ def needed(
         if user.spec.type != "tls" or cn is None:
             continue
         issuer, problem = user_issuer(user, zones)
+        if len(cn) > MAX_COMMON_NAME:
+            problem = (
+                f"a certificate's common name has at most {MAX_COMMON_NAME} characters: {cn!r} has {len(cn)}"
+            )
+            problem += "; set certificateCommonName"
         if problem is not None:
             problems[user.name] = problem
             continue

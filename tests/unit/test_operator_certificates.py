@@ -174,6 +174,10 @@ def test_with_an_issuer_a_cert_manager_certificate_and_users_take_their_zones_is
     assert client["spec"]["commonName"] == "dev-1" and "client auth" in client["spec"]["usages"]
     assert client["spec"]["issuerRef"]["name"] == "fleet-ca" and "dnsNames" not in client["spec"]
     assert client["metadata"]["ownerReferences"][0]["kind"] == "MqttUser"
+    # a common name over X.509's 64 characters cannot be issued: said, not attempted
+    _, _, (_, problems) = _needed([z], [user("d" * 70, type="tls")])
+    assert "at most 64 characters" in problems["d" * 70] and "certificateCommonName" in problems["d" * 70]
+    assert len(pki.short_name("fleetmq CA " + "n" * 63 + "/edge")) == 64
     # two zones whose verifying listeners use different issuers: the user cannot have one
     other = zone("other", listeners=[{**TLS, "port": 8884, "tls": {}}], created="2024-01-02T00:00:00Z")
     _, _, (_, problems) = _needed([z, other], [user("dev-2", type="tls", zones=["external", "other"])])
