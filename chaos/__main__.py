@@ -94,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         help="no proxies: the nodes (and sentinels, replicas) reach the Redis servers directly, as pods "
         "reach a Redis Service (so no proxy faults)",
     )
+    p.add_argument(
+        "--identity",
+        action="store_true",
+        help="every client is user 'chaos', authenticated and authorized per topic by an HTTP service the "
+        "run starts (acl_url), with max_connections_per_user set to the number of clients",
+    )
     p.add_argument("--logs", type=Path, help="directory for node and Redis logs (default chaos/results/...)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--history", type=Path, help="write everything the clients saw as JSON here (large)")
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = Options(
             seed=a.seed + i, duration=a.duration, nodes=a.nodes, kinds=kinds, publishers=a.publishers,
             subscribers=a.subscribers, rate=a.rate, topics=a.topics, window=a.window, gap=a.gap,
-            max_down=a.max_down, drain=a.drain, stuck_after=a.stuck_after, zone=zone,
+            max_down=a.max_down, drain=a.drain, stuck_after=a.stuck_after, zone=zone, identity=a.identity,
             store="memory" if a.broken == "memory" else a.store, aof=a.broken != "redis-no-aof",
             relay=a.broken == "relay", proxied=not a.direct,
             logs=(a.logs / f"seed{a.seed + i}") if a.logs else None, examples=a.examples,

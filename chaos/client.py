@@ -89,9 +89,10 @@ class Client:
         *,
         keepalive: int = 5,
         session_expiry: int = 3600,
+        username: str | None = None,
     ):
         self.cid, self.version, self.history, self.pick, self.rng = cid, version, history, pick, rng
-        self.keepalive, self.session_expiry = keepalive, session_expiry
+        self.keepalive, self.session_expiry, self.username = keepalive, session_expiry, username
         self.out: dict[int, _Out] = {}  # packet id -> in flight, in the order first sent
         self.awaiting_rel: set[int] = set()  # incoming QoS 2 ids awaiting PUBREL
         self.has_session = False  # a CONNACK accepted us once: the broker must keep our session
@@ -158,6 +159,7 @@ class Client:
                 version=self.version,
                 clean=False,
                 keepalive=self.keepalive,
+                username=self.username,
                 props={"session_expiry_interval": self.session_expiry} if self.session_expiry else None,
             )
         )

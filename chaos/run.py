@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import re
@@ -19,6 +20,7 @@ from typing import Any
 from chaos.checker import CLASSES, Report, check
 from chaos.client import Client, Publisher, Subscriber
 from chaos.history import History
+from chaos.identity import USERNAME, IdentityService
 from chaos.nemesis import Nemesis, applicable
 from chaos.procs import HOST, REDIS_CLI, Node, Redis, Sentinel, dump_keys, free_port, metric_sum
 from chaos.proxy import Proxy
@@ -48,6 +50,7 @@ class Options:
     drain: float = 30.0
     stuck_after: float = 10.0
     zone: dict[str, Any] = field(default_factory=dict)
+    identity: bool = False  # an HTTP auth + ACL service and the fleet-wide connection quota on (identity.py)
     logs: Path | None = None
     examples: int = 5
 
@@ -411,6 +414,7 @@ def _clients(
     """Publishers and subscribers over both protocol versions and both QoS levels (i % 2 picks the
     version, i // 2 % 2 the QoS), each with its own RNG from the seed."""
     pubs, subs = [], []
+    user = USERNAME if opts.identity else None
     for i in range(opts.publishers):
         version, qos = (4, 5)[i % 2], (1, 2)[i // 2 % 2]
         cid = f"pub{i}-v{version}q{qos}"
@@ -418,14 +422,25 @@ def _clients(
         rng = random.Random(f"client:{opts.seed}:{cid}")
         pubs.append(
             Publisher(
-                cid, version, h, fleet.pick, rng, qos=qos, topics=topics, rate=opts.rate, window=opts.window
+                cid,
+                version,
+                h,
+                fleet.pick,
+                rng,
+                qos=qos,
+                topics=topics,
+                rate=opts.rate,
+                window=opts.window,
+                username=user,
             )
         )
     for i in range(opts.subscribers):
         version, qos = (4, 5)[i % 2], (1, 2)[i // 2 % 2]
         cid = f"sub{i}-v{version}q{qos}"
         rng = random.Random(f"client:{opts.seed}:{cid}")
-        subs.append(Subscriber(cid, version, h, fleet.pick, rng, qos=qos, filter=f"chaos/{run_id}/#"))
+        subs.append(
+            Subscriber(cid, version, h, fleet.pick, rng, qos=qos, filter=f"chaos/{run_id}/#", username=user)
+        )
     return pubs, subs
 
 
@@ -460,6 +475,12 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
     logdir = opts.logs or Path("chaos/results") / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{opts.seed}"
     logdir.mkdir(parents=True, exist_ok=True)
     kinds = [k for k in opts.kinds if applicable(k, opts.store, opts.proxied)]
+    identity = IdentityService() if opts.identity else None
+    if identity is not None:
+        await identity.start()
+        opts = dataclasses.replace(
+            opts, zone={**identity.zone(opts.publishers + opts.subscribers), **opts.zone}
+        )
     fleet = Fleet(opts, h, workdir, logdir)
     pubs, subs = _clients(opts, fleet, h, run_id)
     fleet.clients = [*pubs, *subs]
@@ -532,6 +553,9 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
         for c in fleet.clients:
             await c.close()
         h.notes += await fleet.stop()
+        if identity is not None:
+            await identity.stop()
+            extra["identity_asked"] = dict(identity.asked)
         shutil.rmtree(workdir, ignore_errors=True)
     for n in fleet.nodes:
         tracebacks = n.log().count("Traceback (most recent call last)")
@@ -567,6 +591,13 @@ async def _metrics(fleet: Fleet) -> dict[str, float]:
                 key = f"dropped:{m.group(1)}"
                 out[key] = out.get(key, 0.0) + float(line.rpartition(" ")[2])
         out["store_errors"] = out.get("store_errors", 0.0) + metric_sum(text, "fleetmq_store_errors_total")
+        for line in text.splitlines():  # (--identity: what the chain and the quotas decided)
+            m = re.match(r"fleetmq_(authentications|authorizations|quota_refusals)_total\{(.*)\} (\S+)", line)
+            if m:
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+                what = "/".join(v for k, v in sorted(labels.items()) if k != "zone")
+                key = f"{m.group(1)}:{what}"
+                out[key] = out.get(key, 0.0) + float(m.group(3))
     return {k: v for k, v in out.items() if v}
 
 
@@ -596,6 +627,11 @@ def summary(opts: Options, h: History, rep: Report, extra: dict[str, Any]) -> st
     if extra.get("relay"):
         lines.append(
             "broken relays (--broken relay) did: " + ", ".join(f"{k} {v}" for k, v in extra["relay"].items())
+        )
+    if extra.get("identity_asked"):
+        lines.append(
+            "the identity service (--identity) was asked: "
+            + ", ".join(f"{path} {n:,}" for path, n in sorted(extra["identity_asked"].items()))
         )
     if extra.get("proxies"):
         lines.append(
@@ -665,6 +701,7 @@ def to_json(opts: Options, h: History, rep: Report, extra: dict[str, Any]) -> di
         "logs": extra.get("logs"),
         "metrics": extra.get("metrics", {}),
         "relay": extra.get("relay", {}),
+        "identity_asked": extra.get("identity_asked", {}),
         "notes": h.notes,
         "t0_wall": h.t0_wall,
     }
