@@ -29,9 +29,10 @@ def roundtrip(
     timeout: float = 20.0,
     username: str | None = None,
     password: str | None = None,
+    cert: tuple[str, str] | None = None,
 ) -> dict:
-    """Subscribe, publish one QoS 1 message, receive it (both clients with `username` and `password` if
-    given). {"ok", "error", "seconds"}."""
+    """Subscribe, publish one QoS 1 message, receive it (both clients with `username` and `password`, or
+    the client certificate `cert` (certificate file, key file), if given). {"ok", "error", "seconds"}."""
     t0 = time.monotonic()
     topic = f"e2e/rt/{uuid.uuid4().hex[:10]}"
     payload = uuid.uuid4().hex.encode()
@@ -53,6 +54,8 @@ def roundtrip(
         if ca:
             ctx = ssl.create_default_context(cafile=ca)
             ctx.check_hostname = verify_name  # the chain is checked either way
+            if cert is not None:
+                ctx.load_cert_chain(*cert)
             c.tls_set_context(ctx)
         made.append(c)
         return c

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import re
+import ssl
 import threading
 import time
 import urllib.request
@@ -271,6 +272,37 @@ def _token(sub: str, key: str = JWT_KEY) -> str:
     return jwt.encode({"sub": sub, "exp": int(time.time()) + 600}, key, algorithm="HS256")
 
 
+def _secret_files(c: Cluster, name: str, into: Path) -> Path:
+    """A Secret's keys as files (a device's issued certificate)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for key, value in (c.get("secret", name, APP_NS).get("data") or {}).items():
+        (into / key).write_bytes(base64.b64decode(value))
+    return into
+
+
+def _tls_session(host: str, port: int, ca: str, cert: tuple[str, str]) -> tuple[dict, threading.Event]:
+    """An MQTT 5 client with a client certificate (the chain checked, not the name: `host` is a port
+    forward): what its CONNACK said, and an event set when the server closes it (its DISCONNECT reason)."""
+    out: dict = {}
+    connected, closed = threading.Event(), threading.Event()
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"e2e-{uuid.uuid4().hex[:8]}",
+                    protocol=mqtt.MQTTv5)  # fmt: skip
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.check_hostname = False
+    ctx.load_cert_chain(*cert)
+    c.tls_set_context(ctx)
+    c.on_connect = lambda _c, _u, _f, rc, _p: (out.update(connack=rc.value), connected.set())
+    c.on_disconnect = lambda _c, _u, _f, rc, _p: (out.setdefault("disconnect", rc.value), closed.set())
+    c.connect(host, port, keepalive=15)
+    c.loop_start()
+    assert connected.wait(20), "no CONNACK"
+    if out["connack"] != 0 or closed.is_set():
+        c.loop_stop()
+        return out, closed
+    threading.Thread(target=lambda: (closed.wait(60), c.loop_stop()), daemon=True).start()
+    return out, closed
+
+
 def _connack(host: str, port: int, username: str, password: str) -> int:
     """The reason code of an MQTT 5 CONNECT's CONNACK."""
     codes: list[int] = []
@@ -298,11 +330,19 @@ def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
     generation = c.get("mqttzone", "external")["metadata"]["generation"]
     # A TLS listener added to the running zone, and a JWT authenticator whose HMAC key is a Secret: both
     # are new to the pods, so they roll (once) to mount them.
+    # And a listener whose certificate the operator issues from the fleet's CA, for devices with client
+    # certificates it issues too (an MqttUser of type tls).
     c.kubectl("create", "secret", "generic", JWT_SECRET, "-n", APP_NS, f"--from-literal=hmac={JWT_KEY}")
+    device_user = {"apiVersion": "fleetmq.io/v1alpha1", "kind": "MqttUser",
+                   "metadata": {"name": "device-9", "namespace": APP_NS},
+                   "spec": {"fleetRef": {"name": "edge"}, "zones": ["external"], "type": "tls"}}  # fmt: skip
+    c.kubectl("apply", "-f", "-", input=json.dumps(device_user))
     patch = {"spec": {"listeners": [
         {"name": "mqtt", "port": 1883},
         {"name": "ws", "port": 8083, "protocol": "ws", "path": "/mqtt"},
         {"name": "mqtts", "port": 8883, "protocol": "tls", "tlsSecretRef": {"name": TLS_SECRET}},
+        {"name": "devices", "port": 8884, "protocol": "tls", "verifyPeer": True, "peerCertAsUsername": "cn",
+         "tls": {}},
     ], "authentication": {"chain": [
         {"mechanism": "jwt", "algorithms": ["HS256"], "secretRef": {"name": JWT_SECRET, "key": "hmac"},
          "verifyClaims": {"sub": "%u"}},
@@ -318,7 +358,7 @@ def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
     )
     ext = {
         name: c.endpoint(f"svc/edge-external-{name}", port)
-        for name, port in (("mqtt", 1883), ("ws", 8083), ("mqtts", 8883))
+        for name, port in (("mqtt", 1883), ("ws", 8083), ("mqtts", 8883), ("devices", 8884))
     }
     internal = c.endpoint("svc/edge-internal-mqtt", 11883)
     for ep in (*ext.values(), internal):
@@ -337,6 +377,11 @@ def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
         ),
         "internal-v5": dict(host=internal.host, port=internal.local, version=5),
     }
+    # a device with the client certificate the operator issued it, on the listener it issued one for
+    device = _secret_files(c, "device-9-tls", tmp_path / "device-9")
+    cert = (str(device / "tls.crt"), str(device / "tls.key"))
+    cases["issued-tls-v5"] = dict(host=ext["devices"].host, port=ext["devices"].local, version=5,
+                                  ca=str(device / "ca.crt"), verify_name=False, cert=cert)  # fmt: skip
     # a device with a token from the platform's identity service, through the zone's authentication chain
     cases["jwt-v5"] = dict(
         host=ext["mqtt"].host,
@@ -350,6 +395,16 @@ def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
     assert _aiomqtt_roundtrip(ext["mqtt"].host, ext["mqtt"].local)
     for password, code in ((_token("device-7", key="another key"), 0x86), (_token("device-8"), 0x86)):
         assert _connack(ext["mqtt"].host, ext["mqtt"].local, "device-7", password) == code
+    # deleting the MqttUser revokes its certificate within 30 s: its client is disconnected (0x87), and its
+    # next CONNECT refused (0x87)
+    tls = dict(ca=str(device / "ca.crt"), cert=cert)
+    held, closed = _tls_session(ext["devices"].host, ext["devices"].local, **tls)
+    t0 = time.monotonic()
+    c.kubectl("delete", "mqttuser", "device-9", "-n", APP_NS)
+    assert closed.wait(30), "the revoked device's connection is still up"
+    assert held["disconnect"] == 0x87, held
+    assert _tls_session(ext["devices"].host, ext["devices"].local, **tls)[0]["connack"] == 0x87
+    print(f"issued certificate refused {time.monotonic() - t0:.1f} s after its MqttUser was deleted")
     # from a pod: the Services' DNS names, the certificate's name checked too
     items = _paho_configmap(c)
     dns = lambda svc: f"{svc}.{APP_NS}"  # noqa: E731
