@@ -277,10 +277,19 @@ class Kube:
 
     async def patch_labels(self, kind: str, namespace: str, name: str, labels: dict[str, str]) -> Any:
         """Merge-patch some labels of an object the operator does not apply (a pod)."""
+        return await self._patch_meta(kind, namespace, name, "labels", labels)
+
+    async def patch_annotations(self, kind: str, namespace: str, name: str, values: dict[str, str]) -> Any:
+        """Merge-patch some annotations of an object the operator does not apply (a pod)."""
+        return await self._patch_meta(kind, namespace, name, "annotations", values)
+
+    async def _patch_meta(
+        self, kind: str, namespace: str, name: str, field: str, values: dict[str, str]
+    ) -> Any:
         return await self.request(
             "PATCH",
             path_of(kind, namespace, name),
-            {"metadata": {"labels": labels}},
+            {"metadata": {field: values}},
             content_type="application/merge-patch+json",
         )
 

@@ -91,7 +91,8 @@ RULES: list[tuple[str, dict[str, Any]]] = [
     ),
     (
         "read the fleet's pods: containers that cannot run (image pull errors, crash loops) go to its status; "
-        "label them serving or not during a rollout (patch), so reconnecting clients land on updated pods",
+        "label them serving or not during a rollout (patch), so reconnecting clients land on updated pods; "
+        "annotate them with the config hash (patch), so their kubelets bring a changed config at once",
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]},
     ),
     (

@@ -6,6 +6,7 @@ refused; with an issuer named and no cert-manager in the cluster, the zone waits
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import ssl
 import time
@@ -131,6 +132,13 @@ def test_issued_certificates_authenticate_renew_without_dropping_and_are_revoked
         k("delete", "mqttuser", "dev-1")
         wait_for(lambda: "dev-1" not in (yaml.safe_load(k.get("configmap", "edge-config")["data"]
                  [render.CONFIG_KEY])["zones"]["external"].get("cert_users") or {}), msg="re-rendered")  # fmt: skip
+        # the broker pod (kwok's) is told, so its kubelet brings the changed config now, not in a minute
+        cm_hash = k.get("configmap", "edge-config")["metadata"]["annotations"][render.A_CONFIG_HASH]
+        def pods_hashes() -> list[str | None]:
+            pods = json.loads(k("get", "pods", "-l", "fleetmq.io/fleet=edge", "-o", "json").stdout)["items"]
+            return [(p["metadata"].get("annotations") or {}).get(render.A_CONFIG_HASH) for p in pods]
+
+        wait_for(lambda: pods_hashes() == [cm_hash], msg="the pod annotated with the new config")
         config_path.write_text(mount(k, tmp_path, ["external-mqtts-tls"]))
         wait_for(lambda: readyz(metrics_port)["config_hash"] != first, msg="the broker applied it")
         closed, seen = c.wait_closed(timeout=10)
