@@ -134,6 +134,7 @@ def test_issued_certificates_authenticate_renew_without_dropping_and_are_revoked
                  [render.CONFIG_KEY])["zones"]["external"].get("cert_users") or {}), msg="re-rendered")  # fmt: skip
         # the broker pod (kwok's) is told, so its kubelet brings the changed config now, not in a minute
         cm_hash = k.get("configmap", "edge-config")["metadata"]["annotations"][render.A_CONFIG_HASH]
+
         def pods_hashes() -> list[str | None]:
             pods = json.loads(k("get", "pods", "-l", "fleetmq.io/fleet=edge", "-o", "json").stdout)["items"]
             return [(p["metadata"].get("annotations") or {}).get(render.A_CONFIG_HASH) for p in pods]
