@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -14,6 +16,7 @@ from pathlib import Path
 from fleetmq.operator import render
 
 from tests.integration.harness import LIVE_BROKERS, BrokerProc, _wait_port
+from tests.integration.mqttraw import RawClient
 from tests.support import HOST, RedisServer, free_port
 
 
@@ -35,6 +38,37 @@ def start_pod(config_path, node_id: str, mqtt_port: int, metrics_port: int, work
     for port in (mqtt_port, metrics_port):
         _wait_port(bp, port)
     return bp
+
+
+# ------------------------------------------------------------------------------ issued certificates
+def secret_bytes(k, name: str) -> dict[str, bytes]:
+    return {key: base64.b64decode(v) for key, v in ((k.get("secret", name) or {}).get("data") or {}).items()}
+
+
+def mount_tls(k, root: Path, secrets: list[str]) -> str:
+    """What the kubelet does for a broker pod: the ConfigMap's config, the fleet's users Secret and the
+    listeners' Secrets as files (under `root` instead of /etc/fleetmq)."""
+    base = root / "etc-fleetmq"
+    for zone_name, data in secret_bytes(k, "edge-mqttusers").items():  # (the zones' users files)
+        (base / "fleet-users").mkdir(parents=True, exist_ok=True)
+        (base / "fleet-users" / zone_name).write_bytes(data)
+    for name in secrets:
+        d = base / "tls" / name
+        d.mkdir(parents=True, exist_ok=True)
+        for key, data in secret_bytes(k, name).items():
+            tmp = d / f".{key}"
+            tmp.write_bytes(data)
+            tmp.replace(d / key)  # (atomically, as the kubelet swaps its symlink)
+    text = k.get("configmap", "edge-config")["data"][render.CONFIG_KEY]
+    return text.replace(render.CONFIG_DIR + "/", f"{base}/")
+
+
+def tls_client(port: int, ca: Path, cert: tuple[Path, Path], hostname: str) -> RawClient:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    ctx.load_cert_chain(str(cert[0]), str(cert[1]))
+    c = RawClient("127.0.0.1", port, version=5, timeout=5)
+    c.sock = ctx.wrap_socket(c.sock, server_hostname=hostname)
+    return c
 
 
 # ------------------------------------------------------------------------------------ the managed Redis

@@ -5,12 +5,10 @@ refused; with an issuer named and no cert-manager in the cluster, the zone waits
 
 from __future__ import annotations
 
-import base64
 import json
 import socket
 import ssl
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -18,41 +16,11 @@ from cryptography import x509
 from fleetmq.operator import render
 
 from tests.integration.harness import uid
-from tests.integration.mqttraw import CONNACK, DISCONNECT, PINGRESP, PUBACK, RawClient, pingreq
+from tests.integration.mqttraw import CONNACK, DISCONNECT, PINGRESP, PUBACK, pingreq
 from tests.support import free_port
 
 from .conftest import fleet, user, wait_for, zone
-from .support import readyz, start_pod
-
-
-def secret_bytes(k, name: str) -> dict[str, bytes]:
-    return {key: base64.b64decode(v) for key, v in ((k.get("secret", name) or {}).get("data") or {}).items()}
-
-
-def mount(k, root: Path, secrets: list[str]) -> str:
-    """What the kubelet does for a broker pod: the ConfigMap's config, the fleet's users Secret and the
-    listeners' Secrets as files (under `root` instead of /etc/fleetmq)."""
-    base = root / "etc-fleetmq"
-    for zone_name, data in secret_bytes(k, "edge-mqttusers").items():  # (the zones' users files)
-        (base / "fleet-users").mkdir(parents=True, exist_ok=True)
-        (base / "fleet-users" / zone_name).write_bytes(data)
-    for name in secrets:
-        d = base / "tls" / name
-        d.mkdir(parents=True, exist_ok=True)
-        for key, data in secret_bytes(k, name).items():
-            tmp = d / f".{key}"
-            tmp.write_bytes(data)
-            tmp.replace(d / key)  # (atomically, as the kubelet swaps its symlink)
-    text = k.get("configmap", "edge-config")["data"][render.CONFIG_KEY]
-    return text.replace(render.CONFIG_DIR + "/", f"{base}/")
-
-
-def client(port: int, ca: Path, cert: tuple[Path, Path], hostname: str) -> RawClient:
-    ctx = ssl.create_default_context(cafile=str(ca))
-    ctx.load_cert_chain(str(cert[0]), str(cert[1]))
-    c = RawClient("127.0.0.1", port, version=5, timeout=5)
-    c.sock = ctx.wrap_socket(c.sock, server_hostname=hostname)
-    return c
+from .support import mount_tls, readyz, secret_bytes, start_pod, tls_client
 
 
 def serial(pem: bytes) -> int:
@@ -94,10 +62,10 @@ def test_issued_certificates_authenticate_renew_without_dropping_and_are_revoked
     device_cert = (files / "tls.crt", files / "tls.key")
     hostname = f"edge-external-mqtts.{kube_namespace}.svc"  # the Service's name is in the certificate
     config_path = tmp_path / "broker.yaml"
-    config_path.write_text(mount(k, tmp_path, ["external-mqtts-tls"]))
+    config_path.write_text(mount_tls(k, tmp_path, ["external-mqtts-tls"]))
     bp = start_pod(config_path, "edge-0", mqtts_port, metrics_port, tmp_path)
     try:
-        c = client(mqtts_port, files / "ca.crt", device_cert, hostname)
+        c = tls_client(mqtts_port, files / "ca.crt", device_cert, hostname)
         assert c.connect(uid("d")).type == CONNACK  # no username: the certificate is the user
         c.publish("devices/dev-1/t", b"x", qos=1)
         assert c.expect(PUBACK).reason == 0x10  # allowed (no subscriber has it)
@@ -113,7 +81,7 @@ def test_issued_certificates_authenticate_renew_without_dropping_and_are_revoked
         events = k("get", "events", "-o", "jsonpath={.items[*].reason}").stdout
         assert "Issued" in events and "Renewed" in events
         first = readyz(metrics_port)["config_hash"]
-        config_path.write_text(mount(k, tmp_path, ["external-mqtts-tls"]))  # the kubelet brings it
+        config_path.write_text(mount_tls(k, tmp_path, ["external-mqtts-tls"]))  # the kubelet brings it
 
         def serves_renewed() -> bool:
             ctx = ssl.create_default_context(cafile=str(files / "ca.crt"))
@@ -140,11 +108,11 @@ def test_issued_certificates_authenticate_renew_without_dropping_and_are_revoked
             return [(p["metadata"].get("annotations") or {}).get(render.A_CONFIG_HASH) for p in pods]
 
         wait_for(lambda: pods_hashes() == [cm_hash], msg="the pod annotated with the new config")
-        config_path.write_text(mount(k, tmp_path, ["external-mqtts-tls"]))
+        config_path.write_text(mount_tls(k, tmp_path, ["external-mqtts-tls"]))
         wait_for(lambda: readyz(metrics_port)["config_hash"] != first, msg="the broker applied it")
         closed, seen = c.wait_closed(timeout=10)
         assert closed and [(p.type, p.reason) for p in seen] == [(DISCONNECT, 0x87)]
-        again = client(mqtts_port, files / "ca.crt", device_cert, hostname)
+        again = tls_client(mqtts_port, files / "ca.crt", device_cert, hostname)
         assert again.connect(uid("d"), check=False).reason == 0x87
         assert time.monotonic() - t0 < 30
         assert bp.alive() and bp.metric("fleetmq_config_reload_errors_total") == 0
