@@ -93,9 +93,14 @@ ifeq ($(NODE),real)
 endif
 
 # helm, built with Go into $(CACHE)/tools (scripts/tools.sh; pinned there), for the chart tests.
-.PHONY: tools e2e
+.PHONY: tools e2e certmanager
 tools:
 	CACHE=$(CACHE) bash scripts/tools.sh helm
+
+# cert-manager's controllers (a small main over its Go module, tests/certmanager/) and its CRDs, into
+# $(CACHE)/cert-manager (scripts/certmanager.sh), for the tests of certificates from an issuer.
+certmanager:
+	CACHE=$(CACHE) bash scripts/certmanager.sh
 
 # The images the chart deploys, from the Dockerfile: fleetmq/broker:<version> and fleetmq/pipeline:<version>
 # (scripts/image.sh: the machine's Docker engine, else a private Debian dockerd started and stopped for the

@@ -2,7 +2,8 @@
 # `make test` after its set-up (the venv, the Debian packages): the static checks and every test.
 #
 # From an empty cache, what the tests need takes minutes of CPU to build (the test control plane,
-# scripts/envtest.sh, about 8; helm, scripts/tools.sh, about 2), while most of the suite waits on sockets
+# scripts/envtest.sh, about 8; helm, scripts/tools.sh, about 2; cert-manager's controllers,
+# scripts/certmanager.sh), while most of the suite waits on sockets
 # rather than computes. So when those are not built yet, three things run side by side:
 #   - the builds at the lowest CPU priority, then the tests that need them (those using the `control_plane`
 #     or `helm` fixtures, marked `envtest` or `helm` by tests/conftest.py) in a pytest of their own;
@@ -19,8 +20,14 @@ workers="${PYTEST_WORKERS:-2}"
 pytest=(.venv/bin/pytest -q -p no:cacheprovider --dist loadfile --durations=20)
 BUILT="envtest or helm" # the marks of the tests that need the builds
 
-built() { bash scripts/envtest.sh --check && [[ -x "$(bash scripts/tools.sh --path helm)" ]]; }
-build() { bash scripts/envtest.sh >/dev/null && bash scripts/tools.sh helm >/dev/null; }
+built() {
+  bash scripts/envtest.sh --check && [[ -x "$(bash scripts/tools.sh --path helm)" ]] &&
+    bash scripts/certmanager.sh --check
+}
+build() {
+  bash scripts/envtest.sh >/dev/null && bash scripts/tools.sh helm >/dev/null &&
+    bash scripts/certmanager.sh >/dev/null
+}
 
 if [[ "${1:-}" == "--after-builds" ]]; then # (internal) the builds, then the tests that need them
   nice -n 19 bash -c "$(declare -f build); build" || exit 90

@@ -200,3 +200,39 @@ def user(name: str = "sensor", fleet_name: str = "edge", **spec: Any) -> dict[st
         "metadata": {"name": name},
         "spec": {"fleetRef": {"name": fleet_name}, **spec},
     }
+
+
+@pytest.fixture(scope="session")
+def cert_manager(control_plane, tmp_path_factory) -> Iterator[Path]:
+    """cert-manager's real controllers (scripts/certmanager.sh: built from its Go module, with its CRDs)
+    running against the control plane as the admin; stopped by pid at the end. Yields its log. No
+    webhook: objects given to it must carry every field (nothing defaults them)."""
+    import subprocess
+    import sys
+
+    script = ROOT / "scripts" / "certmanager.sh"
+    if subprocess.run(["bash", str(script), "--check"], check=False).returncode != 0:
+        pytest.fail("cert-manager is not built: run `make certmanager` (scripts/certmanager.sh)")
+    bin_dir = Path(subprocess.run(["bash", str(script), "--path"], check=True, capture_output=True,
+                                  text=True).stdout.strip())  # fmt: skip
+    control_plane.kubectl("apply", "--server-side", "-f", str(bin_dir.parent / "crds"))
+    control_plane.kubectl("wait", "--for", "condition=established", "--timeout=60s",
+                          "crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io")  # fmt: skip
+    log = tmp_path_factory.mktemp("cert-manager") / "controller.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [str(bin_dir / "cert-manager-controller"), f"--kubeconfig={control_plane.kubeconfig}",
+             "--cluster-resource-namespace=kube-system"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        yield log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.returncode not in (0, -15):
+            print(log.read_text()[-4000:], file=sys.stderr)
