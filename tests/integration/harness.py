@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,14 @@ LIVE_BROKERS: list[BrokerProc] = []
 
 def uid(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+def rewrite(bp: BrokerProc, change: Callable[[dict], None]) -> None:
+    """Change a running broker's config file in place (it reloads what it sees: the live-change path)."""
+    assert bp.config_path is not None
+    cfg = yaml.safe_load(bp.config_path.read_text())
+    change(cfg)
+    bp.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 
 # ------------------------------------------------------------------ broker processes

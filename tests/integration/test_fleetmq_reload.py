@@ -7,20 +7,13 @@ import os
 import signal
 
 import pytest
-import yaml
 
 from tests.support import free_port, wait_until
 
-from .harness import MOSQUITTO, uid
+from .harness import MOSQUITTO, rewrite, uid
 from .mqttraw import DISCONNECT, PUBACK, PUBLISH, RawClient
 
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")
-
-
-def rewrite(bp, change) -> None:
-    cfg = yaml.safe_load(bp.config_path.read_text())
-    change(cfg)
-    bp.config_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
 
 
 def config_hash(bp) -> str:

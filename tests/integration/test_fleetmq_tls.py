@@ -18,11 +18,13 @@ from .harness import HOST, MOSQUITTO, uid
 pytestmark = pytest.mark.skipif(MOSQUITTO, reason="fleetmq-specific")
 
 
-def tls_broker(start_broker, pki, **listener):
+def tls_broker(start_broker, pki, zone: dict | None = None, **listener):
+    """A broker with a tcp listener and a tls one (the test PKI's server certificate); (broker, tls port)."""
     port = free_port()
     cert, key = pki["server"]
     return start_broker(
         {
+            **({"zones": {"default": zone}} if zone is not None else {}),
             "listeners": [
                 {"name": "mqtt", "zone": "default", "bind": f"{HOST}:0", "protocol": "tcp"},
                 {"name": "mqtts", "zone": "default", "bind": f"{HOST}:{port}", "protocol": "tls",
@@ -164,19 +166,8 @@ def test_certificate_common_name_is_the_username(start_broker, raw_clients, pki,
         },
         "acl": [{"permission": "deny", "action": "publish", "filter": "devices/#"}],
     }
-    port = free_port()
-    cert, key = pki["server"]
-    bp = start_broker(
-        {
-            "zones": {"default": zone},
-            "listeners": [
-                {"name": "mqtt", "zone": "default", "bind": f"{HOST}:0", "protocol": "tcp"},
-                {"name": "mqtts", "zone": "default", "bind": f"{HOST}:{port}", "protocol": "tls",
-                 "certfile": cert, "keyfile": key, "cafile": pki["ca"], "verify_peer": verify_peer,
-                 "peer_cert_as_username": "cn"},
-            ],
-        }
-    )  # fmt: skip
+    bp, port = tls_broker(start_broker, pki, zone, cafile=pki["ca"], verify_peer=verify_peer,
+                          peer_cert_as_username="cn")  # fmt: skip
     watch = raw_clients(bp, 5)
     watch.connect(uid("watch"), username="alice", password=b"wonderland")
     watch.subscribe([("devices/#", 0)])
@@ -218,27 +209,15 @@ def test_known_certificate_users_only_and_removing_one_revokes_its_certificate(
 
     from tests.support import wait_until
 
-    from .harness import passwd
+    from .harness import passwd, rewrite
     from .mqttraw import CONNACK, DISCONNECT, PINGRESP, pingreq
-    from .test_fleetmq_reload import rewrite
 
     users = tmp_path / "users"
     passwd(users, "alice", "wonderland")
     zone = {"users_file": str(users), "allow_anonymous": False, "certificate_users": "known",
             "cert_users": {"client": "device-7"}}  # fmt: skip
-    port = free_port()
-    cert, key = pki["server"]
-    bp = start_broker(
-        {
-            "zones": {"default": zone},
-            "listeners": [
-                {"name": "mqtt", "zone": "default", "bind": f"{HOST}:0", "protocol": "tcp"},
-                {"name": "mqtts", "zone": "default", "bind": f"{HOST}:{port}", "protocol": "tls",
-                 "certfile": cert, "keyfile": key, "cafile": pki["ca"], "verify_peer": True,
-                 "peer_cert_as_username": "cn"},
-            ],
-        }
-    )  # fmt: skip
+    bp, port = tls_broker(start_broker, pki, zone, cafile=pki["ca"], verify_peer=True,
+                          peer_cert_as_username="cn")  # fmt: skip
     v5 = tls_raw(port, pki, pki["client"])
     assert v5.connect(uid("dev")).reason == 0
     v3 = tls_raw(port, pki, pki["client"], version=4)
