@@ -6,9 +6,9 @@
 #                               dockerd started for the run (needs root); the node image built here, no
 #                               registry needed
 #   E2E_CLUSTER=existing        the cluster of `make dev-cluster NODE=real`, left running (for test work)
-# Builds what it needs into the cache (control plane, kubelet, kube-proxy, CoreDNS, helm, kind) and says
-# exactly what is missing otherwise, with exit status 2: nothing is skipped and nothing passes that did not
-# run.
+# Builds what it needs into the cache (control plane, kubelet, kube-proxy, CoreDNS, helm, cert-manager, kind)
+# and says exactly what is missing otherwise, with exit status 2: nothing is skipped and nothing passes
+# that did not run.
 #
 #   e2e/run.sh [pytest args]      E2E_KEEP=1 keeps the cluster afterwards
 #   E2E_PREPARE=1 e2e/run.sh      only build and install what the run needs, then exit (.ci/run does this in
@@ -83,6 +83,7 @@ if [[ "$E2E_CLUSTER" != kind ]]; then
 else
   bash "$ROOT/scripts/kind.sh" build >/dev/null
 fi
+bash "$ROOT/scripts/certmanager.sh" >/dev/null # (the e2e installs cert-manager: e2e/certmanager.py)
 FLEETMQ_HELM="$(bash "$ROOT/scripts/tools.sh" helm)"
 export FLEETMQ_HELM
 kubectl="$(bash "$ROOT/scripts/envtest.sh" --path)/kubectl"
@@ -99,6 +100,7 @@ mapfile -t saved <"$CACHE/images/e2e-archives.txt"
 mapfile -t previous <"$CACHE/images/e2e-previous.txt" # its tree, its image's archive
 export FLEETMQ_PREVIOUS_DIR="${previous[0]}"
 saved+=("${previous[1]}")
+saved+=("$(cd "$ROOT" && "$PY" -m e2e.certmanager "$archives")")
 FLEETMQ_IMAGE_ARCHIVES="$(IFS=:; echo "${saved[*]}")"
 export FLEETMQ_IMAGE_ARCHIVES
 echo "e2e: tools and images ready in $((SECONDS - t0))s" >&2

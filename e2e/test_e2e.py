@@ -44,7 +44,7 @@ import yaml
 
 from tests import kubeapi
 
-from . import clients
+from . import certmanager, clients
 from .conftest import (
     APP_NS,
     CHART,
@@ -337,12 +337,18 @@ def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
                    "metadata": {"name": "device-9", "namespace": APP_NS},
                    "spec": {"fleetRef": {"name": "edge"}, "zones": ["external"], "type": "tls"}}  # fmt: skip
     c.kubectl("apply", "-f", "-", input=json.dumps(device_user))
+    # And one whose server certificate comes from cert-manager, running on the node as clusters run it, from
+    # a CA ClusterIssuer of the platform's: the zone is held back until cert-manager has issued it.
+    certmanager.install(c)
+    platform_ca = certmanager.ca_cluster_issuer(c, "e2e-platform-ca")
     patch = {"spec": {"listeners": [
         {"name": "mqtt", "port": 1883},
         {"name": "ws", "port": 8083, "protocol": "ws", "path": "/mqtt"},
         {"name": "mqtts", "port": 8883, "protocol": "tls", "tlsSecretRef": {"name": TLS_SECRET}},
         {"name": "devices", "port": 8884, "protocol": "tls", "verifyPeer": True, "peerCertAsUsername": "cn",
          "tls": {}},
+        {"name": "issued", "port": 8885, "protocol": "tls",
+         "tls": {"issuer": {"name": "e2e-platform-ca", "kind": "ClusterIssuer"}, "duration": "24h"}},
     ], "authentication": {"chain": [
         {"mechanism": "jwt", "algorithms": ["HS256"], "secretRef": {"name": JWT_SECRET, "key": "hmac"},
          "verifyClaims": {"sub": "%u"}},
@@ -358,7 +364,7 @@ def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
     )
     ext = {
         name: c.endpoint(f"svc/edge-external-{name}", port)
-        for name, port in (("mqtt", 1883), ("ws", 8083), ("mqtts", 8883), ("devices", 8884))
+        for name, port in (("mqtt", 1883), ("ws", 8083), ("mqtts", 8883), ("devices", 8884), ("issued", 8885))
     }
     internal = c.endpoint("svc/edge-internal-mqtt", 11883)
     for ep in (*ext.values(), internal):
@@ -382,6 +388,15 @@ def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
     cert = (str(device / "tls.crt"), str(device / "tls.key"))
     cases["issued-tls-v5"] = dict(host=ext["devices"].host, port=ext["devices"].local, version=5,
                                   ca=str(device / "ca.crt"), verify_name=False, cert=cert)  # fmt: skip
+    # the listener whose certificate cert-manager issued from the platform's CA
+    certificate = c.get("certificate", "external-issued-tls")
+    assert certificate["spec"]["issuerRef"] == {"name": "e2e-platform-ca", "kind": "ClusterIssuer",
+                                                "group": "cert-manager.io"}, certificate["spec"]  # fmt: skip
+    assert c.condition("certificate", "external-issued-tls", "Ready").get("status") == "True"
+    issued = _secret_files(c, "external-issued-tls", tmp_path / "issued")
+    assert (issued / "ca.crt").read_bytes() == platform_ca
+    cases["cert-manager-tls-v5"] = dict(host=ext["issued"].host, port=ext["issued"].local, version=5,
+                                        ca=str(issued / "ca.crt"), verify_name=False)  # fmt: skip
     # a device with a token from the platform's identity service, through the zone's authentication chain
     cases["jwt-v5"] = dict(
         host=ext["mqtt"].host,
@@ -440,15 +455,21 @@ def test_clients_through_the_zone_services_from_this_machine_and_from_a_pod(
             "ca": "/ca/ca.crt",
         },
         {"name": "internal-v311", "host": dns("edge-internal-mqtt"), "port": 11883, "version": 4},
-    ]
+        # cert-manager's certificate, its name checked: the Service's DNS names are in it
+        {"name": "cert-manager-tls-v5", "host": dns("edge-external-issued"), "port": 8885, "version": 5,
+         "ca": "/issued/ca.crt"},
+    ]  # fmt: skip
     spec = {
         "volumes": [
             {"name": "clients", "configMap": {"name": "e2e-clients", "items": items}},
             {"name": "ca", "secret": {"secretName": "e2e-ca"}},
+            {"name": "issued", "secret": {"secretName": "external-issued-tls", "items": [
+                {"key": "ca.crt", "path": "ca.crt"}]}},
         ],
         "containers": [{
             "env": [{"name": "PYTHONPATH", "value": "/clients"}],
-            "volumeMounts": [{"name": "clients", "mountPath": "/clients"}, {"name": "ca", "mountPath": "/ca"}],
+            "volumeMounts": [{"name": "clients", "mountPath": "/clients"}, {"name": "ca", "mountPath": "/ca"},
+                             {"name": "issued", "mountPath": "/issued"}],
         }],
     }  # fmt: skip
     phase, logs = c.run_pod(
