@@ -19,7 +19,7 @@
 #   cert-manager-controller --kubeconfig PATH --cluster-resource-namespace NS [-v=4]
 #       (also --namespace NS, --workers N, --controllers a,b,c, --master URL; no leader election)
 #
-# Go's module and build caches for this build live in $CACHE/cert-manager/{gomod,gocache}.
+# Go's module and build caches are $CACHE/go/{mod,build}, shared by every Go build of the project.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MOD="$ROOT/tests/certmanager"
@@ -60,7 +60,7 @@ if [[ -x "$BIN/cert-manager-controller" ]] && crds_there; then
 fi
 
 command -v go >/dev/null || { echo "certmanager: go not found (needs Go >= 1.26)" >&2; exit 1; }
-export GOMODCACHE="$CACHE/cert-manager/gomod" GOCACHE="$CACHE/cert-manager/gocache" GOTOOLCHAIN=local
+export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOTOOLCHAIN=local
 export CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false -trimpath"
 mkdir -p "$GOMODCACHE" "$GOCACHE"
 

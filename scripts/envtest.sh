@@ -17,7 +17,8 @@
 #   ENVTEST_COMPONENTS="... kubeadm"                        also kubeadm, for the kind node image
 #       (scripts/kind.sh)
 #
-# Go's module and build caches for these builds live in $CACHE/envtest/{gomod,gocache}.
+# Go's module and build caches are $CACHE/go/{mod,build}, shared by every Go build of the project (the
+# standard library and common modules compile once for all of them).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MOD="$ROOT/tests/envtest"
@@ -62,7 +63,7 @@ if ((${#missing[@]} == 0)); then
 fi
 
 command -v go >/dev/null || { echo "envtest: go not found (needs Go >= 1.24)" >&2; exit 1; }
-export GOMODCACHE="$CACHE/envtest/gomod" GOCACHE="$CACHE/envtest/gocache" GOTOOLCHAIN=local
+export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOTOOLCHAIN=local
 export CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false -trimpath"
 mkdir -p "$GOMODCACHE" "$GOCACHE"
 

@@ -53,7 +53,7 @@ build_binaries() {
     local t0=$SECONDS
     mkdir -p "$KIND_DIR/bin"
     (cd "$ROOT/e2e/kind/etcd" &&
-      GOMODCACHE="$KIND_DIR/gomod" GOCACHE="$KIND_DIR/gocache" GOTOOLCHAIN=local CGO_ENABLED=0 \
+      GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOTOOLCHAIN=local CGO_ENABLED=0 \
         GOFLAGS="-mod=readonly -buildvcs=false -trimpath" go build -ldflags="-s -w" -o "$ETCD_BIN.tmp" .)
     mv "$ETCD_BIN.tmp" "$ETCD_BIN"
     log "built $ETCD_BIN in $((SECONDS - t0))s"
@@ -66,7 +66,7 @@ build_binaries() {
 kind_base_files() {
   local version
   version="$(basename "$(dirname "$KIND")")" # kind-vX.Y.Z
-  GOMODCACHE="$CACHE/tools/gomod" go mod download -json "sigs.k8s.io/kind@${version#kind-}" |
+  GOMODCACHE="$CACHE/go/mod" go mod download -json "sigs.k8s.io/kind@${version#kind-}" |
     jq -r .Dir
 }
 

@@ -60,7 +60,7 @@ for tool in "$@"; do
   echo "tools: building $mod ..." >&2
   t0=$SECONDS
   mkdir -p "$dest"
-  GOBIN="$dest" GOMODCACHE="$TOOLS/gomod" GOCACHE="$TOOLS/gocache" GOTOOLCHAIN=local CGO_ENABLED=0 \
+  GOBIN="$dest" GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOTOOLCHAIN=local CGO_ENABLED=0 \
     GOFLAGS="-buildvcs=false -trimpath" go install -ldflags="-s -w $(ldflags "$tool")" "$mod"
   echo "tools: built $dest/$tool in $((SECONDS - t0))s" >&2
   echo "$dest/$tool"
