@@ -1080,7 +1080,7 @@ def test_the_autoscaler_follows_the_connections_moving_each_client_once_per_chan
     svc = c.endpoint("svc/edge-internal-mqtt", 11883)
     endpoints.append(svc.start())
     spec = {"autoscaling": {"minReplicas": 2, "maxReplicas": 4, "targets": {"connections": 100},
-                            "scaleDown": {"stabilizationWindowSeconds": 30, "maxStep": 1, "periodSeconds": 20}},
+                            "scaleDown": {"stabilizationWindowSeconds": 15, "maxStep": 1, "periodSeconds": 10}},
             "rebalance": {"minConnections": 10, "evictionRate": 50}}  # fmt: skip
     tag = uuid.uuid4().hex[:6]
     stay: Subscribers | None = None
@@ -1181,7 +1181,7 @@ def test_the_autoscaler_follows_the_connections_moving_each_client_once_per_chan
           f"{sum(1 for k in down_moves if k)}, at most {max(down_moves)} times; {seq} messages acknowledged, "
           "none lost")  # fmt: skip
     assert replicas_seen[-3:] == [4, 3, 2], f"not one pod at a time: {replicas_seen}"
-    assert down_s >= 30, "scaled down within the 30 s window"
+    assert down_s >= 15, "scaled down within the 15 s window"
     assert max(down_moves) <= 2, "a client moved more than once per change (two changes: 4 -> 3 -> 2)"
 
 
