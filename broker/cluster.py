@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
@@ -46,6 +47,7 @@ REAP_INTERVAL = 1.0
 #: heartbeat lapsed while Redis was away, or while this reaper was cut off too, gets the time to come back.
 REAP_GRACE = HEARTBEAT_TTL + 3.0
 HANDOVER_TIMEOUT = 3.0
+ASK_TIMEOUT = 3.0  # for another node's management API to answer (api.local)
 PULL_BATCH = 1000
 SUBSCRIBE_TIMEOUT = 5.0  # for Redis to confirm the event stream's subscriptions
 REPLICA_LAG = 1  # seconds since a replica last acknowledged: more, and it is not in sync
@@ -118,6 +120,9 @@ class Cluster:
         self._streams: list[tuple[Shard, PubSub]] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._handovers: dict[str, asyncio.Future[None]] = {}
+        self._asks: dict[str, asyncio.Future[bytes]] = {}
+        #: what answers other nodes' management API here (api.local, set by the server; None: no API)
+        self.answer: Callable[[bytes], Awaitable[bytes]] | None = None
         self._req_ids = itertools.count(1)
         self._pulls: set[str] = set()
         self._pull_scheduled = False
@@ -235,6 +240,21 @@ class Cluster:
             except Exception as e:
                 log.warning("checking for dead nodes failed: %s", e)
 
+    async def nodes(self) -> list[tuple[str, bool, dict[str, str]]]:
+        """Every registered node: (node id, whether its heartbeat lasts, its last report)."""
+        nodes = sorted(text(n) for n in await self._client(keys.NODES).smembers(keys.NODES))
+
+        async def one(node: str) -> tuple[str, bool, dict[str, str]]:
+            alive = await self._client(keys.alive(node)).exists(keys.alive(node))
+            info = await self._client(keys.nodeinfo(node)).hgetall(keys.nodeinfo(node))
+            return node, bool(alive), {text(k): text(v) for k, v in info.items()}
+
+        return list(await asyncio.gather(*(one(n) for n in nodes)))
+
+    def live_nodes(self) -> list[str]:
+        """The nodes alive as of the last check, this one included."""
+        return sorted({i.rpartition(":")[0] for i in self.live_instances()})
+
     def live_instances(self) -> frozenset[str]:
         return frozenset((self.instance, *self._live.values()))
 
@@ -346,6 +366,39 @@ class Cluster:
             await self._tell(owner, wire.kick(client_id, epoch))
         except Exception as e:  # (a background task: its failure must be said, not left unretrieved)
             log.info("could not tell node %s that %r moved: %s", owner, client_id, e)
+
+    async def ask(self, node_id: str, body: bytes, timeout: float = ASK_TIMEOUT) -> bytes | None:
+        """Ask another node's management API (Ask); its answer, or None when it does not listen (dead, or
+        cut off) or does not answer in time."""
+        req = f"{self.node_id}:a{next(self._req_ids)}"
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._asks[req] = fut
+        try:
+            if not await self._tell(node_id, wire.ask(self.node_id, req, body)):
+                return None
+            return await asyncio.wait_for(fut, timeout)
+        except (TimeoutError, RedisError, ConnectionError) as e:
+            log.info("node %s did not answer the API's %s: %s", node_id, body[:40], e or "timeout")
+            return None
+        finally:
+            self._asks.pop(req, None)
+
+    def _on_ask(self, requester: str, req: str, body: bytes) -> None:
+        async def run() -> None:
+            if self.answer is None:
+                out = b'{"error": "this node serves no API"}'
+            else:
+                try:
+                    out = await self.answer(body)
+                except Exception as e:  # (said to the asker, which turns it into a problem)
+                    log.warning("answering the API of node %s failed: %s", requester, e)
+                    out = json.dumps({"error": f"{type(e).__name__}: {e}"}).encode()
+            try:
+                await self._tell(requester, wire.answer(req, out))
+            except Exception as e:  # the asker times out instead
+                log.info("could not answer node %s: %s", requester, e)
+
+        self.spawn(run())
 
     async def _tell(self, node_id: str, message: bytes) -> int:
         """Send another node a message on its channel; how many listened (0: its stream is gone)."""
@@ -741,6 +794,12 @@ class Cluster:
                     fut.set_result(None)
             case wire.Kick(cid, epoch):
                 self.sessions.fenced(cid, epoch)
+            case wire.Ask(requester, request, body):
+                self._on_ask(requester, request, body)
+            case wire.Answer(request, body):
+                got = self._asks.get(request)
+                if got is not None and not got.done():
+                    got.set_result(body)
 
 
 async def _close(pubsub: PubSub) -> None:

@@ -607,6 +607,35 @@ class ChannelManager:
             ch.kick(RC.NOT_AUTHORIZED, "certificate_revoked")
         return len(revoked)
 
+    def kick(self, client_id: str, discard: bool) -> bool:
+        """The management API's kick: DISCONNECT 0x98 (v3: closed); with `discard` its session ends
+        instead of waiting for it (closed() then discards it, as an expiry of 0 does). Whether it was
+        connected here."""
+        ch = self.channels.get(client_id)
+        if ch is None:
+            return False
+        if discard and ch.session is not None:
+            ch.session.expiry_interval = 0
+        log.info(
+            "disconnecting %r: asked by the management API%s", client_id, " (session discarded)" * discard
+        )
+        ch.kick(RC.ADMINISTRATIVE_ACTION, "kicked")
+        return True
+
+    def end_session(self, client_id: str) -> None:
+        """The management API ends the session of a client connected nowhere: its routes go, the store
+        forgets it (fleet-wide), a will this node still waits to publish goes now [MQTT-3.1.3-9]."""
+        parked = self.offline.pop(client_id, None)
+        if parked is not None:
+            for timer in (parked.expiry, parked.will_timer):
+                if timer is not None:
+                    timer.cancel()
+            if parked.will_timer is not None and parked.will is not None:
+                self.publish_will(parked.will)
+            for topic_filter in parked.filters:
+                self.router.remove(client_id, topic_filter)
+        self.committer.add(Discard(client_id))
+
     def _let_go(self, ch: Channel, reason: int, why: str) -> None:
         """Drop this node's copy of a session without storing anything, and close its connection."""
         if self.channels.get(ch.client_id) is ch:

@@ -20,6 +20,7 @@ from typing import Any
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
+from . import __version__
 from .bridge.runtime import Bridge, Lease, summary
 from .bridges import BridgeConfig
 from .channel import Channel, ChannelIO
@@ -119,6 +120,7 @@ class Node:
         self._rebalancing: asyncio.Task[None] | None = None
         self._bad_order: bytes | None = None
         self.config_hash = config.config_hash()
+        self.started_ms = int(time.time() * 1000)
         self.metrics.gauges = self.gauges
         self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", {})
         if isinstance(self.store, RedisStore):
@@ -156,6 +158,8 @@ class Node:
             # (totals: the operator's autoscaler takes their rates between two reports)
             "delivered": sum(sum(z.delivered) for z in self.metrics.zones.values()),
             "cpu_seconds": f"{time.process_time():.3f}",
+            "version": __version__,
+            "started_ms": self.started_ms,
         }
         if self.rebalance is not None:
             out["rebalance"] = self.rebalance.encode()

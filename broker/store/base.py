@@ -131,6 +131,35 @@ class ClaimOutcome:
     ended_will: Will | None = None  # that session's will, still to publish
 
 
+@dataclass(slots=True)
+class SessionInfo:
+    """A session as the management API lists it, read from the store (nothing changed). `node` is the
+    node its client is connected to, '' when none; `queued` counts what the store keeps for it
+    (journal and queue): of a connected client, its node knows better."""
+
+    client_id: str
+    zone: str
+    username: str | None
+    node: str
+    expiry_interval: float
+    subscriptions: int
+    queued: int
+    awaiting_rel: int
+
+
+@dataclass(slots=True)
+class SessionDetail:
+    info: SessionInfo
+    subscriptions: list[tuple[str, Subscription]]
+    queue: list[Delivery]  # in delivery order, at most the `limit` asked for
+
+
+def session_info(s: Session, node: str = "") -> SessionInfo:
+    """What a session held in this process counts."""
+    return SessionInfo(s.client_id, s.zone_name, None, node, s.expiry_interval, len(s.subscriptions),
+                       len(s.inflight) + len(s.mqueue), len(s.awaiting_rel))  # fmt: skip
+
+
 class SessionStore(ABC):
     """Where sessions live while their client is away."""
 
@@ -226,6 +255,19 @@ class SessionStore(ABC):
     @abstractmethod
     def offline_sessions(self) -> list[Session]:
         """Sessions held for absent clients (for gauges and expiry bookkeeping)."""
+
+    async def sessions(self) -> list[SessionInfo]:
+        """Every session the store holds, for the management API (a store in memory: the offline ones;
+        connected ones are the node's)."""
+        return [session_info(s) for s in self.offline_sessions()]
+
+    async def session(self, client_id: str, limit: int = 100) -> SessionDetail | None:
+        """One stored session with its subscriptions and the first `limit` deliveries kept for it."""
+        for s in self.offline_sessions():
+            if s.client_id == client_id:
+                kept = [*s.inflight.values(), *s.mqueue]
+                return SessionDetail(session_info(s), sorted(s.subscriptions.items()), kept[:limit])
+        return None
 
 
 async def retrying(

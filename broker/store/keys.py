@@ -119,6 +119,14 @@ def session_keys(client_id: str) -> list[str]:
 SUBSCRIPTIONS_PATTERN = f"{PREFIX}:{{*}}:s"
 
 
+#: SCAN pattern of every session's meta hash (the management API's list of sessions)
+META_PATTERN = f"{PREFIX}:{{*}}:m"
+
+
+def client_of_meta_key(key: str) -> str:
+    return key[len(PREFIX) + 2 : key.rindex("}:m")]
+
+
 def client_of_subscriptions_key(key: str) -> str:
     """The client id in a key that SUBSCRIPTIONS_PATTERN matched."""
     return key[len(PREFIX) + 2 : key.rindex("}:s")]

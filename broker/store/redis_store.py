@@ -55,6 +55,8 @@ from .base import (
     Retain,
     Route,
     Save,
+    SessionDetail,
+    SessionInfo,
     SessionStore,
     StoredSession,
 )
@@ -66,6 +68,7 @@ from .wire import (
     pack_delivery,
     pack_message,
     pack_sub,
+    unpack_delivery,
     unpack_journal,
     unpack_message,
     unpack_sub,
@@ -73,6 +76,7 @@ from .wire import (
 
 log = logging.getLogger("fleetmq.redis")
 
+SCAN_BATCH = 1000  # keys per SCAN, and sessions per pipelined read of the management API
 CHUNK = 512  # values per HSET/RPUSH call inside scripts (Lua's unpack() has a limit)
 #: error replies that say Redis did not run a command for a passing reason: a replica now (a failover), out of
 #: memory, a cluster slot moving or a shard without its primary (loading its data comes as a connection
@@ -841,3 +845,64 @@ class RedisStore(SessionStore):
 
     def offline_sessions(self) -> list[Session]:
         return []
+
+    async def sessions(self) -> list[SessionInfo]:
+        """Every session in Redis: SCAN over each shard's meta keys, their fields and sizes pipelined a
+        batch at a time (read only, not one round trip per session)."""
+        out: list[SessionInfo] = []
+        for shard in self.conns.shards:
+            batch: list[str] = []
+            async for key in shard.redis.scan_iter(match=keys.META_PATTERN, count=SCAN_BATCH):
+                batch.append(text(key))
+                if len(batch) >= SCAN_BATCH:
+                    out += await self._infos(shard, batch)
+                    batch = []
+            if batch:
+                out += await self._infos(shard, batch)
+        return out
+
+    async def _infos(self, shard: Shard, metas: list[str]) -> list[SessionInfo]:
+        pipe = shard.redis.pipeline(transaction=False)
+        cids = [keys.client_of_meta_key(m) for m in metas]
+        for cid in cids:
+            m, s, q, i, r = keys.session_keys(cid)
+            pipe.hmget(m, "node", "online", "zone", "user", "expiry", "gone")
+            pipe.hlen(s)
+            pipe.hlen(i)
+            pipe.llen(q)
+            pipe.hlen(r)
+        replies = await pipe.execute()
+        out = []
+        for n, cid in enumerate(cids):
+            (node, online, zone, user, expiry, gone), subs, journal, queue, rel = replies[5 * n : 5 * n + 5]
+            if zone is None or gone:  # (ended between the SCAN and the read, or kept only for its will)
+                continue
+            out.append(SessionInfo(
+                cid, text(zone), text(user) if user is not None else None,
+                text(node) if online == b"1" and node else "", float(expiry or 0),
+                int(subs), int(journal) + int(queue), int(rel),
+            ))  # fmt: skip
+        return out
+
+    async def session(self, client_id: str, limit: int = 100) -> SessionDetail | None:
+        m, s, q, i, r = keys.session_keys(client_id)
+        shard = self.conns.shard_for(m)
+        pipe = shard.redis.pipeline(transaction=False)
+        pipe.hmget(m, "node", "online", "zone", "user", "expiry", "gone")
+        pipe.hgetall(s)
+        pipe.hvals(i)
+        pipe.lrange(q, 0, limit - 1)
+        pipe.llen(q)
+        pipe.hlen(r)
+        (node, online, zone, user, expiry, gone), subs, journal, queued, queue_len, rel = await pipe.execute()
+        if zone is None or gone:
+            return None
+        kept = sorted((unpack_journal(raw(v)) for v in journal), key=lambda d: d.order)
+        kept += [unpack_delivery(raw(v)) for v in queued][: max(0, limit - len(kept))]
+        info = SessionInfo(
+            client_id, text(zone), text(user) if user is not None else None,
+            text(node) if online == b"1" and node else "", float(expiry or 0),
+            len(subs), len(journal) + int(queue_len), int(rel),
+        )  # fmt: skip
+        subscriptions = sorted((text(f), unpack_sub(raw(o))) for f, o in subs.items())
+        return SessionDetail(info, subscriptions, kept[:limit])

@@ -208,7 +208,23 @@ class Kick:
     epoch: int
 
 
-NodeMessage = Wake | Handover | HandedOver | Kick
+@dataclass(slots=True, frozen=True)
+class Ask:
+    """The management API of `requester` asks the receiving node what only it knows (its connections) or
+    to act on one of them; `body` is the API's JSON, answered with an Answer of the same `request`."""
+
+    requester: str
+    request: str
+    body: bytes
+
+
+@dataclass(slots=True, frozen=True)
+class Answer:
+    request: str
+    body: bytes
+
+
+NodeMessage = Wake | Handover | HandedOver | Kick | Ask | Answer
 
 
 def handover(client_id: str, clean_start: bool, requester: str, request: str) -> bytes:
@@ -225,6 +241,14 @@ def kick(client_id: str, epoch: int) -> bytes:
     return Z.join([b"k", client_id.encode(), str(epoch).encode()])
 
 
+def ask(requester: str, request: str, body: bytes) -> bytes:
+    return Z.join([b"a", requester.encode(), request.encode(), body])
+
+
+def answer(request: str, body: bytes) -> bytes:
+    return Z.join([b"A", request.encode(), body])
+
+
 def parse_node_message(data: bytes) -> NodeMessage:
     kind, _, rest = data.partition(Z)
     if kind == b"w":
@@ -237,6 +261,12 @@ def parse_node_message(data: bytes) -> NodeMessage:
     if kind == b"k":
         cid, epoch = rest.split(Z, 1)
         return Kick(cid.decode(), int(epoch))
+    if kind == b"a":
+        requester, request, body = rest.split(Z, 2)
+        return Ask(requester.decode(), request.decode(), body)
+    if kind == b"A":
+        request, body = rest.split(Z, 1)
+        return Answer(request.decode(), body)
     raise ValueError(f"unknown node message kind {kind!r}")
 
 
