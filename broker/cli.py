@@ -94,10 +94,43 @@ def passwd(argv: Sequence[str]) -> int:
     return 0
 
 
+def apikey(argv: Sequence[str]) -> int:
+    """`fleetmq-broker apikey FILE NAME --role admin|viewer`: make a management API key."""
+    from .apikeys import NAME, ApiKeysError, add
+
+    p = argparse.ArgumentParser(
+        prog="fleetmq-broker apikey",
+        description="Add (or replace) a key of a management API keys file; the new key is printed on the "
+        "last line, and only its hash is stored.",
+    )
+    p.add_argument("file", help="the keys file (created if missing)")
+    p.add_argument("name", help="who the key is for (lower-case letters, digits and '-')")
+    p.add_argument("--role", choices=["admin", "viewer"], required=True, help="viewer: GET only")
+    p.add_argument("--zone", help="publishing with this key checks this zone's ACL")
+    args = p.parse_args(argv)
+    import re
+
+    if not re.fullmatch(NAME, args.name):
+        print(
+            f"fleetmq-broker apikey: name {args.name!r}: lower-case letters, digits and '-'", file=sys.stderr
+        )
+        return 2
+    try:
+        key = add(args.file, args.name, args.role, args.zone)
+    except (ApiKeysError, OSError) as e:
+        print(f"fleetmq-broker apikey: {e}", file=sys.stderr)
+        return 2
+    print(f"key {args.name!r} ({args.role}) stored as a hash in {args.file}; it is shown only now:")
+    print(key)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["passwd"]:
         return passwd(argv[1:])
+    if argv[:1] == ["apikey"]:
+        return apikey(argv[1:])
     args = parse_args(argv)
     worker = f" [{args.node_id}]" if args.worker_socket else ""
     logging.basicConfig(

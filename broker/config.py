@@ -172,6 +172,29 @@ class MetricsConfig(_Model):
         return value
 
 
+class ApiConfig(_Model):
+    """The management API and web console (docs/api.md): any node answers for the whole fleet. Every
+    request carries an API key of `keys_file` (`fleetmq-broker apikey`); there is no anonymous access."""
+
+    bind: str | None = Field(None, description="HOST:PORT serving /api/v1 and the console at /; none: off")
+    keys_file: str | None = Field(
+        None, description="The API keys (YAML, hashes only); read again when it changes"
+    )
+
+    @field_validator("bind")
+    @classmethod
+    def _check_bind(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_bind(value)
+        return value
+
+    @model_validator(mode="after")
+    def _keys_with_bind(self) -> ApiConfig:
+        if self.bind is not None and not self.keys_file:
+            raise ValueError("keys_file: needed with bind (the API has no anonymous access)")
+        return self
+
+
 class ShutdownConfig(_Model):
     """How a stopping node lets its clients go (SIGTERM: a rolling upgrade, a scale-down, a node drain).
 
@@ -249,6 +272,7 @@ class BrokerConfig(_Model):
     zones: dict[str, ZoneSettings] = Field(default_factory=lambda: _default_zones())
     listeners: list[ListenerConfig] = Field(default_factory=list)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    api: ApiConfig = Field(default_factory=ApiConfig, description=ApiConfig.__doc__)
     event_log: EventLogConfig = Field(default_factory=EventLogConfig)
     bridges: list[BridgeConfig] = Field(default_factory=list, description="Bridges to remote brokers")
     shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig, description=ShutdownConfig.__doc__)

@@ -14,10 +14,14 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from . import http
+from .api.app import Api
+from .api.local import LocalApi
+from .apikeys import ApiKeys
 from .auth import UsersFileError, UsersFilePending
 from .codec import RC
 from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
@@ -94,6 +98,11 @@ class Server:
         self.metrics = Metrics()
         self._proxy_logged = -1e9  # when a refused PROXY header was last logged (monotonic)
         self.node = Node(config, make_store(config), self.metrics, evict=self._rebalance)
+        # what this node tells the management API of any node about its own connections
+        self.local_api = LocalApi(self.node)
+        if self.node.cluster is not None:
+            self.node.cluster.answer = self.local_api.answer
+        self._api: web.AppRunner | None = None
         self.connections: set[Connection] = set()
         buffers = config.write_buffers
         self.write_budget = WriteBudget(buffers.node, buffers.connection)
@@ -117,7 +126,24 @@ class Server:
         await self.node.start()
         for listener in self.config.listeners:
             await self._open_listener(listener)
+        if self.config.api.bind:
+            await self._start_api(self.config.api.bind, self.config.api.keys_file)
         self.ready = True
+
+    async def _start_api(self, bind: str, keys_file: str | None) -> None:
+        """The management API and console; with --workers every worker serves it (SO_REUSEPORT), each
+        answering for the whole fleet."""
+        keys = ApiKeys(keys_file)
+        if keys.error:
+            log.error("management API keys: %s (no key is accepted until it is fixed)", keys.error)
+        runner = web.AppRunner(Api(self.node, keys, self.local_api).app(), access_log=None)
+        await runner.setup()
+        host, port = parse_bind(bind)
+        await web.TCPSite(
+            runner, host, port, reuse_address=True, reuse_port=bool(self._worker_socket)
+        ).start()
+        self._api = runner
+        log.info("management API on http://%s:%d/api/v1 (%d keys)", host, port, len(keys))
 
     async def _open_listener(self, listener: ListenerConfig) -> None:
         host, port = listener.address
@@ -316,6 +342,8 @@ class Server:
             await server.wait_closed()
         if self._http is not None:
             self._http.close()
+        if self._api is not None:
+            await self._api.cleanup()
         await self.node.stop()
         log.info("stopped")
 

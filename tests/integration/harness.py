@@ -225,6 +225,11 @@ def start_fleetmq(
             lst["bind"] = f"{h}:{free_port()}"
         ports[lst["name"]] = int(lst["bind"].rpartition(":")[2])
     main_port = next(iter(ports.values()))
+    api = cfg.get("api") or {}
+    if str(api.get("bind", "")).endswith(":0"):  # the management API on a free port too
+        api["bind"] = f"{api['bind'].rpartition(':')[0]}:{free_port()}"
+    if api.get("bind"):
+        ports["api"] = int(api["bind"].rpartition(":")[2])
     mport = free_port()
     name = uid("fleetmq-")
     cfg_path = workdir / f"{name}.yaml"

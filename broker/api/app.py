@@ -1,0 +1,184 @@
+"""The management API's HTTP side (aiohttp): one route table that both serves the requests and writes the
+OpenAPI document, API keys checked by role, and every error as application/problem+json."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from .. import __version__
+from ..apikeys import ApiKey, ApiKeys
+from . import models
+from .fleet import FleetView, NodeUnavailable
+from .local import LocalApi
+from .openapi import document
+
+if TYPE_CHECKING:
+    from ..node import Node
+
+log = logging.getLogger("fleetmq.api")
+
+PREFIX = "/api/v1"
+PROBLEM = "application/problem+json"
+KEY = web.RequestKey("key", ApiKey)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Callable[[Api, web.Request], Awaitable[web.StreamResponse]]
+    summary: str
+    answer: type[BaseModel] | None  # the 200 answer's model (None: 204)
+    query: type[BaseModel] | None = None
+    public: bool = False  # served without a key (the OpenAPI document)
+
+    @property
+    def operation_id(self) -> str:
+        return self.handler.__name__
+
+
+class Problem(Exception):
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.headers = status, detail, headers or {}
+
+
+def problem(status: int, detail: str, path: str, headers: dict[str, str] | None = None) -> web.Response:
+    body = models.Problem(title=HTTPStatus(status).phrase, status=status, detail=detail, instance=path)
+    return web.Response(status=status, text=body.model_dump_json(), content_type=PROBLEM, headers=headers)
+
+
+def validation_detail(e: ValidationError, where: str) -> str:
+    """Each error with the field's path: `query parameter page: Input should be greater than 0`."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(the whole)"
+        parts.append(f"{where} {loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def parse_query(model: type[BaseModel], request: web.Request) -> Any:
+    params: dict[str, str] = {}
+    for name in request.query:
+        values = request.query.getall(name)
+        if len(values) > 1:
+            raise Problem(400, f"query parameter {name}: given {len(values)} times")
+        params[name] = values[0]
+    try:
+        return model.model_validate(params)
+    except ValidationError as e:
+        raise Problem(400, validation_detail(e, "query parameter")) from e
+
+
+def ok(answer: BaseModel) -> web.Response:
+    return web.Response(text=answer.model_dump_json(), content_type="application/json")
+
+
+class Api:
+    def __init__(self, node: Node, keys: ApiKeys, local: LocalApi) -> None:
+        self.node = node
+        self.keys = keys
+        self.fleet = FleetView(node, local)
+
+    # -- routes ---------------------------------------------------------------------------------
+    async def get_nodes(self, request: web.Request) -> web.StreamResponse:
+        return ok(models.NodeList(data=await self.fleet.nodes()))
+
+    async def get_clients(self, request: web.Request) -> web.StreamResponse:
+        return ok(await self.fleet.clients(parse_query(models.ClientQuery, request)))
+
+    async def get_client(self, request: web.Request) -> web.StreamResponse:
+        cid = request.match_info["clientid"]
+        found = await self.fleet.detail(cid)
+        if found is None:
+            raise Problem(404, f"no client {cid!r}: not connected to any node and no session")
+        return ok(found)
+
+    async def get_client_subscriptions(self, request: web.Request) -> web.StreamResponse:
+        cid = request.match_info["clientid"]
+        found = await self.fleet.detail(cid)
+        if found is None:
+            raise Problem(404, f"no client {cid!r}: not connected to any node and no session")
+        return ok(models.SubscriptionList(data=found.subscriptions))
+
+    async def delete_client(self, request: web.Request) -> web.StreamResponse:
+        cid = request.match_info["clientid"]
+        q = parse_query(models.KickQuery, request)
+        if not await self.fleet.kick(cid, q.session == "discard"):
+            raise Problem(404, f"no client {cid!r}: not connected to any node and no session")
+        return web.Response(status=204)
+
+    async def get_openapi(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(document(ROUTES, __version__))
+
+    # -- the app --------------------------------------------------------------------------------
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            route: Route | None = getattr(handler, "route", None)
+            if route is not None and not route.public:
+                request[KEY] = self._authorize(request)
+            return await handler(request)
+        except Problem as p:
+            return problem(p.status, p.detail, request.path, p.headers)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            detail = e.text if e.text and e.text != f"{e.status}: {e.reason}" else e.reason
+            return problem(e.status, f"{request.method} {request.path}: {detail}", request.path)
+        except NodeUnavailable as e:
+            return problem(503, f"a node of the fleet did not answer: {e}", request.path)
+        except Exception as e:  # said as a problem and logged; the node goes on
+            log.exception("management API: %s %s failed", request.method, request.path)
+            return problem(500, f"{type(e).__name__}: {e}", request.path)
+
+    def _authorize(self, request: web.Request) -> ApiKey:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        challenge = {"WWW-Authenticate": 'Bearer realm="fleetmq"'}
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Problem(401, "no API key: send Authorization: Bearer <key>", challenge)
+        self.keys.reload()
+        key = self.keys.check(token.strip())
+        if key is None:
+            raise Problem(401, "unknown API key", challenge)
+        if key.role != "admin" and request.method not in ("GET", "HEAD"):
+            raise Problem(403, f"key {key.name!r} is a viewer: it may only GET")
+        return key
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._guard], client_max_size=1 << 20)
+        for route in ROUTES:
+            app.router.add_route(route.method, route.path, _bound(self, route))
+        return app
+
+
+def _bound(api: Api, route: Route) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await route.handler(api, request)
+
+    handle.route = route  # type: ignore[attr-defined]  # (read by the guard: public or not)
+    return handle
+
+
+ROUTES: list[Route] = [
+    Route("GET", f"{PREFIX}/nodes", Api.get_nodes, "Every node of the fleet", models.NodeList),
+    Route("GET", f"{PREFIX}/clients", Api.get_clients, "Clients of the fleet, connected or with a session",
+          models.ClientList, models.ClientQuery),
+    Route("GET", f"{PREFIX}/clients/{{clientid}}", Api.get_client, "A client and its session",
+          models.ClientDetail),
+    Route("GET", f"{PREFIX}/clients/{{clientid}}/subscriptions", Api.get_client_subscriptions,
+          "A client's subscriptions", models.SubscriptionList),
+    Route("DELETE", f"{PREFIX}/clients/{{clientid}}", Api.delete_client,
+          "Disconnect a client (MQTT 5: 0x98), and with session=discard end its session", None,
+          models.KickQuery),
+    Route("GET", f"{PREFIX}/openapi.json", Api.get_openapi, "This document", None, public=True),
+]  # fmt: skip

@@ -1,0 +1,157 @@
+"""The whole fleet as the management API sees it from any node: sessions from the store (every session of
+the fleet is in Redis, the offline ones included), and what only a client's node knows (its connection,
+its inflight window and queue) asked of that node (local.LocalApi, over cluster.Cluster.ask). A node that
+does not answer leaves its clients listed as the store has them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..store.base import SessionInfo
+from . import models
+from .local import LISTED, LocalApi, delivery, subscription
+
+if TYPE_CHECKING:
+    from ..node import Node
+
+
+class NodeUnavailable(Exception):
+    """The node a client is connected to did not answer."""
+
+
+def _stored(info: SessionInfo) -> models.Client:
+    return models.Client(
+        clientid=info.client_id, username=info.username, node=info.node or None, zone=info.zone,
+        connected=bool(info.node), peerhost=None, proto_ver=None, keepalive=None, connected_at=None,
+        subscriptions_cnt=info.subscriptions, inflight_cnt=0, mqueue_len=info.queued,
+        expiry_interval=info.expiry_interval,
+    )  # fmt: skip
+
+
+def matches(c: models.Client, q: models.ClientQuery) -> bool:
+    return (
+        (q.zone is None or c.zone == q.zone)
+        and (q.username is None or c.username == q.username)
+        and (q.node is None or c.node == q.node)
+        and (q.connected is None or c.connected == q.connected)
+        and (q.clientid is None or c.clientid.startswith(q.clientid))
+    )
+
+
+class FleetView:
+    def __init__(self, node: Node, local: LocalApi) -> None:
+        self.node = node
+        self.local = local
+
+    async def _ask(self, node_id: str, ask: dict[str, Any]) -> Any:
+        """A node's answer (this one's without a round trip); raises NodeUnavailable without one."""
+        if node_id == self.node.node_id:
+            body = await self.local.answer(json.dumps(ask).encode())
+        elif self.node.cluster is None:
+            raise NodeUnavailable(node_id)
+        else:
+            got = await self.node.cluster.ask(node_id, json.dumps(ask).encode())
+            if got is None:
+                raise NodeUnavailable(node_id)
+            body = got
+        out = json.loads(body)
+        if isinstance(out, dict) and "error" in out:
+            raise NodeUnavailable(f"{node_id}: {out['error']}")
+        return out
+
+    def _live_nodes(self) -> list[str]:
+        cluster = self.node.cluster
+        return cluster.live_nodes() if cluster is not None else [self.node.node_id]
+
+    async def nodes(self) -> list[models.Node]:
+        cluster = self.node.cluster
+        if cluster is None:
+            connections, sessions = self.node.cm.counts()
+            uptime = time.time() - self.node.started_ms / 1000
+            return [models.Node(node=self.node.node_id, status="running", connections=connections,
+                                sessions=sessions, version=__version__, config_hash=self.node.config_hash,
+                                uptime_s=round(uptime, 1))]  # fmt: skip
+        out = []
+        for node_id, alive, info in await cluster.nodes():
+            started = int(info.get("started_ms") or 0)
+            reported = int(info.get("ts_ms") or 0)
+            out.append(models.Node(
+                node=node_id, status="running" if alive else "unreachable",
+                connections=int(info.get("connections") or 0), sessions=int(info.get("sessions") or 0),
+                version=info.get("version", ""), config_hash=info.get("config_hash", ""),
+                uptime_s=round((reported - started) / 1000, 1) if started and reported else None,
+            ))  # fmt: skip
+        return out
+
+    async def clients(self, q: models.ClientQuery) -> models.ClientList:
+        nodes = [n for n in self._live_nodes() if q.node is None or n == q.node]
+        if q.connected is False:
+            nodes = []  # (the store has every offline session)
+        stored, *answers = await asyncio.gather(
+            self.node.store.sessions(),
+            *(self._ask(n, {"op": "clients"}) for n in nodes),
+            return_exceptions=True,
+        )
+        if isinstance(stored, BaseException):
+            raise stored
+        merged = {info.client_id: _stored(info) for info in stored}
+        for answer in answers:
+            if isinstance(answer, NodeUnavailable):
+                continue  # its clients stay as the store has them
+            if isinstance(answer, BaseException):
+                raise answer
+            for c in answer:
+                merged[c["clientid"]] = models.Client.model_validate(c)
+        found = sorted((c for c in merged.values() if matches(c, q)), key=lambda c: c.clientid)
+        first = (q.page - 1) * q.limit
+        page = found[first : first + q.limit]
+        return models.ClientList(data=page, meta=models.Page(page=q.page, limit=q.limit, count=len(found)))
+
+    async def _owner(self, client_id: str) -> str | None:
+        if client_id in self.node.cm.channels:
+            return self.node.node_id
+        cluster = self.node.cluster
+        if cluster is None:
+            return None
+        return await cluster.store.owner(client_id)
+
+    async def detail(self, client_id: str) -> models.ClientDetail | None:
+        owner = await self._owner(client_id)
+        if owner:
+            try:
+                live = await self._ask(owner, {"op": "client", "clientid": client_id})
+            except NodeUnavailable:
+                live = None
+            if live is not None:
+                return models.ClientDetail.model_validate(live)
+        stored = await self.node.store.session(client_id, LISTED)
+        if stored is None:
+            return None
+        return models.ClientDetail(
+            **_stored(stored.info).model_dump(),
+            awaiting_rel_cnt=stored.info.awaiting_rel,
+            subscriptions=[subscription(f, s) for f, s in stored.subscriptions],
+            inflight=[],
+            mqueue=[delivery(d) for d in stored.queue],
+        )
+
+    async def kick(self, client_id: str, discard: bool) -> bool:
+        """Disconnect a client (0x98), and with `discard` end its session; False when the fleet has
+        neither a connection nor a session of it."""
+        owner = await self._owner(client_id)
+        if (
+            owner
+            and (await self._ask(owner, {"op": "kick", "clientid": client_id, "discard": discard}))["kicked"]
+        ):
+            return True
+        stored = await self.node.store.session(client_id, 0)
+        if stored is None and client_id not in self.node.cm.offline:
+            return False
+        if discard:
+            self.node.cm.end_session(client_id)
+            await self.node.committer.drain()
+        return True
