@@ -14,8 +14,9 @@ from pydantic import BaseModel, ValidationError
 
 from .. import __version__
 from ..apikeys import ApiKey, ApiKeys
+from ..topic import valid_filter, valid_topic
 from . import models
-from .fleet import FleetView, NodeUnavailable
+from .fleet import FleetView, NodeUnavailable, StoreUnavailable
 from .local import LocalApi
 from .openapi import document
 
@@ -38,6 +39,7 @@ class Route:
     summary: str
     answer: type[BaseModel] | None  # the 200 answer's model (None: 204)
     query: type[BaseModel] | None = None
+    body: type[BaseModel] | None = None  # the JSON body's model
     public: bool = False  # served without a key (the OpenAPI document)
 
     @property
@@ -78,6 +80,19 @@ def parse_query(model: type[BaseModel], request: web.Request) -> Any:
         raise Problem(400, validation_detail(e, "query parameter")) from e
 
 
+async def parse_body(model: type[BaseModel], request: web.Request) -> Any:
+    if request.content_type != "application/json":
+        raise Problem(415, f"the body must be application/json, not {request.content_type or 'none'}")
+    try:
+        data = await request.json()
+    except ValueError as e:
+        raise Problem(400, f"the body is not JSON: {e}") from e
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise Problem(400, validation_detail(e, "body")) from e
+
+
 def ok(answer: BaseModel) -> web.Response:
     return web.Response(text=answer.model_dump_json(), content_type="application/json")
 
@@ -116,6 +131,40 @@ class Api:
             raise Problem(404, f"no client {cid!r}: not connected to any node and no session")
         return web.Response(status=204)
 
+    async def get_subscriptions(self, request: web.Request) -> web.StreamResponse:
+        q = parse_query(models.TopicQuery, request)
+        return ok(models.SubscriberList(data=self.fleet.subscribers(q.topic)))
+
+    async def get_retained(self, request: web.Request) -> web.StreamResponse:
+        q = parse_query(models.RetainedQuery, request)
+        if not valid_filter(q.topic):
+            raise Problem(400, f"query parameter topic: {q.topic!r} is not a valid topic filter")
+        return ok(self.fleet.retained(q))
+
+    async def delete_retained(self, request: web.Request) -> web.StreamResponse:
+        topic = request.match_info["topic"]
+        if not valid_topic(topic):
+            raise Problem(400, f"{topic!r} is not a topic name (no + or #)")
+        if not await self.fleet.delete_retained(topic):
+            raise Problem(404, f"no retained message on {topic!r}")
+        return web.Response(status=204)
+
+    async def post_publish(self, request: web.Request) -> web.StreamResponse:
+        req: models.PublishRequest = await parse_body(models.PublishRequest, request)
+        key = request[KEY]
+        zone_name = key.zone or "default"
+        if key.zone is not None:
+            zone = self.node.zones.get(key.zone)
+            if zone is None:
+                raise Problem(
+                    403, f"key {key.name!r} is bound to zone {key.zone!r}, which this fleet has not"
+                )
+            if zone.acl is not None and not zone.acl.bind(key.name, f"api:{key.name}").can_publish(req.topic):
+                raise Problem(
+                    403, f"zone {key.zone!r}'s ACL does not let key {key.name!r} publish on {req.topic!r}"
+                )
+        return ok(models.Published(matched=await self.fleet.publish(req, zone_name)))
+
     async def get_openapi(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(document(ROUTES, __version__))
 
@@ -136,6 +185,8 @@ class Api:
             return problem(e.status, f"{request.method} {request.path}: {detail}", request.path)
         except NodeUnavailable as e:
             return problem(503, f"a node of the fleet did not answer: {e}", request.path)
+        except StoreUnavailable as e:
+            return problem(503, str(e), request.path)
         except Exception as e:  # said as a problem and logged; the node goes on
             log.exception("management API: %s %s failed", request.method, request.path)
             return problem(500, f"{type(e).__name__}: {e}", request.path)
@@ -180,5 +231,13 @@ ROUTES: list[Route] = [
     Route("DELETE", f"{PREFIX}/clients/{{clientid}}", Api.delete_client,
           "Disconnect a client (MQTT 5: 0x98), and with session=discard end its session", None,
           models.KickQuery),
+    Route("GET", f"{PREFIX}/subscriptions", Api.get_subscriptions, "Who would receive a message on a topic",
+          models.SubscriberList, models.TopicQuery),
+    Route("GET", f"{PREFIX}/retained", Api.get_retained, "Retained messages under a topic filter",
+          models.RetainedList, models.RetainedQuery),
+    Route("DELETE", f"{PREFIX}/retained/{{topic:.+}}", Api.delete_retained,
+          "Clear a topic's retained message (nothing is sent to subscribers)", None),
+    Route("POST", f"{PREFIX}/publish", Api.post_publish,
+          "Publish; at QoS 1 and 2 answered once stored, as a PUBACK is", models.Published, body=models.PublishRequest),
     Route("GET", f"{PREFIX}/openapi.json", Api.get_openapi, "This document", None, public=True),
 ]  # fmt: skip

@@ -6,12 +6,16 @@ does not answer leaves its clients listed as the store has them."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..store.base import SessionInfo
+from ..codec import Prop
+from ..message import Message
+from ..store.base import Retain, SessionInfo
+from ..topic import parse_share, topic_matches
 from . import models
 from .local import LISTED, LocalApi, delivery, subscription
 
@@ -155,3 +159,83 @@ class FleetView:
             self.node.cm.end_session(client_id)
             await self.node.committer.drain()
         return True
+
+    # -- topics ---------------------------------------------------------------------------------------
+    def subscribers(self, topic: str) -> list[models.Subscriber]:
+        """Every subscription whose filter matches `topic` (each node keeps the whole fleet's routes)."""
+        router = self.node.router
+        out = []
+        for cid in router.clients():
+            for topic_filter, sub in router.subscriptions(cid).items():
+                group, real = parse_share(topic_filter)
+                if topic_matches(real, topic):
+                    out.append(models.Subscriber(
+                        clientid=cid, qos=sub.qos, no_local=sub.no_local,
+                        retain_as_published=sub.retain_as_published, subscription_id=sub.sub_id,
+                        shared=group is not None,
+                    ))  # fmt: skip
+        return sorted(out, key=lambda s: s.clientid)
+
+    def retained(self, q: models.RetainedQuery) -> models.RetainedList:
+        found = sorted(self.node.retained.match(q.topic, time.time()), key=lambda m: m.topic)
+        first = (q.page - 1) * q.limit
+        data = [
+            models.RetainedMessage(
+                topic=m.topic,
+                qos=m.qos,
+                payload=base64.b64encode(m.payload).decode(),
+                payload_size=len(m.payload),
+                published_at=m.ts,
+                expires_at=m.expires_at,
+            )
+            for m in found[first : first + q.limit]
+        ]
+        return models.RetainedList(data=data, meta=models.Page(page=q.page, limit=q.limit, count=len(found)))
+
+    async def delete_retained(self, topic: str) -> bool:
+        """Clear a topic's retained message fleet-wide without sending anything to its subscribers."""
+        if not self.node.retained.match(topic, time.time()):
+            return False
+        msg = Message(topic, b"", 0, True, sender="")
+        self.node.retained.put(msg)
+        if self.node.store.durable:
+            self.node.committer.add(Retain(msg))
+            await self._committed()
+        return True
+
+    async def publish(self, req: models.PublishRequest, zone: str) -> int:
+        """Route a message as a client of `zone` would; returns the sessions matched once it is stored as
+        a PUBACK would need it to be."""
+        p = req.properties
+        props: dict[int, Any] = {}
+        if p.payload_format_indicator is not None:
+            props[Prop.PAYLOAD_FORMAT_INDICATOR] = p.payload_format_indicator
+        if p.content_type is not None:
+            props[Prop.CONTENT_TYPE] = p.content_type
+        if p.response_topic is not None:
+            props[Prop.RESPONSE_TOPIC] = p.response_topic
+        if p.correlation_data is not None:
+            props[Prop.CORRELATION_DATA] = base64.b64decode(p.correlation_data)
+        if p.user_properties:
+            props[Prop.USER_PROPERTY] = list(p.user_properties.items())
+        expiry = p.message_expiry_interval
+        msg = Message(req.topic, req.payload_bytes(), req.qos, req.retain, props or None, "", expiry)
+        matched, needs_commit = self.node.cm.publish(msg, zone)
+        if needs_commit:
+            await self._committed()
+        return matched
+
+    async def _committed(self) -> None:
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def settle(ok: bool) -> None:
+            if not done.done():
+                done.set_result(ok)
+
+        self.node.cm.after_commit(settle)
+        if not await done:
+            raise StoreUnavailable("the session store did not take the message: not stored, send it again")
+
+
+class StoreUnavailable(Exception):
+    """A write the answer waits for failed."""

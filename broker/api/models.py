@@ -3,9 +3,11 @@ make the OpenAPI document (api.openapi), so the three cannot disagree."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_LIMIT = 1000
 
@@ -125,3 +127,114 @@ def query_schema(model: type[BaseModel]) -> list[dict[str, Any]]:
         {"name": name, "in": "query", "required": name in required, "schema": prop}
         for name, prop in schema["properties"].items()
     ]
+
+
+class Subscriber(_Model):
+    clientid: str
+    qos: int
+    no_local: bool
+    retain_as_published: bool
+    subscription_id: int | None
+    shared: bool = Field(description="Through a shared subscription (one member of its group gets it)")
+
+
+class SubscriberList(_Model):
+    data: list[Subscriber]
+
+
+class TopicQuery(_Model):
+    topic: str = Field(min_length=1, description="A topic name: who would receive a message on it")
+
+    @field_validator("topic")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if "+" in v or "#" in v:
+            raise ValueError("a topic name, not a filter: no + or #")
+        return v
+
+
+class RetainedQuery(_Model):
+    topic: str = Field("#", min_length=1, description="A topic filter")
+    page: int = Field(1, ge=1)
+    limit: int = Field(100, ge=1, le=MAX_LIMIT)
+
+
+class RetainedMessage(_Model):
+    topic: str
+    qos: int
+    payload: str = Field(description="base64")
+    payload_size: int
+    published_at: float = Field(description="Unix time")
+    expires_at: float | None
+
+
+class RetainedList(_Model):
+    data: list[RetainedMessage]
+    meta: Page
+
+
+class PublishProperties(_Model):
+    """The MQTT 5 properties a publisher may give (forwarded as a client's would be)."""
+
+    payload_format_indicator: Literal[0, 1] | None = None
+    message_expiry_interval: int | None = Field(None, ge=0, le=2**32 - 1)
+    content_type: str | None = None
+    response_topic: str | None = None
+    correlation_data: str | None = Field(None, description="base64")
+    user_properties: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("response_topic")
+    @classmethod
+    def _response_topic(cls, v: str | None) -> str | None:
+        if v is not None and (not v or "+" in v or "#" in v):
+            raise ValueError("a topic name: not empty, no + or #")
+        return v
+
+    @field_validator("correlation_data")
+    @classmethod
+    def _b64(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                base64.b64decode(v, validate=True)
+            except binascii.Error as e:
+                raise ValueError(f"not base64: {e}") from e
+        return v
+
+
+class PublishRequest(_Model):
+    """POST /api/v1/publish. For QoS 1 and 2 the answer comes once the message is stored, with the
+    guarantee a client's PUBACK has; a request sent again is another message."""
+
+    topic: str = Field(min_length=1, max_length=65535)
+    payload: str = ""
+    payload_encoding: Literal["plain", "base64"] = "plain"
+    qos: Literal[0, 1, 2] = 0
+    retain: bool = False
+    properties: PublishProperties = Field(default_factory=PublishProperties)
+
+    @field_validator("topic")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if "+" in v or "#" in v:
+            raise ValueError("a topic name, not a filter: no + or #")
+        if "\0" in v:
+            raise ValueError("no NUL character")
+        return v
+
+    @model_validator(mode="after")
+    def _payload(self) -> PublishRequest:
+        if self.payload_encoding == "base64":
+            try:
+                base64.b64decode(self.payload, validate=True)
+            except binascii.Error as e:
+                raise ValueError(f"payload: not base64: {e}") from e
+        return self
+
+    def payload_bytes(self) -> bytes:
+        if self.payload_encoding == "base64":
+            return base64.b64decode(self.payload)
+        return self.payload.encode()
+
+
+class Published(_Model):
+    matched: int = Field(description="Sessions the message was routed to")

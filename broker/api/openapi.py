@@ -29,6 +29,8 @@ class Route(Protocol):
     @property
     def query(self) -> type[BaseModel] | None: ...
     @property
+    def body(self) -> type[BaseModel] | None: ...
+    @property
     def public(self) -> bool: ...
     @property
     def operation_id(self) -> str: ...
@@ -37,8 +39,10 @@ class Route(Protocol):
 def _schemas(routes: Sequence[Route]) -> dict[str, Any]:
     answers: set[type[BaseModel]] = {models.Problem}
     answers |= {r.answer for r in routes if r.answer is not None}
-    _, top = models_json_schema([(m, "serialization") for m in sorted(answers, key=lambda m: m.__name__)],
-                                ref_template=REF)  # fmt: skip
+    bodies = {r.body for r in routes if r.body is not None}
+    pairs = [(m, "serialization") for m in sorted(answers, key=lambda m: m.__name__)]
+    pairs += [(m, "validation") for m in sorted(bodies, key=lambda m: m.__name__)]
+    _, top = models_json_schema(pairs, ref_template=REF)  # type: ignore[arg-type]
     return dict(top.get("$defs", {}))
 
 
@@ -52,7 +56,7 @@ def document(routes: Sequence[Route], version: str) -> dict[str, Any]:
     for r in routes:
         op: dict[str, Any] = {"summary": r.summary, "operationId": r.operation_id}
         params = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-                  for name in re.findall(r"\{(\w+)\}", r.path)]  # fmt: skip
+                  for name in re.findall(r"\{(\w+)[^}]*\}", r.path)]  # fmt: skip
         if r.query is not None:
             params += models.query_schema(r.query)
         if params:
@@ -73,11 +77,17 @@ def document(routes: Sequence[Route], version: str) -> dict[str, Any]:
             responses["401"] = _problem("No API key, or an unknown one")
             responses["403"] = _problem("A viewer key asked for more than GET")
             if "{" in r.path:
-                responses["404"] = _problem("No such client")
-            responses["503"] = _problem("The node a client is connected to did not answer")
+                responses["404"] = _problem("Not found: the detail says what")
+            responses["503"] = _problem("A node or the session store did not answer")
             op["security"] = [{"apiKey": []}]
+        if r.body is not None:
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": REF.format(model=r.body.__name__)}}},
+            }
+            responses["415"] = _problem("The body is not application/json")
         op["responses"] = responses
-        paths.setdefault(r.path, {})[r.method.lower()] = op
+        paths.setdefault(re.sub(r"\{(\w+):[^}]*\}", r"{\1}", r.path), {})[r.method.lower()] = op
     return {
         "openapi": "3.1.0",
         "info": {"title": "fleetmq management API", "version": version,
