@@ -29,6 +29,7 @@ from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
+from .banned import Ban
 from .message import Delivery, Message, Will
 from .metrics import Metrics
 from .retained import Retained
@@ -53,6 +54,17 @@ SUBSCRIBE_TIMEOUT = 5.0  # for Redis to confirm the event stream's subscriptions
 REPLICA_LAG = 1  # seconds since a replica last acknowledged: more, and it is not in sync
 SYNC_TIMEOUT = 3.0  # for Redis to answer a PING on the event stream (sync)
 RELEASE_FOR = 10.0  # a dead node's release is sent again (its reply lost) for this long
+
+
+def parse_bans(raw: dict[Any, Any]) -> list[Ban]:
+    """The fleet's bans as stored; an entry that does not parse (another version's) is skipped, said."""
+    out = []
+    for key, value in raw.items():
+        try:
+            out.append(Ban.model_validate_json(value))
+        except ValueError as e:
+            log.warning("skipping the ban %s: %s", text(key), e)
+    return out
 
 
 def replicas_in_sync(replication: dict[str, Any]) -> int:
@@ -100,6 +112,7 @@ class Cluster:
         spawn: Spawn,
         report: Callable[[], dict[FieldT, EncodableT]],
         ordered: Callable[[bytes | None], None] = lambda _: None,
+        banned: Callable[[list[Ban]], object] = lambda _: None,
     ) -> None:
         self.node_id = node_id
         #: this run of the node: its heartbeat's value, and what the store's connection counts name (a pod
@@ -114,6 +127,8 @@ class Cluster:
         self.spawn = spawn
         self.report = report  # what this node tells the operator with every heartbeat (keys.nodeinfo)
         self.ordered = ordered  # given what the operator asks of this node, read with every heartbeat
+        self.banned = banned  # given the fleet's bans, read with every heartbeat
+        self._ban_cache: dict[Any, Ban] = {}  # stored value -> parsed
         self.channels = store.channels
         self.channel = self.channels.node(self.node_id)  # handovers and kicks come here
         # the event stream: a pub/sub connection to each shard of the store (one on one Redis)
@@ -191,8 +206,10 @@ class Cluster:
             pipe.hset(keys.nodeinfo(self.node_id), mapping=info)
             pipe.pexpire(keys.nodeinfo(self.node_id), 3 * ttl)
             pipe.get(keys.rebalance(self.node_id))
+            pipe.hgetall(keys.BANNED)
             replies = await pipe.execute()
-        self.ordered(replies[-1])
+        self.ordered(replies[-2])
+        self.banned(self._bans(replies[-1]))
         # the shard with the fewest replicas in sync is what a failover could cost
         replication = await asyncio.gather(*(s.redis.info("replication") for s in conns.shards))
         self.replicas_in_sync = min(replicas_in_sync(r) for r in replication)
@@ -239,6 +256,39 @@ class Cluster:
                 await self._reap_dead()
             except Exception as e:
                 log.warning("checking for dead nodes failed: %s", e)
+
+    async def read_bans(self) -> list[Ban]:
+        return self._bans(await self._client(keys.BANNED).hgetall(keys.BANNED))
+
+    def _bans(self, raw: dict[Any, Any]) -> list[Ban]:
+        """The bans as stored, parsed once each (read every heartbeat); expired ones are deleted."""
+        cache, self._ban_cache = self._ban_cache, {}
+        now = time.time()
+        out = []
+        for key, value in raw.items():
+            ban = cache.get(value)
+            if ban is None:
+                (ban,) = parse_bans({key: value}) or (None,)
+            if ban is None:
+                continue
+            if not ban.active(now):
+                self._later(self._drop_ban, text(key))
+                continue
+            self._ban_cache[value] = ban
+            out.append(ban)
+        return out
+
+    async def _drop_ban(self, key: str) -> None:
+        try:
+            await self._client(keys.BANNED).hdel(keys.BANNED, key)
+        except Exception as e:  # (the next heartbeat tries again)
+            log.info("could not delete the expired ban %s: %s", key, e)
+
+    async def put_ban(self, ban: Ban) -> None:
+        await self._client(keys.BANNED).hset(keys.BANNED, ban.key, ban.model_dump_json())
+
+    async def delete_ban(self, key: str) -> bool:
+        return bool(await self._client(keys.BANNED).hdel(keys.BANNED, key))
 
     async def nodes(self) -> list[tuple[str, bool, dict[str, str]]]:
         """Every registered node: (node id, whether its heartbeat lasts, its last report)."""

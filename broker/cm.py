@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from .authn.chain import Credentials, Verdict
+from .banned import BanList, Flapping
 from .channel import Channel, State
 from .codec import MQTT5, RC
 from .eventschema import DropReason
@@ -136,6 +137,10 @@ class ChannelManager:
         self.metrics = metrics
         self.spawn = spawn
         self.fleet: Fleet | None = None
+        self.banned = BanList()  # the fleet's bans (node.Node keeps it current)
+        self.flapping: Flapping | None = None
+        #: a flapping client id to ban fleet-wide (node.Node's; it writes the store)
+        self.on_flapping: Callable[[str], None] = lambda _cid: None
         self.channels: dict[str, Channel] = {}  # online, CONNACK sent or about to be
         self._online = self.channels.__contains__  # shared groups prefer online members
         self.offline: dict[str, Offline] = {}
@@ -192,6 +197,10 @@ class ChannelManager:
         """Admit an accepted CONNECT (limits, credentials, the will's authorization), then open its
         session; the channel is told which."""
         t0 = time.perf_counter()
+        if self.banned or self.flapping is not None:
+            refused = self._banned(ch, req)
+            if refused:
+                return ch.refuse(RC.BANNED, "banned", refused)
         zone = ch.zone
         settings = ch.settings
         limits = zone.limits
@@ -635,6 +644,40 @@ class ChannelManager:
             for topic_filter in parked.filters:
                 self.router.remove(client_id, topic_filter)
         self.committer.add(Discard(client_id))
+
+    def _banned(self, ch: Channel, req: Negotiated) -> str | None:
+        """Why a CONNECT is refused as banned (a ban of its client id, username or address, or its client id
+        flapping now), None if it is not."""
+        peerhost = ch.peer.rpartition(":")[0].strip("[]") or ch.peer
+        ban = self.banned.hit(req.client_id, req.username, peerhost, ch.clock.wall())
+        if (
+            ban is None
+            and self.flapping is not None
+            and self.flapping.connected(req.client_id, ch.clock.time())
+        ):
+            self.flapping.forget(req.client_id)
+            self.metrics.flapping_bans += 1
+            log.warning("client id %r from %s connects too often (flapping): banned", req.client_id, ch.peer)
+            self.on_flapping(req.client_id)
+            self.metrics.banned_refusals += 1
+            return "banned: flapping"
+        if ban is None:
+            return None
+        self.metrics.banned_refusals += 1
+        log.info("refusing %r from %s: banned by %s %r", req.client_id, ch.peer, ban.kind, ban.who)
+        return f"banned: {ban.reason}" if ban.reason else "banned"
+
+    def kick_banned(self) -> int:
+        """Disconnect (0x98) the connected clients a ban now matches."""
+        now = time.time()
+        hit = [
+            ch for ch in self.channels.values()
+            if self.banned.hit(ch.client_id, ch.username, ch.peer.rpartition(":")[0].strip("[]"), now)
+        ]  # fmt: skip
+        for ch in hit:
+            log.info("disconnecting %r: banned", ch.client_id)
+            ch.kick(RC.ADMINISTRATIVE_ACTION, "banned")
+        return len(hit)
 
     def _let_go(self, ch: Channel, reason: int, why: str) -> None:
         """Drop this node's copy of a session without storing anything, and close its connection."""

@@ -195,6 +195,17 @@ class ApiConfig(_Model):
         return self
 
 
+class FlappingConfig(_Model):
+    """Flapping detection (EMQX's flapping_detect): a client id that connects more than `max_count`
+    times within `window` on one node is banned fleet-wide for `ban_time` (CONNACK 0x8A; in the
+    management API's banned list, by `flapping`). Off by default."""
+
+    enabled: bool = False
+    max_count: int = Field(15, ge=1, description="CONNECTs allowed within the window")
+    window: Duration = Field(60.0, gt=0, description="The sliding window CONNECTs are counted over")
+    ban_time: Duration = Field(300.0, gt=0, description="How long a flapping client id stays banned")
+
+
 class ShutdownConfig(_Model):
     """How a stopping node lets its clients go (SIGTERM: a rolling upgrade, a scale-down, a node drain).
 
@@ -273,6 +284,7 @@ class BrokerConfig(_Model):
     listeners: list[ListenerConfig] = Field(default_factory=list)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     api: ApiConfig = Field(default_factory=ApiConfig, description=ApiConfig.__doc__)
+    flapping: FlappingConfig = Field(default_factory=FlappingConfig, description=FlappingConfig.__doc__)
     event_log: EventLogConfig = Field(default_factory=EventLogConfig)
     bridges: list[BridgeConfig] = Field(default_factory=list, description="Bridges to remote brokers")
     shutdown: ShutdownConfig = Field(default_factory=ShutdownConfig, description=ShutdownConfig.__doc__)

@@ -135,6 +135,8 @@ class Metrics:
         self.config_info: dict[str, str] = {}
         #: connections closed for a missing or invalid PROXY protocol header, by listener
         self.proxy_refused: dict[str, int] = defaultdict(int)
+        self.banned_refusals = 0  # CONNECTs refused by a ban (flapping's included)
+        self.flapping_bans = 0  # bans this node made for flapping client ids
 
     def zone(self, name: str) -> ZoneMetrics:
         return self.zones[name]
@@ -280,6 +282,16 @@ class _Collector(Collector):
         for listener, n in sorted(m.proxy_refused.items()):
             proxy.add_metric([listener], n)
         yield proxy
+        banned = counter(
+            "banned_refusals", "CONNECTs refused with 0x8A: a ban matched (flapping included).", []
+        )
+        banned.add_metric([], m.banned_refusals)
+        yield banned
+        flapping = counter(
+            "flapping_bans", "Client ids this node banned for connecting too often (flapping).", []
+        )
+        flapping.add_metric([], m.flapping_bans)
+        yield flapping
         if m.store_topology is not None:
             topology, primaries, failovers, retries = m.store_topology()
             info = GaugeMetricFamily(

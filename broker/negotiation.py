@@ -29,6 +29,7 @@ V3_CONNACK: dict[int, int] = {
     RC.QUOTA_EXCEEDED: 3,
     RC.BAD_USER_NAME_OR_PASSWORD: 4,
     RC.NOT_AUTHORIZED: 5,
+    RC.BANNED: 5,
 }
 
 

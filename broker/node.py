@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from . import __version__
+from .banned import Ban, Flapping
 from .bridge.runtime import Bridge, Lease, summary
 from .bridges import BridgeConfig
 from .channel import Channel, ChannelIO
@@ -114,6 +115,7 @@ class Node:
                 self.spawn,
                 self._report,
                 self._ordered,
+                self.apply_bans,
             )
         self._evict = evict  # (the server's: it has the connections)
         self.rebalance: Progress | None = None  # the last rebalance order taken on
@@ -121,6 +123,10 @@ class Node:
         self._bad_order: bytes | None = None
         self.config_hash = config.config_hash()
         self.started_ms = int(time.time() * 1000)
+        flapping = config.flapping
+        if flapping.enabled:
+            self.cm.flapping = Flapping(flapping.max_count, flapping.window)
+        self.cm.on_flapping = self._flapping
         self.metrics.gauges = self.gauges
         self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", {})
         if isinstance(self.store, RedisStore):
@@ -167,6 +173,45 @@ class Node:
             reports = self._bridge_reports()
             out["bridges"] = json.dumps({n: summary(r) for n, r in reports.items()}, sort_keys=True)
         return out
+
+    # -- bans (banned.py) -------------------------------------------------------------------------
+    def apply_bans(self, bans: list[Ban]) -> int:
+        """The fleet's bans as read from the store: connected clients a new one matches are let go."""
+        if self.cm.banned.replace(bans):
+            return self.cm.kick_banned()
+        return 0
+
+    async def refresh_bans(self) -> int:
+        if self.cluster is None:
+            return self.cm.kick_banned()
+        return self.apply_bans(await self.cluster.read_bans())
+
+    async def ban(self, ban: Ban) -> int:
+        """Ban fleet-wide (in the store, then here); returns the clients disconnected here."""
+        if self.cluster is not None:
+            await self.cluster.put_ban(ban)
+        self.cm.banned.put(ban)
+        return self.cm.kick_banned()
+
+    async def unban(self, key: str) -> bool:
+        removed = self.cm.banned.remove(key)
+        if self.cluster is not None:
+            removed = await self.cluster.delete_ban(key) or removed
+        return removed
+
+    def _flapping(self, client_id: str) -> None:
+        now = time.time()
+        ban = Ban(kind="clientid", who=client_id, reason="flapping", by="flapping", at=now,
+                  until=now + self.config.flapping.ban_time)  # fmt: skip
+
+        async def write() -> None:
+            try:
+                await self.ban(ban)
+            except Exception as e:  # (banned here all the same; the other nodes learn of it if Redis returns)
+                self.cm.banned.put(ban)
+                log.warning("could not store the flapping ban of %r: %s", client_id, e)
+
+        self.spawn(write())
 
     def _ordered(self, raw: bytes | None) -> None:
         """The operator's rebalance order (rebalance.py), as read with the heartbeat: taken on once."""

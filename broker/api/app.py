@@ -4,6 +4,7 @@ OpenAPI document, API keys checked by role, and every error as application/probl
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from .. import __version__
 from ..apikeys import ApiKey, ApiKeys
+from ..banned import Ban
 from ..topic import valid_filter, valid_topic
 from . import models
 from .fleet import FleetView, NodeUnavailable, StoreUnavailable
@@ -40,6 +42,7 @@ class Route:
     answer: type[BaseModel] | None  # the 200 answer's model (None: 204)
     query: type[BaseModel] | None = None
     body: type[BaseModel] | None = None  # the JSON body's model
+    created: bool = False  # answered 201 (with the answer model), not 200
     public: bool = False  # served without a key (the OpenAPI document)
 
     @property
@@ -165,6 +168,26 @@ class Api:
                 )
         return ok(models.Published(matched=await self.fleet.publish(req, zone_name)))
 
+    async def get_banned(self, request: web.Request) -> web.StreamResponse:
+        return ok(models.BannedList(data=await self.fleet.bans()))
+
+    async def post_banned(self, request: web.Request) -> web.StreamResponse:
+        req: models.BanRequest = await parse_body(models.BanRequest, request)
+        try:
+            ban = req.ban(request[KEY].name, time.time())
+        except ValueError as e:
+            raise Problem(400, f"body {e}") from e
+        await self.fleet.ban(ban)
+        return web.Response(status=201, text=ban.model_dump_json(), content_type="application/json")
+
+    async def delete_banned(self, request: web.Request) -> web.StreamResponse:
+        kind, who = request.match_info["as"], request.match_info["who"]
+        if kind not in ("clientid", "username", "peerhost"):
+            raise Problem(400, f"{kind!r} is none of clientid, username, peerhost")
+        if not await self.fleet.unban(f"{kind}:{who}"):
+            raise Problem(404, f"no ban of {kind} {who!r}")
+        return web.Response(status=204)
+
     async def get_openapi(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(document(ROUTES, __version__))
 
@@ -239,5 +262,10 @@ ROUTES: list[Route] = [
           "Clear a topic's retained message (nothing is sent to subscribers)", None),
     Route("POST", f"{PREFIX}/publish", Api.post_publish,
           "Publish; at QoS 1 and 2 answered once stored, as a PUBACK is", models.Published, body=models.PublishRequest),
+    Route("GET", f"{PREFIX}/banned", Api.get_banned, "The fleet's bans", models.BannedList),
+    Route("POST", f"{PREFIX}/banned", Api.post_banned,
+          "Ban a client id, username or address: refused at CONNECT (0x8A), disconnected if connected (0x98)",
+          Ban, body=models.BanRequest, created=True),
+    Route("DELETE", f"{PREFIX}/banned/{{as}}/{{who}}", Api.delete_banned, "Lift a ban", None),
     Route("GET", f"{PREFIX}/openapi.json", Api.get_openapi, "This document", None, public=True),
 ]  # fmt: skip

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from ..banned import Ban
 from ..codec import Prop
 from ..message import Message
 from ..store.base import Retain, SessionInfo
@@ -159,6 +160,23 @@ class FleetView:
             self.node.cm.end_session(client_id)
             await self.node.committer.drain()
         return True
+
+    # -- bans ---------------------------------------------------------------------------------------
+    async def bans(self) -> list[Ban]:
+        await self.node.refresh_bans()
+        return self.node.cm.banned.all(time.time())
+
+    async def ban(self, ban: Ban) -> None:
+        """Stored, then every node told at once (each also reads the bans with its next heartbeat)."""
+        await self.node.ban(ban)
+        others = [n for n in self._live_nodes() if n != self.node.node_id]
+        await asyncio.gather(*(self._ask(n, {"op": "bans"}) for n in others), return_exceptions=True)
+
+    async def unban(self, key: str) -> bool:
+        removed = await self.node.unban(key)
+        others = [n for n in self._live_nodes() if n != self.node.node_id]
+        await asyncio.gather(*(self._ask(n, {"op": "bans"}) for n in others), return_exceptions=True)
+        return removed
 
     # -- topics ---------------------------------------------------------------------------------------
     def subscribers(self, topic: str) -> list[models.Subscriber]:

@@ -78,6 +78,8 @@ class LocalApi:
         elif op == "client":
             found = self.detail(str(ask["clientid"]))
             out = found.model_dump() if found is not None else None
+        elif op == "bans":
+            out = {"kicked": await self.node.refresh_bans()}
         elif op == "kick":
             out = {"kicked": self.node.cm.kick(str(ask["clientid"]), bool(ask.get("discard")))}
         else:

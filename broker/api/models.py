@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..banned import Ban, BanKind
+
 MAX_LIMIT = 1000
 
 
@@ -238,3 +240,31 @@ class PublishRequest(_Model):
 
 class Published(_Model):
     matched: int = Field(description="Sessions the message was routed to")
+
+
+class BanRequest(_Model):
+    """POST /api/v1/banned: `until` (Unix time) or `duration` (seconds), or neither for a ban without end."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    kind: BanKind = Field(alias="as")
+    who: str = Field(min_length=1, max_length=65535)
+    reason: str = Field("", max_length=1024)
+    until: float | None = Field(None, gt=0)
+    duration: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_end(self) -> BanRequest:
+        if self.until is not None and self.duration is not None:
+            raise ValueError("until or duration, not both")
+        return self
+
+    def ban(self, by: str, now: float) -> Ban:
+        until = self.until if self.until is not None else (now + self.duration if self.duration else None)
+        if until is not None and until <= now:
+            raise ValueError(f"until: {until} is in the past")
+        return Ban(kind=self.kind, who=self.who, reason=self.reason, by=by, at=now, until=until)
+
+
+class BannedList(_Model):
+    data: list[Ban]

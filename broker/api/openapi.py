@@ -31,6 +31,8 @@ class Route(Protocol):
     @property
     def body(self) -> type[BaseModel] | None: ...
     @property
+    def created(self) -> bool: ...
+    @property
     def public(self) -> bool: ...
     @property
     def operation_id(self) -> str: ...
@@ -64,7 +66,8 @@ def document(routes: Sequence[Route], version: str) -> dict[str, Any]:
         responses: dict[str, Any] = {}
         if r.answer is not None:
             schema = {"$ref": REF.format(model=r.answer.__name__)}
-            responses["200"] = {"description": "OK", "content": {"application/json": {"schema": schema}}}
+            status = "201" if r.created else "200"
+            responses[status] = {"description": "OK", "content": {"application/json": {"schema": schema}}}
         elif r.public:
             responses["200"] = {
                 "description": "OK",

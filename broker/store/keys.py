@@ -101,6 +101,8 @@ class Channels:
 EVENTS = f"{PREFIX}:events"
 #: the ids of the nodes that registered (set); a member whose alive key lapsed is dead
 NODES = f"{PREFIX}:nodes"
+#: the fleet's bans (hash: <as>:<who> -> banned.Ban as JSON); every node reads it with its heartbeat
+BANNED = f"{PREFIX}:banned"
 
 # The five keys of one session, in the order the store's scripts take them.
 SESSION_PARTS = ("m", "s", "q", "i", "r")

@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.fleet_support import raw_connect
 from tests.integration.harness import BrokerProc, uid
-from tests.integration.mqttraw import DISCONNECT, PUBLISH
+from tests.integration.mqttraw import DISCONNECT, PUBLISH, RawClient
 from tests.support import wait_until
 
 pytestmark = pytest.mark.redis
@@ -49,7 +49,9 @@ def call(bp: BrokerProc, method: str, path: str, key: str | None, body: Any = No
 def api_fleet(fleet, tmp_path):
     keys = tmp_path / "keys.yaml"
     admin, viewer = apikey(keys, "ops", "admin"), apikey(keys, "grafana", "viewer")
-    nodes = fleet(3, {"max_inflight": 2}, {"api": {"bind": "127.0.0.1:0", "keys_file": str(keys)}})
+    config = {"api": {"bind": "127.0.0.1:0", "keys_file": str(keys)},
+              "flapping": {"enabled": True, "max_count": 4, "window": "3s", "ban_time": "30s"}}  # fmt: skip
+    nodes = fleet(3, {"max_inflight": 2}, config)
     return nodes, admin, viewer
 
 
@@ -186,6 +188,7 @@ def test_the_openapi_document_validates_and_the_answers_match_it(api_fleet):
     check("/api/v1/clients/nobody", "Problem", 404)
     check("/api/v1/clients?page=0", "Problem", 400)
     check("/api/v1/nodes", "Problem", 401, key=None)
+    check("/api/v1/banned", "BannedList")
     none = f"{tag}-none"
     samples = {  # one request for every route the document names (a new route needs one here)
         ("get", "/api/v1/nodes"): ("", None, 200),
@@ -197,12 +200,15 @@ def test_the_openapi_document_validates_and_the_answers_match_it(api_fleet):
         ("get", "/api/v1/retained"): ("?topic=%23", None, 200),
         ("delete", "/api/v1/retained/{topic}"): (f"{tag}/nothing", None, 404),
         ("post", "/api/v1/publish"): ("", {"topic": f"{tag}/p"}, 200),
+        ("get", "/api/v1/banned"): ("", None, 200),
+        ("post", "/api/v1/banned"): ("", {"as": "peerhost", "who": "192.0.2.1", "duration": 5}, 201),
+        ("delete", "/api/v1/banned/{as}/{who}"): ("clientid/nobody", None, 404),
         ("get", "/api/v1/openapi.json"): ("", None, 200),
     }
     documented = {(method, path) for path, ops in doc["paths"].items() for method in ops}
     assert documented == set(samples)
     for (method, path), (arg, body, code) in samples.items():
-        url = re.sub(r"\{\w+\}", arg, path) if "{" in path else path + arg
+        url = re.sub(r"\{\w+\}(/\{\w+\})?", arg, path) if "{" in path else path + arg
         status, _, _ = call(a, method.upper(), url, admin, body)
         assert status == code, (method, url, status)
     client.close()
@@ -288,3 +294,56 @@ def test_retained_messages_are_listed_and_cleared_and_publish_input_is_checked(a
     assert status == 403
     status, problem, _ = call(a, "GET", "/api/v1/retained?topic=a/%23/b", viewer)
     assert status == 400 and "topic filter" in problem["detail"]
+
+
+def connack(bp: BrokerProc, cid: str, version: int = 5, username: str | None = None) -> int:
+    with RawClient(bp.host, bp.port, version=version) as c:
+        return c.connect(cid, check=False, username=username).reason
+
+
+def test_bans_refuse_connect_with_0x8a_and_disconnect_connected_clients_fleet_wide(api_fleet):
+    (a, b, c), admin, viewer = api_fleet
+    tag = uid("ban")
+    x, _ = raw_connect(c, f"{tag}-x", 5)
+    status, ban, _ = call(a, "POST", "/api/v1/banned", admin,
+                          {"as": "clientid", "who": f"{tag}-x", "reason": "stolen", "duration": 60})  # fmt: skip
+    assert status == 201 and (ban["as"], ban["who"], ban["by"]) == ("clientid", f"{tag}-x", "ops")
+    assert ban["until"] - ban["at"] == pytest.approx(60)
+    assert x.expect(DISCONNECT, timeout=3).reason == 0x98  # connected on another node: let go at once
+    assert connack(b, f"{tag}-x") == 0x8A
+    assert connack(a, f"{tag}-x", version=4) == 5  # (v3 has no "banned": not authorized)
+    status, listed, _ = call(b, "GET", "/api/v1/banned", viewer)
+    assert status == 200 and [(x["as"], x["who"], x["reason"]) for x in listed["data"]] == [
+        ("clientid", f"{tag}-x", "stolen")]  # fmt: skip
+    status, _, _ = call(b, "DELETE", f"/api/v1/banned/clientid/{tag}-x", admin)
+    assert status == 204
+    wait_until(lambda: connack(c, f"{tag}-x") == 0, timeout=5, msg="the lifted ban reaches every node")
+    status, _, _ = call(b, "DELETE", f"/api/v1/banned/clientid/{tag}-x", admin)
+    assert status == 404
+    # by username, on every node
+    status, _, _ = call(a, "POST", "/api/v1/banned", admin, {"as": "username", "who": f"{tag}-bob"})
+    assert status == 201
+    assert [connack(n, uid("any"), username=f"{tag}-bob") for n in (a, b, c)] == [0x8A] * 3
+    # bad input: a 400 naming the field, a viewer may not ban
+    for body, said in (({"as": "hostname", "who": "h"}, "body as"), ({"as": "clientid"}, "body who"),
+                       ({"as": "clientid", "who": "w", "until": 1, "duration": 5}, "not both"),
+                       ({"as": "clientid", "who": "w", "until": 1000}, "in the past")):  # fmt: skip
+        status, problem, _ = call(a, "POST", "/api/v1/banned", admin, body)
+        assert status == 400 and said in problem["detail"], (body, problem)
+    assert call(a, "POST", "/api/v1/banned", viewer, {"as": "clientid", "who": "w"})[0] == 403
+
+
+def test_a_flapping_client_id_is_banned_fleet_wide_and_counted(api_fleet):
+    (a, b, _c), admin, _viewer = api_fleet
+    cid = uid("flap")
+    codes = [connack(a, cid) for _ in range(5)]  # max_count 4 within 3 s
+    assert codes == [0, 0, 0, 0, 0x8A], codes
+    assert a.metric("fleetmq_flapping_bans_total") == 1
+    assert a.metric("fleetmq_banned_refusals_total") == 1
+    wait_until(lambda: any(x["who"] == cid for x in call(b, "GET", "/api/v1/banned", admin)[1]["data"]),
+               timeout=5, msg="the flapping ban listed")  # fmt: skip
+    (ban,) = [x for x in call(b, "GET", "/api/v1/banned", admin)[1]["data"] if x["who"] == cid]
+    assert (ban["by"], ban["reason"]) == ("flapping", "flapping") and ban["until"] - ban[
+        "at"
+    ] == pytest.approx(30)
+    wait_until(lambda: connack(b, cid) == 0x8A, timeout=5, msg="refused on the other nodes too")
