@@ -108,7 +108,7 @@ class Server:
         self.write_budget = WriteBudget(buffers.node, buffers.connection)
         self.listeners: dict[str, Listening] = {}
         self._tls: dict[str, ssl.SSLContext] = {}  # of the open tls/wss listeners, by name
-        self._http: asyncio.Server | None = None
+        self._http: web.AppRunner | None = None
         self._stopping: asyncio.Event | None = None
         #: a config waiting for its users files to arrive (UsersFilePending): their changes are watched
         self._pending: BrokerConfig | None = None
@@ -118,10 +118,10 @@ class Server:
         self._stopping = asyncio.Event()
         # HTTP first: /healthz answers (and /readyz says not ready) while the node waits for its store
         if self._worker_socket:
-            self._http = await asyncio.start_unix_server(http.handler(self._route), self._worker_socket)
+            self._http = await http.serve(self._route, unix=self._worker_socket)
         elif self.config.metrics.bind:
             host, port = parse_bind(self.config.metrics.bind)
-            self._http = await asyncio.start_server(http.handler(self._route), host, port, reuse_address=True)
+            self._http = await http.serve(self._route, host=host, port=port)
             log.info("metrics on http://%s:%d/metrics", host, port)
         await self.node.start()
         for listener in self.config.listeners:
@@ -341,7 +341,7 @@ class Server:
         for server in self.listeners.values():
             await server.wait_closed()
         if self._http is not None:
-            self._http.close()
+            await self._http.cleanup()
         if self._api is not None:
             await self._api.cleanup()
         await self.node.stop()

@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+import aiohttp
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -103,9 +104,7 @@ class Supervisor:
         http_server = None
         if self.config.metrics.bind:
             host, port = parse_bind(self.config.metrics.bind)
-            http_server = await asyncio.start_server(
-                http.handler(self._route), host, port, reuse_address=True
-            )
+            http_server = await http.serve(self._route, host=host, port=port)
         for w in self.workers:
             w.start()
         watchers = [loop.create_task(self._keep_running(w)) for w in self.workers]
@@ -115,7 +114,7 @@ class Supervisor:
         self._signal_all(signal.SIGTERM)
         await asyncio.gather(*watchers, return_exceptions=True)
         if http_server is not None:
-            http_server.close()
+            await http_server.cleanup()
         for w in self.workers:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(w.socket)
@@ -163,7 +162,7 @@ class Supervisor:
         async def one(w: Worker) -> tuple[int, bytes] | None:
             try:
                 return await http.get_unix(w.socket, path, timeout=5.0)
-            except (OSError, TimeoutError, ValueError, IndexError):
+            except (OSError, TimeoutError, ValueError, IndexError, aiohttp.ClientError):
                 return None
 
         return list(await asyncio.gather(*(one(w) for w in self.workers)))
