@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests import realnode
+from tests import kubeapi, realnode
 
 if TYPE_CHECKING:
     from .conftest import Cluster
@@ -143,8 +143,8 @@ def objects() -> list[dict[str, Any]]:
 def install(c: Cluster) -> None:
     """CRDs, then the rest, then wait until the controller runs (its image was loaded with the others)."""
     c.kubectl("apply", "--server-side", "-f", str(crds()))
-    c.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd/certificates.cert-manager.io",
-              "crd/clusterissuers.cert-manager.io", "crd/certificaterequests.cert-manager.io")  # fmt: skip
+    kubeapi.wait_established(c.kubectl, ["certificates.cert-manager.io", "clusterissuers.cert-manager.io",
+                                         "certificaterequests.cert-manager.io"])  # fmt: skip
     c.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects()}))
     c.kubectl("rollout", "status", f"deployment/{NAME}", "-n", NAMESPACE, "--timeout=180s")
 

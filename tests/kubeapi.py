@@ -90,6 +90,26 @@ def bin_dir() -> Path:
     return cache / "envtest" / k8s_version() / "bin"
 
 
+def wait_established(kubectl: Any, crds: list[str] | None = None, timeout: float = 60.0) -> None:
+    """Wait until the CRDs (names; None: every CRD there is) are Established. `kubectl wait --for
+    condition=established` is no help right after the apply: a CRD whose status the API server has not
+    written yet makes it fail at once (".status.conditions accessor error: <nil>") instead of waiting, which
+    a CI run under load hit. `kubectl` is a ControlPlane's or an e2e Cluster's method."""
+    if crds is None:
+        out = kubectl("get", "crd", "-o", "jsonpath={.items[*].metadata.name}").stdout
+        crds = out.split()
+    deadline = time.monotonic() + timeout
+    established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+    for name in crds:
+        while (
+            kubectl("get", "crd", name.removeprefix("crd/"), "-o", established, check=False).stdout.strip()
+            != "True"
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {name} not Established within {timeout:.0f}s")
+            time.sleep(0.2)
+
+
 def binary(name: str) -> str | None:
     """Path of an executable binary of the control plane, or None. etcd and kubectl may also come from PATH
     (etcd from Debian's etcd-server; kubectl is built by `make envtest` only when none is on PATH)."""

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import kubeapi
 from tests.operator.conftest import wait_for
 from tests.support import free_port
 
@@ -39,7 +40,7 @@ MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}  # no Prometheus Operato
 @pytest.fixture(scope="session")
 def chart_crds(control_plane) -> None:
     control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-    control_plane.kubectl("wait", "--for", "condition=established", "--timeout=60s", "crd", "--all")
+    kubeapi.wait_established(control_plane.kubectl)
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from fleetmq.operator import rbac
 
+from tests import kubeapi
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 OPERATOR_NS = "fleetmq-system"
 OPERATOR_SA = "fleetmq-operator-under-test"  # (see operator_kubeconfig)
@@ -63,10 +65,7 @@ class Kubectl:
 @pytest.fixture(scope="session")
 def crds_installed(control_plane) -> None:
     control_plane.kubectl("apply", "--server-side", "-f", str(ROOT / "crds"))
-    control_plane.kubectl(
-        "wait", "--for", "condition=established", "--timeout=60s",
-        "crd/brokerfleets.fleetmq.io", "crd/mqttzones.fleetmq.io",
-    )  # fmt: skip
+    kubeapi.wait_established(control_plane.kubectl, ["brokerfleets.fleetmq.io", "mqttzones.fleetmq.io"])
 
 
 @pytest.fixture(scope="session")
@@ -216,8 +215,9 @@ def cert_manager(control_plane, tmp_path_factory) -> Iterator[Path]:
     bin_dir = Path(subprocess.run(["bash", str(script), "--path"], check=True, capture_output=True,
                                   text=True).stdout.strip())  # fmt: skip
     control_plane.kubectl("apply", "--server-side", "-f", str(bin_dir.parent / "crds"))
-    control_plane.kubectl("wait", "--for", "condition=established", "--timeout=60s",
-                          "crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io")  # fmt: skip
+    kubeapi.wait_established(
+        control_plane.kubectl, ["certificates.cert-manager.io", "issuers.cert-manager.io"]
+    )
     log = tmp_path_factory.mktemp("cert-manager") / "controller.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

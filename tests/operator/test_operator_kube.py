@@ -14,6 +14,8 @@ import yaml
 from fleetmq.broker.config import BrokerConfig
 from fleetmq.operator import render
 
+from tests import kubeapi
+
 from .conftest import OPERATOR_NS, Operator, bridge, fleet, wait_for, zone
 
 CHILDREN = [
@@ -384,9 +386,7 @@ def test_redis_choices_and_service_monitor(k, run_operator, control_plane):
         },
     }  # fmt: skip
     control_plane.kubectl("apply", "-f", "-", input=json.dumps(monitor_crd))
-    control_plane.kubectl(
-        "wait", "--for", "condition=established", "crd/servicemonitors.monitoring.coreos.com"
-    )
+    kubeapi.wait_established(control_plane.kubectl, ["servicemonitors.monitoring.coreos.com"])
     run_operator()
     k.apply(fleet(redis={"managed": True}, metrics={"serviceMonitorLabels": {"release": "kps"}}))
     wait_for(lambda: k.get("statefulset", "edge-redis"), msg="managed redis")
