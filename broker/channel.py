@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from .auth import Access, Asked, ClientAcl
 from .authn.chain import Identity
@@ -55,6 +55,7 @@ from .negotiation import INTERNAL, NEVER_EXPIRE, V3_CONNACK, Negotiated, Refusal
 from .router import Subscription
 from .session import AwaitingRelFull, Session
 from .topic import is_sys, parse_share, valid_filter
+from .trace import Outgoing, Tracer
 from .zone import Zone
 from .zones import ZoneSettings
 
@@ -280,6 +281,7 @@ class Channel:
         "settings",
         "state",
         "telemetry",
+        "tracers",
         "username",
         "version",
         "will",
@@ -338,6 +340,7 @@ class Channel:
         # whose filter a deny rule reaches is made, and kept until the rules are bound again (so messages
         # already on their way through such a filter are still checked after an UNSUBSCRIBE).
         self.read_guard = False
+        self.tracers: list[Tracer] | None = None  # the packet traces of this client (trace.py)
         self.publish_rate: TokenBucket | None = None
         self.publish_bytes: TokenBucket | None = None
         self._v3_limited = False  # an MQTT 3 client with a publish rate: slowed down, not refused
@@ -375,6 +378,8 @@ class Channel:
             error, packets = e, e.packets  # packets before the bad one still count
         if self.parser.dollar and self._checks is not self._dollar_checks:
             self._checks = self._dollar_checks  # it publishes on '$' topics: checked from now on
+        if self.tracers is not None:
+            self.traced("in", packets)
         self._received(packets)
         if error is not None:
             self.protocol_error(error.reason, error.message)
@@ -1324,6 +1329,31 @@ class Channel:
         session.caught_up()  # (repeats found now had not been sent)
         if self.state == State.CONNECTED:
             self._send_deliveries(*session.refill(self.clock.time()))
+
+    # -- packet traces (trace.py): nothing of this runs for a client that is not traced
+    def start_trace(self, tracer: Tracer) -> None:
+        if self._in_process:
+            return  # (a bridge's link: its own traces are the remote broker's)
+        if self.tracers is None:
+            self.tracers = []
+            self.io = Outgoing(self.io, lambda packets: self.traced("out", packets), self.version)
+            self.write_publish = cast(Callable[[bytes | Publish], None], self.io.write)
+        if tracer not in self.tracers:
+            self.tracers.append(tracer)
+
+    def stop_trace(self, tracer: Tracer) -> None:
+        if self.tracers is None or tracer not in self.tracers:
+            return
+        self.tracers.remove(tracer)
+        if not self.tracers and isinstance(self.io, Outgoing):
+            self.tracers = None
+            self.io = self.io.io
+            self.write_publish = cast(Callable[[bytes | Publish], None], self.io.write)
+
+    def traced(self, direction: Literal["in", "out"], packets: list[Any]) -> None:
+        now = self.clock.wall()
+        for tracer in self.tracers or ():
+            tracer.packets(self.client_id, direction, packets, now)
 
     def kick(self, reason: int, why: str) -> None:
         """Close this connection on the server's initiative (takeover, shutdown)."""

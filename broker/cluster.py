@@ -39,6 +39,7 @@ from .store import keys, wire
 from .store.base import retrying
 from .store.connections import Shard, command
 from .store.redis_store import RedisStore, text
+from .trace import STREAM_MAX, TraceSpec
 
 log = logging.getLogger("fleetmq.cluster")
 
@@ -64,6 +65,16 @@ def parse_bans(raw: dict[Any, Any]) -> list[Ban]:
             out.append(Ban.model_validate_json(value))
         except ValueError as e:
             log.warning("skipping the ban %s: %s", text(key), e)
+    return out
+
+
+def parse_traces(raw: dict[Any, Any]) -> list[TraceSpec]:
+    out = []
+    for name, value in raw.items():
+        try:
+            out.append(TraceSpec.model_validate_json(value))
+        except ValueError as e:
+            log.warning("skipping the trace %s: %s", text(name), e)
     return out
 
 
@@ -113,6 +124,7 @@ class Cluster:
         report: Callable[[], dict[FieldT, EncodableT]],
         ordered: Callable[[bytes | None], None] = lambda _: None,
         banned: Callable[[list[Ban]], object] = lambda _: None,
+        traced: Callable[[list[TraceSpec]], object] = lambda _: None,
     ) -> None:
         self.node_id = node_id
         #: this run of the node: its heartbeat's value, and what the store's connection counts name (a pod
@@ -128,6 +140,7 @@ class Cluster:
         self.report = report  # what this node tells the operator with every heartbeat (keys.nodeinfo)
         self.ordered = ordered  # given what the operator asks of this node, read with every heartbeat
         self.banned = banned  # given the fleet's bans, read with every heartbeat
+        self.traced = traced  # given the fleet's packet traces, read with every heartbeat
         self._ban_cache: dict[Any, Ban] = {}  # stored value -> parsed
         self.channels = store.channels
         self.channel = self.channels.node(self.node_id)  # handovers and kicks come here
@@ -207,9 +220,11 @@ class Cluster:
             pipe.pexpire(keys.nodeinfo(self.node_id), 3 * ttl)
             pipe.get(keys.rebalance(self.node_id))
             pipe.hgetall(keys.BANNED)
+            pipe.hgetall(keys.TRACES)
             replies = await pipe.execute()
-        self.ordered(replies[-2])
-        self.banned(self._bans(replies[-1]))
+        self.ordered(replies[-3])
+        self.banned(self._bans(replies[-2]))
+        self.traced(parse_traces(replies[-1]))
         # the shard with the fewest replicas in sync is what a failover could cost
         replication = await asyncio.gather(*(s.redis.info("replication") for s in conns.shards))
         self.replicas_in_sync = min(replicas_in_sync(r) for r in replication)
@@ -290,6 +305,33 @@ class Cluster:
     async def delete_ban(self, key: str) -> bool:
         return bool(await self._client(keys.BANNED).hdel(keys.BANNED, key))
 
+    # -- packet traces (trace.py) --------------------------------------------------------------
+    async def read_traces(self) -> list[TraceSpec]:
+        return parse_traces(await self._client(keys.TRACES).hgetall(keys.TRACES))
+
+    async def put_trace(self, spec: TraceSpec) -> None:
+        await self._client(keys.TRACES).hset(keys.TRACES, spec.name, spec.model_dump_json())
+
+    async def delete_trace(self, name: str) -> bool:
+        stream = keys.trace_stream(name)
+        await self._client(stream).delete(stream)
+        return bool(await self._client(keys.TRACES).hdel(keys.TRACES, name))
+
+    async def append_trace(self, name: str, lines: list[str]) -> None:
+        stream = keys.trace_stream(name)
+        async with self._client(stream).pipeline(transaction=False) as pipe:
+            for line in lines:
+                pipe.xadd(stream, {"r": line}, maxlen=STREAM_MAX, approximate=True)
+            await pipe.execute()
+
+    async def trace_lines(self, name: str) -> list[str]:
+        stream = keys.trace_stream(name)
+        entries = await self._client(stream).xrange(stream) or []
+        return [text(fields[b"r"]) for _id, fields in entries if fields]
+
+    async def trace_sizes(self, names: list[str]) -> list[int]:
+        return [int(await self._client(keys.trace_stream(n)).xlen(keys.trace_stream(n))) for n in names]
+
     async def nodes(self) -> list[tuple[str, bool, dict[str, str]]]:
         """Every registered node: (node id, whether its heartbeat lasts, its last report)."""
         nodes = sorted(text(n) for n in await self._client(keys.NODES).smembers(keys.NODES))
@@ -300,10 +342,6 @@ class Cluster:
             return node, bool(alive), {text(k): text(v) for k, v in info.items()}
 
         return list(await asyncio.gather(*(one(n) for n in nodes)))
-
-    def live_nodes(self) -> list[str]:
-        """The nodes alive as of the last check, this one included."""
-        return sorted({i.rpartition(":")[0] for i in self.live_instances()})
 
     def live_instances(self) -> frozenset[str]:
         return frozenset((self.instance, *self._live.values()))

@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 from .authn.chain import Credentials, Verdict
 from .banned import BanList, Flapping
 from .channel import Channel, State
-from .codec import MQTT5, RC
+from .codec import MQTT5, RC, Connect
 from .eventschema import DropReason
 from .journal import JournalChanges
 from .message import Delivery, Message, Will
@@ -46,6 +46,7 @@ from .store.base import (
     retrying,
 )
 from .store.committer import GroupCommitter
+from .trace import Tracer
 from .zone import Zone
 
 log = logging.getLogger("fleetmq.cm")
@@ -141,6 +142,9 @@ class ChannelManager:
         self.flapping: Flapping | None = None
         #: a flapping client id to ban fleet-wide (node.Node's; it writes the store)
         self.on_flapping: Callable[[str], None] = lambda _cid: None
+        #: packet traces (trace.py; node.Node keeps them): by client id, and those of topic filters
+        self.client_tracers: dict[str, list[Tracer]] = {}
+        self.topic_tracers: list[Tracer] = []
         self.channels: dict[str, Channel] = {}  # online, CONNACK sent or about to be
         self._online = self.channels.__contains__  # shared groups prefer online members
         self.offline: dict[str, Offline] = {}
@@ -191,6 +195,14 @@ class ChannelManager:
 
     # -- opening a session ---------------------------------------------------------------------------
     def open_session(self, ch: Channel, request: Negotiated) -> None:
+        if self.client_tracers:
+            tracers = self.client_tracers.get(request.client_id)
+            if tracers:
+                for tracer in tracers:
+                    ch.start_trace(tracer)
+                connect = Connect(request.client_id, request.version, request.clean_start,
+                                  request.keepalive.interval, username=request.username)  # fmt: skip
+                ch.traced("in", [connect])  # (parsed before the trace was on)
         self.spawn(self._connect(ch, request))
 
     async def _connect(self, ch: Channel, req: Negotiated) -> None:
@@ -785,6 +797,9 @@ class ChannelManager:
             if durable:
                 self.committer.add(Retain(msg))
         channels = self.channels
+        if self.topic_tracers:
+            for tracer in self.topic_tracers:
+                tracer.routed(msg.sender, msg.topic, msg.qos, msg.retain, msg.payload, msg.ts)
         matches = self.router.match(msg.topic, self._online)
         if not matches:
             z = self.zones.get(zone)

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any
@@ -41,6 +42,7 @@ from .store.connections import StoreConnections
 from .store.memory import MemoryStore
 from .store.redis_store import RedisStore
 from .telemetry import Telemetry
+from .trace import STREAM_MAX, Tracer, TraceSpec
 from .zone import Zone
 
 log = logging.getLogger("fleetmq.node")
@@ -51,6 +53,9 @@ Evict = Callable[[Order, Progress], Awaitable[None]]
 STORE_RETRY_MIN, STORE_RETRY_MAX = 0.5, 5.0  # seconds between attempts to reach the store at start
 #: at a graceful stop, how long a bridge led here may wait for the remote's acks before it hands over
 BRIDGE_DRAIN = 2.0
+
+
+TRACE_FLUSH = 0.5  # seconds between two writes of a running trace's records
 
 
 class Node:
@@ -116,6 +121,7 @@ class Node:
                 self._report,
                 self._ordered,
                 self.apply_bans,
+                self.apply_traces,
             )
         self._evict = evict  # (the server's: it has the connections)
         self.rebalance: Progress | None = None  # the last rebalance order taken on
@@ -127,6 +133,10 @@ class Node:
         if flapping.enabled:
             self.cm.flapping = Flapping(flapping.max_count, flapping.window)
         self.cm.on_flapping = self._flapping
+        self.tracers: dict[str, Tracer] = {}  # the traces running on this node, by name
+        self._trace_specs: dict[str, TraceSpec] = {}  # a node alone (memory store): its traces ...
+        self._trace_log: dict[str, deque[str]] = {}  # ... and what they recorded
+        self._trace_flusher: asyncio.Task[None] | None = None
         self.metrics.gauges = self.gauges
         self.metrics.store_round_trips = lambda: getattr(self.store, "round_trips", {})
         if isinstance(self.store, RedisStore):
@@ -198,6 +208,112 @@ class Node:
         if self.cluster is not None:
             removed = await self.cluster.delete_ban(key) or removed
         return removed
+
+    # -- packet traces (trace.py) -------------------------------------------------------------
+    def apply_traces(self, specs: list[TraceSpec]) -> None:
+        """The fleet's traces as read from the store: those now on start here, the others stop."""
+        now = time.time()
+        wanted = {s.name: s for s in specs if s.active(now)}
+        for name, tracer in list(self.tracers.items()):
+            if wanted.get(name) != tracer.spec:
+                self._stop_trace(name)
+        for name, spec in wanted.items():
+            if name not in self.tracers:
+                self._start_trace(spec)
+
+    def _start_trace(self, spec: TraceSpec) -> None:
+        tracer = self.tracers[spec.name] = Tracer(spec, self.node_id)
+        if spec.kind == "clientid":
+            self.cm.client_tracers.setdefault(spec.filter, []).append(tracer)
+            ch = self.cm.channels.get(spec.filter)
+            if ch is not None:
+                ch.start_trace(tracer)
+        else:
+            self.cm.topic_tracers.append(tracer)
+        if self._trace_flusher is None:
+            self._trace_flusher = self.spawn(self._flush_traces())
+        log.info("trace %s started: %s %r until %s", spec.name, spec.kind, spec.filter,
+                 time.strftime("%H:%M:%S", time.gmtime(spec.end)))  # fmt: skip
+
+    def _stop_trace(self, name: str) -> None:
+        tracer = self.tracers.pop(name)
+        spec = tracer.spec
+        if spec.kind == "clientid":
+            tracers = self.cm.client_tracers.get(spec.filter, [])
+            if tracer in tracers:
+                tracers.remove(tracer)
+            if not tracers:
+                self.cm.client_tracers.pop(spec.filter, None)
+            ch = self.cm.channels.get(spec.filter)
+            if ch is not None:
+                ch.stop_trace(tracer)
+        elif tracer in self.cm.topic_tracers:
+            self.cm.topic_tracers.remove(tracer)
+        self.spawn(self._write_trace(tracer))
+
+    async def _write_trace(self, tracer: Tracer) -> None:
+        lines = tracer.take()
+        if not lines:
+            return
+        if self.cluster is None:
+            self._trace_log.setdefault(tracer.spec.name, deque(maxlen=STREAM_MAX)).extend(lines)
+            return
+        try:
+            await self.cluster.append_trace(tracer.spec.name, lines)
+        except Exception as e:  # (lost for the trace only: said, and counted in the trace itself next time)
+            tracer.dropped += len(lines)
+            log.warning("could not store %d records of trace %s: %s", len(lines), tracer.spec.name, e)
+
+    async def _flush_traces(self) -> None:
+        try:
+            while self.tracers:
+                await asyncio.sleep(TRACE_FLUSH)
+                now = time.time()
+                for name, tracer in list(self.tracers.items()):
+                    if not tracer.spec.active(now):
+                        self._stop_trace(name)
+                    else:
+                        await self._write_trace(tracer)
+        finally:
+            self._trace_flusher = None
+
+    async def refresh_traces(self) -> None:
+        if self.cluster is not None:
+            self.apply_traces(await self.cluster.read_traces())
+        else:
+            self.apply_traces(list(self._trace_specs.values()))
+
+    async def flush_traces(self) -> None:
+        for tracer in list(self.tracers.values()):
+            await self._write_trace(tracer)
+
+    async def put_trace(self, spec: TraceSpec) -> None:
+        if self.cluster is not None:
+            await self.cluster.put_trace(spec)
+        else:
+            self._trace_specs[spec.name] = spec
+        await self.refresh_traces()
+
+    async def delete_trace(self, name: str) -> bool:
+        if name in self.tracers:
+            self._stop_trace(name)
+        if self.cluster is not None:
+            return await self.cluster.delete_trace(name)
+        self._trace_log.pop(name, None)
+        return self._trace_specs.pop(name, None) is not None
+
+    async def trace_specs(self) -> list[tuple[TraceSpec, int]]:
+        """Every trace, with how many records it holds."""
+        if self.cluster is None:
+            specs = sorted(self._trace_specs.values(), key=lambda s: s.name)
+            return [(s, len(self._trace_log.get(s.name, ()))) for s in specs]
+        specs = sorted(await self.cluster.read_traces(), key=lambda s: s.name)
+        return list(zip(specs, await self.cluster.trace_sizes([s.name for s in specs]), strict=True))
+
+    async def trace_lines(self, name: str) -> list[str]:
+        if self.cluster is None:
+            return list(self._trace_log.get(name, ()))
+        return await self.cluster.trace_lines(name)
 
     def _flapping(self, client_id: str) -> None:
         now = time.time()

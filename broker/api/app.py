@@ -17,6 +17,7 @@ from .. import __version__
 from ..apikeys import ApiKey, ApiKeys
 from ..banned import Ban
 from ..topic import valid_filter, valid_topic
+from ..trace import TraceSpec
 from . import models
 from .fleet import FleetView, NodeUnavailable, StoreUnavailable
 from .local import LocalApi
@@ -43,6 +44,7 @@ class Route:
     query: type[BaseModel] | None = None
     body: type[BaseModel] | None = None  # the JSON body's model
     created: bool = False  # answered 201 (with the answer model), not 200
+    ndjson: bool = False  # answered with JSON lines
     public: bool = False  # served without a key (the OpenAPI document)
 
     @property
@@ -188,6 +190,41 @@ class Api:
             raise Problem(404, f"no ban of {kind} {who!r}")
         return web.Response(status=204)
 
+    async def post_trace(self, request: web.Request) -> web.StreamResponse:
+        req: models.TraceRequest = await parse_body(models.TraceRequest, request)
+        if any(s.name == req.name for s, _n in await self.node.trace_specs()):
+            raise Problem(409, f"a trace named {req.name!r} exists: DELETE it first")
+        now = time.time()
+        spec = TraceSpec(name=req.name, kind="clientid" if req.clientid is not None else "topic",
+                         filter=req.clientid or req.topic or "", start=now, end=now + req.duration,
+                         payload_limit=req.payload_limit)  # fmt: skip
+        if spec.kind == "topic" and not valid_filter(spec.filter):
+            raise Problem(400, f"body topic: {spec.filter!r} is not a valid topic filter")
+        await self.fleet.trace(spec)
+        return web.Response(
+            status=201, text=_trace(spec, 0, now).model_dump_json(), content_type="application/json"
+        )
+
+    async def get_traces(self, request: web.Request) -> web.StreamResponse:
+        now = time.time()
+        return ok(models.TraceList(data=[_trace(s, n, now) for s, n in await self.node.trace_specs()]))
+
+    async def get_trace(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if not any(s.name == name for s, _n in await self.node.trace_specs()):
+            raise Problem(404, f"no trace named {name!r}")
+        await self.fleet.flush_traces()
+        lines = await self.node.trace_lines(name)
+        body = "".join(line + "\n" for line in lines)
+        return web.Response(text=body, content_type="application/x-ndjson",
+                            headers={"Content-Disposition": f'attachment; filename="{name}.jsonl"'})  # fmt: skip
+
+    async def delete_trace(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        if not await self.fleet.untrace(name):
+            raise Problem(404, f"no trace named {name!r}")
+        return web.Response(status=204)
+
     async def get_openapi(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(document(ROUTES, __version__))
 
@@ -235,6 +272,12 @@ class Api:
         return app
 
 
+def _trace(spec: TraceSpec, records: int, now: float) -> models.Trace:
+    return models.Trace(name=spec.name, kind=spec.kind, filter=spec.filter, start=spec.start, end=spec.end,
+                        payload_limit=spec.payload_limit, status="running" if spec.active(now) else "stopped",
+                        records=records)  # fmt: skip
+
+
 def _bound(api: Api, route: Route) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
         return await route.handler(api, request)
@@ -267,5 +310,12 @@ ROUTES: list[Route] = [
           "Ban a client id, username or address: refused at CONNECT (0x8A), disconnected if connected (0x98)",
           Ban, body=models.BanRequest, created=True),
     Route("DELETE", f"{PREFIX}/banned/{{as}}/{{who}}", Api.delete_banned, "Lift a ban", None),
+    Route("POST", f"{PREFIX}/traces", Api.post_trace,
+          "Trace a client id's packets or a topic filter's PUBLISHes on every node, for a while",
+          models.Trace, body=models.TraceRequest, created=True),
+    Route("GET", f"{PREFIX}/traces", Api.get_traces, "The traces, running and stopped", models.TraceList),
+    Route("GET", f"{PREFIX}/traces/{{name}}", Api.get_trace,
+          "What a trace recorded: JSON lines, each packet as a node saw it", None, ndjson=True),
+    Route("DELETE", f"{PREFIX}/traces/{{name}}", Api.delete_trace, "Stop a trace and delete its records", None),
     Route("GET", f"{PREFIX}/openapi.json", Api.get_openapi, "This document", None, public=True),
 ]  # fmt: skip

@@ -17,6 +17,7 @@ from ..codec import Prop
 from ..message import Message
 from ..store.base import Retain, SessionInfo
 from ..topic import parse_share, topic_matches
+from ..trace import TraceSpec
 from . import models
 from .local import LISTED, LocalApi, delivery, subscription
 
@@ -68,9 +69,13 @@ class FleetView:
             raise NodeUnavailable(f"{node_id}: {out['error']}")
         return out
 
-    def _live_nodes(self) -> list[str]:
+    async def _live_nodes(self) -> list[str]:
+        """The nodes whose heartbeat lasts now (read, not the reaper's last look: a node that just
+        joined is asked too)."""
         cluster = self.node.cluster
-        return cluster.live_nodes() if cluster is not None else [self.node.node_id]
+        if cluster is None:
+            return [self.node.node_id]
+        return [node for node, alive, _info in await cluster.nodes() if alive]
 
     async def nodes(self) -> list[models.Node]:
         cluster = self.node.cluster
@@ -93,7 +98,7 @@ class FleetView:
         return out
 
     async def clients(self, q: models.ClientQuery) -> models.ClientList:
-        nodes = [n for n in self._live_nodes() if q.node is None or n == q.node]
+        nodes = [n for n in await self._live_nodes() if q.node is None or n == q.node]
         if q.connected is False:
             nodes = []  # (the store has every offline session)
         stored, *answers = await asyncio.gather(
@@ -169,14 +174,31 @@ class FleetView:
     async def ban(self, ban: Ban) -> None:
         """Stored, then every node told at once (each also reads the bans with its next heartbeat)."""
         await self.node.ban(ban)
-        others = [n for n in self._live_nodes() if n != self.node.node_id]
-        await asyncio.gather(*(self._ask(n, {"op": "bans"}) for n in others), return_exceptions=True)
+        await self._all_nodes({"op": "bans"})
 
     async def unban(self, key: str) -> bool:
         removed = await self.node.unban(key)
-        others = [n for n in self._live_nodes() if n != self.node.node_id]
-        await asyncio.gather(*(self._ask(n, {"op": "bans"}) for n in others), return_exceptions=True)
+        await self._all_nodes({"op": "bans"})
         return removed
+
+    # -- traces ------------------------------------------------------------------------------------
+    async def _all_nodes(self, ask: dict[str, Any]) -> None:
+        others = [n for n in await self._live_nodes() if n != self.node.node_id]
+        await asyncio.gather(*(self._ask(n, ask) for n in others), return_exceptions=True)
+
+    async def trace(self, spec: TraceSpec) -> None:
+        await self.node.put_trace(spec)
+        await self._all_nodes({"op": "traces"})
+
+    async def untrace(self, name: str) -> bool:
+        removed = await self.node.delete_trace(name)
+        await self._all_nodes({"op": "traces"})
+        return removed
+
+    async def flush_traces(self) -> None:
+        """Every node writes what its traces hold now (else within trace flush interval)."""
+        await self.node.flush_traces()
+        await self._all_nodes({"op": "flush_traces"})
 
     # -- topics ---------------------------------------------------------------------------------------
     def subscribers(self, topic: str) -> list[models.Subscriber]:

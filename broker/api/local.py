@@ -80,6 +80,12 @@ class LocalApi:
             out = found.model_dump() if found is not None else None
         elif op == "bans":
             out = {"kicked": await self.node.refresh_bans()}
+        elif op == "traces":
+            await self.node.refresh_traces()
+            out = {"running": sorted(self.node.tracers)}
+        elif op == "flush_traces":
+            await self.node.flush_traces()
+            out = {"flushed": True}
         elif op == "kick":
             out = {"kicked": self.node.cm.kick(str(ask["clientid"]), bool(ask.get("discard")))}
         else:

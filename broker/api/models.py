@@ -268,3 +268,34 @@ class BanRequest(_Model):
 
 class BannedList(_Model):
     data: list[Ban]
+
+
+class TraceRequest(_Model):
+    """POST /api/v1/traces: a client id's packets, or the PUBLISHes on a topic filter, for `duration`."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    clientid: str | None = Field(None, min_length=1)
+    topic: str | None = Field(None, min_length=1, description="A topic filter")
+    duration: float = Field(300, gt=0, le=24 * 3600, description="Seconds")
+    payload_limit: int = Field(256, ge=0, le=65536, description="Payload bytes kept per packet")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> TraceRequest:
+        if (self.clientid is None) == (self.topic is None):
+            raise ValueError("clientid or topic, one of them")
+        return self
+
+
+class Trace(_Model):
+    name: str
+    kind: Literal["clientid", "topic"]
+    filter: str
+    start: float
+    end: float
+    payload_limit: int
+    status: Literal["running", "stopped"]
+    records: int = Field(description="Records kept (JSON lines at GET /api/v1/traces/{name})")
+
+
+class TraceList(_Model):
+    data: list[Trace]

@@ -33,6 +33,8 @@ class Route(Protocol):
     @property
     def created(self) -> bool: ...
     @property
+    def ndjson(self) -> bool: ...
+    @property
     def public(self) -> bool: ...
     @property
     def operation_id(self) -> str: ...
@@ -68,6 +70,11 @@ def document(routes: Sequence[Route], version: str) -> dict[str, Any]:
             schema = {"$ref": REF.format(model=r.answer.__name__)}
             status = "201" if r.created else "200"
             responses[status] = {"description": "OK", "content": {"application/json": {"schema": schema}}}
+        elif r.ndjson:
+            responses["200"] = {
+                "description": "JSON lines",
+                "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+            }
         elif r.public:
             responses["200"] = {
                 "description": "OK",
@@ -79,6 +86,8 @@ def document(routes: Sequence[Route], version: str) -> dict[str, Any]:
             responses["400"] = _problem("A parameter or the body is not valid: the detail names it")
             responses["401"] = _problem("No API key, or an unknown one")
             responses["403"] = _problem("A viewer key asked for more than GET")
+            if r.created:
+                responses["409"] = _problem("It exists already")
             if "{" in r.path:
                 responses["404"] = _problem("Not found: the detail says what")
             responses["503"] = _problem("A node or the session store did not answer")

@@ -103,6 +103,14 @@ EVENTS = f"{PREFIX}:events"
 NODES = f"{PREFIX}:nodes"
 #: the fleet's bans (hash: <as>:<who> -> banned.Ban as JSON); every node reads it with its heartbeat
 BANNED = f"{PREFIX}:banned"
+#: the fleet's packet traces (hash: name -> trace.TraceSpec as JSON); every node reads it with its heartbeat
+TRACES = f"{PREFIX}:traces"
+
+
+def trace_stream(name: str) -> str:
+    """What a trace recorded, as JSON lines from every node (a stream, trimmed to trace.STREAM_MAX)."""
+    return f"{PREFIX}:trace:{{{name}}}"
+
 
 # The five keys of one session, in the order the store's scripts take them.
 SESSION_PARTS = ("m", "s", "q", "i", "r")

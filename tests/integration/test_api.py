@@ -189,6 +189,7 @@ def test_the_openapi_document_validates_and_the_answers_match_it(api_fleet):
     check("/api/v1/clients?page=0", "Problem", 400)
     check("/api/v1/nodes", "Problem", 401, key=None)
     check("/api/v1/banned", "BannedList")
+    check("/api/v1/traces", "TraceList")
     none = f"{tag}-none"
     samples = {  # one request for every route the document names (a new route needs one here)
         ("get", "/api/v1/nodes"): ("", None, 200),
@@ -203,6 +204,10 @@ def test_the_openapi_document_validates_and_the_answers_match_it(api_fleet):
         ("get", "/api/v1/banned"): ("", None, 200),
         ("post", "/api/v1/banned"): ("", {"as": "peerhost", "who": "192.0.2.1", "duration": 5}, 201),
         ("delete", "/api/v1/banned/{as}/{who}"): ("clientid/nobody", None, 404),
+        ("post", "/api/v1/traces"): ("", {"name": f"{tag}-doc", "topic": "a/#", "duration": 5}, 201),
+        ("get", "/api/v1/traces"): ("", None, 200),
+        ("get", "/api/v1/traces/{name}"): ("nothing", None, 404),
+        ("delete", "/api/v1/traces/{name}"): ("nothing", None, 404),
         ("get", "/api/v1/openapi.json"): ("", None, 200),
     }
     documented = {(method, path) for path, ops in doc["paths"].items() for method in ops}
@@ -347,3 +352,64 @@ def test_a_flapping_client_id_is_banned_fleet_wide_and_counted(api_fleet):
         "at"
     ] == pytest.approx(30)
     wait_until(lambda: connack(b, cid) == 0x8A, timeout=5, msg="refused on the other nodes too")
+
+
+def test_a_trace_holds_a_clients_packets_as_its_node_saw_them_and_a_topics_publishes(api_fleet):
+    (a, b, c), admin, viewer = api_fleet
+    tag = uid("trc")
+    status, trace, _ = call(a, "POST", "/api/v1/traces", admin,
+                            {"name": f"{tag}-c", "clientid": f"{tag}-dev", "duration": 60, "payload_limit": 8})  # fmt: skip
+    assert status == 201 and (trace["kind"], trace["status"]) == ("clientid", "running"), trace
+    status, _, _ = call(a, "POST", "/api/v1/traces", admin, {"name": f"{tag}-t", "topic": f"{tag}/#"})
+    assert status == 201
+    assert call(a, "POST", "/api/v1/traces", admin, {"name": f"{tag}-t", "topic": "x"})[0] == 409
+    with RawClient(c.host, c.port, version=5) as dev:  # on node c, with a password that must not show
+        dev.connect(f"{tag}-dev", username="dev", password=b"s3cret-pw")
+        dev.subscribe([(f"{tag}/in", 1)])
+        dev.publish(f"{tag}/out", b"A" * 1000, qos=1)
+        dev.expect_any()  # its PUBACK
+        dev.disconnect()
+
+    def lines(name: str) -> list[dict]:
+        req = urllib.request.Request(f"http://{a.host}:{a.ports['api']}/api/v1/traces/{name}",
+                                     headers={"Authorization": f"Bearer {viewer}"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.headers["Content-Type"].startswith("application/x-ndjson")
+            text = r.read().decode()
+        assert "s3cret-pw" not in text
+        return [json.loads(line) for line in text.splitlines()]
+
+    wait_until(lambda: any(r["type"] == "DISCONNECT" for r in lines(f"{tag}-c")), timeout=10,
+               msg="the whole session traced")  # fmt: skip
+    got = lines(f"{tag}-c")
+    assert {r["node"] for r in got} == {"node-2"} and {r["clientid"] for r in got} == {f"{tag}-dev"}
+    seen = [(r["dir"], r["type"]) for r in got]
+    assert seen[:2] == [("in", "CONNECT"), ("out", "CONNACK")], seen
+    for step in [
+        ("in", "SUBSCRIBE"),
+        ("out", "SUBACK"),
+        ("in", "PUBLISH"),
+        ("out", "PUBACK"),
+        ("in", "DISCONNECT"),
+    ]:
+        assert step in seen, (step, seen)
+    (pub,) = [r for r in got if r["type"] == "PUBLISH"]
+    assert (pub["topic"], pub["payload"], pub["payload_size"], pub["qos"]) == (f"{tag}/out", "A" * 8, 1000, 1)
+    assert got[0]["username"] == "dev" and "password" not in got[0]
+    # the topic trace: that PUBLISH as node c routed it
+    wait_until(lambda: lines(f"{tag}-t"), timeout=10, msg="the topic trace's record")
+    (routed,) = lines(f"{tag}-t")
+    assert (routed["dir"], routed["node"], routed["clientid"], routed["topic"]) == (
+        "routed", "node-2", f"{tag}-dev", f"{tag}/out")  # fmt: skip
+    status, listed, _ = call(b, "GET", "/api/v1/traces", viewer)
+    assert status == 200
+    mine = {t["name"]: t for t in listed["data"] if t["name"].startswith(tag)}
+    assert mine[f"{tag}-c"]["records"] == len(got) and mine[f"{tag}-t"]["records"] == 1
+    assert call(b, "DELETE", f"/api/v1/traces/{tag}-c", admin)[0] == 204
+    assert call(b, "GET", f"/api/v1/traces/{tag}-c", admin)[0] == 404
+    for body, said in (({"name": "x", "clientid": "a", "topic": "b"}, "one of them"),
+                       ({"name": "bad name", "clientid": "a"}, "body name"),
+                       ({"name": "x", "topic": "a/#/b"}, "topic filter"),
+                       ({"name": "x", "clientid": "a", "duration": 0}, "body duration")):  # fmt: skip
+        status, problem, _ = call(a, "POST", "/api/v1/traces", admin, body)
+        assert status == 400 and said in problem["detail"], (body, problem)
