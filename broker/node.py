@@ -165,6 +165,12 @@ class Node:
             for z in self.metrics.zones.values()
         )
 
+    def report(self) -> dict[FieldT, EncodableT]:
+        return self._report()
+
+    def bridge_summaries(self) -> dict[str, dict[str, Any]]:
+        return {n: summary(r) for n, r in self._bridge_reports().items()}
+
     def _report(self) -> dict[FieldT, EncodableT]:
         connections, sessions = self.cm.counts()
         out: dict[FieldT, EncodableT] = {

@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetmq.api")
 
 PREFIX = "/api/v1"
+CONSOLE = Path(__file__).parent / "console"  # the web console's files (package data)
 PROBLEM = "application/problem+json"
 KEY = web.RequestKey("key", ApiKey)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -225,6 +227,12 @@ class Api:
             raise Problem(404, f"no trace named {name!r}")
         return web.Response(status=204)
 
+    async def get_zones(self, request: web.Request) -> web.StreamResponse:
+        return ok(models.ZonesAnswer(data=await self.fleet.zones()))
+
+    async def get_bridges(self, request: web.Request) -> web.StreamResponse:
+        return ok(models.BridgeList(data=await self.fleet.bridges()))
+
     async def get_openapi(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(document(ROUTES, __version__))
 
@@ -269,6 +277,10 @@ class Api:
         app = web.Application(middlewares=[self._guard], client_max_size=1 << 20)
         for route in ROUTES:
             app.router.add_route(route.method, route.path, _bound(self, route))
+        # the web console: static files, public (the page asks for a key and sends it with each call)
+        app.router.add_get("/", console_page)
+        app.router.add_static("/console/", CONSOLE, append_version=False)
+        app.on_response_prepare.append(_security_headers)
         return app
 
 
@@ -276,6 +288,17 @@ def _trace(spec: TraceSpec, records: int, now: float) -> models.Trace:
     return models.Trace(name=spec.name, kind=spec.kind, filter=spec.filter, start=spec.start, end=spec.end,
                         payload_limit=spec.payload_limit, status="running" if spec.active(now) else "stopped",
                         records=records)  # fmt: skip
+
+
+async def console_page(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(CONSOLE / "index.html")
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """The console's pages run only the console's own script, and in no one else's frame."""
+    response.headers.setdefault("Content-Security-Policy", "default-src 'self'; frame-ancestors 'none'")
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
 
 
 def _bound(api: Api, route: Route) -> Handler:
@@ -317,5 +340,7 @@ ROUTES: list[Route] = [
     Route("GET", f"{PREFIX}/traces/{{name}}", Api.get_trace,
           "What a trace recorded: JSON lines, each packet as a node saw it", None, ndjson=True),
     Route("DELETE", f"{PREFIX}/traces/{{name}}", Api.delete_trace, "Stop a trace and delete its records", None),
+    Route("GET", f"{PREFIX}/zones", Api.get_zones, "Each node's zones as it applied them", models.ZonesAnswer),
+    Route("GET", f"{PREFIX}/bridges", Api.get_bridges, "Each bridge as the nodes report it", models.BridgeList),
     Route("GET", f"{PREFIX}/openapi.json", Api.get_openapi, "This document", None, public=True),
 ]  # fmt: skip

@@ -82,9 +82,10 @@ class FleetView:
         if cluster is None:
             connections, sessions = self.node.cm.counts()
             uptime = time.time() - self.node.started_ms / 1000
+            delivered = int(self.node.report()["delivered"])
             return [models.Node(node=self.node.node_id, status="running", connections=connections,
                                 sessions=sessions, version=__version__, config_hash=self.node.config_hash,
-                                uptime_s=round(uptime, 1))]  # fmt: skip
+                                uptime_s=round(uptime, 1), delivered=delivered, reported_at=time.time())]  # fmt: skip
         out = []
         for node_id, alive, info in await cluster.nodes():
             started = int(info.get("started_ms") or 0)
@@ -94,6 +95,7 @@ class FleetView:
                 connections=int(info.get("connections") or 0), sessions=int(info.get("sessions") or 0),
                 version=info.get("version", ""), config_hash=info.get("config_hash", ""),
                 uptime_s=round((reported - started) / 1000, 1) if started and reported else None,
+                delivered=int(info.get("delivered") or 0), reported_at=reported / 1000 if reported else None,
             ))  # fmt: skip
         return out
 
@@ -180,6 +182,29 @@ class FleetView:
         removed = await self.node.unban(key)
         await self._all_nodes({"op": "bans"})
         return removed
+
+    # -- zones and bridges ----------------------------------------------------------------------
+    async def zones(self) -> list[models.NodeZones]:
+        nodes = await self._live_nodes()
+        answers = await asyncio.gather(
+            *(self._ask(n, {"op": "zones"}) for n in nodes), return_exceptions=True
+        )
+        return [models.NodeZones(node=n, **a) for n, a in zip(nodes, answers, strict=True)
+                if not isinstance(a, BaseException)]  # fmt: skip
+
+    async def bridges(self) -> list[models.Bridge]:
+        cluster = self.node.cluster
+        if cluster is None:
+            rows = [(self.node.node_id, True, {"bridges": json.dumps(self.node.bridge_summaries())})]
+        else:
+            rows = await cluster.nodes()
+        out = []
+        for node_id, alive, info in rows:
+            if not alive:
+                continue
+            for name, b in sorted(json.loads(info.get("bridges") or "{}").items()):
+                out.append(models.Bridge(bridge=name, node=node_id, **b))
+        return out
 
     # -- traces ------------------------------------------------------------------------------------
     async def _all_nodes(self, ask: dict[str, Any]) -> None:

@@ -68,6 +68,18 @@ class LocalApi:
             mqueue=[delivery(d) for d in list(s.mqueue)[:LISTED]],
         )
 
+    def zones(self) -> dict[str, dict[str, Any]]:
+        """The zones as this node applied them; an http authenticator's header values hidden (keys)."""
+        out = {}
+        for name, zone in sorted(self.node.config.zones.items()):
+            settings = zone.model_dump(mode="json", by_alias=True)
+            for auth in settings.get("authentication") or []:
+                for field in ("headers",):
+                    if isinstance(auth.get(field), dict):
+                        auth[field] = {k: "<hidden>" for k in auth[field]}
+            out[name] = settings
+        return out
+
     async def answer(self, body: bytes) -> bytes:
         """An Ask from another node's API (cluster.Cluster.answer)."""
         ask: dict[str, Any] = json.loads(body)
@@ -80,6 +92,8 @@ class LocalApi:
             out = found.model_dump() if found is not None else None
         elif op == "bans":
             out = {"kicked": await self.node.refresh_bans()}
+        elif op == "zones":
+            out = {"config_hash": self.node.config_hash, "zones": self.zones()}
         elif op == "traces":
             await self.node.refresh_traces()
             out = {"running": sorted(self.node.tracers)}

@@ -38,6 +38,8 @@ class Node(_Model):
     version: str
     config_hash: str = Field(description="The hash of the config it applied")
     uptime_s: float | None = Field(None, description="Seconds since it started, as it last reported")
+    delivered: int = Field(0, description="Messages delivered since it started (a rate between two reads)")
+    reported_at: float | None = Field(None, description="Unix time of the figures")
 
 
 class NodeList(_Model):
@@ -299,3 +301,28 @@ class Trace(_Model):
 
 class TraceList(_Model):
     data: list[Trace]
+
+
+class NodeZones(_Model):
+    node: str
+    config_hash: str
+    zones: dict[str, dict[str, Any]] = Field(description="Each zone's settings as applied (secrets hidden)")
+
+
+class ZonesAnswer(_Model):
+    data: list[NodeZones]
+
+
+class Bridge(_Model):
+    bridge: str
+    node: str
+    leader: bool
+    connected: bool
+    queue: int
+    forwarded: int
+    last_error: str | None
+    dropped: dict[str, int]
+
+
+class BridgeList(_Model):
+    data: list[Bridge]

@@ -5,44 +5,17 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import urllib.error
 import urllib.request
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.integration.fleet_support import raw_connect
+from tests.integration.fleet_support import apikey, call, raw_connect
 from tests.integration.harness import BrokerProc, uid
 from tests.integration.mqttraw import DISCONNECT, PUBLISH, RawClient
 from tests.support import wait_until
 
 pytestmark = pytest.mark.redis
-
-
-def apikey(keys: Path, name: str, role: str) -> str:
-    """A key made as a user makes one: the CLI prints it on its last line."""
-    out = subprocess.run([sys.executable, "-m", "fleetmq.broker", "apikey", str(keys), name, "--role", role],
-                         check=True, capture_output=True, text=True).stdout  # fmt: skip
-    return out.strip().splitlines()[-1]
-
-
-def call(bp: BrokerProc, method: str, path: str, key: str | None, body: Any = None) -> tuple[int, Any, str]:
-    """(status, JSON answer or None, content type)."""
-    req = urllib.request.Request(f"http://{bp.host}:{bp.ports['api']}{path}", method=method)
-    if key is not None:
-        req.add_header("Authorization", f"Bearer {key}")
-    data = json.dumps(body).encode() if body is not None else None
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, data, timeout=10) as r:
-            raw, status, ctype = r.read(), r.status, r.headers.get("Content-Type", "")
-    except urllib.error.HTTPError as e:
-        raw, status, ctype = e.read(), e.code, e.headers.get("Content-Type", "")
-    return status, json.loads(raw) if raw else None, ctype.split(";")[0]
 
 
 @pytest.fixture
@@ -148,6 +121,9 @@ def test_nodes_keys_roles_and_bad_input(api_fleet):
     for key, code in ((None, 401), ("fmq_nobody_xxxxxxxx", 401), ("not-a-key", 401)):
         status, problem, ctype = call(a, "GET", "/api/v1/nodes", key)
         assert (status, ctype, problem["status"]) == (code, "application/problem+json", code), problem
+    status, zones, _ = call(a, "GET", "/api/v1/zones", viewer)
+    assert status == 200 and sorted(z["node"] for z in zones["data"]) == ["node-0", "node-1", "node-2"]
+    assert all(z["zones"]["default"]["max_inflight"] == 2 for z in zones["data"])
     status, problem, _ = call(a, "DELETE", "/api/v1/clients/anyone", viewer)
     assert status == 403 and "viewer" in problem["detail"]
     for query, field in (("page=0", "page"), ("limit=5000", "limit"), ("connected=maybe", "connected"),
@@ -190,6 +166,8 @@ def test_the_openapi_document_validates_and_the_answers_match_it(api_fleet):
     check("/api/v1/nodes", "Problem", 401, key=None)
     check("/api/v1/banned", "BannedList")
     check("/api/v1/traces", "TraceList")
+    check("/api/v1/zones", "ZonesAnswer")
+    check("/api/v1/bridges", "BridgeList")
     none = f"{tag}-none"
     samples = {  # one request for every route the document names (a new route needs one here)
         ("get", "/api/v1/nodes"): ("", None, 200),
@@ -208,6 +186,8 @@ def test_the_openapi_document_validates_and_the_answers_match_it(api_fleet):
         ("get", "/api/v1/traces"): ("", None, 200),
         ("get", "/api/v1/traces/{name}"): ("nothing", None, 404),
         ("delete", "/api/v1/traces/{name}"): ("nothing", None, 404),
+        ("get", "/api/v1/zones"): ("", None, 200),
+        ("get", "/api/v1/bridges"): ("", None, 200),
         ("get", "/api/v1/openapi.json"): ("", None, 200),
     }
     documented = {(method, path) for path, ops in doc["paths"].items() for method in ops}
