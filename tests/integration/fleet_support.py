@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
+import subprocess
+import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from fleetmq.broker.store.redis_store import SCRIPTS, _script
 
@@ -598,3 +605,27 @@ def start_failover_load(
 def sha(script: str) -> bytes:
     """The SHA1 digest (EVALSHA's name) of the store's Lua script `script`, as Redis prints it."""
     return hashlib.sha1(_script(SCRIPTS[script]).encode()).hexdigest().encode()
+
+
+# -- the management API (tests/integration/test_api.py, test_console.py) ----------------------------
+def apikey(keys: Path, name: str, role: str) -> str:
+    """A key made as a user makes one: the CLI prints it on its last line."""
+    out = subprocess.run([sys.executable, "-m", "fleetmq.broker", "apikey", str(keys), name, "--role", role],
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    return out.strip().splitlines()[-1]
+
+
+def call(bp: BrokerProc, method: str, path: str, key: str | None, body: Any = None) -> tuple[int, Any, str]:
+    """(status, JSON answer or None, content type)."""
+    req = urllib.request.Request(f"http://{bp.host}:{bp.ports['api']}{path}", method=method)
+    if key is not None:
+        req.add_header("Authorization", f"Bearer {key}")
+    data = json.dumps(body).encode() if body is not None else None
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, data, timeout=10) as r:
+            raw, status, ctype = r.read(), r.status, r.headers.get("Content-Type", "")
+    except urllib.error.HTTPError as e:
+        raw, status, ctype = e.read(), e.code, e.headers.get("Content-Type", "")
+    return status, json.loads(raw) if raw else None, ctype.split(";")[0]
