@@ -214,17 +214,25 @@ class Cluster:
         }
         ttl = int(HEARTBEAT_TTL * 1000)
         mine = keys.alive(self.node_id)
+        # The fleet-wide bans and traces ride along where they live on the node's own server (one Redis);
+        # on a Redis Cluster they are other slots', read from their own shards.
+        here = conns.shard_for(mine)
+        fleet_wide = (keys.BANNED, keys.TRACES)
+        along = [k for k in fleet_wide if conns.shard_for(k) is here]
+        apart = [k for k in fleet_wide if k not in along]
         async with self._client(mine).pipeline(transaction=False) as pipe:
             pipe.set(mine, self.instance, px=ttl)
             pipe.hset(keys.nodeinfo(self.node_id), mapping=info)
             pipe.pexpire(keys.nodeinfo(self.node_id), 3 * ttl)
             pipe.get(keys.rebalance(self.node_id))
-            pipe.hgetall(keys.BANNED)
-            pipe.hgetall(keys.TRACES)
+            for key in along:
+                pipe.hgetall(key)
             replies = await pipe.execute()
-        self.ordered(replies[-3])
-        self.banned(self._bans(replies[-2]))
-        self.traced(parse_traces(replies[-1]))
+        self.ordered(replies[3])
+        read = dict(zip(along, replies[4:], strict=True))
+        read |= zip(apart, await asyncio.gather(*(self._client(k).hgetall(k) for k in apart)), strict=True)
+        self.banned(self._bans(read[keys.BANNED]))
+        self.traced(parse_traces(read[keys.TRACES]))
         # the shard with the fewest replicas in sync is what a failover could cost
         replication = await asyncio.gather(*(s.redis.info("replication") for s in conns.shards))
         self.replicas_in_sync = min(replicas_in_sync(r) for r in replication)
