@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+from fleetmq.broker import apikeys
 from fleetmq.broker.auth import hash_password, verify_password
 
 from . import autoscale, crdsync, metrics, rebalance, render, rollout
@@ -204,6 +205,8 @@ class Operator:
                 existing = await kube.get("StatefulSet", namespace, render.names(name)["redis"])
                 render.check_redis_topology(parsed.spec, existing)
             passwords = await self._redis_passwords(parsed)
+            if parsed.spec.api.enabled and parsed.spec.api.keysSecretRef is None:
+                await self._api_keys(parsed)
             rendered = render.render(
                 parsed,
                 accepted,
@@ -671,6 +674,26 @@ class Operator:
                 f"Secret {name} has no key {render.PASSWORD_KEY!r}: delete it to get a new one"
             )
         return base64.b64decode(data[render.PASSWORD_KEY]).decode()
+
+    async def _api_keys(self, fleet: render.Fleet) -> None:
+        """spec.api without keysSecretRef: the fleet's generated keys Secret, made once with one admin key
+        (the key itself in it too, for the user; the pods mount only keys.yaml, hashes). Never rewritten:
+        users add keys to it with `fleetmq-broker apikey`."""
+        namespace, name = fleet.namespace, render.names(fleet.name)["api_keys"]
+        if await self.kube.get("Secret", namespace, name) is not None:
+            return
+        key, record = apikeys.new_key("admin", "admin")
+        try:
+            await self.kube.create(render.api_keys_secret(fleet, apikeys.dump([record]), key))
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            return  # made meanwhile
+        await self._event(
+            fleet.obj,
+            "Created",
+            f"Created Secret {name} with an admin API key (its key {render.API_ADMIN_KEY})",
+        )
 
     async def _store_children(self, rendered: render.Rendered) -> dict[str, dict[str, Any] | None]:
         """The managed Redis' StatefulSets and Job as they are now (their status says how far it got)."""

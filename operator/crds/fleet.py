@@ -393,6 +393,29 @@ EventLogSpec = derive(
 )
 
 
+class ApiKeysRef(CrdModel):
+    """A keys file of `fleetmq-broker apikey` in a Secret of the same namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Name of the Secret in this namespace.")
+    key: str = Field("keys.yaml", min_length=1, description="Key of the Secret holding the keys file.")
+
+
+class ApiSpec(CrdModel):
+    """The management API and web console on every broker pod (docs/api.md), any pod answering for the
+    whole fleet, behind a Service `<fleet>-api`. Its keys come from `keysSecretRef`, or else from a Secret
+    `<fleet>-api-keys` the operator makes once with one admin key (its `admin-key`). Reach the console
+    with `kubectl port-forward svc/<fleet>-api 8081`."""
+
+    enabled: bool = Field(False, description="Serve the API and console (a change restarts the pods).")
+    port: int = Field(8081, ge=1, le=65535, description="The API's port on every broker pod and the Service.")
+    serviceType: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        "ClusterIP", description="Type of the Service `<fleet>-api`."
+    )
+    keysSecretRef: ApiKeysRef | None = Field(
+        None, description="The keys file (hashes only). Unset: the operator's generated `<fleet>-api-keys`."
+    )
+
+
 class RebalanceSpec(CrdModel):
     """Moving connections from pods with more than their share to the others, a few a second. Clients stay
     on the pod they connected to, so pods added by a scale-up start empty. A rebalance starts after a
@@ -603,6 +626,7 @@ class BrokerFleetSpec(CrdModel):
     )
     service: ServiceSpec = Field(default_factory=ServiceSpec, description=ServiceSpec.__doc__)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec, description=MetricsSpec.__doc__)
+    api: ApiSpec = Field(default_factory=ApiSpec, description=doc(ApiSpec))
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description=SchedulingSpec.__doc__)
     pod: BrokerPodTemplate | None = Field(None, description=doc(BrokerPodTemplate))
     terminationGracePeriodSeconds: int = Field(

@@ -17,6 +17,7 @@ from ..rollout import L_SERVING
 from .broker import A_RESTART_HASH, BROKER_IMAGE_ENV, broker_image, statefulset
 from .certificates import hold_back
 from .common import (
+    API_ADMIN_KEY,
     CONFIG_DIR,
     CONFIG_KEY,
     L_COMPONENT,
@@ -49,6 +50,7 @@ from .redis import (
     store_workloads,
 )
 from .secrets import (
+    api_keys_secret,
     bridge_secret,
     bridge_secret_files,
     user_file_entries,
@@ -57,6 +59,7 @@ from .secrets import (
 from .select import Bridge, Rejection, User, Zone, select_bridges, select_users, select_zones
 
 __all__ = [
+    "API_ADMIN_KEY",
     "A_CONFIG_HASH",
     "A_RESTART_HASH",
     "A_ZONE_GENERATIONS",
@@ -82,6 +85,7 @@ __all__ = [
     "Rendered",
     "User",
     "Zone",
+    "api_keys_secret",
     "applied_bridges",
     "applied_zones",
     "bridge_secret",

@@ -12,6 +12,8 @@ from ..crds import BrokerFleetSpec
 from ..rollout import L_SERVING, Shape
 from .certificates import listener_secret
 from .common import (
+    API_KEYS_DIR,
+    API_KEYS_FILE,
     BRIDGE_SECRETS_DIR,
     CONFIG_DIR,
     CONFIG_KEY,
@@ -112,6 +114,18 @@ def statefulset(
     for volume, mount in _redis_auth_volumes(name, spec):
         volumes.append(volume)
         mounts.append(mount)
+    ports = [{"name": "metrics", "containerPort": spec.metrics.port, "protocol": "TCP"}]
+    if spec.api.enabled:
+        ref = spec.api.keysSecretRef
+        secret, key = (ref.name, ref.key) if ref is not None else (n["api_keys"], API_KEYS_FILE)
+        volumes.append(
+            {
+                "name": "api-keys",
+                "secret": {"secretName": secret, "items": [{"key": key, "path": API_KEYS_FILE}]},
+            }
+        )
+        mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})
+        ports.append({"name": "api", "containerPort": spec.api.port, "protocol": "TCP"})  # fmt: skip
     env: list[dict[str, Any]] = [POD_NAME_ENV]
     args = [
         "--config",
@@ -129,7 +143,7 @@ def statefulset(
         "args": args,
         "env": env,
         # Listener ports are deliberately not declared: they change live, the pod template must not.
-        "ports": [{"name": "metrics", "containerPort": spec.metrics.port, "protocol": "TCP"}],
+        "ports": ports,
         "readinessProbe": {
             "httpGet": {"path": "/readyz", **probe},
             "periodSeconds": 5,

@@ -30,6 +30,10 @@ BRIDGE_SECRETS_DIR = f"{CONFIG_DIR}/bridge-secrets"
 SENTINEL_AUTH_DIR = f"{CONFIG_DIR}/redis-sentinel"
 #: the fleet's users Secret (users_secret): one users file per zone of its MqttUsers, always mounted
 USERS_SECRET_DIR = f"{CONFIG_DIR}/fleet-users"
+#: the management API's keys file (spec.api: its keysSecretRef, or the generated <fleet>-api-keys)
+API_KEYS_DIR = f"{CONFIG_DIR}/api"
+API_KEYS_FILE = "keys.yaml"
+API_ADMIN_KEY = "admin-key"  # the generated Secret's plain admin key, for the user to read
 
 
 class RenderError(Exception):
@@ -88,7 +92,11 @@ def names(fleet: str) -> dict[str, str]:
         "redis_auth": dns_name(fleet, "redis-auth"),
         "redis_scripts": dns_name(fleet, "redis-scripts"),
         "bridge_secrets": dns_name(fleet, "bridge-secrets"),
-        "users": dns_name(fleet, "mqttusers"),  # (not "-users": the README names a zone's own Secret so)
+        "users": dns_name(fleet, "mqttusers"),
+        "api": dns_name(fleet, "api"),  # the API's Service
+        "api_keys": dns_name(
+            fleet, "api-keys"
+        ),  # its generated keys Secret  # (not "-users": the README names a zone's own Secret so)
     }
 
 

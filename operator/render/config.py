@@ -20,6 +20,8 @@ from ..crds import BrokerFleetSpec, MqttBridgeSpec, MqttZoneSpec
 from ..crds.zone import JWT_FILES, KeyRef
 from .certificates import listener_secret
 from .common import (
+    API_KEYS_DIR,
+    API_KEYS_FILE,
     BRIDGE_SECRETS_DIR,
     CONFIG_DIR,
     CONFIG_KEY,
@@ -164,6 +166,7 @@ def broker_config(
         "zones": zone_cfg,
         "listeners": listeners,
         "metrics": {"bind": f"0.0.0.0:{spec.metrics.port}"},
+        **api_config(spec),
         # the streams are fmq:eventlog:<fleet>:{<tag>} in the fleet's Redis, where the pipeline reads them
         "event_log": {**cast(BaseModel, spec.eventLog).model_dump(mode="json"), "fleet": fleet.name},
         "bridges": [bridge_config(b, bridge_files) for b in bridges],
@@ -172,6 +175,13 @@ def broker_config(
             "timeout": max(1, spec.terminationGracePeriodSeconds - SHUTDOWN_MARGIN),
         },
     }
+
+
+def api_config(spec: BrokerFleetSpec) -> dict[str, Any]:
+    """The config's `api` section when spec.api is on (the keys file is mounted: render.broker)."""
+    if not spec.api.enabled:
+        return {}
+    return {"api": {"bind": f"0.0.0.0:{spec.api.port}", "keys_file": f"{API_KEYS_DIR}/{API_KEYS_FILE}"}}
 
 
 def bridge_config(bridge: Bridge, files: Collection[str] = ()) -> dict[str, Any]:
@@ -201,6 +211,8 @@ def expected_hash(config: dict[str, Any]) -> str:
 def restart_hash(config: dict[str, Any], redis_password: str | None = None) -> str:
     """Digest of what brokers read only at start: a change means new pods (rolled one at a time)."""
     start_only = {k: config[k] for k in ("store", "metrics", "event_log")}
+    if "api" in config:  # (a node opens its API at start; keyed so that fleets without one keep their hash)
+        start_only["api"] = config["api"]
     if redis_password:
         start_only["password"] = hashlib.sha256(redis_password.encode()).hexdigest()
     return short_digest(start_only)

@@ -13,7 +13,7 @@ from .pods import pdb
 from .redis import redis_manifests
 from .secrets import bridge_secret, users_secret
 from .select import Bridge, User, Zone, user_files
-from .services import broker_network_policy, client_services, headless_service, servicemonitor
+from .services import api_service, broker_network_policy, client_services, headless_service, servicemonitor
 
 
 @dataclass
@@ -73,6 +73,8 @@ def render(
         pdb(fleet),
         *client_services(fleet, zones),
     ]
+    if (api := api_service(fleet)) is not None:
+        out.manifests.append(api)
     if (policy := broker_network_policy(fleet, zones)) is not None:
         out.manifests.append(policy)
     if spec.redis.managed:

@@ -7,7 +7,7 @@ import base64
 from typing import Any
 
 from ..crds import API_VERSION
-from .common import L_MANAGED, MANAGER, Fleet, names, object_meta
+from .common import API_ADMIN_KEY, API_KEYS_FILE, L_MANAGED, MANAGER, Fleet, names, object_meta
 
 L_USER = "fleetmq.io/user"  # on an MqttUser's generated password Secret
 
@@ -26,6 +26,16 @@ def bridge_secret(fleet: Fleet, files: dict[str, str]) -> dict[str, Any]:
     """The fleet's bridge Secret: copies of its bridges' Secrets' files, refreshed at each reconciliation."""
     meta = object_meta(fleet, names(fleet.name)["bridge_secrets"])
     return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "data": dict(files)}
+
+
+def api_keys_secret(fleet: Fleet, keys_file: str, admin_key: str) -> dict[str, Any]:
+    """The generated keys of a fleet's API (spec.api without keysSecretRef): the keys file the pods mount
+    (hashes) and the admin key itself, for the user to read. Created once, owned by the fleet, never
+    rewritten: add keys to keys.yaml with `fleetmq-broker apikey` as to any keys file."""
+    meta = object_meta(fleet, names(fleet.name)["api_keys"])
+    data = {API_KEYS_FILE: keys_file, API_ADMIN_KEY: admin_key}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}  # fmt: skip
 
 
 def users_secret(fleet: Fleet, files: dict[str, bytes]) -> dict[str, Any]:

@@ -30,6 +30,23 @@ def headless_service(fleet: Fleet) -> dict[str, Any]:
     }
 
 
+def api_service(fleet: Fleet) -> dict[str, Any] | None:
+    """The management API and console (spec.api): any broker pod answers for the whole fleet."""
+    api = fleet.spec.api
+    if not api.enabled:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(fleet, names(fleet.name)["api"], **{"fleetmq.io/service": "api"}),
+        "spec": {
+            "type": api.serviceType,
+            "selector": selector_labels(fleet.name),
+            "ports": [{"name": "http", "port": api.port, "targetPort": "api", "protocol": "TCP"}],
+        },
+    }
+
+
 def client_services(fleet: Fleet, zones: list[Zone]) -> list[dict[str, Any]]:
     """One Service per listener, so each can have its own type, address and DNS name."""
     name = fleet.name

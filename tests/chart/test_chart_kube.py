@@ -156,6 +156,10 @@ def test_notes_tell_the_next_steps(helm, control_plane, chart_crds, ns):
     dashboards = len(list((CHART / "dashboards").glob("*.json")))
     assert f"{dashboards} dashboards (ConfigMaps labelled grafana_dashboard=1 in namespace {ns})" in text
     assert "kubectl port-forward svc/edge-external-mqtt 1883:1883" in text
+    # the console: the generated admin key and the API's Service (spec.api, shown in the fleet applied above)
+    assert "api: {enabled: true}" in text
+    assert f"kubectl -n {ns} get secret edge-api-keys -o jsonpath='{{.data.admin-key}}'" in text
+    assert f"kubectl -n {ns} port-forward svc/edge-api 8081:8081" in text
     # (other tests on this API server may have installed the Prometheus Operator's CRDs)
     prometheus_operator = (
         control_plane.kubectl("get", "crd", "servicemonitors.monitoring.coreos.com", check=False).returncode

@@ -103,7 +103,7 @@ def test_zone_acl_and_listener_changes_leave_the_pod_template_alone():
 def test_start_only_settings_and_image_change_the_pod_template():
     base = broker_sts(rendered(fleet(), zone("external")))["spec"]["template"]
     for change in ({"eventLog": {"enabled": True}}, {"metrics": {"port": 9200}}, {"image": "fleetmq/broker:0.2"},
-                   {"redis": {"url": "redis://other:6379/0"}}):  # fmt: skip
+                   {"redis": {"url": "redis://other:6379/0"}}, {"api": {"enabled": True}}):  # fmt: skip
         tmpl = broker_sts(rendered(fleet(**change), zone("external")))["spec"]["template"]
         assert tmpl != base, change
     # no trace of the operator's own version in what the pods run
@@ -569,3 +569,35 @@ def test_a_listener_with_allow_from_gets_the_brokers_a_network_policy_and_proxy_
     assert mqtt.proxy_protocol and mqtt.proxy_protocol_timeout == 5.0
     others = by_kind(rendered(fleet(), zone("external")), "NetworkPolicy")
     assert "edge" not in [m["metadata"]["name"] for m in others]  # (nothing restricted: none for the brokers)
+
+
+def test_spec_api_renders_the_config_section_its_keys_its_port_and_service():
+    off = rendered(fleet(), zone("external"))
+    assert "api" not in off.config and not [
+        s for s in by_kind(off, "Service") if s["metadata"]["name"] == "edge-api"
+    ]
+    r = rendered(fleet(api={"enabled": True, "port": 8090, "serviceType": "LoadBalancer"}), zone("external"))
+    assert r.config["api"] == {"bind": "0.0.0.0:8090", "keys_file": "/etc/fleetmq/api/keys.yaml"}
+    BrokerConfig.model_validate(r.config)  # the broker takes it
+    pod = broker_sts(r)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert {"name": "api", "containerPort": 8090, "protocol": "TCP"} in c["ports"]
+    assert {"name": "api-keys", "mountPath": "/etc/fleetmq/api", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "api-keys", "secret": {"secretName": "edge-api-keys",
+                                           "items": [{"key": "keys.yaml", "path": "keys.yaml"}]}} in pod["volumes"]  # fmt: skip
+    (svc,) = [s for s in by_kind(r, "Service") if s["metadata"]["name"] == "edge-api"]
+    assert svc["spec"]["type"] == "LoadBalancer" and svc["spec"]["ports"][0]["targetPort"] == "api"
+    assert svc["spec"]["selector"] == render.selector_labels("edge")
+
+
+def test_the_generated_api_keys_secret_holds_the_hashes_for_the_pods_and_the_key_for_the_user():
+    import base64
+
+    from fleetmq.broker import apikeys
+
+    key, record = apikeys.new_key("admin", "admin")
+    secret = render.api_keys_secret(render.Fleet.parse(fleet()), apikeys.dump([record]), key)
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data[render.API_ADMIN_KEY] == key and key not in data["keys.yaml"]
+    assert apikeys.parse(data["keys.yaml"])[0].hash == apikeys.digest(key)
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "BrokerFleet"
