@@ -143,12 +143,25 @@ class Issuer:
             return {need.secret: f"Certificate {need.secret}: {e}"}
         secret = await self.kube.get("Secret", fleet.namespace, need.secret)
         if secret is not None and key_pair(secret, ("tls.crt", "tls.key")) is not None:
+            await self._adopt(fleet, need, secret)
             return {}
         cert = await self.kube.get("Certificate", fleet.namespace, need.secret) or {}
         conditions: list[dict[str, Any]] = (cert.get("status") or {}).get("conditions") or []
         ready = next((c for c in conditions if c.get("type") == "Ready"), {})
         why = ready.get("message") or "not issued yet"
         return {need.secret: f"waiting for cert-manager to issue Certificate {need.secret}: {why}"}
+
+    async def _adopt(self, fleet: Fleet, need: Needed, secret: dict[str, Any]) -> None:
+        """Give cert-manager's Secret the owner its Certificate has (the MqttZone or MqttUser), so it goes
+        with it as the fleet-CA ones do: by default cert-manager leaves a Secret, private key included,
+        behind its deleted Certificate. (cert-manager keeps owner references that are not its own.)"""
+        owners: list[dict[str, Any]] = secret["metadata"].get("ownerReferences") or []
+        if any(o.get("uid") == need.owner["uid"] for o in owners):
+            return
+        try:
+            await self.kube.patch_owners("Secret", fleet.namespace, need.secret, [*owners, need.owner])
+        except ApiError as e:  # (the next pass tries again)
+            log.warning("%s/%s: cannot own Secret %s: %s", fleet.namespace, fleet.name, need.secret, e)
 
     async def _prune(self, fleet: Fleet, wanted: set[str]) -> None:
         """Delete the fleet's cert-manager Certificates no longer needed. (Their Secrets, and those the

@@ -18,7 +18,7 @@ import json
 import os
 import ssl
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -282,6 +282,17 @@ class Kube:
     async def patch_annotations(self, kind: str, namespace: str, name: str, values: dict[str, str]) -> Any:
         """Merge-patch some annotations of an object the operator does not apply (a pod)."""
         return await self._patch_meta(kind, namespace, name, "annotations", values)
+
+    async def patch_owners(
+        self, kind: str, namespace: str, name: str, owners: Sequence[dict[str, Any]]
+    ) -> Any:
+        """Set the owner references of an object the operator does not apply (cert-manager's Secret)."""
+        return await self.request(
+            "PATCH",
+            path_of(kind, namespace, name),
+            {"metadata": {"ownerReferences": [*owners]}},
+            content_type="application/merge-patch+json",
+        )
 
     async def _patch_meta(
         self, kind: str, namespace: str, name: str, field: str, values: dict[str, str]

@@ -60,6 +60,12 @@ def test_certificates_come_from_a_cert_manager_issuer_and_a_device_connects_with
                       secret_bytes(k, "external-mqtts-tls"), timeout=60, msg="cert-manager issued it")  # fmt: skip
     device = wait_for(lambda: secret_bytes(k, "dev-1-tls").get("tls.crt") and secret_bytes(k, "dev-1-tls"),
                       timeout=60, msg="cert-manager issued the user's")  # fmt: skip
+    # cert-manager's Secrets get the owners of their Certificates: deleted with the zone or user, private
+    # key and all (cert-manager by default leaves a Secret behind its deleted Certificate)
+    for secret_name, kind in (("external-mqtts-tls", "MqttZone"), ("dev-1-tls", "MqttUser")):
+        wait_for(lambda n=secret_name, kd=kind: any(o["kind"] == kd for o in
+                 k.get("secret", n)["metadata"].get("ownerReferences") or []),
+                 msg=f"Secret {secret_name} owned by its {kind}")  # fmt: skip
     ca = secret_bytes(k, "devices-ca")["tls.crt"]
     assert server["ca.crt"] == device["ca.crt"] == ca
     issued = x509.load_pem_x509_certificate(device["tls.crt"])
