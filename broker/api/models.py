@@ -221,6 +221,8 @@ class PublishRequest(_Model):
     def _name(cls, v: str) -> str:
         if "+" in v or "#" in v:
             raise ValueError("a topic name, not a filter: no + or #")
+        if v.startswith("$"):
+            raise ValueError("topics starting with $ are the server's (MQTT 4.7.2)")
         if "\0" in v:
             raise ValueError("no NUL character")
         return v

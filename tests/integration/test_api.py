@@ -263,6 +263,7 @@ def test_retained_messages_are_listed_and_cleared_and_publish_input_is_checked(a
     assert status == 404
     # bad input: each a 400 naming what is wrong, nothing published
     for body, said in (({"topic": f"{tag}/+"}, "body topic"), ({"topic": f"{tag}/x", "qos": 3}, "body qos"),
+                       ({"topic": "$SYS/x"}, "the server's"),
                        ({"topic": f"{tag}/x", "colour": "red"}, "body colour"), ({}, "body topic"),
                        ({"topic": f"{tag}/x", "payload": "%%", "payload_encoding": "base64"}, "not base64"),
                        ({"topic": f"{tag}/x", "properties": {"message_expiry_interval": -1}},
