@@ -30,6 +30,7 @@ from bench.brokers import (
     BrokerError,
     Fleetmq,
     FleetmqAllowList,
+    FleetmqApi,
     FleetmqAt,
     FleetmqBridge,
     FleetmqDenyRule,
@@ -37,7 +38,7 @@ from bench.brokers import (
     MosquittoBridge,
     Rumqttd,
 )
-from bench.fleet import TAKEOVER_INFLIGHT, Fleet, FleetNode, store_delta, store_snapshot
+from bench.fleet import TAKEOVER_INFLIGHT, Fleet, FleetNode, store_delta, store_snapshot, time_client_listing
 from bench.report import FLEET_SCENARIOS, Cell, Row
 
 MODES = ("pt2pt", "fanout", "fanin")
@@ -58,6 +59,10 @@ FLEET_ROWS = [
 TLS_ROWS = ["tls-pt2pt-q0", "tls-pt2pt-q1"]
 # fleetmq alone, with and without access rules (bench/brokers.py: FleetmqAllowList, FleetmqDenyRule)
 ACL_ROWS = ["acl-fanin-q1"]
+# fleetmq alone, its management API off and on (idle) interleaved: the API is off the data path (issue 29);
+# then a GET /api/v1/clients over 10,000 sessions in Redis, timed (bench/fleet.py: time_client_listing)
+API_ROWS = ["api-pt2pt-q1", "api-fanout-q1"]
+API_LIST_ROWS = ["api-list"]
 # fleetmq's per-message path in one process under callgrind: instructions per message, this checkout beside
 # each --baseline (repeatable whatever the machine does; bench/hotpath.py)
 # (hotpath-conn: the same with each channel behind connection.Connection, its socket layer counted too)
@@ -69,6 +74,8 @@ ALL_ROWS = (
     [f"{m}-q{q}" for m in MODES for q in (0, 1, 2)]
     + TLS_ROWS
     + ACL_ROWS
+    + API_ROWS
+    + API_LIST_ROWS
     + BRIDGE_ROWS
     + HOTPATH_ROWS
     + FLEET_ROWS
@@ -305,6 +312,32 @@ def run_interleaved(key: str, row: Row, variants: dict[str, Callable[[], Cell]],
                 and b.result.get("broker_us_per_msg")
                 and "broker_us_per_msg" in c.result
             ]
+    return row
+
+
+API_LIST_SESSIONS = 10_000
+
+
+def run_api_list_row(fleet: Fleet) -> Row:
+    """GET /api/v1/clients on node a over API_LIST_SESSIONS persistent sessions in the bench's Redis (made
+    by real MQTT 5 clients connecting and leaving), timed; the issue's target: within 1 s."""
+    row = Row("api-list", None)
+    try:
+        node = fleet.nodes["a"]
+        node.api = True
+        err = fleet.ensure(("a",))
+        if err:
+            row.cells["fleetmq"] = Cell(error=err)
+            return row
+        result = time_client_listing(node, API_LIST_SESSIONS)
+        row.cells["fleetmq"] = Cell(result=result)
+        log(f"api-list             fleetmq          {result['sessions']:,} sessions: GET /api/v1/clients "
+            f"median {result['seconds_median']:.2f} s (runs {result['seconds']})")  # fmt: skip
+    except Exception as e:  # (a report: said in its cell)
+        row.cells["fleetmq"] = Cell(error=f"{type(e).__name__}: {e}")
+    finally:
+        fleet.nodes["a"].api = False
+        fleet.stop()
     return row
 
 
@@ -562,8 +595,31 @@ def run_acl_row(key: str, workdir: Path, binary: Path, args: argparse.Namespace)
     """The fan-in flow (ten publishers, one subscriber on `bench/<run>/+`) on fleetmq with no rules, with an
     allow-list (default deny, no deny rule), and with a deny rule the filter overlaps (every delivery
     checked): the first two must not differ, the third shows what a per-delivery check costs."""
-    mode, q = key.removeprefix("acl-").rsplit("-q", 1)
-    brokers = {name: cls(workdir) for name, cls in ACL_VARIANTS.items()}
+    return run_variants_row(key, "acl-", ACL_VARIANTS, workdir, binary, args)
+
+
+API_REPS = 5
+API_VARIANTS: dict[str, type[Broker]] = {"api off": Fleetmq, "api on, idle": FleetmqApi}
+
+
+def run_api_row(key: str, workdir: Path, binary: Path, args: argparse.Namespace) -> Row:
+    """A flow on fleetmq with its management API off, then on and idle, interleaved: nothing of the API
+    runs per message, so the two must not differ beyond noise."""
+    return run_variants_row(key, "api-", API_VARIANTS, workdir, binary, args, API_REPS)
+
+
+def run_variants_row(
+    key: str,
+    prefix: str,
+    variants: dict[str, type[Broker]],
+    workdir: Path,
+    binary: Path,
+    args: argparse.Namespace,
+    reps: int = ACL_REPS,
+) -> Row:
+    """One flow on variants of fleetmq, one at a time on the CPU, interleaved round by round."""
+    mode, q = key.removeprefix(prefix).rsplit("-q", 1)
+    brokers = {name: cls(workdir) for name, cls in variants.items()}
 
     def variant(broker: Broker) -> Callable[[], Cell]:
         def run() -> Cell:
@@ -575,9 +631,9 @@ def run_acl_row(key: str, workdir: Path, binary: Path, args: argparse.Namespace)
 
         return run
 
-    row = Row(f"acl-{mode}", int(q))
+    row = Row(f"{prefix}{mode}", int(q))
     try:
-        return run_interleaved(key, row, {name: variant(b) for name, b in brokers.items()}, ACL_REPS)
+        return run_interleaved(key, row, {name: variant(b) for name, b in brokers.items()}, reps)
     finally:
         for b in brokers.values():
             b.stop()
@@ -828,6 +884,22 @@ def main(argv: list[str] | None = None) -> int:
                         if fleet is not None:
                             fleet.stop()
                         rows.append(run_bridge_row(key, Path(tmp) / "bridge", binary, args))
+                    continue
+                if key in API_ROWS:
+                    if "fleetmq" in brokers:
+                        for broker in brokers.values():
+                            broker.stop()
+                        if fleet is not None:
+                            fleet.stop()
+                        rows.append(run_api_row(key, Path(tmp) / "api", binary, args))
+                    continue
+                if key in API_LIST_ROWS:
+                    if "fleetmq" in brokers:
+                        for broker in brokers.values():
+                            broker.stop()
+                        if fleet is None:
+                            fleet = Fleet(Path(tmp) / "fleet")
+                        rows.append(run_api_list_row(fleet))
                     continue
                 if key in ACL_ROWS:
                     if "fleetmq" in brokers:

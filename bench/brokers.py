@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fleetmq.broker import apikeys
+
 from tests.support import free_port, kill_process, stop_process, wait_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -239,6 +241,23 @@ class FleetmqDenyRule(Fleetmq):
         ', acl: [{permission: deny, action: subscribe, filter: "bench/+/secret"},'
         ' {permission: allow, action: all, filter: "#"}]'
     )
+
+
+class FleetmqApi(Fleetmq):
+    """fleetmq with its management API and console on, and nobody calling them (issue 29: the API must cost
+    the data path nothing)."""
+
+    name = "fleetmq-api"
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        keys = self.workdir / "api-keys.yaml"
+        if not keys.exists():
+            apikeys.add(keys, "bench", "admin")
+        _append(
+            self.workdir / "fleetmq.yaml", f'api: {{bind: "{HOST}:{free_port(HOST)}", keys_file: "{keys}"}}\n'
+        )
+        return cmd
 
 
 class _Forwarding(Broker):

@@ -10,12 +10,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import statistics
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from fleetmq.broker import apikeys
+
 from bench.brokers import HOST, START_TIMEOUT, Broker, BrokerError, Fleetmq
+from chaos import codec
 from tests.support import RedisServer, free_port, wait_port
 
 TAKEOVER_INFLIGHT = 32  # zone `takeover` max_inflight (EMQX's default); the loadgen's -inflight
@@ -69,6 +76,9 @@ class FleetNode(Broker):
         self.cr_port = 0
         self.metrics_port = 0
         self.event_log = False  # --event-log: the eventlog-pt2pt row measures its cost
+        self.api = False  # the management API on (the api-list row)
+        self.api_port = 0
+        self.api_key = ""
         super().__init__(workdir)
 
     def command(self) -> list[str]:
@@ -89,6 +99,14 @@ class FleetNode(Broker):
             f'  - {{name: tk, zone: takeover, bind: "{HOST}:{self.tk_port}", protocol: tcp}}\n'
             f'  - {{name: cr, zone: crash, bind: "{HOST}:{self.cr_port}", protocol: tcp}}\n'
         )
+        if self.api:
+            keys = self.workdir / "api-keys.yaml"
+            keys.unlink(missing_ok=True)
+            self.api_key = apikeys.add(keys, "bench", "viewer")
+            self.api_port = free_port(HOST)
+            cfg.write_text(
+                cfg.read_text() + f'api: {{bind: "{HOST}:{self.api_port}", keys_file: "{keys}"}}\n'
+            )
         return [
             Fleetmq.python(),
             *("-m", "fleetmq.broker", "--config", str(cfg)),
@@ -100,6 +118,8 @@ class FleetNode(Broker):
     def start(self) -> None:
         super().start()
         try:
+            if self.api:
+                wait_port(HOST, self.api_port, START_TIMEOUT, self.proc)
             wait_port(HOST, self.tk_port, START_TIMEOUT, self.proc)
             wait_port(HOST, self.cr_port, START_TIMEOUT, self.proc)
             wait_port(HOST, self.metrics_port, START_TIMEOUT, self.proc)
@@ -232,3 +252,48 @@ def _unexpected(errors: dict[str, int]) -> dict[str, int]:
         if cmd in out:
             out[cmd] -= take
     return {k: v for k, v in out.items() if v > 0}
+
+
+# -- the management API over many sessions (the api-list row) ---------------------------------------------
+async def _sessions(port: int, n: int, prefix: str, concurrency: int = 200) -> None:
+    """n persistent MQTT 5 sessions (expiry an hour), made by clients that connect and leave."""
+    ids = iter(range(n))
+
+    async def worker() -> None:
+        for i in ids:
+            reader, writer = await asyncio.open_connection(HOST, port)
+            writer.write(codec.connect(f"{prefix}-{i:05d}", version=codec.V5, clean=False,
+                                       props={"session_expiry_interval": 3600}))  # fmt: skip
+            await reader.readexactly(1)  # the CONNACK: its type, its remaining length, the rest
+            length, shift = 0, 0
+            while (byte := (await reader.readexactly(1))[0]) & 0x80:
+                length, shift = length | (byte & 0x7F) << shift, shift + 7
+            await reader.readexactly(length | byte << shift)
+            writer.write(codec.disconnect(version=codec.V5))
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+def time_client_listing(node: FleetNode, n: int, rounds: int = 5) -> dict[str, Any]:
+    """Make `n` sessions on `node`, then time GET /api/v1/clients (the first page of 100 over all of
+    them, which sorts and counts every one) `rounds` times."""
+    prefix = f"apil{time.time_ns() % 10**8}"
+    t0 = time.monotonic()
+    asyncio.run(_sessions(node.port, n, prefix))
+    made_s = time.monotonic() - t0
+    req = urllib.request.Request(f"http://{HOST}:{node.api_port}/api/v1/clients?limit=100",
+                                 headers={"Authorization": f"Bearer {node.api_key}"})  # fmt: skip
+    seconds, count = [], 0
+    for _ in range(rounds):
+        t = time.monotonic()
+        with urllib.request.urlopen(req, timeout=60) as r:
+            body = json.loads(r.read())
+        seconds.append(round(time.monotonic() - t, 3))
+        count = body["meta"]["count"]
+    if count < n:
+        raise BrokerError(f"the API listed {count} clients of the {n} sessions made")
+    return {"sessions": count, "seconds": seconds, "seconds_median": statistics.median(seconds),
+            "made_s": round(made_s, 1)}  # fmt: skip

@@ -32,6 +32,9 @@ STORE_BALANCE_TARGET = 0.25
 # Issue 11: rules without a deny rule that a subscription overlaps cost nothing per delivery (the broker's
 # CPU per delivered message, median of the rounds, within noise of no rules at all).
 ACL_NO_DENY_COST_TARGET = 1.05
+#: the management API on and idle beside off: CPU per message within noise (issue 29)
+API_IDLE_COST_TARGET = 1.05
+API_LIST_TARGET_S = 1.0  # GET /api/v1/clients over 10,000 sessions (issue 29)
 #: fleetmq's bridge beside mosquitto's own (issue 16: at least mosquitto's throughput)
 BRIDGE_RATIO_TARGET = 1.0
 # Issue 25, item 6: under clients that read nothing or make up topics, RSS within 256 MB of the baseline
@@ -148,6 +151,33 @@ def _acl_line(row: Row) -> str:
         f"{_cost(deny)} µs/msg | µs/msg vs no rules: allow-list {allow_s}; deny rule {deny_s} "
         f"| no rules: {_lat(base)} | allow-list: {_lat(allow)}; deny rule: {_lat(deny)} "
         f"| allow-list µs/msg ≤ {ACL_NO_DENY_COST_TARGET:.2f}x no rules; deny rule: report | {ok} |"
+    )
+
+
+def _api_line(row: Row) -> str:
+    off, on = row.cells.get("api off"), row.cells.get("api on, idle")
+    c_on, on_s = _median_ratio(on, "cost_ratios")
+    ok = "—" if c_on is None else ("yes" if c_on <= API_IDLE_COST_TARGET else "no")
+    if any(c is not None and c.error for c in (off, on)):
+        ok = "error"
+    return (
+        f"| {row.scenario} (fleetmq alone: management API off → on and idle, {_reps(off)} rounds) | {row.qos} "
+        f"| off: {_rate(off)} msg/s, {_cost(off)} µs/msg | on: {_rate(on)} msg/s, {_cost(on)} µs/msg "
+        f"| µs/msg on vs off: {on_s} | off: {_lat(off)} | on: {_lat(on)} "
+        f"| on µs/msg ≤ {API_IDLE_COST_TARGET:.2f}x off | {ok} |"
+    )
+
+
+def _api_list_line(row: Row) -> str:
+    f = row.cells.get("fleetmq")
+    if f is None or f.result is None:
+        return f"| {row.scenario} | — | n/a | error: {_err(f.error if f else 'not run')} | — | — | — | — | error |"
+    r = f.result
+    ok = "yes" if r["seconds_median"] <= API_LIST_TARGET_S else "no"
+    return (
+        f"| {row.scenario} (GET /api/v1/clients over {r['sessions']:,} sessions in Redis, one node) | — | n/a "
+        f"| {r['seconds_median']:.2f} s median (runs {', '.join(f'{s:.2f}' for s in r['seconds'])}) | — | — "
+        f"| — | ≤ {API_LIST_TARGET_S:.0f} s | {ok} |"
     )
 
 
@@ -333,6 +363,10 @@ def _flow_line(row: Row) -> str:
         return _store_line(row)
     if row.scenario.startswith("acl-"):
         return _acl_line(row)
+    if row.scenario == "api-list":
+        return _api_list_line(row)
+    if row.scenario.startswith("api-"):
+        return _api_line(row)
     if row.scenario.startswith("bridge-"):
         return _bridge_line(row)
     if row.scenario in ("hotpath", "hotpath-conn"):

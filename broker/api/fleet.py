@@ -38,13 +38,13 @@ def _stored(info: SessionInfo) -> models.Client:
     )  # fmt: skip
 
 
-def matches(c: models.Client, q: models.ClientQuery) -> bool:
+def matches(cid: str, zone: str, username: str | None, node: str | None, q: models.ClientQuery) -> bool:
     return (
-        (q.zone is None or c.zone == q.zone)
-        and (q.username is None or c.username == q.username)
-        and (q.node is None or c.node == q.node)
-        and (q.connected is None or c.connected == q.connected)
-        and (q.clientid is None or c.clientid.startswith(q.clientid))
+        (q.zone is None or zone == q.zone)
+        and (q.username is None or username == q.username)
+        and (q.node is None or node == q.node)
+        and (q.connected is None or bool(node) == q.connected)
+        and (q.clientid is None or cid.startswith(q.clientid))
     )
 
 
@@ -110,17 +110,29 @@ class FleetView:
         )
         if isinstance(stored, BaseException):
             raise stored
-        merged = {info.client_id: _stored(info) for info in stored}
+        # Filtered, sorted and counted as they come; only the page's become models (10,000 sessions).
+        merged: dict[str, SessionInfo | dict[str, Any]] = {info.client_id: info for info in stored}
         for answer in answers:
             if isinstance(answer, NodeUnavailable):
                 continue  # its clients stay as the store has them
             if isinstance(answer, BaseException):
                 raise answer
             for c in answer:
-                merged[c["clientid"]] = models.Client.model_validate(c)
-        found = sorted((c for c in merged.values() if matches(c, q)), key=lambda c: c.clientid)
+                merged[c["clientid"]] = c
+        found = sorted(
+            cid
+            for cid, c in merged.items()
+            if (
+                matches(cid, c.zone, c.username, c.node or None, q)
+                if isinstance(c, SessionInfo)
+                else matches(cid, c["zone"], c["username"], c["node"], q)
+            )
+        )
         first = (q.page - 1) * q.limit
-        page = found[first : first + q.limit]
+        page = [
+            _stored(c) if isinstance(c, SessionInfo) else models.Client.model_validate(c)
+            for c in (merged[cid] for cid in found[first : first + q.limit])
+        ]
         return models.ClientList(data=page, meta=models.Page(page=q.page, limit=q.limit, count=len(found)))
 
     async def _owner(self, client_id: str) -> str | None:
