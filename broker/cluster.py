@@ -22,8 +22,9 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from pydantic import BaseModel
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
@@ -57,25 +58,27 @@ SYNC_TIMEOUT = 3.0  # for Redis to answer a PING on the event stream (sync)
 RELEASE_FOR = 10.0  # a dead node's release is sent again (its reply lost) for this long
 
 
-def parse_bans(raw: dict[Any, Any]) -> list[Ban]:
-    """The fleet's bans as stored; an entry that does not parse (another version's) is skipped, said."""
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_entries(raw: dict[Any, Any], model: type[M], what: str) -> list[M]:
+    """A fleet-wide hash of JSON entries (bans, traces) as stored; an entry that does not parse (another
+    version's) is skipped, said."""
     out = []
     for key, value in raw.items():
         try:
-            out.append(Ban.model_validate_json(value))
+            out.append(model.model_validate_json(value))
         except ValueError as e:
-            log.warning("skipping the ban %s: %s", text(key), e)
+            log.warning("skipping the %s %s: %s", what, text(key), e)
     return out
+
+
+def parse_bans(raw: dict[Any, Any]) -> list[Ban]:
+    return parse_entries(raw, Ban, "ban")
 
 
 def parse_traces(raw: dict[Any, Any]) -> list[TraceSpec]:
-    out = []
-    for name, value in raw.items():
-        try:
-            out.append(TraceSpec.model_validate_json(value))
-        except ValueError as e:
-            log.warning("skipping the trace %s: %s", text(name), e)
-    return out
+    return parse_entries(raw, TraceSpec, "trace")
 
 
 def replicas_in_sync(replication: dict[str, Any]) -> int:

@@ -10,10 +10,18 @@ import hashlib
 import json
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .bridges import BridgeConfig, check_bridges
 from .zones import DEFAULT_ZONES, Duration, ZoneSettings, zone_defaults
@@ -161,32 +169,28 @@ class ListenerConfig(_Model):
         return parse_bind(self.bind)
 
 
-class MetricsConfig(_Model):
-    bind: str | None = Field(None, description="HOST:PORT serving /metrics, /healthz, /readyz")
+def _optional_bind(value: str | None) -> str | None:
+    if value is not None:
+        parse_bind(value)
+    return value
 
-    @field_validator("bind")
-    @classmethod
-    def _check_bind(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_bind(value)
-        return value
+
+#: a HOST:PORT to serve on, or none (off)
+OptionalBind = Annotated[str | None, AfterValidator(_optional_bind)]
+
+
+class MetricsConfig(_Model):
+    bind: OptionalBind = Field(None, description="HOST:PORT serving /metrics, /healthz, /readyz")
 
 
 class ApiConfig(_Model):
     """The management API and web console (docs/api.md): any node answers for the whole fleet. Every
     request carries an API key of `keys_file` (`fleetmq-broker apikey`); there is no anonymous access."""
 
-    bind: str | None = Field(None, description="HOST:PORT serving /api/v1 and the console at /; none: off")
+    bind: OptionalBind = Field(None, description="HOST:PORT serving /api/v1 and the console at /; none: off")
     keys_file: str | None = Field(
         None, description="The API keys (YAML, hashes only); read again when it changes"
     )
-
-    @field_validator("bind")
-    @classmethod
-    def _check_bind(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_bind(value)
-        return value
 
     @model_validator(mode="after")
     def _keys_with_bind(self) -> ApiConfig:
