@@ -1207,34 +1207,35 @@ def test_an_hpa_scales_the_fleet_on_its_pods_cpu(cluster: Cluster, endpoints):
     """An autoscaling/v2 HorizontalPodAutoscaler on the BrokerFleet (its scale subresource), on the broker
     pods' CPU from metrics-server (the real node runs it, as clusters do): with the brokers busy it scales
     the fleet from 3 to 4 pods, which the operator adds as any scale-up. (spec.autoscaling is off: one
-    owner of the scale at a time.)"""
+    owner of the scale at a time.)
+
+    The target sits halfway between the pods' idle and loaded CPU as metrics-server reports them here: how
+    busy a QoS 1 stream makes the brokers depends on the machine (a CI run with faster brokers saw 53% against
+    a fixed 60% target), while what is under test is the HPA driving the fleet's scale."""
     c = cluster
     if c.kubectl("get", "apiservice", "v1beta1.metrics.k8s.io", check=False).returncode != 0:
         # (the real node runs metrics-server, tests/realnode.py; kind, as made here, does not)
         pytest.skip("this cluster serves no metrics.k8s.io (no metrics-server): nothing for an HPA to read")
 
-    def metrics() -> dict[str, str]:
+    def metrics() -> dict[str, float]:
+        """Each broker pod's CPU in millicores."""
         out = c.kubectl("get", "--raw", f"/apis/metrics.k8s.io/v1beta1/namespaces/{APP_NS}/pods", check=False)
         items = json.loads(out.stdout or "{}").get("items") or [] if out.returncode == 0 else []
         return {
-            i["metadata"]["name"]: i["containers"][0]["usage"]["cpu"] for i in items if i.get("containers")
+            i["metadata"]["name"]: millicores(i["containers"][0]["usage"]["cpu"])
+            for i in items
+            if i.get("containers")
         }
+
+    def mean_cpu() -> float:
+        pods = set(brokers(c))
+        seen = {k: v for k, v in metrics().items() if k in pods}
+        return sum(seen.values()) / len(seen) if seen and set(seen) == pods else -1.0
 
     wait_for(lambda: set(brokers(c)) <= set(metrics()), timeout=120,
              msg=lambda: f"metrics-server's CPU of every broker pod: {metrics()}")  # fmt: skip
-    hpa = {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": FLEET, "namespace": APP_NS},
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "fleetmq.io/v1alpha1", "kind": "BrokerFleet", "name": FLEET},
-            "minReplicas": 3,
-            "maxReplicas": 4,
-            "metrics": [{"type": "Resource", "resource": {
-                "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 60}}}],
-            "behavior": {"scaleUp": {"stabilizationWindowSeconds": 0}},
-        },
-    }  # fmt: skip
+    idle = mean_cpu()
+    request = 100  # millicores: the broker's default CPU request (operator/crds/fleet.py)
     svc = c.endpoint("svc/edge-internal-mqtt", 11883)
     endpoints.append(svc.start())
     stop = threading.Event()
@@ -1258,9 +1259,26 @@ def test_an_hpa_scales_the_fleet_on_its_pods_cpu(cluster: Cluster, endpoints):
     workers = [threading.Thread(target=busy, args=(i,), daemon=True) for i in range(4)]
     t0 = time.monotonic()
     try:
-        c.kubectl("apply", "-f", "-", input=json.dumps(hpa))
         for w in workers:
             w.start()
+        # metrics-server's window: a reading that is all load, well above the idle one
+        loaded = wait_for(lambda: (m := mean_cpu()) >= idle + 20 and time.monotonic() - t0 > 30 and m,
+                          timeout=180, msg=lambda: f"the brokers busy (idle {idle:.0f}m): {metrics()}")  # fmt: skip
+        target = max(5, round((idle + loaded) / 2 * 100 / request))
+        hpa = {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": FLEET, "namespace": APP_NS},
+            "spec": {
+                "scaleTargetRef": {"apiVersion": "fleetmq.io/v1alpha1", "kind": "BrokerFleet", "name": FLEET},
+                "minReplicas": 3,
+                "maxReplicas": 4,
+                "metrics": [{"type": "Resource", "resource": {
+                    "name": "cpu", "target": {"type": "Utilization", "averageUtilization": target}}}],
+                "behavior": {"scaleUp": {"stabilizationWindowSeconds": 0}},
+            },
+        }  # fmt: skip
+        c.kubectl("apply", "-f", "-", input=json.dumps(hpa))
         wait_for(lambda: c.get("brokerfleet", FLEET)["spec"]["replicas"] == 4, timeout=240,
                  msg=lambda: f"the HPA scaled the fleet: {(c.get('hpa', FLEET) or {}).get('status')}")  # fmt: skip
         scaled_s = time.monotonic() - t0
@@ -1274,9 +1292,16 @@ def test_an_hpa_scales_the_fleet_on_its_pods_cpu(cluster: Cluster, endpoints):
         patch_fleet(c, {"replicas": 3})
         wait_for(lambda: settled(c), timeout=240, msg="the fleet back at 3 pods")
     used = [m["resource"]["current"] for m in status.get("currentMetrics") or [] if m.get("resource")]
-    print(f"HPA on CPU (target 60% of the pods' requests): spec.replicas 3 -> 4 {scaled_s:.0f}s after the load "
-          f"began ({sent[0]} QoS 1 messages); the HPA saw {used}")  # fmt: skip
-    assert used and used[0].get("averageUtilization", 0) > 60, status
+    print(f"HPA on CPU: idle {idle:.0f}m, loaded {loaded:.0f}m per pod (request {request}m), target {target}%: "
+          f"spec.replicas 3 -> 4 {scaled_s:.0f}s after the load began ({sent[0]} QoS 1 messages); "
+          f"the HPA saw {used}")  # fmt: skip
+    assert used and used[0].get("averageUtilization", 0) > target, status
+
+
+def millicores(quantity: str) -> float:
+    """A Kubernetes CPU quantity as metrics-server writes it ("53m", "1234567n", "1") in millicores."""
+    scale = {"n": 1e-6, "u": 1e-3, "m": 1.0}
+    return float(quantity[:-1]) * scale[quantity[-1]] if quantity[-1] in scale else float(quantity) * 1000
 
 
 # ------------------------------------------------------------------------------------------- monitoring
