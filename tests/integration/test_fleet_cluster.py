@@ -4,12 +4,14 @@ sharded pub/sub; a shard's primary killed is replaced by its replica and the fle
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
 from fleetmq.broker.store import keys
+from fleetmq.broker.store.base import SessionInfo
 
 from tests.integration import mqttraw
 from tests.integration.fleet_support import (
@@ -57,12 +59,19 @@ def test_cross_node_delivery_and_takeover_on_a_cluster(fleet, redis_cluster):
         view = AppView()
         ack_loop(c, view, until=10, timeout=10, tag="x")
         assert [parse_seq(p) for p in view.delivered] == [("x", i) for i in range(10)], cid
+        ack_loop(c, view, quiet=0.5)  # (the last PUBRELs answered: nothing left in its window)
     # a takeover: each session moves to node b, with what was queued for it meanwhile
     for _cid, c in subs:
         c.close()
     for i in range(10, 15):
         pub.publish(topic, seq_payload("x", i), qos=1)
         assert pub.expect(PUBACK)
+    # what the management API lists of them, read from every shard: offline, one subscription, 5 kept
+    listed = {i.client_id: i for i in asyncio.run(_sessions(redis_cluster)) if i.client_id in dict(subs)}
+    assert set(listed) == {cid for cid, _ in subs}
+    assert {(i.node, i.zone, i.subscriptions, i.queued, i.expiry_interval) for i in listed.values()} == {
+        ("", "default", 1, 5, 300.0)
+    }, listed
     for cid, _ in subs:
         back, ack = raw_connect(b, cid, 5)
         assert ack.session_present
@@ -72,6 +81,19 @@ def test_cross_node_delivery_and_takeover_on_a_cluster(fleet, redis_cluster):
         back.close()
     assert all(n.metric("fleetmq_store_info", topology="cluster", primary=f"127.0.0.1:{p.port}") == 1
                for n in (a, b) for p in redis_cluster.primaries())  # fmt: skip
+
+
+async def _sessions(rc) -> list[SessionInfo]:
+    """store.sessions() of a store of its own on the cluster: what GET /api/v1/clients lists."""
+    from fleetmq.broker.config import RedisStoreConfig
+    from fleetmq.broker.store.redis_store import RedisStore
+
+    store = RedisStore.from_config(RedisStoreConfig.model_validate(rc.store()), "t")
+    await store.open()
+    try:
+        return await store.sessions()
+    finally:
+        await store.close()
 
 
 def _cids_on_other_shards(rc, n: int = 2) -> list[str]:
