@@ -100,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         help="every client is user 'chaos', authenticated and authorized per topic by an HTTP service the "
         "run starts (acl_url), with max_connections_per_user set to the number of clients",
     )
+    p.add_argument(
+        "--no-api",
+        action="store_true",
+        help="the nodes serve no management API (by default each does; a publisher sends QoS 1 over "
+        "POST /api/v1/publish, and the api-kick fault disconnects clients through it)",
+    )
     p.add_argument("--logs", type=Path, help="directory for node and Redis logs (default chaos/results/...)")
     p.add_argument("--json", type=Path, help="also write the results as JSON here")
     p.add_argument("--history", type=Path, help="write everything the clients saw as JSON here (large)")
@@ -120,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             subscribers=a.subscribers, rate=a.rate, topics=a.topics, window=a.window, gap=a.gap,
             max_down=a.max_down, drain=a.drain, stuck_after=a.stuck_after, zone=zone, identity=a.identity,
             store="memory" if a.broken == "memory" else a.store, aof=a.broken != "redis-no-aof",
-            relay=a.broken == "relay", proxied=not a.direct,
+            relay=a.broken == "relay", proxied=not a.direct, api=not a.no_api,
             logs=(a.logs / f"seed{a.seed + i}") if a.logs else None, examples=a.examples,
         )  # fmt: skip
         try:

@@ -7,6 +7,7 @@ Pure (no I/O), so it can be tested on made-up histories. Violation classes:
   drops a resent PUBLISH whose packet id awaits PUBREL);
 - order: a first delivery that comes after the first delivery of a later message of the same publisher
   on the same topic (repeats of QoS 1 messages are allowed; first deliveries must be in publish order);
+  for a publisher over HTTP, of a later message acknowledged by the same node;
 - stuck: an acknowledged message delivered only after its subscriber had been connected for `stuck_after`
   seconds in a row with no fault active;
 - crash: a node exit the nemesis did not cause;
@@ -164,13 +165,13 @@ def check(h: History, *, stuck_after: float = 10.0, unrecovered: list[str] | Non
                     + _faults_near(h, first[key].t, end),
                 )
 
-        # first deliveries in publish order, per publisher and topic
-        latest: dict[tuple[str, str], Delivery] = {}
+        # first deliveries in publish order, per publisher and topic (and acknowledging node, per_node)
+        latest: dict[tuple[str, ...], Delivery] = {}
         for d in first.values():  # dict order: order of first arrival
             m = h.msgs.get((d.pub, d.topic, d.seq))
             if m is None or m.refused:
                 continue
-            stream = (d.pub, d.topic)
+            stream = (d.pub, d.topic, m.node_acked) if m.per_node else (d.pub, d.topic)
             top = latest.get(stream)
             if top is not None and d.seq < top.seq:
                 rep.add(

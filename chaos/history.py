@@ -40,6 +40,9 @@ class Msg:
     node_acked: str = ""
     refused: int = 0  # v5 acks with a failure reason code (the message is then sent again)
     sends: int = 1  # PUBLISH writes (resends after reconnects included)
+    # ordered only among the messages its publisher had acknowledged by the same node (a publisher without
+    # a session, over HTTP: two requests answered by two nodes take two paths to a subscriber)
+    per_node: bool = False
 
 
 @dataclass
@@ -116,11 +119,11 @@ class History:
         return time.monotonic() - self.t0
 
     # -- publishers
-    def sent(self, pub: str, topic: str, seq: int, qos: int, node: str) -> None:
+    def sent(self, pub: str, topic: str, seq: int, qos: int, node: str, per_node: bool = False) -> None:
         key = (pub, topic, seq)
         m = self.msgs.get(key)
         if m is None:
-            self.msgs[key] = Msg(pub, topic, seq, qos, self.now(), node)
+            self.msgs[key] = Msg(pub, topic, seq, qos, self.now(), node, per_node=per_node)
         else:
             m.sends += 1
 

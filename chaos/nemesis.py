@@ -28,6 +28,7 @@ KINDS = (
     "primary-stop",  # a primary's pod deleted: redis.sh's prestop handover, SIGTERM, started again as a pod
     "redis-restart-under-load",  # a burst of QoS 2 publishes, within ms a Redis (primary) stopped, restarted
     "takeover",  # a client connects to another node while its old connection is still open
+    "api-kick",  # DELETE /api/v1/clients/{id} on any node: the client's node disconnects it (0x98)
     "proxy-drop",  # reset the Redis connections of one node or of all
     "proxy-blackhole",  # forward nothing between one node (or all) and Redis for a while
     "proxy-delay",  # delay everything between one node (or all) and Redis
@@ -36,7 +37,7 @@ KINDS = (
     "failover",  # a graceful switch to a replica (SENTINEL FAILOVER, CLUSTER FAILOVER)
     "replica-lag",  # SIGSTOP a replica, SIGCONT after a while (WAIT for it times out meanwhile)
 )
-NODE_KINDS = ("node-kill", "node-pause", "takeover")
+NODE_KINDS = ("node-kill", "node-pause", "takeover", "api-kick")
 # faults of the proxies: before a single redis-server one per node, before every server of Sentinel or a
 # cluster one per server (which the nodes, the sentinels and the replicas all go through)
 PROXY_KINDS = ("proxy-drop", "proxy-blackhole", "proxy-delay", "reply-lost")
@@ -55,10 +56,12 @@ STOPS = ("redis-term", "redis-shutdown", "primary-stop", "redis-restart-under-lo
 _P = TypeVar("_P", bound=Proc)  # a node or a redis-server, with the fleet's way to start it again
 
 
-def applicable(kind: str, store: str, proxied: bool = True) -> bool:
+def applicable(kind: str, store: str, proxied: bool = True, api: bool = True) -> bool:
     """Whether a fault means something for a fleet on `store` (the run options' store): proxy faults where
     the nodes reach Redis through proxies (every form, unless --direct), replicas only in Sentinel and
-    Cluster setups, no Redis in memory."""
+    Cluster setups, no Redis in memory, kicks where the nodes serve the management API."""
+    if kind == "api-kick":
+        return api
     if store == "memory":
         return kind not in REDIS_KINDS
     if kind in PROXY_KINDS:
@@ -110,6 +113,10 @@ class Fleet(Protocol):
     async def replicas(self) -> list[Redis]: ...
 
     async def failover(self, pick: float) -> str: ...
+
+    async def kick(self, cid: str, pick: float) -> str:
+        """DELETE /api/v1/clients/{cid} on a live node (`pick` says which); what it answered."""
+        ...
 
     async def prestop(self, old: Redis) -> str:
         """What a primary's pod does when it is deleted, before its SIGTERM (a handover to a replica)."""
@@ -256,6 +263,19 @@ class Nemesis:
                     h.healed(f, "not reconnected within 10s")
             else:
                 h.healed(f, "client not connected")
+        elif step.kind == "api-kick":
+            clients = [c for c in fleet.clients if c.link is not None]
+            if not clients:
+                return
+            c = clients[int(step.pick * len(clients))]
+            f = h.fault("api-kick", c.cid, f"connected to {c.node}")
+            c.connected.clear()
+            h.more(f, await fleet.kick(c.cid, step.pick2))
+            try:
+                await asyncio.wait_for(c.connected.wait(), 10)
+                h.healed(f, f"back on {c.node}")
+            except TimeoutError:
+                h.healed(f, "not reconnected within 10s")
         else:
             proxies = list(fleet.proxies.values())
             if not proxies:

@@ -313,22 +313,32 @@ class Sentinel(Redis):
 
 
 class Node(Proc):
-    """One fleetmq broker node: `python -m fleetmq.broker --config FILE`, its listener and metrics ports
-    chosen once and kept across restarts, its log appended."""
+    """One fleetmq broker node: `python -m fleetmq.broker --config FILE`, its listener, metrics and (with
+    `api_keys`) management API ports chosen once and kept across restarts, its log appended."""
 
-    def __init__(self, name: str, workdir: Path, store: dict[str, Any], zone: dict[str, Any]):
+    def __init__(
+        self,
+        name: str,
+        workdir: Path,
+        store: dict[str, Any],
+        zone: dict[str, Any],
+        api_keys: Path | None = None,
+    ):
         super().__init__()
         self.name = name
         self.port, self.metrics_port = free_port(), free_port()
+        self.api_port = free_port() if api_keys is not None else None
         self.config_path = workdir / f"{name}.yaml"
         self.log_path = workdir / f"{name}.log"
-        config = {
+        config: dict[str, Any] = {
             "node_id": name,
             "store": store,
             "zones": {"default": zone},
             "listeners": [{"name": "mqtt", "zone": "default", "bind": f"{HOST}:{self.port}"}],
             "metrics": {"bind": f"{HOST}:{self.metrics_port}"},
         }
+        if api_keys is not None:
+            config["api"] = {"bind": f"{HOST}:{self.api_port}", "keys_file": str(api_keys)}
         self.config_path.write_text(json.dumps(config, indent=1) + "\n")  # JSON is YAML
 
     def argv(self) -> list[str]:

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
+from chaos.api import ApiPublisher, admin_key, describe
 from chaos.checker import CLASSES, Report, check
 from chaos.client import Client, Publisher, Subscriber
 from chaos.history import History
@@ -51,6 +54,7 @@ class Options:
     stuck_after: float = 10.0
     zone: dict[str, Any] = field(default_factory=dict)
     identity: bool = False  # an HTTP auth + ACL service and the fleet-wide connection quota on (identity.py)
+    api: bool = True  # every node serves the management API: a publisher over HTTP, kicks (api.py)
     logs: Path | None = None
     examples: int = 5
 
@@ -60,6 +64,8 @@ class Fleet:
 
     def __init__(self, opts: Options, history: History, workdir: Path, logdir: Path):
         self.opts, self.history = opts, history
+        self.api_keys = workdir / "api-keys.yaml" if opts.api else None
+        self.api_key = admin_key(self.api_keys) if self.api_keys is not None else ""
         self.redis: list[Redis] = []
         self.sentinels: list[Sentinel] = []
         self.proxies: dict[str, Proxy] = {}
@@ -115,7 +121,7 @@ class Fleet:
                 proxy = Proxy(f"{name}-redis-proxy", self.redis[0].port)
                 self.proxies[name] = proxy
                 store = {"kind": "redis", "url": f"redis://{HOST}:{proxy.port}/0"}
-            self.nodes.append(Node(name, logdir, store, opts.zone))
+            self.nodes.append(Node(name, logdir, store, opts.zone, self.api_keys))
         self.relays = (
             {
                 r.name.removesuffix("-relay"): r
@@ -354,6 +360,29 @@ class Fleet:
         relay = self.relays.get(chosen.name)
         return chosen.name, HOST, relay.port if relay else chosen.port
 
+    def pick_api(self, rng: random.Random) -> tuple[str, str] | None:
+        """A random live node's management API: (node, base URL)."""
+        live = [n for n in self.live_nodes() if n.api_port is not None]
+        if not live:
+            return None
+        n = rng.choice(live)
+        return n.name, f"http://{HOST}:{n.api_port}"
+
+    async def kick(self, cid: str, pick: float) -> str:
+        live = [n for n in self.live_nodes() if n.api_port is not None]
+        if not live:
+            return "no node serves the API"
+        n = live[int(pick * len(live))]
+        url = f"http://{HOST}:{n.api_port}/api/v1/clients/{cid}"
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
+                http.delete(url, headers={"Authorization": f"Bearer {self.api_key}"}) as r,
+            ):
+                return f"asked {n.name}: {r.status} {(await r.text())[:120]}".rstrip()
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            return f"asked {n.name}: {type(e).__name__} {e}"
+
     async def start_node(self, node: Node) -> None:
         try:
             await node.start()
@@ -410,10 +439,12 @@ class Fleet:
 
 def _clients(
     opts: Options, fleet: Fleet, h: History, run_id: str
-) -> tuple[list[Publisher], list[Subscriber]]:
+) -> tuple[list[Publisher | ApiPublisher], list[Subscriber]]:
     """Publishers and subscribers over both protocol versions and both QoS levels (i % 2 picks the
-    version, i // 2 % 2 the QoS), each with its own RNG from the seed."""
-    pubs, subs = [], []
+    version, i // 2 % 2 the QoS), each with its own RNG from the seed; with the API, one more publisher
+    over HTTP at QoS 1."""
+    pubs: list[Publisher | ApiPublisher] = []
+    subs = []
     user = USERNAME if opts.identity else None
     for i in range(opts.publishers):
         version, qos = (4, 5)[i % 2], (1, 2)[i // 2 % 2]
@@ -432,6 +463,19 @@ def _clients(
                 rate=opts.rate,
                 window=opts.window,
                 username=user,
+            )
+        )
+    if opts.api:
+        cid = "api-pub"
+        pubs.append(
+            ApiPublisher(
+                cid,
+                h,
+                fleet.pick_api,
+                random.Random(f"client:{opts.seed}:{cid}"),
+                key=fleet.api_key,
+                topics=[f"chaos/{run_id}/{cid}/{k}" for k in range(opts.topics)],
+                rate=opts.rate,
             )
         )
     for i in range(opts.subscribers):
@@ -459,7 +503,7 @@ def _undelivered(h: History) -> list[tuple[str, tuple[str, str, int]]]:
     return out
 
 
-async def _drain(h: History, pubs: list[Publisher], limit: float) -> None:
+async def _drain(h: History, pubs: list[Publisher | ApiPublisher], limit: float) -> None:
     """Wait until every publisher's window is acked and every acked message delivered, or `limit`."""
     t = h.now()
     while h.now() - t < limit:
@@ -474,7 +518,7 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
     workdir = Path(tempfile.mkdtemp(prefix="chaos-"))
     logdir = opts.logs or Path("chaos/results") / f"{time.strftime('%Y%m%d-%H%M%S')}-seed{opts.seed}"
     logdir.mkdir(parents=True, exist_ok=True)
-    kinds = [k for k in opts.kinds if applicable(k, opts.store, opts.proxied)]
+    kinds = [k for k in opts.kinds if applicable(k, opts.store, opts.proxied, opts.api)]
     identity = IdentityService() if opts.identity else None
     if identity is not None:
         await identity.start()
@@ -483,7 +527,7 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
         )
     fleet = Fleet(opts, h, workdir, logdir)
     pubs, subs = _clients(opts, fleet, h, run_id)
-    fleet.clients = [*pubs, *subs]
+    fleet.clients = [*(p for p in pubs if isinstance(p, Publisher)), *subs]
     tasks: list[asyncio.Task[None]] = []
     extra: dict[str, Any] = {"logs": str(logdir), "kinds": kinds, "run_id": run_id}
     unrecovered: list[str] = []
@@ -495,7 +539,7 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
         while any(h.subs[s.cid].suback is None for s in subs) and h.now() - t_sub < 30:
             await asyncio.sleep(0.05)
         tasks += [asyncio.ensure_future(p.run()) for p in pubs]
-        tasks += [asyncio.ensure_future(p.produce()) for p in pubs]
+        tasks += [asyncio.ensure_future(p.produce()) for p in pubs if isinstance(p, Publisher)]
         t_start = h.now()
         nemesis = Nemesis(fleet, h, opts.seed, kinds, gap=opts.gap, max_down=opts.max_down)
         nem = asyncio.ensure_future(nemesis.run(t_start + opts.duration))
@@ -528,11 +572,15 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
         await asyncio.sleep(0.5)  # late repeats and duplicates show up too
         extra["drain_s"] = h.now() - t_drain
         for p in pubs:
-            if not p.idle():
+            if isinstance(p, ApiPublisher):
+                if not p.idle():
+                    unrecovered.append(f"{p.describe()}; one still not taken {opts.drain:.0f}s after healing")
+            elif not p.idle():
                 unrecovered.append(
                     f"{p.cid}: {len(p.out)} in flight, {len(p.pending)} unsent {opts.drain:.0f}s after healing "
                     f"(connected: {p.link is not None}, node {p.node})"
                 )
+        extra["api"] = [p.report() for p in pubs if isinstance(p, ApiPublisher)]
         for s in subs:
             if h.subs[s.cid].suback is None:
                 unrecovered.append(f"{s.cid}: never subscribed (connected: {s.link is not None})")
@@ -543,7 +591,7 @@ async def run(opts: Options) -> tuple[History, Report, dict[str, Any]]:
         if fleet.relays:
             extra["relay"] = dict(next(iter(fleet.relays.values())).budget.done)
     finally:
-        for c in fleet.clients:
+        for c in [*fleet.clients, *pubs]:
             c.stop()
         if tasks:
             with contextlib.suppress(BaseException):
@@ -628,6 +676,8 @@ def summary(opts: Options, h: History, rep: Report, extra: dict[str, Any]) -> st
         lines.append(
             "broken relays (--broken relay) did: " + ", ".join(f"{k} {v}" for k, v in extra["relay"].items())
         )
+    if extra.get("api"):
+        lines.append("over the management API: " + "; ".join(describe(a) for a in extra["api"]))
     if extra.get("identity_asked"):
         lines.append(
             "the identity service (--identity) was asked: "
@@ -702,6 +752,7 @@ def to_json(opts: Options, h: History, rep: Report, extra: dict[str, Any]) -> di
         "metrics": extra.get("metrics", {}),
         "relay": extra.get("relay", {}),
         "identity_asked": extra.get("identity_asked", {}),
+        "api": extra.get("api", []),
         "notes": h.notes,
         "t0_wall": h.t0_wall,
     }

@@ -108,6 +108,21 @@ def test_repeats_may_come_after_later_messages():
     assert check(h).ok
 
 
+def test_a_publisher_over_http_is_held_to_order_per_acknowledging_node():
+    """The management API's publisher: #1 taken by n1 may arrive before #0 taken by n0 (two paths), but
+    not before #0 when n1 took both."""
+    h = history()
+    for seq in range(3):
+        m = publish(h, seq)
+        m.per_node, m.node_acked = True, ("n0" if seq == 0 else "n1")
+    deliver(h, 1, 3.0)
+    deliver(h, 0, 3.1)  # after a later one another node took: allowed
+    deliver(h, 2, 3.2)
+    assert check(h).ok
+    h.msgs[(PUB, TOPIC, 0)].node_acked = "n1"  # the same node took both: out of order
+    assert counts(h) == {"order": 1}
+
+
 def test_other_topics_and_refused_messages_do_not_count_for_order():
     h = history()
     publish(h, 0)
