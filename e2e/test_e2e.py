@@ -33,6 +33,7 @@ import re
 import ssl
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -210,6 +211,58 @@ def test_status_columns_are_those_the_readme_shows(cluster: Cluster):
     ]
     row = wide[1].split()
     assert row[1:5] == ["True", "3", "3", "2"] and row[7] == "True" and row[8].startswith("edge-redis-"), row
+
+
+def test_the_management_api_and_console_answer_for_the_fleet_through_its_service(cluster: Cluster, endpoints):
+    """The README's fleet has spec.api: {enabled: true}. What its chart NOTES tell a user to do works:
+    the admin key from the Secret the operator generated, the Service <fleet>-api. Through it any pod
+    answers for the whole fleet: the three nodes, a client connected through a zone's Service (to
+    whichever pod it landed on), a kick of that client (its pod disconnects it), and the console's page."""
+    c = cluster
+    secret = c.get("secret", f"{FLEET}-api-keys", APP_NS)
+    assert secret is not None, "the operator generated no admin key"
+    key = base64.b64decode(secret["data"]["admin-key"]).decode()
+    api = c.endpoint(f"svc/{FLEET}-api", 8081)
+    endpoints.append(api.start())
+    base = f"http://{api.host}:{api.local}"
+
+    def call(method: str, path: str, key: str = key) -> tuple[int, Any]:
+        req = urllib.request.Request(base + path, method=method, headers={"Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                body, kind = r.read(), r.headers.get_content_type()
+                return r.status, json.loads(body) if kind.endswith("json") and body else body.decode()
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    status, nodes = call("GET", "/api/v1/nodes")
+    assert status == 200, nodes
+    assert sorted(n["node"] for n in nodes["data"] if n["status"] == "running") == BROKERS, nodes
+    assert call("GET", "/api/v1/nodes", key="fmq_nobody_x")[0] == 401
+
+    svc = c.endpoint("svc/edge-internal-mqtt", 11883)
+    endpoints.append(svc.start())
+    cid = f"e2e-api-{uuid.uuid4().hex[:6]}"
+    dropped = threading.Event()
+    sub = client(svc.local, cid, host=svc.host)
+    sub.on_disconnect = lambda *_: dropped.set()
+    try:
+        sub.subscribe("e2e/api/#", qos=1)
+        # any pod, asked through the Service, finds it on the pod it is on
+        found = wait_for(lambda: (r := call("GET", f"/api/v1/clients?clientid={cid}"))[0] == 200
+                         and r[1]["data"] and r[1]["data"][0].get("node") and r[1]["data"][0],
+                         timeout=30, msg="the client in GET /api/v1/clients")  # fmt: skip
+        assert found["connected"] and found["node"] in BROKERS and found["zone"] == "internal", found
+        for _ in range(3):  # (the Service spreads the requests over the pods)
+            status, detail = call("GET", f"/api/v1/clients/{cid}")
+            assert status == 200 and detail["node"] == found["node"], detail
+            assert [s["topic"] for s in detail["subscriptions"]] == ["e2e/api/#"], detail
+        assert call("DELETE", f"/api/v1/clients/{cid}")[0] == 204
+        assert dropped.wait(10), "the kicked client was not disconnected"
+    finally:
+        close(sub)
+    status, page = call("GET", "/")
+    assert status == 200 and "<title>" in page and "console.js" in page, page[:300]
 
 
 # ------------------------------------------------------------------------------------------- clients
