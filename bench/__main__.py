@@ -807,6 +807,22 @@ def fleet_rows(
     return rows
 
 
+#: rows that run fleetmq processes of their own (and the folder they run in), with the bench's brokers and
+#: fleet stopped first
+STANDALONE_ROWS: dict[str, tuple[str, Callable[[str, Path, Path, argparse.Namespace], Row]]] = {
+    **dict.fromkeys(BRIDGE_ROWS, ("bridge", run_bridge_row)),
+    **dict.fromkeys(API_ROWS, ("api", run_api_row)),
+    **dict.fromkeys(ACL_ROWS, ("acl", run_acl_row)),
+}
+
+
+def _stop_all(brokers: dict[str, Broker], fleet: Fleet | None) -> None:
+    for broker in brokers.values():
+        broker.stop()
+    if fleet is not None:
+        fleet.stop()
+
+
 def _keep_logs(rows: list[Row], brokers: dict[str, Broker], fleet: Fleet | None, out: Path) -> None:
     """Copy the log of every broker that had an error next to the report (the workdir is temporary)."""
     paths: dict[str, Path] = {}
@@ -871,27 +887,14 @@ def main(argv: list[str] | None = None) -> int:
                         rows.append(run_hotpath_row(key, args.baseline))
                     continue
                 if key in memory.ROWS:
-                    for broker in brokers.values():
-                        broker.stop()
-                    if fleet is not None:
-                        fleet.stop()
+                    _stop_all(brokers, fleet)
                     rows.append(run_memory_row(key, brokers))
                     continue
-                if key in BRIDGE_ROWS:
+                if key in STANDALONE_ROWS:  # (fleetmq's own processes: everything else out of the way)
                     if "fleetmq" in brokers:
-                        for broker in brokers.values():
-                            broker.stop()
-                        if fleet is not None:
-                            fleet.stop()
-                        rows.append(run_bridge_row(key, Path(tmp) / "bridge", binary, args))
-                    continue
-                if key in API_ROWS:
-                    if "fleetmq" in brokers:
-                        for broker in brokers.values():
-                            broker.stop()
-                        if fleet is not None:
-                            fleet.stop()
-                        rows.append(run_api_row(key, Path(tmp) / "api", binary, args))
+                        _stop_all(brokers, fleet)
+                        folder, run_row = STANDALONE_ROWS[key]
+                        rows.append(run_row(key, Path(tmp) / folder, binary, args))
                     continue
                 if key in API_LIST_ROWS:
                     if "fleetmq" in brokers:
@@ -900,14 +903,6 @@ def main(argv: list[str] | None = None) -> int:
                         if fleet is None:
                             fleet = Fleet(Path(tmp) / "fleet")
                         rows.append(run_api_list_row(fleet))
-                    continue
-                if key in ACL_ROWS:
-                    if "fleetmq" in brokers:
-                        for broker in brokers.values():
-                            broker.stop()
-                        if fleet is not None:
-                            fleet.stop()
-                        rows.append(run_acl_row(key, Path(tmp) / "acl", binary, args))
                     continue
                 if fleet is not None:
                     fleet.stop()  # idle, but out of the way of the in-memory rows
@@ -943,10 +938,7 @@ def main(argv: list[str] | None = None) -> int:
                         log(f"{'idle':10} {name:10} error: {cell.error}")
                 rows.append(row)
         finally:
-            for broker in brokers.values():
-                broker.stop()
-            if fleet is not None:
-                fleet.stop()
+            _stop_all(brokers, fleet)
             _keep_logs(rows, brokers, fleet, args.out)
 
     md = report.markdown(rows, machine, settings, started)
