@@ -360,16 +360,19 @@ class Fleet:
         relay = self.relays.get(chosen.name)
         return chosen.name, HOST, relay.port if relay else chosen.port
 
+    def _api_nodes(self) -> list[Node]:
+        return [n for n in self.live_nodes() if n.api_port is not None]
+
     def pick_api(self, rng: random.Random) -> tuple[str, str] | None:
         """A random live node's management API: (node, base URL)."""
-        live = [n for n in self.live_nodes() if n.api_port is not None]
+        live = self._api_nodes()
         if not live:
             return None
         n = rng.choice(live)
         return n.name, f"http://{HOST}:{n.api_port}"
 
     async def kick(self, cid: str, pick: float) -> str:
-        live = [n for n in self.live_nodes() if n.api_port is not None]
+        live = self._api_nodes()
         if not live:
             return "no node serves the API"
         n = live[int(pick * len(live))]
