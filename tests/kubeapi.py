@@ -90,6 +90,16 @@ def bin_dir() -> Path:
     return cache / "envtest" / k8s_version() / "bin"
 
 
+def label_selector(selector: dict[str, Any]) -> str:
+    """A LabelSelector as `kubectl -l` takes it (matchLabels, and matchExpressions with In)."""
+    terms = [f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items()]
+    for e in selector.get("matchExpressions") or []:
+        if e["operator"] != "In":
+            raise ValueError(f"only In expressions: {e}")
+        terms.append(f"{e['key']} in ({','.join(e['values'])})")
+    return ",".join(terms)
+
+
 def wait_established(kubectl: Any, crds: list[str] | None = None, timeout: float = 60.0) -> None:
     """Wait until the CRDs (names; None: every CRD there is) are Established. `kubectl wait --for
     condition=established` is no help right after the apply: a CRD whose status the API server has not

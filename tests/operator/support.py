@@ -1,5 +1,6 @@
-"""Helpers of the operator tests that run what the operator renders for real, without Kubernetes: broker
-"pods" started from a rendered config, and the managed Redis' script (operator/redis.sh) run on loopback."""
+"""Helpers of the operator tests: what the operator rendered for fleet edge, and what runs it for real
+without Kubernetes: broker "pods" started from a rendered config, and the managed Redis' script
+(operator/redis.sh) run on loopback."""
 
 from __future__ import annotations
 
@@ -13,11 +14,39 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import yaml
 from fleetmq.operator import render
 
 from tests.integration.harness import LIVE_BROKERS, BrokerProc, _wait_port
 from tests.integration.mqttraw import RawClient
 from tests.support import HOST, RedisServer, free_port
+
+from .conftest import wait_for
+
+# ------------------------------------------------------------------------------------ rendered config
+CHILDREN = [
+    ("configmap", "edge-config"),
+    ("statefulset", "edge"),
+    ("service", "edge-headless"),
+    ("service", "edge-external-mqtt"),
+    ("poddisruptionbudget", "edge"),
+]
+
+
+def config_of(k) -> dict:
+    """Fleet edge's broker config as the operator rendered it ({} before it did)."""
+    cm = k.get("configmap", "edge-config")
+    return yaml.safe_load(cm["data"][render.CONFIG_KEY]) if cm else {}
+
+
+def cm_hash(k) -> str | None:
+    cm = k.get("configmap", "edge-config")
+    return cm and cm["metadata"]["annotations"][render.A_CONFIG_HASH]
+
+
+def hash_with_zone(k, name: str = "external") -> str:
+    """The config hash once zone `name` is rendered (the fleet alone may be rendered first)."""
+    return wait_for(lambda: name in config_of(k)["zones"] and cm_hash(k), msg=f"config with zone {name}")
 
 
 # -------------------------------------------------------------------------------------------- brokers

@@ -10,38 +10,11 @@ import json
 import time
 
 import pytest
-import yaml
 from fleetmq.broker.config import BrokerConfig
 from fleetmq.operator import render
 
-from tests import kubeapi
-
-from .conftest import OPERATOR_NS, Operator, bridge, fleet, wait_for, zone
-
-CHILDREN = [
-    ("configmap", "edge-config"),
-    ("statefulset", "edge"),
-    ("service", "edge-headless"),
-    ("service", "edge-external-mqtt"),
-    ("poddisruptionbudget", "edge"),
-]
-
-
-def config_of(k) -> dict:
-    import yaml
-
-    cm = k.get("configmap", "edge-config")
-    return yaml.safe_load(cm["data"][render.CONFIG_KEY])
-
-
-def cm_hash(k) -> str | None:
-    cm = k.get("configmap", "edge-config")
-    return cm and cm["metadata"]["annotations"][render.A_CONFIG_HASH]
-
-
-def hash_with_zone(k, name: str = "external") -> str:
-    """The config hash once zone `name` is rendered (the fleet alone may be rendered first)."""
-    return wait_for(lambda: name in config_of(k)["zones"] and cm_hash(k), msg=f"config with zone {name}")
+from .conftest import bridge, fleet, wait_for, zone
+from .support import CHILDREN, cm_hash, config_of, hash_with_zone
 
 
 def test_fleet_and_zone_become_owned_children_with_status(k, run_operator):
@@ -258,39 +231,6 @@ def test_scale_subresource(k, run_operator):
     wait_for(lambda: k.get("brokerfleet", "edge")["status"].get("selector"), msg="selector in status")
 
 
-def test_pause_stops_reconciliation_of_one_fleet(k, run_operator):
-    run_operator()
-    k.apply(fleet())
-    k.apply(zone())
-    before = hash_with_zone(k)
-    k("annotate", "brokerfleet", "edge", f"{render.PAUSED}=true")
-    time.sleep(1.5)
-    k.patch("mqttzone", "external", {"spec": {"session": {"maxInflight": 3}}})
-    k.patch("statefulset", "edge", {"spec": {"replicas": 5}})
-    time.sleep(4)  # several resync intervals
-    assert cm_hash(k) == before
-    assert k.get("statefulset", "edge")["spec"]["replicas"] == 5
-    k("annotate", "brokerfleet", "edge", f"{render.PAUSED}-")
-    wait_for(lambda: cm_hash(k) != before, msg="reconciled after unpause")
-    wait_for(
-        lambda: k.get("statefulset", "edge")["spec"]["replicas"] == 2, msg="drift corrected after unpause"
-    )
-
-
-def test_paused_zone_keeps_its_applied_version(k, run_operator):
-    run_operator()
-    k.apply(fleet())
-    k.apply(zone(session={"maxInflight": 4}))
-    # the config with the zone in it (the fleet alone may have been rendered first)
-    before = wait_for(
-        lambda: config_of(k)["zones"]["external"]["max_inflight"] == 4 and cm_hash(k), msg="config"
-    )
-    k("annotate", "mqttzone", "external", f"{render.PAUSED}=true")
-    k.patch("mqttzone", "external", {"spec": {"session": {"maxInflight": 9}}})
-    time.sleep(3)
-    assert cm_hash(k) == before and config_of(k)["zones"]["external"]["max_inflight"] == 4
-
-
 def test_bad_zones_are_reported_without_touching_the_running_fleet(k, run_operator):
     run_operator()
     k.apply(zone("orphan", fleet_name="nowhere"))
@@ -370,145 +310,6 @@ def test_restarting_the_operator_changes_no_pod_template(k, run_operator):
     after = k.get("statefulset", "edge")
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     assert after["spec"]["template"] == before["spec"]["template"]
-
-
-def test_redis_choices_and_service_monitor(k, run_operator, control_plane):
-    monitor_crd = {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-        "spec": {
-            "group": "monitoring.coreos.com",
-            "scope": "Namespaced",
-            "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor"},
-            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
-        },
-    }  # fmt: skip
-    control_plane.kubectl("apply", "-f", "-", input=json.dumps(monitor_crd))
-    kubeapi.wait_established(control_plane.kubectl, ["servicemonitors.monitoring.coreos.com"])
-    run_operator()
-    k.apply(fleet(redis={"managed": True}, metrics={"serviceMonitorLabels": {"release": "kps"}}))
-    wait_for(lambda: k.get("statefulset", "edge-redis"), msg="managed redis")
-    assert k.get("service", "edge-redis")["spec"]["ports"][0]["port"] == 6379
-    mon = wait_for(lambda: k.get("servicemonitor", "edge"), msg="service monitor")
-    assert mon["spec"]["endpoints"][0]["port"] == "metrics"
-    # what kube-prometheus-stack's serviceMonitorSelector matches, and only the fleet's namespace
-    assert mon["metadata"]["labels"]["release"] == "kps"
-    assert mon["spec"]["namespaceSelector"] == {"matchNames": [k.ns]}
-    k.patch("brokerfleet", "edge", {"spec": {"metrics": {
-        "serviceMonitorLabels": {"release": "monitoring"}, "scrapeTimeout": "20s"}}})  # fmt: skip
-    mon = wait_for(lambda: (m := k.get("servicemonitor", "edge"))["metadata"]["labels"].get("release")
-                   == "monitoring" and m, msg="service monitor relabelled")  # fmt: skip
-    assert mon["spec"]["endpoints"][0]["scrapeTimeout"] == "20s"
-    assert config_of(k)["store"]["sentinel"]["master"] == "edge"
-
-    # an existing Redis with a password Secret: the password reaches the pods as a file, not the ConfigMap
-    k.apply(fleet("ext", redis={"url": "redis://db.example:6379/0", "secretRef": {"name": "redis-pw"}},
-                  metrics={"serviceMonitor": False}))  # fmt: skip
-    degraded = wait_for(lambda: (c := k.condition("brokerfleet", "ext", "Degraded")).get("reason") == "ConfigInvalid"
-                        and c, msg="missing secret reported")  # fmt: skip
-    assert "redis-pw" in degraded["message"]
-    k("create", "secret", "generic", "redis-pw", "--from-literal=password=s3cret")
-    cm = wait_for(lambda: k.get("configmap", "ext-config"), msg="external redis rendered")
-    store = yaml.safe_load(cm["data"][render.CONFIG_KEY])["store"]
-    assert (
-        store["url"] == "redis://db.example:6379/0"
-        and store["password_file"] == "/etc/fleetmq/redis/password"
-    )
-    assert "s3cret" not in json.dumps(cm)
-    pod = k.get("statefulset", "ext")["spec"]["template"]["spec"]
-    assert {"name": "redis-auth", "secret": {"secretName": "redis-pw", "items": [
-        {"key": "password", "path": "password"}], "defaultMode": 420}} in pod["volumes"]  # fmt: skip
-    assert k.get("statefulset", "ext-redis") is None and k.get("secret", "ext-redis-auth") is None
-    assert k.get("servicemonitor", "ext") is None  # serviceMonitor: false
-    wait_for(
-        lambda: k.condition("brokerfleet", "ext", "Degraded").get("status") == "False", msg="not degraded"
-    )
-    k("delete", "brokerfleet", "edge", "--wait=true", "--timeout=30s")
-    if control_plane.controllers:  # its children go with it, the managed Redis' included
-        wait_for(lambda: k.get("statefulset", "edge-redis") is None, msg="managed redis collected")
-        wait_for(lambda: k.get("servicemonitor", "edge") is None, msg="service monitor collected")
-
-
-def test_operator_metrics_count_reconciles(k, run_operator):
-    from fleetmq.operator import metrics
-
-    before = metrics.REGISTRY.get_sample_value("fleetmq_operator_reconciles_total", {"result": "ok"}) or 0
-    run_operator()
-    k.apply(fleet())
-    wait_for(lambda: k.get("statefulset", "edge"), msg="statefulset")
-    wait_for(lambda: (metrics.REGISTRY.get_sample_value("fleetmq_operator_reconciles_total", {"result": "ok"})
-                      or 0) > before, msg="reconciles counted")  # fmt: skip
-    assert (
-        metrics.REGISTRY.get_sample_value("fleetmq_operator_child_changes_total", {"kind": "StatefulSet"})
-        >= 1
-    )
-    assert metrics.REGISTRY.get_sample_value("fleetmq_operator_reconcile_duration_seconds_count") >= 1
-
-
-def test_operator_metrics_report_fleet_readiness(k, run_operator, kube_namespace):
-    """fleetmq_operator_fleet_ready / _replicas follow the fleet's status and go with the fleet; the labelled
-    counters exist at 0 before anything happened."""
-    from fleetmq.operator import metrics
-
-    def value(name: str, **labels: str) -> float | None:
-        return metrics.REGISTRY.get_sample_value(name, labels)
-
-    for result in ("ok", "error", "paused", "gone"):
-        assert value("fleetmq_operator_reconciles_total", result=result) is not None, result
-    for step in ("render", "apply", "prune", "status", "nodeinfo", "pods"):
-        assert value("fleetmq_operator_reconcile_errors_total", step=step) is not None, step
-    for kind in ("ConfigMap", "Service", "StatefulSet", "PodDisruptionBudget"):
-        assert value("fleetmq_operator_child_changes_total", kind=kind) is not None, kind
-        assert value("fleetmq_operator_child_deletes_total", kind=kind) is not None, kind
-
-    edge = {"fleet_namespace": kube_namespace, "fleet": "edge"}
-    run_operator()
-    k.apply(fleet(replicas=2))
-    wait_for(lambda: value("fleetmq_operator_fleet_ready", **edge) is not None, msg="fleet_ready exported")
-    assert k.condition("brokerfleet", "edge", "Ready")["status"] == "False"  # no pod reports its config
-    assert value("fleetmq_operator_fleet_ready", **edge) == 0
-    assert value("fleetmq_operator_fleet_replicas", **edge, state="desired") == 2
-    wait_for(  # 0 without kube-controller-manager; kwok's fake pods get ready
-        lambda: (
-            value("fleetmq_operator_fleet_replicas", **edge, state="ready")
-            == k.get("brokerfleet", "edge")["status"]["readyReplicas"]
-        ),
-        msg="ready replicas as in the status",
-    )
-    k("scale", "brokerfleet", "edge", "--replicas=3")
-    wait_for(lambda: value("fleetmq_operator_fleet_replicas", **edge, state="desired") == 3, msg="scaled")
-    k("delete", "brokerfleet", "edge", "--wait=false")
-    wait_for(lambda: value("fleetmq_operator_fleet_ready", **edge) is None, msg="fleet_ready removed")
-    assert value("fleetmq_operator_fleet_replicas", **edge, state="desired") is None
-    assert value("fleetmq_operator_fleet_replicas", **edge, state="ready") is None
-
-
-def test_peering_keeps_one_operator_active(k, run_operator, caplog):
-    """HA: replicas of the operator with kopf peering; the highest priority one acts, the others wait."""
-    k.apply({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "fleetmq"}})
-    low = run_operator(peering=("fleetmq", 10))
-    k.apply(fleet())
-    wait_for(lambda: k.get("statefulset", "edge"), msg="reconciled by the only operator")
-
-    def peers() -> int:
-        return len((k.get("kopfpeering", "fleetmq") or {}).get("status") or {})
-
-    wait_for(lambda: peers() == 1, msg="first operator announced")
-    high = run_operator(peering=("fleetmq", 20))
-    wait_for(lambda: peers() == 2, msg="both operators announced")
-    k("scale", "brokerfleet", "edge", "--replicas=3")
-    wait_for(
-        lambda: k.get("statefulset", "edge")["spec"]["replicas"] == 3, msg="reconciled by the active one"
-    )
-    high.stop()
-    wait_for(lambda: peers() == 1, msg="the active operator left")
-    k("scale", "brokerfleet", "edge", "--replicas=4")
-    wait_for(lambda: k.get("statefulset", "edge")["spec"]["replicas"] == 4, msg="the standby took over")
-    low.stop()
-    paused = [r.getMessage() for r in caplog.records if "Pausing operations in favour of" in r.getMessage()]
-    assert paused and all("priority=20" in m for m in paused)  # only the low one ever stood back
 
 
 def test_a_rollout_adds_a_pod_before_each_old_one_goes_and_zone_changes_keep_them(
@@ -621,45 +422,6 @@ def test_bridges_are_rendered_and_a_missing_secret_is_reported(k, run_operator):
     assert [b["name"] for b in config_of(k)["bridges"]] == ["cloud", "locked"]
     k("delete", "mqttbridge", "cloud")
     wait_for(lambda: [b["name"] for b in config_of(k)["bridges"]] == ["locked"], msg="deleted bridge dropped")
-
-
-def test_an_operator_watching_one_namespace_needs_no_cluster_wide_secret_read(
-    k, control_plane, kube_namespace, namespaced_operator_kubeconfig, monkeypatch
-):
-    """With the RBAC of `--watch <ns>` (a Role in the namespace, a ClusterRole reading CRDs and namespaces)
-    the operator reconciles a fleet with a zone and a bridge whose password is a Secret, writes statuses
-    and events, and is refused nothing (Operator.stop checks its log for Forbidden); Secrets elsewhere
-    are out of its reach."""
-    monkeypatch.setenv("KUBECONFIG", str(namespaced_operator_kubeconfig))
-    monkeypatch.setenv("FLEETMQ_RESYNC_SECONDS", "1")
-    sa = f"system:serviceaccount:{OPERATOR_NS}:fleetmq-ns-{kube_namespace[-6:]}"
-
-    def can(verb: str, what: str, ns: str) -> bool:
-        out = control_plane.kubectl("auth", "can-i", verb, what, "-n", ns, "--as", sa, check=False)
-        return out.stdout.strip() == "yes"
-
-    assert can("get", "secrets", kube_namespace) and can("patch", "statefulsets", kube_namespace)
-    assert not can("get", "secrets", "default") and not can("list", "pods", "kube-system")
-    assert not can("get", "secrets", OPERATOR_NS)
-    op = Operator(kube_namespace)
-    try:
-        k.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cloud-pw"},
-                 "stringData": {"password": "s3cret"}})  # fmt: skip
-        k.apply(fleet())
-        k.apply(zone())
-        k.apply(bridge("cloud", remote={"host": "h", "passwordSecretRef": {"name": "cloud-pw"}}))
-        for kind, name in CHILDREN:
-            wait_for(lambda kind=kind, name=name: k.get(kind, name), msg=f"{kind} {name}")
-        wait_for(lambda: [b["name"] for b in config_of(k).get("bridges", [])] == ["cloud"], msg="the bridge")
-        wait_for(lambda: (k.get("secret", "edge-bridge-secrets") or {}).get("data", {}).get("cloud.password"),
-                 msg="the bridge's password copied")  # fmt: skip
-        wait_for(
-            lambda: k.condition("mqttbridge", "cloud", "Accepted").get("status") == "True", msg="accepted"
-        )
-        wait_for(lambda: k.condition("mqttzone", "external", "Accepted").get("status") == "True", msg="zone")
-        wait_for(lambda: k.condition("brokerfleet", "edge", "Ready").get("reason"), msg="fleet status")
-    finally:
-        op.stop()
 
 
 @pytest.mark.timeout(300)

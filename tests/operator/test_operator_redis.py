@@ -15,7 +15,10 @@ import yaml
 from fleetmq.broker.config import BrokerConfig, RedisStoreConfig
 from fleetmq.operator import render
 
+from tests import kubeapi
+
 from .conftest import fleet, wait_for, zone
+from .support import config_of
 
 EXPECTED = {
     "sentinel": [("statefulset", "edge-redis", 3), ("statefulset", "edge-redis-sentinel", 3),
@@ -41,15 +44,6 @@ def password(k) -> str:
 
 def fleet_status(k) -> dict:
     return (k.get("brokerfleet", "edge") or {}).get("status") or {}
-
-
-def selector(label_selector: dict) -> str:
-    """A LabelSelector as kubectl's -l takes it."""
-    terms = [f"{k}={v}" for k, v in (label_selector.get("matchLabels") or {}).items()]
-    for e in label_selector.get("matchExpressions") or []:
-        assert e["operator"] == "In", e
-        terms.append(f"{e['key']} in ({','.join(e['values'])})")
-    return ",".join(terms)
 
 
 def pods(k, component: str) -> list[dict]:
@@ -116,7 +110,7 @@ def test_each_mode_through_the_operator(k, run_operator, control_plane, kube_nam
         # the NetworkPolicy selects exactly the Redis servers and sentinels, and admits the fleet's pods
         policy = k.get("networkpolicy", "edge-redis")
         assert policy["metadata"]["ownerReferences"][0]["uid"] == f["metadata"]["uid"]
-        selected = {p["metadata"]["name"] for p in json.loads(k("get", "pods", "-l", selector(policy["spec"]["podSelector"]),
+        selected = {p["metadata"]["name"] for p in json.loads(k("get", "pods", "-l", kubeapi.label_selector(policy["spec"]["podSelector"]),
                                                                 "-o", "json").stdout)["items"]}  # fmt: skip
         live = {p["metadata"]["name"] for c in ("redis", "redis-sentinel") for p in pods(k, c)}
         assert selected == live and live
@@ -188,3 +182,62 @@ def test_a_single_redis_from_an_earlier_operator_keeps_running(k, run_operator):
         k.get("statefulset", "edge-redis")["spec"]["template"]["spec"]["containers"][0]["image"]
         == "redis:7-alpine"
     )
+
+
+def test_redis_choices_and_service_monitor(k, run_operator, control_plane):
+    monitor_crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+        "spec": {
+            "group": "monitoring.coreos.com",
+            "scope": "Namespaced",
+            "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor"},
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+        },
+    }  # fmt: skip
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(monitor_crd))
+    kubeapi.wait_established(control_plane.kubectl, ["servicemonitors.monitoring.coreos.com"])
+    run_operator()
+    k.apply(fleet(redis={"managed": True}, metrics={"serviceMonitorLabels": {"release": "kps"}}))
+    wait_for(lambda: k.get("statefulset", "edge-redis"), msg="managed redis")
+    assert k.get("service", "edge-redis")["spec"]["ports"][0]["port"] == 6379
+    mon = wait_for(lambda: k.get("servicemonitor", "edge"), msg="service monitor")
+    assert mon["spec"]["endpoints"][0]["port"] == "metrics"
+    # what kube-prometheus-stack's serviceMonitorSelector matches, and only the fleet's namespace
+    assert mon["metadata"]["labels"]["release"] == "kps"
+    assert mon["spec"]["namespaceSelector"] == {"matchNames": [k.ns]}
+    k.patch("brokerfleet", "edge", {"spec": {"metrics": {
+        "serviceMonitorLabels": {"release": "monitoring"}, "scrapeTimeout": "20s"}}})  # fmt: skip
+    mon = wait_for(lambda: (m := k.get("servicemonitor", "edge"))["metadata"]["labels"].get("release")
+                   == "monitoring" and m, msg="service monitor relabelled")  # fmt: skip
+    assert mon["spec"]["endpoints"][0]["scrapeTimeout"] == "20s"
+    assert config_of(k)["store"]["sentinel"]["master"] == "edge"
+
+    # an existing Redis with a password Secret: the password reaches the pods as a file, not the ConfigMap
+    k.apply(fleet("ext", redis={"url": "redis://db.example:6379/0", "secretRef": {"name": "redis-pw"}},
+                  metrics={"serviceMonitor": False}))  # fmt: skip
+    degraded = wait_for(lambda: (c := k.condition("brokerfleet", "ext", "Degraded")).get("reason") == "ConfigInvalid"
+                        and c, msg="missing secret reported")  # fmt: skip
+    assert "redis-pw" in degraded["message"]
+    k("create", "secret", "generic", "redis-pw", "--from-literal=password=s3cret")
+    cm = wait_for(lambda: k.get("configmap", "ext-config"), msg="external redis rendered")
+    store = yaml.safe_load(cm["data"][render.CONFIG_KEY])["store"]
+    assert (
+        store["url"] == "redis://db.example:6379/0"
+        and store["password_file"] == "/etc/fleetmq/redis/password"
+    )
+    assert "s3cret" not in json.dumps(cm)
+    pod = k.get("statefulset", "ext")["spec"]["template"]["spec"]
+    assert {"name": "redis-auth", "secret": {"secretName": "redis-pw", "items": [
+        {"key": "password", "path": "password"}], "defaultMode": 420}} in pod["volumes"]  # fmt: skip
+    assert k.get("statefulset", "ext-redis") is None and k.get("secret", "ext-redis-auth") is None
+    assert k.get("servicemonitor", "ext") is None  # serviceMonitor: false
+    wait_for(
+        lambda: k.condition("brokerfleet", "ext", "Degraded").get("status") == "False", msg="not degraded"
+    )
+    k("delete", "brokerfleet", "edge", "--wait=true", "--timeout=30s")
+    if control_plane.controllers:  # its children go with it, the managed Redis' included
+        wait_for(lambda: k.get("statefulset", "edge-redis") is None, msg="managed redis collected")
+        wait_for(lambda: k.get("servicemonitor", "edge") is None, msg="service monitor collected")

@@ -18,12 +18,7 @@ from tests.integration.mqttraw import CONNACK, PUBACK, PUBLISH, RawClient
 from tests.support import free_port
 
 from .conftest import fleet, user, wait_for, zone
-from .support import readyz, start_pod
-
-
-def config_of(k) -> dict:
-    cm = k.get("configmap", "edge-config")
-    return yaml.safe_load(cm["data"][render.CONFIG_KEY]) if cm else {}
+from .support import config_of, readyz, start_pod
 
 
 def zone_cfg(k, name: str = "external") -> dict:
