@@ -361,6 +361,9 @@ class Operator:
 
         async def later() -> None:
             await asyncio.sleep(delay)
+            # no longer the next look: one the pass below asks for must get a timer of its own
+            if self.due.get(key, (0.0, None))[1] is task:
+                del self.due[key]
             with contextlib.suppress(Exception):  # (reconcile logged it; the next event or resync retries)
                 await self.request(namespace, name)
 
