@@ -1533,6 +1533,50 @@ def _delete_redis_and_wait(c: Cluster, fleet: str, ns: str) -> None:
                       and p["status"].get("phase") == "Running"], timeout=180, msg="a new Redis pod")  # fmt: skip
 
 
+def test_the_redis_network_policy_selects_the_live_redis_pods_and_admits_only_the_fleet(cluster: Cluster):
+    """NetworkPolicy edge-redis on the real node: its pods are exactly those of the Redis StatefulSets (servers
+    and sentinels), and its peers admit the fleet's brokers, its Redis pods and the chart's operator (and
+    pipeline) pods, and no other pod of the cluster. (The node's bridge plugin does not enforce it: docs/limits.md.)"""
+    c = cluster
+
+    def pods(selector: dict[str, Any], ns: str) -> set[str]:
+        """namespace/name of the pods a LabelSelector selects ({}: all of them)."""
+        sel = kubeapi.label_selector(selector)
+        argv = ["get", "pods", "-n", ns, "-o", "json"] + (["-l", sel] if sel else [])
+        return {f"{ns}/{p['metadata']['name']}" for p in json.loads(c.kubectl(*argv).stdout)["items"]}
+
+    def owned_by(*statefulsets: str) -> set[str]:
+        items = json.loads(c.kubectl("get", "pods", "-n", APP_NS, "-o", "json").stdout)["items"]
+        return {f"{APP_NS}/{p['metadata']['name']}" for p in items
+                if any(o["kind"] == "StatefulSet" and o["name"] in statefulsets
+                       for o in p["metadata"].get("ownerReferences") or [])}  # fmt: skip
+
+    policy = c.get("networkpolicy", f"{FLEET}-redis")
+    assert policy is not None, "no NetworkPolicy around the managed Redis"
+    redis = owned_by(f"{FLEET}-redis", f"{FLEET}-redis-sentinel")
+    assert len(redis) == 6, f"3 servers and 3 sentinels: {redis}"
+    assert pods(policy["spec"]["podSelector"], APP_NS) == redis
+
+    admitted: set[str] = set()
+    (rule,) = policy["spec"]["ingress"]
+    for peer in rule["from"]:
+        if "namespaceSelector" in peer:
+            sel = kubeapi.label_selector(peer["namespaceSelector"])
+            for ns in json.loads(c.kubectl("get", "ns", "-l", sel, "-o", "json").stdout)["items"]:
+                admitted |= pods(peer.get("podSelector") or {}, ns["metadata"]["name"])
+        else:
+            admitted |= pods(peer["podSelector"], APP_NS)
+    fleet = redis | owned_by(FLEET)
+    chart = pods({"matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In",
+                                        "values": ["operator", "pipeline"]}]}, RELEASE_NS)  # fmt: skip
+    operator = pods({"matchLabels": {"app.kubernetes.io/component": "operator"}}, RELEASE_NS)
+    assert len(fleet) == 9 and operator and operator <= chart, (fleet, operator, chart)
+    assert fleet | operator <= admitted, f"left out: {sorted(fleet | operator - admitted)}"
+    assert admitted == fleet | chart, f"admitted beyond the fleet: {sorted(admitted - fleet - chart)}"
+    everyone = json.loads(c.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
+    assert len(everyone) > len(admitted), "no pod of the cluster is left out"
+
+
 def test_managed_redis_primary_deleted_under_load_loses_nothing_acknowledged(cluster: Cluster, endpoints):
     """Mode sentinel (the default, waitReplicas 1): the primary's pod deleted after 2,000 of 20,000 QoS 1
     messages from a publisher on one broker pod to a persistent subscriber on another (its preStop asks the
