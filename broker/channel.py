@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Final, Literal, Protocol, cast
 
 from .auth import Access, Asked, ClientAcl
 from .authn.chain import Identity
@@ -134,7 +134,10 @@ class ChannelHost(Protocol):
 
 
 class State:
-    NEW, CONNECTING, CONNECTED, CLOSED = range(4)
+    NEW: Final = 0
+    CONNECTING: Final = 1
+    CONNECTED: Final = 2
+    CLOSED: Final = 3
 
 
 # -- publish admission: each check returns why a PUBLISH is refused, or None ------------------------------
@@ -1026,7 +1029,7 @@ class Channel:
         session = self.session
         if session is None:
             return
-        for d in [d for d in session.inflight if d.msg is msg]:
+        for d in [d for d in session.inflight.values() if d.msg is msg]:
             session.drop(d.packet_id)
         session.take_queued(lambda d: d.msg is msg)
         if session.mqueue and not session.inflight.full():

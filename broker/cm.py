@@ -12,12 +12,11 @@ methods under "for the fleet".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -99,11 +98,34 @@ class Offline:
 
 
 class _ClientLock:
-    __slots__ = ("lock", "users")
+    """One client id at a time (ChannelManager._client_id): a lock, kept while anyone holds or waits for
+    it. An async context manager class rather than a generator: compiled modules have no async
+    generators."""
 
-    def __init__(self) -> None:
+    __slots__ = ("cid", "lock", "locks", "users")
+
+    def __init__(self, locks: dict[str, _ClientLock], cid: str) -> None:
         self.lock = asyncio.Lock()
         self.users = 0
+        self.locks = locks
+        self.cid = cid
+
+    async def __aenter__(self) -> None:
+        self.users += 1
+        try:
+            await self.lock.acquire()
+        except BaseException:  # (cancelled while waiting)
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self.users -= 1
+        if not self.users:
+            del self.locks[self.cid]
 
 
 Spawn = Callable[[Coroutine[Any, Any, Any]], "asyncio.Task[Any]"]
@@ -304,21 +326,13 @@ class ChannelManager:
             if ch.session is session:
                 ch.caught_up()
 
-    @contextlib.asynccontextmanager
-    async def _client_id(self, cid: str) -> AsyncIterator[None]:
+    def _client_id(self, cid: str) -> _ClientLock:
         """One client id at a time: two CONNECTs with it (or a CONNECT and the read-back of a claim) are
-        handled one after the other."""
+        handled one after the other (`async with self._client_id(cid)`)."""
         entry = self._locks.get(cid)
         if entry is None:
-            entry = self._locks[cid] = _ClientLock()
-        entry.users += 1
-        try:
-            async with entry.lock:
-                yield
-        finally:
-            entry.users -= 1
-            if not entry.users:
-                del self._locks[cid]
+            entry = self._locks[cid] = _ClientLock(self._locks, cid)
+        return entry
 
     async def _open_locked(self, ch: Channel, expiry: float, receive_max: int) -> tuple[Session, bool]:
         """Find or create the session of a connecting client; returns (session, session present)."""
@@ -636,7 +650,7 @@ class ChannelManager:
         if ch is None:
             return False
         if discard and ch.session is not None:
-            ch.session.expiry_interval = 0
+            ch.session.expiry_interval = 0.0
         log.info(
             "disconnecting %r: asked by the management API%s", client_id, " (session discarded)" * discard
         )

@@ -2,12 +2,11 @@
 
 A dict of packet id -> delivery whose insertion order is send order, the order retransmissions must keep
 (a QoS2 entry keeps its place when it moves from PUBLISH to PUBREL). It is a dict itself, so the lookups a
-delivery and its ack make (get, pop, `in`, len) are the dict's own; iterating it gives its deliveries.
+delivery and its ack make (get, pop, `in`, len) are the dict's own, compiled or not; as a dict, iterating
+it gives packet ids, its values() the deliveries in send order.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 from .message import Delivery
 
@@ -24,7 +23,3 @@ class Inflight(dict[int, Delivery]):
 
     def insert(self, delivery: Delivery) -> None:
         self[delivery.packet_id] = delivery
-
-    def __iter__(self) -> Iterator[Delivery]:  # type: ignore[override]  # the deliveries, not the ids
-        """The deliveries in send order (a copy: callers may change the window while they go)."""
-        return iter(list(self.values()))

@@ -373,7 +373,7 @@ class Session:
     def retry_due(self, now: float, interval: float) -> list[Delivery]:
         """Entries unacknowledged for `interval`, in original order; their timers restart."""
         due = []
-        for d in self.inflight:
+        for d in self.inflight.values():
             if now - d.sent_at >= interval:
                 d.sent_at = now
                 due.append(d)
@@ -381,13 +381,13 @@ class Session:
 
     def next_retry(self, interval: float) -> float | None:
         """The earliest time a retransmission falls due, or None when nothing is inflight."""
-        times = [d.sent_at for d in self.inflight]
+        times = [d.sent_at for d in self.inflight.values()]
         return min(times) + interval if times else None
 
     def pending_resend(self, now: float) -> list[Delivery]:
         """On resume: every unacknowledged PUBLISH and PUBREL, original order and packet ids."""
         out = []
-        for d in self.inflight:
+        for d in self.inflight.values():
             d.sent_at = now
             out.append(d)
         return out

@@ -36,7 +36,7 @@ def queued(s: Session) -> list[str]:
 
 
 def inflight(s: Session) -> list[str]:
-    return names(s.inflight)
+    return names(s.inflight.values())
 
 
 # -----------------------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ def test_zero_max_inflight_is_unlimited():
         assert sent is not None and dropped == []
     assert len(s.inflight) == 500
     assert len(s.mqueue) == 0
-    assert len({d.packet_id for d in s.inflight}) == 500
+    assert len({d.packet_id for d in s.inflight.values()}) == 500
 
 
 def test_zero_max_mqueue_len_is_unlimited():
@@ -374,7 +374,7 @@ def test_packet_ids_are_unique_and_skip_ids_in_use():
     more = [dl(n) for n in range(5)]
     for d in more:
         s.deliver(d, 0.0)
-    pids = [d.packet_id for d in s.inflight]
+    pids = [d.packet_id for d in s.inflight.values()]
     assert len(set(pids)) == len(pids) == 9
     assert all(1 <= p <= 65535 for p in pids)
 
@@ -390,7 +390,7 @@ def test_packet_id_wraps_at_65535_and_skips_ids_in_use():
         s.deliver(d, 0.0)
     assert (a.packet_id, b.packet_id) == (65534, 65535)
     assert c.packet_id == 2  # wrapped past 65535 to 1, which is still in use
-    assert 0 not in {d.packet_id for d in s.inflight}
+    assert 0 not in {d.packet_id for d in s.inflight.values()}
 
 
 # -----------------------------------------------------------------------------------------------
@@ -580,7 +580,7 @@ class SessionMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.s.inflight) > 0)
     @rule(data=st.data())
     def ack(self, data):
-        entries = list(self.s.inflight)
+        entries = list(self.s.inflight.values())
         d = data.draw(st.sampled_from(entries))
         if d.qos == 1:
             assert self.s.puback(d.packet_id) is d
@@ -595,8 +595,8 @@ class SessionMachine(RuleBasedStateMachine):
 
     @rule(dt=st.floats(0, 40))
     def tick_and_retry(self, dt):
-        before = [self._seq(d) for d in self.s.inflight]
-        pids = {self._seq(d): d.packet_id for d in self.s.inflight}
+        before = [self._seq(d) for d in self.s.inflight.values()]
+        pids = {self._seq(d): d.packet_id for d in self.s.inflight.values()}
         self.now += dt
         due = self.s.retry_due(self.now, 30.0)
         got = [self._seq(d) for d in due]
@@ -614,7 +614,7 @@ class SessionMachine(RuleBasedStateMachine):
     def accounted_exactly_once(self):
         if not hasattr(self, "s"):
             return
-        inflight_ = [self._seq(d) for d in self.s.inflight]
+        inflight_ = [self._seq(d) for d in self.s.inflight.values()]
         queued_ = [self._seq(d) for d in self.s.mqueue]
         buckets = [set(self.acked), set(inflight_), set(queued_), set(self.dropped)]
         assert len(self.dropped) == len(set(self.dropped))
@@ -644,7 +644,7 @@ class SessionMachine(RuleBasedStateMachine):
         if not hasattr(self, "s"):
             return
         w = self._window()
-        pids = [d.packet_id for d in self.s.inflight]
+        pids = [d.packet_id for d in self.s.inflight.values()]
         assert len(set(pids)) == len(pids)
         assert all(1 <= p <= 65535 for p in pids)
         if self.s.mqueue and w:
@@ -919,5 +919,5 @@ def test_a_session_restored_with_two_copies_of_one_receipt_keeps_the_one_sent():
         epoch=2, expiry_interval=60.0, next_pid=7, order=3, subscriptions=[], deliveries=[again, other, first],
         awaiting_rel=[], sink=Sink(), seen={"inc1": 8},
     )  # fmt: skip
-    assert [d.packet_id for d in s.inflight] == [5] and [d.msg.payload for d in s.mqueue] == [b"b"]
+    assert [d.packet_id for d in s.inflight.values()] == [5] and [d.msg.payload for d in s.mqueue] == [b"b"]
     assert s.journal.take().deliveries == {again.msg.msg_id: None}  # the store forgets the repeat
