@@ -896,11 +896,11 @@ class Parser:
             exc.packets = out
             self._error = exc
             raise
-        except (IndexError, ValueError, struct.error) as exc:  # UnicodeDecodeError is a ValueError
-            err = ProtocolError(_MALFORMED, f"malformed packet: {exc}")
+        except (IndexError, ValueError, struct.error) as bad:  # UnicodeDecodeError is a ValueError
+            err = ProtocolError(_MALFORMED, f"malformed packet: {bad}")
             err.packets = out
             self._error = err
-            raise err from exc
+            raise err from bad
         if pos < len(work):
             buf += memoryview(work)[pos:]
         return out

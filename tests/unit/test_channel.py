@@ -896,7 +896,7 @@ async def test_a_stored_delivery_under_a_receipt_the_session_accepted_is_a_repea
     sub.subscribe("t", qos=2)
 
     def copy(n: int) -> Delivery:
-        msg = Message.from_publish("t", f"m{n}".encode(), 2, False, None, "pub", sub.io.wall())
+        msg = Message.from_publish("t", f"m{n}".encode(), 2, False, {}, "pub", sub.io.wall())
         msg.receipt = ("inc1", n)
         return Delivery(msg, 2, False, None)
 
