@@ -82,6 +82,14 @@ class Listening(Protocol):
     async def wait_closed(self) -> None: ...
 
 
+def _stamp(path: str) -> tuple[float, int, int] | None:
+    try:
+        st = os.stat(path)  # follows the symlinks a kubelet swaps when a ConfigMap changes
+    except OSError:
+        return None
+    return st.st_mtime, st.st_size, st.st_ino
+
+
 class Server:
     def __init__(
         self,
@@ -113,6 +121,9 @@ class Server:
         #: a config waiting for its users files to arrive (UsersFilePending): their changes are watched
         self._pending: BrokerConfig | None = None
         self.ready = False
+        #: the watched files as they were when the config was read, not when watching starts: a node
+        #: waits for its store before it listens, and a ConfigMap changed meanwhile must still apply
+        self._stamps = {path: _stamp(path) for path in self._watched()}
 
     async def start(self) -> None:
         self._stopping = asyncio.Event()
@@ -221,17 +232,10 @@ class Server:
         return [self._watch, *sorted(files)] if self._watch else sorted(files)
 
     async def _watch_files(self) -> None:
-        def stamp(path: str) -> tuple[float, int, int] | None:
-            try:
-                st = os.stat(path)  # follows the symlinks a kubelet swaps when a ConfigMap changes
-            except OSError:
-                return None
-            return st.st_mtime, st.st_size, st.st_ino
-
-        last = {path: stamp(path) for path in self._watched()}
+        last = self._stamps
         while True:
             await asyncio.sleep(WATCH_INTERVAL)
-            now = {path: stamp(path) for path in self._watched()}
+            now = {path: _stamp(path) for path in self._watched()}
             changed = [p for p, st in now.items() if st is not None and st != last.get(p)]
             last = now
             if changed:
