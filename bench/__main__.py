@@ -33,6 +33,7 @@ from bench.brokers import (
     FleetmqApi,
     FleetmqAt,
     FleetmqBridge,
+    FleetmqCompiled,
     FleetmqDenyRule,
     Mosquitto,
     MosquittoBridge,
@@ -102,6 +103,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         metavar="CHECKOUT",
         help="also run fleetmq from this checkout (a worktree at an earlier commit) in the in-memory rows",
+    )
+    p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also run fleetmq with its per-message path compiled by mypyc (scripts/compiled.py) in the "
+        "in-memory rows",
     )
     p.add_argument("--conns", type=int, default=10000, help="connections for the idle-memory row")
     p.add_argument("--window", type=int, default=200, help="max outstanding messages per publisher")
@@ -870,6 +877,8 @@ def main(argv: list[str] | None = None) -> int:
             brokers[base.name] = base
             if mine is not None:
                 brokers["fleetmq"] = mine
+        if args.compiled:  # (beside this checkout's interpreted fleetmq)
+            brokers[FleetmqCompiled.name] = FleetmqCompiled(Path(tmp))
         settings["brokers"] = list(brokers)
         fleet = Fleet(Path(tmp)) if "fleetmq" in args.broker_names else None
         machine = report.machine_info(Mosquitto(Path(tmp)).version())

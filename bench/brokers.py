@@ -224,6 +224,24 @@ class FleetmqAt(Fleetmq):
         return {**os.environ, "PYTHONPATH": str(self.links)}
 
 
+class FleetmqCompiled(Fleetmq):
+    """fleetmq from this checkout with its per-message path compiled by mypyc (scripts/compiled.py, built
+    into the cache when missing): that build's folder first on PYTHONPATH. Same config and load."""
+
+    name = "fleetmq+mypyc"
+
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir)
+        script = REPO / "scripts" / "compiled.py"
+        out = subprocess.run([self.python(), str(script)], capture_output=True, text=True, timeout=1800)
+        if out.returncode != 0:
+            raise BrokerError(f"cannot build the compiled modules: {out.stderr.strip()[-2000:]}")
+        self.folder = out.stdout.strip().splitlines()[-1]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": self.folder}
+
+
 class FleetmqAllowList(Fleetmq):
     """fleetmq whose zone denies by default and allows the bench's topics: its rules hold no deny rule
     that a bench filter overlaps, so SUBSCRIBE decides that no delivery needs a check."""

@@ -4,7 +4,7 @@
 #                                   etcd-server (the test control plane's etcd; kube-apiserver and friends
 #                                   come from `make envtest`), prometheus (with promtool: tests/monitoring,
 #                                   the alert rules), chromium and chromium-driver (the web console's
-#                                   tests, through selenium)
+#                                   tests, through selenium), gcc (mypyc's builds: scripts/compiled.py)
 #   scripts/system-deps.sh image    `make image` where no Docker engine runs: Debian's dockerd, debootstrap
 #   scripts/system-deps.sh kind     `E2E_CLUSTER=kind make e2e` (scripts/kind.sh): Debian's dockerd,
 #                                   debootstrap, jq (its runc wrapper), ip
@@ -12,7 +12,7 @@
 #                                   nft (kube-proxy's nftables mode), ip and unshare/nsenter
 set -euo pipefail
 case "${1:-test}" in
-  test) pkgs=(redis-server redis-sentinel mosquitto etcd-server prometheus chromium chromium-driver) ;;
+  test) pkgs=(redis-server redis-sentinel mosquitto etcd-server prometheus chromium chromium-driver gcc) ;;
   image) pkgs=(docker.io debootstrap) ;;
   kind) pkgs=(docker.io debootstrap jq iproute2) ;;
   node) pkgs=(containerd runc containernetworking-plugins nftables iproute2 util-linux) ;;
