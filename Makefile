@@ -55,8 +55,13 @@ docs: $(VENV)/.docs-installed
 	$(BIN)/python -m scripts.docsgen --check
 	$(BIN)/mkdocs build --strict --site-dir $(SITE)
 
+# The per-message path compiled with mypyc (issue 30; docs/performance.md): scripts/compiled.py builds it
+# into $(CACHE)/compiled/<hash of the sources> the first time (about two minutes), and a broker runs it first
+# on PYTHONPATH; where it cannot be built (no C compiler), it says why and the interpreted modules run.
+COMPILED = $$(CACHE=$(CACHE) $(BIN)/python scripts/compiled.py --or-interpreted)
+
 run: $(VENV)/.installed
-	$(BIN)/fleetmq-broker --listen $(LISTEN)
+	PYTHONPATH="$(COMPILED)" $(BIN)/fleetmq-broker --listen $(LISTEN)
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
@@ -151,7 +156,8 @@ CHAOS_STORES ?= redis sentinel cluster
 CHAOS_ARGS ?= --seed 1 --duration 180
 .PHONY: chaos
 chaos: deps
-	@set -e; for store in $(CHAOS_STORES); do $(BIN)/python -m chaos --store $$store $(CHAOS_ARGS); done
+	@set -e; compiled="$(COMPILED)"; for store in $(CHAOS_STORES); do \
+		PYTHONPATH="$$compiled" $(BIN)/python -m chaos --store $$store $(CHAOS_ARGS); done
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -7,6 +7,7 @@ turns them into metric families only when Prometheus scrapes. Labels: zone, qos,
 from __future__ import annotations
 
 import bisect
+import importlib.util
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from . import __version__
 from .eventschema import BridgeCloseReason, BridgeDropReason, DropReason
 
 #: every drop reason starts at 0, so a rate over it exists before the first drop
@@ -26,6 +28,15 @@ DROP_REASONS = tuple(DropReason)
 BRIDGE_DROP_REASONS = tuple(BridgeDropReason)
 BRIDGE_CLOSE_REASONS = tuple(BridgeCloseReason)
 SESSION_EVENTS = ("created", "resumed", "takenover", "discarded", "expired")
+
+
+def per_message_path() -> str:
+    """ "compiled" when the per-message path runs as mypyc's extension modules (the image, `make run`:
+    scripts/compiled.py), "interpreted" where they could not be built (the same code, more CPU per message)."""
+    spec = importlib.util.find_spec(f"{__package__}.channel")
+    origin = spec.origin if spec is not None else None
+    return "interpreted" if origin is None or origin.endswith(".py") else "compiled"
+
 
 LATENCY_BUCKETS = (
     0.0001,
@@ -135,6 +146,7 @@ class Metrics:
         self.config_info: dict[str, str] = {}
         #: connections closed for a missing or invalid PROXY protocol header, by listener
         self.proxy_refused: dict[str, int] = defaultdict(int)
+        self.path = per_message_path()
         self.banned_refusals = 0  # CONNECTs refused by a ban (flapping's included)
         self.flapping_bans = 0  # bans this node made for flapping client ids
 
@@ -179,6 +191,13 @@ class _Collector(Collector):
             "max_mqueue_len",
         )
 
+        build = GaugeMetricFamily(
+            "fleetmq_build_info",
+            "This node's version and how its per-message path runs: compiled or interpreted (value 1).",
+            labels=["version", "path"],
+        )
+        build.add_metric([__version__, m.path], 1)
+        yield build
         info = GaugeMetricFamily(
             "fleetmq_zone_config_info",
             "Applied config of each zone (value 1).",

@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from . import http
+from . import __version__, http
 from .api.app import Api
 from .api.local import LocalApi
 from .apikeys import ApiKeys
@@ -127,6 +127,7 @@ class Server:
 
     async def start(self) -> None:
         self._stopping = asyncio.Event()
+        log.info("fleetmq %s, per-message path %s", __version__, self.metrics.path)
         # HTTP first: /healthz answers (and /readyz says not ready) while the node waits for its store
         if self._worker_socket:
             self._http = await http.serve(self._route, unix=self._worker_socket)

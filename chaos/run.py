@@ -642,6 +642,9 @@ async def _metrics(fleet: Fleet) -> dict[str, float]:
                 key = f"dropped:{m.group(1)}"
                 out[key] = out.get(key, 0.0) + float(line.rpartition(" ")[2])
         out["store_errors"] = out.get("store_errors", 0.0) + metric_sum(text, "fleetmq_store_errors_total")
+        m = re.search(r'^fleetmq_build_info\{.*path="(\w+)"', text, re.M)  # (make chaos: compiled)
+        if m:
+            out[f"nodes:{m.group(1)}"] = out.get(f"nodes:{m.group(1)}", 0.0) + 1
         for line in text.splitlines():  # (--identity: what the chain and the quotas decided)
             m = re.match(r"fleetmq_(authentications|authorizations|quota_refusals)_total\{(.*)\} (\S+)", line)
             if m:
