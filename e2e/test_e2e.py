@@ -664,6 +664,20 @@ def test_no_secret_value_in_configmaps_pod_specs_events_logs_or_metrics(cluster:
     c.kubectl("delete", "mqttuser", "e2e-grep", "-n", APP_NS)
 
 
+def test_broker_pods_run_the_compiled_per_message_path(cluster: Cluster, endpoints):
+    """The image compiles the per-message path with mypyc (Dockerfile, scripts/compiled.py --into): every
+    broker pod runs it, as its /metrics says (fleetmq_build_info)."""
+    c = cluster
+    port = (c.get("brokerfleet", FLEET)["spec"].get("metrics") or {}).get("port", 9100)
+    for pod in brokers(c):
+        ep = c.endpoint(f"pod/{pod}", port)
+        endpoints.append(ep.start())
+        with urllib.request.urlopen(f"http://{ep.host}:{ep.local}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        info = [line for line in text.splitlines() if line.startswith("fleetmq_build_info{")]
+        assert len(info) == 1 and 'path="compiled"' in info[0], (pod, info)
+
+
 @pytest.mark.parametrize("qos", [1, 2])
 def test_no_acked_message_is_lost_when_broker_pods_are_deleted_under_load(cluster: Cluster, endpoints, qos):
     c = cluster
