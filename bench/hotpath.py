@@ -8,6 +8,7 @@ is encoded up front.
 
     python -m bench.hotpath --qos 1 --messages 20000        # CPU µs per message (process time)
     python -m bench.hotpath --qos 0 --io connection         # through connection.Connection too
+    python -m bench.hotpath --qos 1 --subscribers 10        # fan-out: 10 deliveries per message
 
 `--io connection` puts each channel behind the real connection.Connection over a transport that takes
 every byte at once: the per-read and per-write bookkeeping of the socket layer (write batching, the write
@@ -145,7 +146,8 @@ def pid(i: int) -> int:
     return i % 65535 + 1
 
 
-async def run(qos: int, n: int, io: str = "sink") -> float:
+async def run(qos: int, n: int, io: str = "sink", subscribers: int = 1) -> float:
+    """CPU seconds for `n` messages to each of `subscribers` (fan-out: every one gets every message)."""
     node = Node(
         load_config(
             overrides={
@@ -154,12 +156,15 @@ async def run(qos: int, n: int, io: str = "sink") -> float:
             }
         )
     )
-    pub, sub = Endpoint(node, "bench", io), Endpoint(node, "bench", io)
-    sub.feed(encode(Connect("sub", proto_level=MQTT311, keepalive=0), MQTT311))
+    pub = Endpoint(node, "bench", io)
+    subs = [Endpoint(node, "bench", io) for _ in range(subscribers)]
+    for k, sub in enumerate(subs):
+        sub.feed(encode(Connect(f"sub{k or ''}", proto_level=MQTT311, keepalive=0), MQTT311))
     pub.feed(encode(Connect("pub", proto_level=MQTT311, keepalive=0), MQTT311))
     for _ in range(10):
         await asyncio.sleep(0)
-    sub.feed(encode(Subscribe(1, [("bench/t", SubOpts(qos=qos))]), MQTT311))
+    for sub in subs:
+        sub.feed(encode(Subscribe(1, [("bench/t", SubOpts(qos=qos))]), MQTT311))
     payload = b"x" * 64
     publishes = [
         encode(Publish("bench/t", payload, qos, packet_id=pid(i) if qos else 0), MQTT311) for i in range(n)
@@ -177,14 +182,19 @@ async def run(qos: int, n: int, io: str = "sink") -> float:
         if qos == 2:
             pub.feed(b"".join(pubrels[start:end]))
         if qos:
-            sub.feed(b"".join(acks[start:end]))
+            batch = b"".join(acks[start:end])
+            for sub in subs:  # (each subscriber's packet ids are 1, 2, 3, ... too)
+                sub.feed(batch)
         if qos == 2:
-            sub.feed(b"".join(comps[start:end]))
+            batch = b"".join(comps[start:end])
+            for sub in subs:
+                sub.feed(batch)
         await asyncio.sleep(0)  # the loop turn a connection's read ends with (group commit, flushes)
     spent = time.process_time() - t0
-    session = sub.channel.session
-    assert session is not None and len(session.inflight) == 0, "the subscriber left messages unacknowledged"
-    assert sub.written() >= n * len(payload), "the subscriber did not get every message"
+    for sub in subs:
+        session = sub.channel.session
+        assert session is not None and len(session.inflight) == 0, "a subscriber left messages unacknowledged"
+        assert sub.written() >= n * len(payload), "a subscriber did not get every message"
     return spent
 
 
@@ -193,9 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--qos", type=int, choices=(0, 1, 2), default=1)
     p.add_argument("--messages", type=int, default=20000)
     p.add_argument("--io", choices=("sink", "connection"), default="sink", help="what the channels write to")
+    p.add_argument("--subscribers", type=int, default=1, help="fan-out: each gets every message")
     args = p.parse_args(argv)
-    spent = asyncio.run(run(args.qos, args.messages, args.io))
-    json.dump({"qos": args.qos, "messages": args.messages, "io": args.io, "cpu_s": spent}, sys.stdout)
+    spent = asyncio.run(run(args.qos, args.messages, args.io, args.subscribers))
+    out = {"qos": args.qos, "messages": args.messages, "io": args.io, "subscribers": args.subscribers}
+    json.dump({**out, "cpu_s": spent}, sys.stdout)
     print()
     return 0
 
