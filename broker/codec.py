@@ -51,6 +51,7 @@ __all__ = [
     "encode_properties",
     "encode_publish",
     "encode_varint",
+    "publish_parts",
 ]
 
 MQTT31, MQTT311, MQTT5 = 3, 4, 5
@@ -232,53 +233,95 @@ class Connack:
     properties: Properties = field(default_factory=dict)
 
 
-@dataclass(slots=True)
+# The packets of the per-message path write their own __init__ (init=False): compiled, a dataclass's
+# generated one is still interpreted Python, and one runs for every PUBLISH and every acknowledgement.
+
+
+@dataclass(slots=True, init=False)
 class Publish:
     """PUBLISH; an empty ``topic`` is legal only for v5 together with a TOPIC_ALIAS property."""
 
     topic: str
-    payload: bytes = b""
-    qos: int = 0
-    retain: bool = False
-    dup: bool = False
-    packet_id: int = 0
-    properties: Properties = field(default_factory=dict)
+    payload: bytes
+    qos: int
+    retain: bool
+    dup: bool
+    packet_id: int
+    properties: Properties
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes = b"",
+        qos: int = 0,
+        retain: bool = False,
+        dup: bool = False,
+        packet_id: int = 0,
+        properties: Properties | None = None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.dup = dup
+        self.packet_id = packet_id
+        self.properties = {} if properties is None else properties
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Puback:
     """QoS 1 acknowledgement."""
 
     packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
+    reason_code: int
+    properties: Properties
+
+    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = {} if properties is None else properties
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Pubrec:
     """QoS 2 delivery part 1."""
 
     packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
+    reason_code: int
+    properties: Properties
+
+    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = {} if properties is None else properties
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Pubrel:
     """QoS 2 delivery part 2."""
 
     packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
+    reason_code: int
+    properties: Properties
+
+    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = {} if properties is None else properties
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Pubcomp:
     """QoS 2 delivery part 3."""
 
     packet_id: int
-    reason_code: int = 0
-    properties: Properties = field(default_factory=dict)
+    reason_code: int
+    properties: Properties
+
+    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = {} if properties is None else properties
 
 
 @dataclass(slots=True)
@@ -1130,6 +1173,24 @@ def encode_publish(
     if rl < 0x80:
         return b"".join((_PUB_HDR.pack(b0, rl, tlen), topic, pblock, payload))
     return b"".join((bytes((b0,)), encode_varint(rl), _u16_pack(tlen), topic, pblock, payload))
+
+
+def publish_parts(
+    topic: bytes, payload: bytes, qos: int, retain: bool, dup: bool, props: bytes | None, version: int
+) -> tuple[bytes, bytes]:
+    """A QoS 1/2 PUBLISH split around its packet id: ``head + id + tail`` is encode_publish's packet.
+
+    A message delivered to many subscribers differs between them only in the id: the parts are made once
+    per message and variant, and each delivery joins them around its own two bytes."""
+    b0 = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
+    tlen = len(topic)
+    tail = payload
+    if version == 5:
+        tail = (encode_varint(len(props)) + props if props else b"\x00") + payload
+    rl = 4 + tlen + len(tail)
+    if rl < 0x80:
+        return _PUB_HDR.pack(b0, rl, tlen) + topic, tail
+    return bytes((b0,)) + encode_varint(rl) + _u16_pack(tlen) + topic, tail
 
 
 _ACK_B0 = {4: 0x40, 5: 0x50, 6: 0x62, 7: 0x70}

@@ -11,7 +11,7 @@ import random
 import time
 from typing import Any
 
-from .codec import MQTT5, Prop, Publish, encode_properties, encode_publish
+from .codec import MQTT5, Prop, Publish, encode_properties, encode_publish, publish_parts
 
 # Properties a broker forwards unchanged from publisher to subscriber [MQTT-3.3.2-*]. Topic alias and
 # subscription identifiers are per connection; message expiry is rewritten with the time left.
@@ -31,6 +31,7 @@ class Message:
     """One published application message."""
 
     __slots__ = (
+        "_parts",
         "_plain",
         "_props_b",
         "expires_at",
@@ -78,7 +79,10 @@ class Message:
         self.expires_at = self.ts + expiry if expiry is not None else None
         self.msg_id = msg_id or next(_ids)
         self._props_b: bytes | None = None
-        self._plain: dict[tuple[int, bool, bool], bytes] | None = None
+        #: encodings made once for every subscriber alike: a QoS 0 packet, a QoS 1/2 packet's parts
+        #: around its packet id (codec.publish_parts), by variant (_variant)
+        self._plain: dict[int, bytes] | None = None
+        self._parts: dict[int, tuple[bytes, bytes]] | None = None
 
     @classmethod
     def from_publish(
@@ -115,22 +119,29 @@ class Message:
         alias: int = 0,
         alias_new: bool = True,
     ) -> bytes:
-        """The PUBLISH bytes for one subscriber; identical QoS0 packets are encoded once per message."""
-        if version < MQTT5:
+        """The PUBLISH bytes for one subscriber: what is the same for every subscriber is encoded once per
+        message (a QoS 0 packet; a QoS 1/2 packet but its packet id)."""
+        if version < MQTT5 or (sub_ids is None and self.expires_at is None and not alias):
+            key = _variant(version, qos, retain, dup)
             if qos == 0:
                 cache = self._plain  # (the cache hit, inline: every subscriber after the first takes it)
                 if cache is not None:
-                    data = cache.get((version, retain, False))
+                    data = cache.get(key)
                     if data is not None:
                         return data
                 return self._cached(version, retain)
-            return encode_publish(self.topic_b, self.payload, qos, retain, dup, packet_id, None, version)
-        if sub_ids is None and self.expires_at is None and not alias:
-            if qos == 0:
-                return self._cached(version, retain)
-            return encode_publish(
-                self.topic_b, self.payload, qos, retain, dup, packet_id, self.props_bytes(), version
+            parts = self._parts
+            if parts is None:
+                parts = self._parts = {}
+            else:
+                hit = parts.get(key)
+                if hit is not None:
+                    return hit[0] + packet_id.to_bytes(2, "big") + hit[1]
+            block = self.props_bytes() if version >= MQTT5 else None
+            head, tail = parts[key] = publish_parts(
+                self.topic_b, self.payload, qos, retain, dup, block, version
             )
+            return head + packet_id.to_bytes(2, "big") + tail
         props: dict[int, Any] = dict(self.props) if self.props else {}
         if self.expires_at is not None:
             props[Prop.MESSAGE_EXPIRY_INTERVAL] = max(0, int(self.expires_at - (now or time.time())))
@@ -158,12 +169,13 @@ class Message:
         return self._props_b
 
     def drop_encodings(self) -> None:
-        """Forget the encodings cached for QoS 0 subscribers (a retained message, which may stay in the
+        """Forget the encodings cached for its subscribers (a retained message, which may stay in the
         retained store for long: kept, they would double what the store holds)."""
         self._plain = None
+        self._parts = None
 
     def _cached(self, version: int, retain: bool) -> bytes:
-        key = (version, retain, False)
+        key = _variant(version, 0, retain, False)
         cache = self._plain
         if cache is None:
             cache = self._plain = {}
@@ -177,6 +189,11 @@ class Message:
 
     def __repr__(self) -> str:
         return f"Message({self.topic!r}, {self.payload[:32]!r}, qos={self.qos}, retain={self.retain}, id={self.msg_id})"
+
+
+def _variant(version: int, qos: int, retain: bool, dup: bool) -> int:
+    """The key of a cached encoding: what, besides the packet id, makes two subscribers' packets differ."""
+    return version << 4 | qos << 2 | (2 if retain else 0) | (1 if dup else 0)
 
 
 class Delivery:

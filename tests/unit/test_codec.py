@@ -39,6 +39,7 @@ from fleetmq.broker.codec import (
     encode_ack,
     encode_properties,
     encode_publish,
+    publish_parts,
     encode_varint,
 )
 
@@ -442,6 +443,12 @@ def test_encode_publish_equivalent(version: int, qos: int, size: int, pr: dict[i
     if version != MQTT5:
         pkt.properties = {}
     assert Parser(version=version).feed(got) == [pkt]
+    if qos:  # the parts a message keeps for its subscribers, joined around each one's packet id
+        for retain, dup in ((False, False), (True, True)):
+            head, tail = publish_parts(pkt.topic.encode(), payload, qos, retain, dup, block or None, version)
+            for other in (1, 77, 0x1234, 65535):
+                one = encode(Publish("top/ïc", payload, qos, retain, dup, other, pr), version)
+                assert head + other.to_bytes(2, "big") + tail == one
 
 
 @pytest.mark.parametrize("version", [MQTT311, MQTT5])
