@@ -415,13 +415,25 @@ class Channel:
                         # over the zone's publish rates: v3 cannot be told, so it is slowed down
                         self._hold_back(packets[i:], wait)
                         return
-                handler = _HANDLERS.get(type(packet))
-                if handler is None:
-                    self.protocol_error(
-                        RC.PROTOCOL_ERROR, f"unexpected {type(packet).__name__} from a client"
-                    )
-                    return
-                handler(self, packet)
+                # (the packets of the per-message path first, called directly: compiled, a call
+                # through the table is a generic Python call)
+                t = type(packet)
+                if t is Publish:
+                    self._on_publish(packet)
+                elif t is Puback:
+                    self._on_puback(packet)
+                elif t is Pubrec:
+                    self._on_pubrec(packet)
+                elif t is Pubcomp:
+                    self._on_pubcomp(packet)
+                elif t is Pubrel:
+                    self._on_pubrel(packet)
+                else:
+                    handler = _HANDLERS.get(t)
+                    if handler is None:
+                        self.protocol_error(RC.PROTOCOL_ERROR, f"unexpected {t.__name__} from a client")
+                        return
+                    handler(self, packet)
             elif state == State.CONNECTING:
                 assert self._stash is not None
                 self._stash.append(packet)

@@ -37,8 +37,10 @@ class LoopClock:
     __slots__ = ("call_later", "time")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        # (bound once: the per-message path reads the time without an extra call frame)
-        self.time: Callable[[], float] = loop.time
+        # (bound once: the per-message path reads the time without an extra call frame; asyncio's own
+        # loops read time.monotonic, which is then called directly, not through their Python method)
+        plain = getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time
+        self.time: Callable[[], float] = time.monotonic if plain else loop.time
         self.call_later: Callable[[float, Callable[[], None]], Timer] = loop.call_later
 
     wall = staticmethod(time.time)

@@ -20,7 +20,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from . import proxyproto
 from .channel import Channel, ChannelIO
@@ -61,7 +61,7 @@ class WriteBudget:
     slow readers are held back, clients that keep up are not.
     """
 
-    TICK = 0.1
+    TICK: ClassVar[float] = 0.1
 
     __slots__ = ("_holders", "_throttled", "_timer", "connection_limit", "limit", "used")
 

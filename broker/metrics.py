@@ -6,7 +6,6 @@ turns them into metric families only when Prometheus scrapes. Labels: zone, qos,
 
 from __future__ import annotations
 
-import bisect
 import importlib.util
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -62,7 +61,7 @@ STORE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0
 
 
 class Histogram:
-    """A lock-free histogram of plain ints; observe() is one bisect and two additions."""
+    """A lock-free histogram of plain ints; observe() is a scan of a dozen bounds and two additions."""
 
     __slots__ = ("bounds", "counts", "sum")
 
@@ -72,7 +71,12 @@ class Histogram:
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        i = 0
+        for bound in self.bounds:  # (bisect_left, as a loop: compiled, cheaper than the call)
+            if value <= bound:
+                break
+            i += 1
+        self.counts[i] += 1
         self.sum += value
 
     def buckets(self) -> list[tuple[str, float]]:

@@ -32,7 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKER = ROOT / "broker"
-#: the per-message path: what a PUBLISH goes through from the socket's bytes to a subscriber's write.
+#: the per-message path: what a PUBLISH goes through from the socket's bytes to a subscriber's write,
+#: with the counters it bumps (metrics) and the clock it reads.
 #: (mqueue stays interpreted: a deque subclass cannot be a native class, and its work is the deque's.)
 MODULES = (
     "codec",
@@ -47,6 +48,9 @@ MODULES = (
     "limiter",
     "keepalive",
     "negotiation",
+    "metrics",
+    "connection",
+    "clock",
 )
 
 
