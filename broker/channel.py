@@ -242,7 +242,7 @@ class Channel:
         "_asked",
         "_backlog",
         "_checks",
-        "_dollar_checks",  # the checks of a client that publishes on '$' topics
+        "_dollar_checks",  # the checks of a client that publishes on '$' topics",
         "_expiry_timer",
         "_gated",
         "_holding",
@@ -256,6 +256,7 @@ class Channel:
         "_retry_timer",
         "_stash",
         "_v3_limited",
+        "_write",
         "acl",
         "cert_name",
         "clean_start",
@@ -315,6 +316,7 @@ class Channel:
         packet_out = getattr(io, "write_packet", None)
         self._in_process = packet_out is not None
         self.write_publish = cast(Callable[[bytes | Publish], None], packet_out or io.write)
+        self._write: Callable[[bytes], None] = io.write  # (bound once: no method lookup per ack)
         self.peer = peer
         self.listener = listener
         self.parser = Parser(max_packet_size=self.settings.max_packet_size)
@@ -879,7 +881,7 @@ class Channel:
                 self._send_ack(ptype, p.packet_id, rc)
 
     def _send_ack(self, ptype: int, packet_id: int, rc: int) -> None:
-        self.io.write(encode_ack(ptype, packet_id, rc if self.version >= MQTT5 else 0, self.version))
+        self._write(encode_ack(ptype, packet_id, rc if self.version >= MQTT5 else 0, self.version))
 
     def _ack_when_stored(self, ptype: int, packet_id: int, rc: int) -> None:
         """Publisher confirm: the ack waits until the message is stored for every persistent session.
@@ -1352,7 +1354,8 @@ class Channel:
         if self.tracers is None:
             self.tracers = []
             self.io = Outgoing(self.io, lambda packets: self.traced("out", packets), self.version)
-            self.write_publish = cast(Callable[[bytes | Publish], None], self.io.write)
+            self._write = self.io.write
+            self.write_publish = cast(Callable[[bytes | Publish], None], self._write)
         if tracer not in self.tracers:
             self.tracers.append(tracer)
 
@@ -1363,7 +1366,8 @@ class Channel:
         if not self.tracers and isinstance(self.io, Outgoing):
             self.tracers = None
             self.io = self.io.io
-            self.write_publish = cast(Callable[[bytes | Publish], None], self.io.write)
+            self._write = self.io.write
+            self.write_publish = cast(Callable[[bytes | Publish], None], self._write)
 
     def traced(self, direction: Literal["in", "out"], packets: list[Any]) -> None:
         now = self.clock.wall()

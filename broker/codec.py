@@ -14,7 +14,7 @@ import enum
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 __all__ = [
     "MQTT5",
@@ -1195,6 +1195,8 @@ def publish_parts(
 
 _ACK_B0 = {4: 0x40, 5: 0x50, 6: 0x62, 7: 0x70}
 _ack_pack = _ACK.pack
+#: the fixed header of a 4-byte PUBACK/PUBREC/PUBREL/PUBCOMP, by packet type
+_ACK_HEAD: Final = (b"", b"", b"", b"", b"\x40\x02", b"\x50\x02", b"\x62\x02", b"\x70\x02")
 _ack_rc_pack = _ACK_RC.pack
 
 
@@ -1202,7 +1204,7 @@ def encode_ack(ptype: int, packet_id: int, reason_code: int = 0, version: int = 
     """Hot-path PUBACK/PUBREC/PUBREL/PUBCOMP encoder without properties (4 bytes, or 5 with a v5 reason)."""
     if reason_code and version == 5:
         return _ack_rc_pack(_ACK_B0[ptype], 3, packet_id, reason_code)
-    return _ack_pack(_ACK_B0[ptype], 2, packet_id)
+    return _ACK_HEAD[ptype] + packet_id.to_bytes(2, "big")
 
 
 def _e_connect(p: Connect, version: int) -> bytes:
