@@ -39,8 +39,8 @@ from fleetmq.broker.codec import (
     encode_ack,
     encode_properties,
     encode_publish,
-    publish_parts,
     encode_varint,
+    publish_parts,
 )
 
 from tests.unit.codec_support import ALLOWED, WILL, roundtrip
