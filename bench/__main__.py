@@ -81,10 +81,14 @@ ALL_ROWS = (
     + HOTPATH_ROWS
     + FLEET_ROWS
     + memory.ROWS
-    + ["idle"]
+    + ["idle", "subscribed"]
 )
 HOTPATH_MESSAGES = 5000  # callgrind runs N and 2N messages: (I(2N) - I(N)) / N leaves setup out
 IDLE_SETTLE_S = 2.0
+#: the subscribed-connections row (issue 30): connects in flight at once, and how long the broker is given
+#: to let go of closed connections before its memory is read again
+SUBSCRIBED_IN_FLIGHT = 1000
+SUBSCRIBED_CLOSE_S = 5.0
 TAKEOVER_QUEUED = 1000
 
 
@@ -111,6 +115,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "in-memory rows",
     )
     p.add_argument("--conns", type=int, default=10000, help="connections for the idle-memory row")
+    p.add_argument(
+        "--subscribed-conns",
+        type=int,
+        default=18000,
+        help="connections of the subscribed row, each subscribed to a topic of its own (under the "
+        "machine's open-file limit of 20,000)",
+    )
     p.add_argument("--window", type=int, default=200, help="max outstanding messages per publisher")
     p.add_argument("--payload", type=int, default=64, help="payload bytes")
     p.add_argument("--takeover-reps", type=int, default=30, help="measured takeovers per QoS (takeover row)")
@@ -770,6 +781,67 @@ def run_idle_cell(broker: Broker, binary: Path, conns: int) -> Cell:
         broker.stop()
 
 
+def run_subscribed_cell(broker: Broker, binary: Path, conns: int) -> Cell:
+    """Fresh broker; its RSS; `conns` connections, each subscribed to a topic of its own, opened
+    SUBSCRIBED_IN_FLIGHT at a time (the connect rate: first CONNECT to last SUBACK); its RSS with them;
+    its RSS once they disconnected (how much of what they took it gave back)."""
+    try:
+        broker.start()
+    except BrokerError as e:
+        return Cell(error=str(e))
+    try:
+        time.sleep(1.0)
+        before = procs.rss_kb(broker.pid)
+        try:
+            held = driver.IdleConns(
+                binary, broker.port, conns, timeout=600, subscribe=True, concurrency=SUBSCRIBED_IN_FLIGHT
+            )
+        except driver.LoadgenError as e:
+            return Cell(error=str(e))
+        try:
+            time.sleep(IDLE_SETTLE_S)
+            if not broker.alive():
+                return Cell(error=broker.exit_reason())
+            with_them = procs.rss_kb(broker.pid)
+        finally:
+            held.close()
+        time.sleep(SUBSCRIBED_CLOSE_S)
+        if not broker.alive():
+            return Cell(error=broker.exit_reason())
+        closed = procs.rss_kb(broker.pid)
+        connected = int(held.result.get("connected", 0))
+        connect_s = float(held.result.get("connect_s") or 0.0)
+        grew = with_them - before
+        result = {
+            "connected": connected,
+            "failed": int(held.result.get("failed", 0)),
+            "connect_s": connect_s,
+            "connect_rate": connected / connect_s if connect_s else 0.0,
+            "rss_before_kb": before,
+            "rss_held_kb": with_them,
+            "rss_closed_kb": closed,
+            "per_conn_kb": grew / connected if connected else 0.0,
+            "returned": (with_them - closed) / grew if grew > 0 else 0.0,
+        }
+        error = held.result.get("error") or (None if connected == conns else f"only {connected} connected")
+        return Cell(result=result, error=error)
+    finally:
+        broker.stop()
+
+
+def log_subscribed(name: str, cell: Cell) -> None:
+    r = cell.result
+    if r is None:
+        log(f"{'subscribed':10} {name:14} error: {cell.error}")
+        return
+    log(
+        f"{'subscribed':10} {name:14} {r['connected']:,} conns at {r['connect_rate']:,.0f}/s; RSS "
+        f"{r['rss_before_kb'] / 1024:.1f} -> {r['rss_held_kb'] / 1024:.1f} MB ({r['per_conn_kb']:.2f} KB/conn)"
+        f" -> {r['rss_closed_kb'] / 1024:.1f} MB closed ({r['returned']:.0%} returned)"
+        + (f"  error: {cell.error}" if cell.error else "")
+    )
+
+
 def fleet_rows(
     key: str,
     brokers: dict[str, Broker],
@@ -864,6 +936,7 @@ def main(argv: list[str] | None = None) -> int:
         "window": args.window,
         "payload": args.payload,
         "conns": args.conns,
+        "subscribed_conns": args.subscribed_conns,
         "takeover_reps": args.takeover_reps,
         "takeover_queued": TAKEOVER_QUEUED,
         "takeover_inflight": TAKEOVER_INFLIGHT,
@@ -886,7 +959,7 @@ def main(argv: list[str] | None = None) -> int:
         start_error: dict[str, str] = {}
         try:
             for key in args.rows:
-                if key == "idle":
+                if key in ("idle", "subscribed"):
                     continue
                 if key in FLEET_ROWS:
                     rows += fleet_rows(key, brokers, fleet, start_error, binary, args)
@@ -945,6 +1018,15 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     else:
                         log(f"{'idle':10} {name:10} error: {cell.error}")
+                rows.append(row)
+            if "subscribed" in args.rows:
+                if fleet is not None:
+                    fleet.stop()
+                row = Row("subscribed", None)
+                for name, broker in brokers.items():
+                    broker.stop()
+                    cell = row.cells[name] = run_subscribed_cell(broker, binary, args.subscribed_conns)
+                    log_subscribed(name, cell)
                 rows.append(row)
         finally:
             _stop_all(brokers, fleet)

@@ -147,7 +147,15 @@ def _run(cmd: list[str], timeout: float) -> dict[str, Any]:
 class IdleConns:
     """Holds `conns` idle MQTT connections open (a loadgen child) until closed."""
 
-    def __init__(self, binary: Path, port: int, conns: int, timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        port: int,
+        conns: int,
+        timeout: float = 120.0,
+        subscribe: bool = False,
+        concurrency: int = 200,
+    ) -> None:
         self.proc = subprocess.Popen(
             [
                 str(binary),
@@ -157,6 +165,9 @@ class IdleConns:
                 "idle",
                 "-conns",
                 str(conns),
+                "-concurrency",
+                str(concurrency),
+                *(["-subscribe"] if subscribe else []),
                 "-hold",
                 "600s",
                 "-json",

@@ -1,9 +1,12 @@
 package main
 
 // Idle-connection mode: open many MQTT sessions and hold them so the runner
-// can read the broker's resident memory per connection.
+// can read the broker's resident memory per connection. With -subscribe each
+// one subscribes to a topic of its own first, and the time from the first
+// CONNECT to the last SUBACK gives the connect rate.
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,11 +20,12 @@ import (
 )
 
 type idleResult struct {
-	Mode      string  `json:"mode"`
-	Connected int     `json:"connected"`
-	Failed    int     `json:"failed"`
-	ConnectS  float64 `json:"connect_s"`
-	Error     string  `json:"error,omitempty"`
+	Mode       string  `json:"mode"`
+	Connected  int     `json:"connected"`
+	Failed     int     `json:"failed"`
+	Subscribed bool    `json:"subscribed"`
+	ConnectS   float64 `json:"connect_s"`
+	Error      string  `json:"error,omitempty"`
 }
 
 func retryable(err error) bool {
@@ -29,7 +33,7 @@ func retryable(err error) bool {
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, os.ErrDeadlineExceeded)
 }
 
-func runIdle(cfg *config, conns, concurrency int, hold time.Duration, asJSON bool) int {
+func runIdle(cfg *config, conns, concurrency int, subscribeEach bool, hold time.Duration, asJSON bool) int {
 	start := time.Now()
 	held := make([]net.Conn, conns)
 	var failed atomic.Int64
@@ -44,7 +48,14 @@ func runIdle(cfg *config, conns, concurrency int, hold time.Duration, asJSON boo
 				var err error
 				for attempt := 0; attempt < 5; attempt++ {
 					var c net.Conn
-					c, _, err = dial(cfg, fmt.Sprintf("bench-%s-idle-%d", cfg.runID, i), 300)
+					var r *bufio.Reader
+					c, r, err = dial(cfg, fmt.Sprintf("bench-%s-idle-%d", cfg.runID, i), 300)
+					if err == nil && subscribeEach {
+						err = subscribe(c, r, fmt.Sprintf("bench/%s/idle/%d", cfg.runID, i), 1)
+						if err != nil {
+							_ = c.Close()
+						}
+					}
 					if err == nil {
 						held[i] = c
 						break
@@ -66,7 +77,8 @@ func runIdle(cfg *config, conns, concurrency int, hold time.Duration, asJSON boo
 	}
 	close(jobs)
 	wg.Wait()
-	res := idleResult{Mode: "idle", Failed: int(failed.Load()), ConnectS: time.Since(start).Seconds()}
+	res := idleResult{Mode: "idle", Failed: int(failed.Load()), Subscribed: subscribeEach,
+		ConnectS: time.Since(start).Seconds()}
 	res.Connected = conns - res.Failed
 	if v := firstErr.Load(); v != nil {
 		res.Error = fmt.Sprintf("%d connections failed, first: %s", res.Failed, v.(string))

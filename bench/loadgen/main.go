@@ -56,6 +56,7 @@ func main() {
 	conns := flag.Int("conns", 10000, "idle: connections to open")
 	concurrency := flag.Int("concurrency", 200, "idle: connects in flight at once")
 	hold := flag.Duration("hold", 10*time.Second, "idle: how long to hold connections (or until stdin closes)")
+	subscribeEach := flag.Bool("subscribe", false, "idle: each connection subscribes (QoS 1) to a topic of its own")
 	reps := flag.Int("reps", 30, "takeover: measured repetitions (a new client id each)")
 	warmupReps := flag.Int("warmup-reps", 2, "takeover: unmeasured repetitions first")
 	queued := flag.Int("queued", 1000, "takeover: messages queued behind the full inflight window")
@@ -110,7 +111,7 @@ func main() {
 		cfg.batch = max(1, cfg.window/8)
 	}
 	if cfg.mode == "idle" {
-		os.Exit(runIdle(cfg, *conns, *concurrency, *hold, *asJSON))
+		os.Exit(runIdle(cfg, *conns, *concurrency, *subscribeEach, *hold, *asJSON))
 	}
 	if cfg.mode == "takeover" {
 		res := runTakeover(cfg, *reps, *warmupReps, *queued, *inflight)
