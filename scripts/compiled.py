@@ -87,10 +87,10 @@ def compile_into(work: Path) -> None:
     except OSError as e:
         raise BuildError(f"cannot run mypyc: {e}") from e
     if run.returncode != 0:
-        errors = [line for line in run.stdout.splitlines() if "error" in line]
-        raise BuildError(
-            "mypyc failed:\n" + "\n".join(errors or (run.stdout + run.stderr).splitlines()[-20:])
-        )
+        # (mypy's "file:line: error: ..." and the C compiler's "error: ..."; not its command lines)
+        lines = (run.stdout + "\n" + run.stderr).splitlines()
+        errors = [line for line in lines if "error:" in line]
+        raise BuildError("mypyc failed:\n" + "\n".join(errors or lines[-20:]))
     missing = [m for m in MODULES if not list(package.glob(f"{m}.*.so"))]
     if missing:
         raise BuildError(f"no extension module for {', '.join(missing)}")
