@@ -359,7 +359,9 @@ class Channel:
         self._aliases_in: dict[int, str] | None = None
         self._aliases_out: dict[str, int] | None = None
         self._acks_pending = 0  # publisher acks waiting in _replies
-        self._replies: deque[tuple[int, Any, Any, Any]] = deque()
+        # (made by the first reply that waits: an empty deque is a 760-byte block, and most connections
+        # of a fleet are idle subscribers that never wait for the store)
+        self._replies: deque[tuple[int, Any, Any, Any]] | None = None
         self._on_commit = self._committed  # (bound once: the host is handed it per reply)
         self._stash: list[Any] | None = None
         self._ka_timer: Timer | None = clock.call_later(self.settings.idle_timeout, self._connect_timeout)
@@ -1252,14 +1254,18 @@ class Channel:
 
     def _when_stored(self, kind: int, a: Any, b: Any = None, c: Any = None) -> None:
         # (entered before the host is asked: with nothing to commit, it answers at once)
-        self._replies.append((kind, a, b, c))
+        replies = self._replies
+        if replies is None:
+            replies = self._replies = deque()
+        replies.append((kind, a, b, c))
         self.host.after_commit(self._on_commit)
 
     def _committed(self, ok: bool) -> None:
         """The commit the oldest waiting reply waited for is over (the host answers in the order asked)."""
-        if not self._replies:  # pragma: no cover - one answer per question
+        replies = self._replies
+        if not replies:  # pragma: no cover - one answer per question
             return
-        kind, a, b, c = self._replies.popleft()
+        kind, a, b, c = replies.popleft()
         if kind <= _ROUTE:
             self._acks_pending -= 1
         if self.state != State.CONNECTED:

@@ -110,6 +110,17 @@ def test_replies_waiting_for_the_store_are_data_not_a_closure_each():
     assert len({id(callback) for callback in host.waiting}) == 1  # the channel's one bound method
 
 
+def test_a_channel_makes_its_queue_of_waiting_replies_only_when_a_reply_waits():
+    host = FakeHost()
+    peer = Peer(host)
+    peer.connect()  # (an idle subscriber never waits for the store: no 760-byte deque for it)
+    assert peer.ch._replies is None
+    peer.send(Publish("t/1", b"x", 1, packet_id=1))  # (routing wrote to the store: the ack waits)
+    assert peer.ch._replies is not None and len(peer.ch._replies) == 1
+    host.commit(ok=True)
+    assert peer.received() == [Puback(1, 0)] and not peer.ch._replies
+
+
 def test_a_failed_commit_disconnects_unacknowledged_so_the_client_sends_again():
     host = FakeHost()
     peer = Peer(host)
