@@ -269,59 +269,38 @@ class Publish:
 
 
 @dataclass(slots=True, init=False)
-class Puback:
+class _Ack:
+    """What PUBACK, PUBREC, PUBREL and PUBCOMP carry: each is its own class (the channel dispatches on
+    the type), with this one constructor."""
+
+    packet_id: int
+    reason_code: int
+    properties: Properties
+
+    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
+        self.packet_id = packet_id
+        self.reason_code = reason_code
+        self.properties = {} if properties is None else properties
+
+
+@dataclass(slots=True, init=False)
+class Puback(_Ack):
     """QoS 1 acknowledgement."""
 
-    packet_id: int
-    reason_code: int
-    properties: Properties
-
-    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
-        self.packet_id = packet_id
-        self.reason_code = reason_code
-        self.properties = {} if properties is None else properties
-
 
 @dataclass(slots=True, init=False)
-class Pubrec:
+class Pubrec(_Ack):
     """QoS 2 delivery part 1."""
 
-    packet_id: int
-    reason_code: int
-    properties: Properties
-
-    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
-        self.packet_id = packet_id
-        self.reason_code = reason_code
-        self.properties = {} if properties is None else properties
-
 
 @dataclass(slots=True, init=False)
-class Pubrel:
+class Pubrel(_Ack):
     """QoS 2 delivery part 2."""
 
-    packet_id: int
-    reason_code: int
-    properties: Properties
-
-    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
-        self.packet_id = packet_id
-        self.reason_code = reason_code
-        self.properties = {} if properties is None else properties
-
 
 @dataclass(slots=True, init=False)
-class Pubcomp:
+class Pubcomp(_Ack):
     """QoS 2 delivery part 3."""
-
-    packet_id: int
-    reason_code: int
-    properties: Properties
-
-    def __init__(self, packet_id: int, reason_code: int = 0, properties: Properties | None = None) -> None:
-        self.packet_id = packet_id
-        self.reason_code = reason_code
-        self.properties = {} if properties is None else properties
 
 
 @dataclass(slots=True)
