@@ -1155,21 +1155,23 @@ def encode_publish(
 
 
 def publish_parts(
-    topic: bytes, payload: bytes, qos: int, retain: bool, dup: bool, props: bytes | None, version: int
+    topic: bytes, payload_len: int, qos: int, retain: bool, dup: bool, props: bytes | None, version: int
 ) -> tuple[bytes, bytes]:
-    """A QoS 1/2 PUBLISH split around its packet id: ``head + id + tail`` is encode_publish's packet.
+    """A QoS 1/2 PUBLISH split around its packet id: ``head + id + block + payload`` is encode_publish's
+    packet (`block`: v5's property block, empty before v5).
 
     A message delivered to many subscribers differs between them only in the id: the parts are made once
-    per message and variant, and each delivery joins them around its own two bytes."""
+    per message and variant, and each delivery joins them around its own two bytes. The payload is not in
+    them: a message waiting in queues keeps one copy of it."""
     b0 = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
     tlen = len(topic)
-    tail = payload
+    block = b""
     if version == 5:
-        tail = (encode_varint(len(props)) + props if props else b"\x00") + payload
-    rl = 4 + tlen + len(tail)
+        block = encode_varint(len(props)) + props if props else b"\x00"
+    rl = 4 + tlen + len(block) + payload_len
     if rl < 0x80:
-        return _PUB_HDR.pack(b0, rl, tlen) + topic, tail
-    return bytes((b0,)) + encode_varint(rl) + _u16_pack(tlen) + topic, tail
+        return _PUB_HDR.pack(b0, rl, tlen) + topic, block
+    return bytes((b0,)) + encode_varint(rl) + _u16_pack(tlen) + topic, block
 
 
 _ACK_B0 = {4: 0x40, 5: 0x50, 6: 0x62, 7: 0x70}

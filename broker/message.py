@@ -79,8 +79,8 @@ class Message:
         self.expires_at = self.ts + expiry if expiry is not None else None
         self.msg_id = msg_id or next(_ids)
         self._props_b: bytes | None = None
-        #: encodings made once for every subscriber alike: a QoS 0 packet, a QoS 1/2 packet's parts
-        #: around its packet id (codec.publish_parts), by variant (_variant)
+        #: encodings made once for every subscriber alike: a QoS 0 packet, a QoS 1/2 packet's header
+        #: and property block around its packet id (codec.publish_parts), by variant (_variant)
         self._plain: dict[int, bytes] | None = None
         self._parts: dict[int, tuple[bytes, bytes]] | None = None
 
@@ -136,12 +136,14 @@ class Message:
             else:
                 hit = parts.get(key)
                 if hit is not None:
-                    return hit[0] + packet_id.to_bytes(2, "big") + hit[1]
-            block = self.props_bytes() if version >= MQTT5 else None
-            head, tail = parts[key] = publish_parts(
-                self.topic_b, self.payload, qos, retain, dup, block, version
+                    head, block = hit
+                    data = head + packet_id.to_bytes(2, "big")
+                    return data + block + self.payload if block else data + self.payload
+            encoded = self.props_bytes() if version >= MQTT5 else None
+            head, block = parts[key] = publish_parts(
+                self.topic_b, len(self.payload), qos, retain, dup, encoded, version
             )
-            return head + packet_id.to_bytes(2, "big") + tail
+            return head + packet_id.to_bytes(2, "big") + block + self.payload
         props: dict[int, Any] = dict(self.props) if self.props else {}
         if self.expires_at is not None:
             props[Prop.MESSAGE_EXPIRY_INTERVAL] = max(0, int(self.expires_at - (now or time.time())))

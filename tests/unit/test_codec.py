@@ -445,10 +445,12 @@ def test_encode_publish_equivalent(version: int, qos: int, size: int, pr: dict[i
     assert Parser(version=version).feed(got) == [pkt]
     if qos:  # the parts a message keeps for its subscribers, joined around each one's packet id
         for retain, dup in ((False, False), (True, True)):
-            head, tail = publish_parts(pkt.topic.encode(), payload, qos, retain, dup, block or None, version)
+            head, props = publish_parts(
+                pkt.topic.encode(), len(payload), qos, retain, dup, block or None, version
+            )
             for other in (1, 77, 0x1234, 65535):
                 one = encode(Publish("top/ïc", payload, qos, retain, dup, other, pr), version)
-                assert head + other.to_bytes(2, "big") + tail == one
+                assert head + other.to_bytes(2, "big") + props + payload == one
 
 
 @pytest.mark.parametrize("version", [MQTT311, MQTT5])

@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from fleetmq.broker.channel import RETAINED_BATCH
 from fleetmq.broker.codec import (
+    MQTT5,
     MQTT311,
     Connect,
+    Prop,
     Puback,
     Publish,
     Suback,
@@ -404,3 +406,15 @@ def test_bad_write_buffers_name_the_field(bad, error):
     with pytest.raises(ConfigError) as e:
         load_config(overrides={"write_buffers": bad})
     assert str(e.value) == error
+
+
+def test_a_message_keeps_one_copy_of_its_payload_whatever_it_encoded_for_its_subscribers():
+    # (queue byte limits count the payload once: what is cached to encode for many subscribers must not
+    # hold another copy of it, at any protocol version)
+    payload = b"p" * 10_000
+    msg = Message("t/1", payload, 1, props={Prop.USER_PROPERTY: [("k", "v")]})
+    for version in (MQTT311, MQTT5):
+        for pid in (1, 2):
+            assert msg.encode(version, 1, False, pid).endswith(payload)
+    assert msg._parts is not None and len(msg._parts) == 2
+    assert all(len(head) + len(block) < 100 for head, block in msg._parts.values())
