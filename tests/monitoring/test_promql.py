@@ -215,6 +215,8 @@ def _redis_outage(redis: RedisServer, nodes: list[BrokerProc], load: Load) -> No
     # all were used once the broker refuses some CONNECTs: rounds of concurrent sessions flush them out.
     for node in nodes:
         wait_until(lambda node=node: _sessions_work(node), timeout=30, interval=0.1, msg="store usable again")
+    # the bridge's lease lapsed with Redis: until a node leads it again, QoS 0 for it would be dropped
+    wait_until(lambda: _total(nodes, "fleetmq_bridge_connected") == 1, timeout=30, msg="bridge led again")
 
 
 def _sessions_work(node: BrokerProc, n: int = 16) -> bool:
@@ -313,10 +315,11 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, prometheus_bin: str) -> I
             cfg = copy.deepcopy(CONFIG)
             cfg["node_id"] = f"edge-{i}"
             cfg["store"] = {"kind": "redis", "url": redis.url}
-            cfg["bridges"] = [
-                {"name": "cloud", "remote": {"host": remote.host, "port": remote.port},
-                 "forwards": [{"filter": "load/#", "destination": "site/{#}"}]}
-            ]  # fmt: skip
+            if i < 2:  # not on edge-2, which is killed: the bridge moving with it drops QoS 0 (by design)
+                cfg["bridges"] = [
+                    {"name": "cloud", "remote": {"host": remote.host, "port": remote.port},
+                     "forwards": [{"filter": "load/#", "destination": "site/{#}"}]}
+                ]  # fmt: skip
             workers = ("--workers", "2") if i == 1 else ()  # its samples carry a `worker` label
             nodes.append(harness.start_fleetmq(tmp / f"edge-{i}", cfg, extra_args=workers))
         prom = PrometheusServer(
