@@ -362,7 +362,9 @@ class Channel:
         # (made by the first reply that waits: an empty deque is a 760-byte block, and most connections
         # of a fleet are idle subscribers that never wait for the store)
         self._replies: deque[tuple[int, Any, Any, Any]] | None = None
-        self._on_commit = self._committed  # (bound once: the host is handed it per reply)
+        # (bound at the first reply that waits, then kept: the host is handed it per reply; dropped at
+        # close, so that a closed channel is not kept by its own cycle until a full collection)
+        self._on_commit: Callable[[bool], None] | None = None
         self._stash: list[Any] | None = None
         self._ka_timer: Timer | None = clock.call_later(self.settings.idle_timeout, self._connect_timeout)
         self._retry_timer: Timer | None = None
@@ -547,6 +549,7 @@ class Channel:
             self.telemetry.disconnected(self.client_id, "sock_closed", self.state == State.CONNECTED)
         self.state = State.CLOSED
         self._cancel_timers()
+        self._on_commit = None  # (replies still waiting hold their own reference)
         self.host.closed(self)
 
     def _cancel_timers(self) -> None:
@@ -1258,7 +1261,10 @@ class Channel:
         if replies is None:
             replies = self._replies = deque()
         replies.append((kind, a, b, c))
-        self.host.after_commit(self._on_commit)
+        on_commit = self._on_commit
+        if on_commit is None:
+            on_commit = self._on_commit = self._committed
+        self.host.after_commit(on_commit)
 
     def _committed(self, ok: bool) -> None:
         """The commit the oldest waiting reply waited for is over (the host answers in the order asked)."""

@@ -245,6 +245,9 @@ class Connection(asyncio.Protocol):
         self._budget.forget(self)
         channel = self.channel
         if channel is not None:
+            # (the channel holds this connection as its io: without the cycle, a closed connection goes
+            # when its last reference does, not at the next full collection, which is rare here)
+            self.channel = None
             try:
                 channel.connection_lost()
             except Exception:

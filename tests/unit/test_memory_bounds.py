@@ -10,10 +10,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import pytest
-from fleetmq.broker.channel import RETAINED_BATCH
+from fleetmq.broker.channel import RETAINED_BATCH, Channel
 from fleetmq.broker.codec import (
     MQTT5,
     MQTT311,
@@ -418,3 +419,32 @@ def test_a_message_keeps_one_copy_of_its_payload_whatever_it_encoded_for_its_sub
             assert msg.encode(version, 1, False, pid).endswith(payload)
     assert msg._parts is not None and len(msg._parts) == 2
     assert all(len(head) + len(block) < 100 for head, block in msg._parts.values())
+
+
+async def test_a_closed_connection_goes_without_the_garbage_collector():
+    """A closed connection's channel and session are freed by reference counting: the collector's full
+    passes are rare in a broker (broker/cli.py _tune_gc), so anything a cycle keeps stays until one runs,
+    and after a fleet's clients leave, the node would hold what they took."""
+    node = make_node()
+
+    def channels() -> int:
+        return sum(type(o) is Channel for o in gc.get_objects())
+
+    gc.collect()
+    before = channels()
+    gc.disable()
+    try:
+        transports = [Transport(take=1 << 40) for _ in range(20)]
+        conns = [connect(node, f"c{i}", t) for i, t in enumerate(transports)]
+        await settle()
+        for i, c in enumerate(conns):
+            c.data_received(encode(Subscribe(1, [(f"t/{i}", SubOpts(qos=1))]), MQTT311))
+            c.data_received(encode(Publish(f"t/{i}", b"x", 1, packet_id=7), MQTT311))
+        await settle()
+        assert channels() == before + 20
+        for c in conns:
+            c.connection_lost(None)
+        await settle()
+        assert channels() == before, "closed channels are kept by a reference cycle"
+    finally:
+        gc.enable()
