@@ -52,6 +52,23 @@ class MQueue(deque[Delivery]):
         return taken
 
 
+class _Unmade(MQueue):
+    """The queue of a session that has not queued anything yet, shared by all of them: a deque is a
+    760-byte block even when empty, and most sessions of a fleet are idle subscribers whose deliveries go
+    straight into the window. Reading it is reading an empty queue; Session makes a queue of its own
+    before it adds to one, and adding to this one is a bug that must not pass silently."""
+
+    __slots__ = ()
+
+    def _shared(self, *_: object) -> None:
+        raise RuntimeError("the shared empty Message Queue cannot hold deliveries")
+
+    append = appendleft = extend = extendleft = insert = _shared
+
+
+UNMADE: MQueue = _Unmade()
+
+
 def size(d: Delivery) -> int:
     """What a delivery counts for against a byte limit: its payload and topic."""
     return len(d.msg.payload) + len(d.msg.topic)
@@ -111,6 +128,8 @@ class BytesMQueue(MQueue):
 def for_zone(max_len: int, drop_new: bool, max_bytes: int, old: MQueue | None = None) -> MQueue:
     """The queue a zone's settings call for, holding what `old` held (not trimmed yet: see `trim`): `old`
     itself when it is of the right kind."""
+    if old is UNMADE:
+        old = None
     if old is not None and isinstance(old, BytesMQueue) == bool(max_bytes):
         old.max_len, old.drop_new = max_len, drop_new
         if isinstance(old, BytesMQueue):

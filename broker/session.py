@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from .inflight import Inflight
 from .journal import Journal, JournalSink
 from .message import Delivery
-from .mqueue import for_zone
+from .mqueue import UNMADE, MQueue, for_zone
 from .router import Subscription
 from .zones import ZoneSettings
 
@@ -62,7 +62,7 @@ class Session:
         self.receive_maximum = receive_maximum  # the client's (MQTT 5), 0 = not announced
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight = Inflight(self._window())
-        self.mqueue = for_zone(zone.max_mqueue_len, zone.mqueue_overflow == "dropNew", zone.max_mqueue_bytes)
+        self.mqueue: MQueue = UNMADE  # (made by the first delivery that waits: `_queue`)
         self.awaiting_rel: dict[int, float] = {}  # incoming QoS2 packet id -> time received
         # Receipts (Message.receipt), on a store without cross-slot transactions: this session's
         # incarnation in the store, the receipts it gave, those of its ids awaiting PUBREL, and the
@@ -174,7 +174,7 @@ class Session:
             if d.packet_id:
                 self.inflight.insert(d)
             else:
-                dropped += self.mqueue.push(d)
+                dropped += self._queue().push(d)
         for pid, ts, receipt in awaiting_rel:
             self.awaiting_rel[pid] = ts
             if receipt:
@@ -203,10 +203,22 @@ class Session:
         """Adopt new zone settings; return deliveries dropped because the queue limit shrank."""
         self.zone = zone
         self.inflight.max_size = self._window()
+        if self.mqueue is UNMADE:
+            return []
         self.mqueue = for_zone(
             zone.max_mqueue_len, zone.mqueue_overflow == "dropNew", zone.max_mqueue_bytes, self.mqueue
         )
         return self._forget(self.mqueue.trim())
+
+    def _queue(self) -> MQueue:
+        """The Message Queue, to add to: made now if the session had none yet (the shared UNMADE)."""
+        q = self.mqueue
+        if q is UNMADE:
+            zone = self.zone
+            q = self.mqueue = for_zone(
+                zone.max_mqueue_len, zone.mqueue_overflow == "dropNew", zone.max_mqueue_bytes
+            )
+        return q
 
     def set_receive_maximum(self, value: int) -> None:
         self.receive_maximum = value
@@ -228,7 +240,7 @@ class Session:
     def insert(self, d: Delivery) -> list[Delivery]:
         """A delivery from the store with a position reserved by `hold_back`: into the queue at its place,
         before what was held back. Returns the oldest dropped if the queue is full (forgotten)."""
-        mqueue = self.mqueue
+        mqueue = self._queue()
         at = len(mqueue)
         while at and mqueue[at - 1].order > d.order:
             at -= 1
@@ -267,7 +279,7 @@ class Session:
         inflight = self.inflight
         # FIFO: while anything waits in the queue, a newcomer goes behind it (the window's full() inline)
         if hold or self.mqueue or 0 < inflight.max_size <= len(inflight) or self.held_from is not None:
-            dropped = self.mqueue.push(d)
+            dropped = self._queue().push(d)
             if j is not None:
                 j.put(d)
                 self._forget(dropped)
@@ -279,7 +291,7 @@ class Session:
         """Queue a delivery for an offline session (or a QoS0 kept for one); return the dropped oldest."""
         if self.journal is not None:
             self.journal.place(d)
-        return self.mqueue.push(d)
+        return self._queue().push(d)
 
     def _assign(self, d: Delivery, now: float) -> None:
         d.packet_id = self._alloc_pid()

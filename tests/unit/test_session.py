@@ -138,6 +138,22 @@ def test_queue_full_drops_oldest_and_returns_it():
     assert inflight(s) == ["1"]  # the window is untouched by queue drops
 
 
+def test_a_session_makes_its_queue_when_the_first_delivery_waits():
+    """Sessions whose deliveries go straight into the window share one empty queue (a deque is a 760-byte
+    block even empty); the first delivery that waits gets the session a queue of its own, with the zone's
+    limits, and the shared one refuses to hold anything."""
+    s, other = Session("c", zone(max_inflight=1, max_mqueue_len=2)), Session("d", zone())
+    assert s.mqueue is other.mqueue and not s.mqueue
+    assert s.deliver(dl(1), 0.0)[0] is not None and s.mqueue is other.mqueue
+    assert s.apply_zone(zone(max_inflight=1, max_mqueue_len=5)) == [] and s.mqueue is other.mqueue
+    assert s.deliver(dl(2), 0.0) == (None, [])
+    assert s.mqueue is not other.mqueue and queued(s) == ["2"] and s.mqueue.max_len == 5
+    assert not other.mqueue
+    with pytest.raises(RuntimeError, match="shared empty Message Queue"):
+        other.mqueue.append(dl(3))
+    assert other.enqueue(dl(3)) == [] and queued(other) == ["3"]
+
+
 def test_enqueue_offline_drops_oldest():
     s = Session("c", zone(max_mqueue_len=3))
     dropped_all = []
