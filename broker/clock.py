@@ -8,6 +8,7 @@ times, which other nodes of the fleet read too. A test gives a channel a clock i
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -32,15 +33,87 @@ class Clock(Protocol):
 
 
 class LoopClock:
-    """An event loop's clock and timers, and the system's wall clock."""
+    """An event loop's clock and timers, and the system's wall clock. Timers of a second or more go on a
+    wheel (TimerWheel), the shorter ones on the loop."""
 
-    __slots__ = ("call_later", "time")
+    __slots__ = ("_loop", "_wheel", "time")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # (bound once: the per-message path reads the time without an extra call frame; asyncio's own
         # loops read time.monotonic, which is then called directly, not through their Python method)
         plain = getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time
         self.time: Callable[[], float] = time.monotonic if plain else loop.time
-        self.call_later: Callable[[float, Callable[[], None]], Timer] = loop.call_later
+        self._loop = loop
+        self._wheel = TimerWheel(loop)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        if delay >= WHEEL_FROM:
+            return self._wheel.call_later(delay, callback)
+        return self._loop.call_later(delay, callback)
 
     wall = staticmethod(time.time)
+
+
+#: timers this long or longer go on the wheel: keep alive (1.5 x the client's), the CONNECT deadline,
+#: retransmission and awaiting-PUBREL intervals; what must be prompt (a paced batch, a rate's next token)
+#: is shorter
+WHEEL_FROM = 1.0
+
+
+class TimerWheel:
+    """Timers for what every connection keeps one of, at a tenth of a second's resolution.
+
+    A loop's own timer is heavy for that: uvloop's is a handle, a libuv timer and a copy of the caller's
+    context, 650 bytes per connection with keep alive on. Here a timer is an entry in the table of its
+    tick (its deadline rounded up to RESOLUTION), and the loop has one timer per tick that has entries.
+    A timer fires at its deadline or up to RESOLUTION later, never earlier. Cancelling takes it out of
+    its tick's table at once: a closed connection leaves nothing behind to pin the memory it came in."""
+
+    RESOLUTION = 0.1
+
+    __slots__ = ("_loop", "_ticks")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._ticks: dict[int, dict[WheelTimer, None]] = {}
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> WheelTimer:
+        loop = self._loop
+        tick = math.ceil((loop.time() + delay) / self.RESOLUTION)
+        due = self._ticks.get(tick)
+        if due is None:
+            due = self._ticks[tick] = {}
+            loop.call_at(tick * self.RESOLUTION, self._fire, tick)
+        timer = WheelTimer(callback, due)
+        due[timer] = None
+        return timer
+
+    def _fire(self, tick: int) -> None:
+        due = self._ticks.pop(tick, None)
+        if not due:
+            return
+        for timer in list(due):  # (in the order set; a callback may cancel a later one of the tick)
+            callback = timer.callback
+            if callback is None:
+                continue
+            timer.callback = timer._due = None
+            try:
+                callback()
+            except Exception as e:  # as the loop does with its own timers: say so, and run the others
+                self._loop.call_exception_handler(
+                    {"message": f"Exception in timer callback {callback!r}", "exception": e}
+                )
+
+
+class WheelTimer:
+    __slots__ = ("_due", "callback")
+
+    def __init__(self, callback: Callable[[], None], due: dict[WheelTimer, None]) -> None:
+        self.callback: Callable[[], None] | None = callback
+        self._due: dict[WheelTimer, None] | None = due  # its tick's table, until it fires or is cancelled
+
+    def cancel(self) -> None:
+        self.callback = None
+        due, self._due = self._due, None
+        if due is not None:
+            due.pop(self, None)
