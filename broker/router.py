@@ -7,7 +7,7 @@ preferring members that are online.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from .topic import CACHED_TOPIC_MAX, is_wild, parse_share, topic_matches
@@ -76,7 +76,9 @@ class Router:
         # wildcard or shared subscriptions, which are rare next to publishes. Topics longer than
         # CACHED_TOPIC_MAX are walked each time: the cache's bytes stay bounded whatever topics come.
         self._cache: dict[str, tuple[list[_Node], list[dict[str, _Group]]]] = {}
-        self._by_client: dict[str, set[str]] = {}  # client id -> its filters, to drop them all at once
+        # client id -> its filters, to drop them all at once: the filter itself while it is the only one
+        # (a set of one is 216 bytes, and most clients of a fleet subscribe to one filter)
+        self._by_client: dict[str, str | set[str]] = {}
 
     # -- changes ----------------------------------------------------------------------------------
     def add(self, client_id: str, topic_filter: str, sub: Subscription) -> bool:
@@ -84,7 +86,15 @@ class Router:
         group, real = parse_share(topic_filter)
         if group is not None or is_wild(real):
             self._cache.clear()
-        self._by_client.setdefault(client_id, set()).add(topic_filter)
+        by_client = self._by_client
+        mine = by_client.get(client_id)
+        if mine is None:
+            by_client[client_id] = topic_filter
+        elif isinstance(mine, str):
+            if mine != topic_filter:
+                by_client[client_id] = {mine, topic_filter}
+        else:
+            mine.add(topic_filter)
         if group is not None:
             sub.group = group
             members = self._groups.setdefault(real, {}).setdefault(group, _Group()).members
@@ -101,7 +111,7 @@ class Router:
 
     def remove_client(self, client_id: str) -> list[str]:
         """Drop every subscription of one client (its session ended); returns the filters."""
-        filters = list(self._by_client.get(client_id, ()))
+        filters = list(self._filters_of(client_id))
         for topic_filter in filters:
             self.remove(client_id, topic_filter)
         return filters
@@ -111,7 +121,10 @@ class Router:
         if group is not None or is_wild(real):
             self._cache.clear()
         mine = self._by_client.get(client_id)
-        if mine is not None:
+        if isinstance(mine, str):
+            if mine == topic_filter:
+                del self._by_client[client_id]
+        elif mine is not None:
             mine.discard(topic_filter)
             if not mine:
                 del self._by_client[client_id]
@@ -229,12 +242,18 @@ class Router:
 
     def filters_of(self, client_id: str) -> set[str]:
         """One client's filters routed here."""
-        return set(self._by_client.get(client_id, ()))
+        return set(self._filters_of(client_id))
+
+    def _filters_of(self, client_id: str) -> Collection[str]:
+        mine = self._by_client.get(client_id)
+        if mine is None:
+            return ()
+        return (mine,) if isinstance(mine, str) else mine
 
     def subscriptions(self, client_id: str) -> dict[str, Subscription]:
         """One client's subscriptions as routed here, by filter (a bridge checks its forwards are in)."""
         out: dict[str, Subscription] = {}
-        for topic_filter in self._by_client.get(client_id, ()):
+        for topic_filter in self._filters_of(client_id):
             group, real = parse_share(topic_filter)
             if group is not None:
                 g = self._groups.get(real, {}).get(group)

@@ -113,6 +113,21 @@ def test_add_replaces_subscription_of_same_client():
 # -----------------------------------------------------------------------------------------------
 
 
+def test_a_clients_filters_are_kept_whether_it_has_one_or_several():
+    """(One filter is kept as itself, more as a set: the transitions both ways lose nothing.)"""
+    r = router_with(("c1", "a"), ("c1", "a"), ("c2", "x"))
+    assert r.filters_of("c1") == {"a"} and r.subscriptions("c1").keys() == {"a"}
+    r.add("c1", "$share/g/b/+", Subscription(qos=1))
+    r.add("c1", "c/#", Subscription(qos=1))
+    assert r.filters_of("c1") == {"a", "$share/g/b/+", "c/#"}
+    assert r.subscriptions("c1").keys() == {"a", "$share/g/b/+", "c/#"}
+    assert r.remove("c1", "a") and r.remove("c1", "c/#")
+    assert r.filters_of("c1") == {"$share/g/b/+"}
+    assert r.remove("c1", "$share/g/b/+") and r.filters_of("c1") == set() and r.clients() == ["c2"]
+    assert r.remove("c2", "y") is False and r.filters_of("c2") == {"x"}
+    assert r.remove_client("c2") == ["x"] and r.clients() == [] and clients(r, "x") == []
+
+
 def test_remove_stops_matching_and_prunes_the_trie():
     r = router_with(("c1", "a/+/c/#"), ("c1", "a/b"), ("c2", "a/+/c/#"))
     assert r.remove("c1", "a/+/c/#") is True
