@@ -349,3 +349,23 @@ def test_a_rule_may_name_the_clients_address_and_does_not_apply_where_it_is_unkn
     assert acl.bind("u", "c", (), "203.0.113.7").can_publish("sites/203.0.113.7/t")
     assert not acl.bind("u", "c", (), "203.0.113.7").can_publish("sites/10.0.0.1/t")
     assert not acl.bind("u", "c").can_publish("sites//t")  # (no address: the rule is left out)
+
+
+def test_clients_the_rules_do_not_name_share_one_bound_view():
+    """Without %u/%c/%a in the zone's rules, a client without rules of its own (user's, an identity's, an
+    authorization service) gets the view every such client gets: one object and its caches, not one per
+    connection. Any of those makes the view its own."""
+    rule = AclRule(permission="deny", action="all", filter="secret/#")
+    acl = Acl(
+        [rule], default="allow", user_rules={"bob": [AclRule(permission="deny", action="all", filter="b")]}
+    )
+    a, b = acl.bind("alice", "c1"), acl.bind(None, "c2", peerhost="10.0.0.1")
+    assert a is b and not a.can_read("secret/x") and a.can_read("b")
+    own = acl.bind("alice", "c3", own=[AclRule(permission="deny", action="all", filter="own")])
+    bob = acl.bind("bob", "c4")
+    assert own is not a and not own.can_read("own") and a.can_read("own")
+    assert bob is not a and not bob.can_read("b")
+    named = Acl([AclRule(permission="allow", action="all", filter="%c/#")], default="deny")
+    c5, c6 = named.bind(None, "c5"), named.bind(None, "c6")
+    assert c5 is not c6 and c5.can_read("c5/x") and not c6.can_read("c5/x")
+    assert Acl([rule]).bind(None, "c1") is not a, "new rules, a new view"
