@@ -315,8 +315,8 @@ class Channel:
         # for it to parse again (its IO's write_packet keeps them in order with the bytes of the rest).
         packet_out = getattr(io, "write_packet", None)
         self._in_process = packet_out is not None
-        self.write_publish = cast(Callable[[bytes | Publish], None], packet_out or io.write)
-        self._write: Callable[[bytes], None] = io.write  # (bound once: no method lookup per ack)
+        write = self._write = io.write  # (bound once: no method lookup per ack)
+        self.write_publish = cast(Callable[[bytes | Publish], None], packet_out or write)
         self.peer = peer
         self.listener = listener
         self.parser = Parser(max_packet_size=self.settings.max_packet_size)
