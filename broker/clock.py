@@ -67,32 +67,33 @@ class TimerWheel:
     context, 650 bytes per connection with keep alive on. Here a timer is an entry in the table of its
     tick (its deadline rounded up to RESOLUTION), and the loop has one timer per tick that has entries.
     A timer fires at its deadline or up to RESOLUTION later, never earlier. Cancelling takes it out of
-    its tick's table at once: a closed connection leaves nothing behind to pin the memory it came in."""
+    its tick's table at once, and the table out of the wheel once empty: closed connections leave
+    nothing behind to pin the memory they came in."""
 
     RESOLUTION = 0.1
 
-    __slots__ = ("_loop", "_ticks")
+    __slots__ = ("_loop", "ticks")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._ticks: dict[int, dict[WheelTimer, None]] = {}
+        self.ticks: dict[int, _Tick] = {}
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> WheelTimer:
         loop = self._loop
         tick = math.ceil((loop.time() + delay) / self.RESOLUTION)
-        due = self._ticks.get(tick)
+        due = self.ticks.get(tick)
         if due is None:
-            due = self._ticks[tick] = {}
+            due = self.ticks[tick] = _Tick(self, tick)
             loop.call_at(tick * self.RESOLUTION, self._fire, tick)
         timer = WheelTimer(callback, due)
-        due[timer] = None
+        due.timers[timer] = None
         return timer
 
     def _fire(self, tick: int) -> None:
-        due = self._ticks.pop(tick, None)
-        if not due:
+        due = self.ticks.pop(tick, None)
+        if due is None:  # (every timer of the tick was cancelled)
             return
-        for timer in list(due):  # (in the order set; a callback may cancel a later one of the tick)
+        for timer in list(due.timers):  # (in the order set; a callback may cancel a later one of the tick)
             callback = timer.callback
             if callback is None:
                 continue
@@ -105,15 +106,27 @@ class TimerWheel:
                 )
 
 
+class _Tick:
+    __slots__ = ("tick", "timers", "wheel")
+
+    def __init__(self, wheel: TimerWheel, tick: int) -> None:
+        self.wheel = wheel
+        self.tick = tick
+        self.timers: dict[WheelTimer, None] = {}
+
+
 class WheelTimer:
     __slots__ = ("_due", "callback")
 
-    def __init__(self, callback: Callable[[], None], due: dict[WheelTimer, None]) -> None:
+    def __init__(self, callback: Callable[[], None], due: _Tick) -> None:
         self.callback: Callable[[], None] | None = callback
-        self._due: dict[WheelTimer, None] | None = due  # its tick's table, until it fires or is cancelled
+        self._due: _Tick | None = due  # its tick, until it fires or is cancelled
 
     def cancel(self) -> None:
         self.callback = None
         due, self._due = self._due, None
         if due is not None:
-            due.pop(self, None)
+            timers = due.timers
+            timers.pop(self, None)
+            if not timers:
+                due.wheel.ticks.pop(due.tick, None)

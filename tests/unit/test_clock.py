@@ -40,7 +40,7 @@ def test_a_wheel_timer_fires_at_its_deadline_or_within_a_tick_after(loop: asynci
     for delay, at in fired.items():
         # (a millisecond of slack: the loops round their own timers to milliseconds)
         assert delay - 0.001 <= at <= delay + TimerWheel.RESOLUTION + 0.05, (delay, at)
-    assert wheel._ticks == {}, "a tick's list goes once it fired"
+    assert wheel.ticks == {}, "a tick's list goes once it fired"
 
 
 def test_timers_of_one_tick_share_one_loop_timer(loop: asyncio.AbstractEventLoop):
@@ -56,12 +56,13 @@ def test_timers_of_one_tick_share_one_loop_timer(loop: asyncio.AbstractEventLoop
     loop.call_at = counting_call_at  # type: ignore[method-assign]
     fired: list[int] = []
 
-    async def arm() -> None:  # (one loop time: every deadline in the same tick)
+    async def arm() -> None:
         for i in range(1000):
             wheel.call_later(0.2, lambda i=i: fired.append(i))
 
     loop.run_until_complete(arm())
-    assert len(at) == 1
+    # (uvloop's clock moves while they are set: a busy machine may cross into the next tick or two)
+    assert 1 <= len(at) <= 3 and len(set(at)) == len(at), at
     run(loop, 0.45)
     assert fired == list(range(1000)), "in the order they were set"
 
@@ -80,10 +81,16 @@ def test_a_cancelled_timer_does_not_fire_and_lets_its_callback_go(loop: asyncio.
     timer.cancel()
     gc.collect()
     assert not any(type(o) is Owner for o in gc.get_referrers(timer)), "cancel drops the callback"
-    assert [len(due) for due in wheel._ticks.values()] == [1], "nor does its tick keep it"
+    assert [len(due.timers) for due in wheel.ticks.values()] == [1], "nor does its tick keep it"
     run(loop, 0.45)
     assert fired == ["other"]
     timer.cancel()  # (again, after its tick: nothing happens)
+    alone = wheel.call_later(0.2, owner.ping)
+    alone.cancel()
+    assert wheel.ticks == {}, "a tick whose timers were all cancelled goes at once"
+    again = wheel.call_later(0.2, lambda: fired.append("again"))  # (its tick's loop timer is still set)
+    run(loop, 0.45)
+    assert fired == ["other", "again"] and again.callback is None and wheel.ticks == {}
 
 
 def test_a_callback_may_cancel_a_timer_of_its_own_tick(loop: asyncio.AbstractEventLoop):
