@@ -30,6 +30,7 @@ from .limiter import Pacer
 from .metrics import Metrics
 from .node import Node
 from .rebalance import Order, Progress
+from .reclaim import Reclaimer, malloc_trim
 from .store.base import SessionStore
 from .store.memory import MemoryStore
 
@@ -138,6 +139,7 @@ class Server:
         await self.node.start()
         for listener in self.config.listeners:
             await self._open_listener(listener)
+        self.node.spawn(Reclaimer(self.connections, malloc_trim()).run())
         if self.config.api.bind:
             await self._start_api(self.config.api.bind, self.config.api.keys_file)
         self.ready = True

@@ -1,0 +1,74 @@
+"""When the node gives memory back after clients leave (fleetmq.broker.reclaim)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import pytest
+from fleetmq.broker.reclaim import AFTER_CLOSED, MIN_GAP, Reclaimer, malloc_trim, rss_bytes
+
+
+class Trims:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> int:
+        self.n += 1
+        return 1
+
+
+def test_it_trims_once_connections_fell_well_below_their_peak(caplog: pytest.LogCaptureFixture):
+    conns, trims = list(range(5000)), Trims()
+    r = Reclaimer(conns, trims)
+    del conns[-(AFTER_CLOSED - 1) :]
+    assert not r.check(100.0), "not for fewer than AFTER_CLOSED gone"
+    del conns[-1:]
+    with caplog.at_level(logging.INFO, logger="fleetmq.reclaim"):
+        assert r.check(101.0) and trims.n == 1
+    assert f"{5000 - AFTER_CLOSED} connections now, {AFTER_CLOSED} fewer than at their peak" in caplog.text
+    assert not r.check(102.0), "the count it trimmed at is the new peak"
+    del conns[-AFTER_CLOSED:]
+    assert not r.check(101.0 + MIN_GAP / 2), "not twice within MIN_GAP"
+    assert r.check(101.0 + MIN_GAP) and trims.n == 2 == r.trims
+
+
+def test_connections_coming_back_raise_the_peak():
+    conns, trims = list(range(100)), Trims()
+    r = Reclaimer(conns, trims)
+    conns.extend(range(AFTER_CLOSED))
+    assert not r.check(100.0)
+    del conns[-AFTER_CLOSED:]
+    assert r.check(200.0) and trims.n == 1
+
+
+def test_without_malloc_trim_it_only_watches():
+    conns = list(range(AFTER_CLOSED * 2))
+    r = Reclaimer(conns, None)
+    conns.clear()
+    assert not r.check(100.0) and r.trims == 0
+
+
+def test_this_c_library_has_malloc_trim_and_it_gives_freed_heap_back():
+    """glibc (the image's and this machine's): freed blocks in the middle of the heap go back to the
+    system only when trimmed."""
+    trim = malloc_trim()
+    assert trim is not None
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    # 64 MB of 4 KB blocks (under the mmap threshold: from the heap), every 8th one kept as a pin
+    blocks = [libc.malloc(4096) for _ in range(16384)]
+    for b in blocks:
+        libc.memset(b, 1, 4096)
+    pins = blocks[7::8]
+    freed = [b for i, b in enumerate(blocks) if i % 8 != 7]
+    for b in freed:
+        libc.free(b)
+    before = rss_bytes()
+    trim()
+    after = rss_bytes()
+    for b in pins:
+        libc.free(b)
+    assert before - after > 16 * 2**20, (before, after)
