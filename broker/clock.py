@@ -11,7 +11,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 
 class Timer(Protocol):
@@ -70,7 +70,7 @@ class TimerWheel:
     its tick's table at once, and the table out of the wheel once empty: closed connections leave
     nothing behind to pin the memory they came in."""
 
-    RESOLUTION = 0.1
+    RESOLUTION: ClassVar[float] = 0.1
 
     __slots__ = ("_loop", "ticks")
 
