@@ -81,7 +81,7 @@ ALL_ROWS = (
     + HOTPATH_ROWS
     + FLEET_ROWS
     + memory.ROWS
-    + ["idle", "subscribed"]
+    + ["idle", "subscribed", "broadcast"]
 )
 HOTPATH_MESSAGES = 5000  # callgrind runs N and 2N messages: (I(2N) - I(N)) / N leaves setup out
 IDLE_SETTLE_S = 2.0
@@ -89,6 +89,9 @@ IDLE_SETTLE_S = 2.0
 #: to let go of closed connections before its memory is read again
 SUBSCRIBED_IN_FLIGHT = 1000
 SUBSCRIBED_CLOSE_S = 5.0
+#: the broadcast row (issue 30): messages published to the topic every connection subscribed to, at QoS 1
+BROADCAST_MESSAGES = 20
+BROADCAST_QOS = 1
 TAKEOVER_QUEUED = 1000
 
 
@@ -121,6 +124,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=18000,
         help="connections of the subscribed row, each subscribed to a topic of its own (under the "
         "machine's open-file limit of 20,000)",
+    )
+    p.add_argument(
+        "--broadcast-conns",
+        type=int,
+        default=18000,
+        help="connections of the broadcast row, all subscribed to one topic",
     )
     p.add_argument("--window", type=int, default=200, help="max outstanding messages per publisher")
     p.add_argument("--payload", type=int, default=64, help="payload bytes")
@@ -829,6 +838,56 @@ def run_subscribed_cell(broker: Broker, binary: Path, conns: int) -> Cell:
         broker.stop()
 
 
+def run_broadcast_cell(broker: Broker, binary: Path, conns: int, args: argparse.Namespace) -> Cell:
+    """Fresh broker; `conns` connections subscribed to one topic; BROADCAST_MESSAGES published to it: the
+    broker's CPU per delivery (issue 30's broadcast figure)."""
+    try:
+        broker.start()
+    except BrokerError as e:
+        return Cell(error=str(e))
+    try:
+        time.sleep(1.0)
+        try:
+            res = driver.run_broadcast(
+                binary,
+                broker.port,
+                conns=conns,
+                messages=BROADCAST_MESSAGES,
+                qos=BROADCAST_QOS,
+                payload=args.payload,
+                cpu_pids={"broker": broker.pid},
+            )
+        except driver.LoadgenError as e:
+            return Cell(error=str(e))
+        if not broker.alive():
+            return Cell(error=broker.exit_reason())
+        deliveries = int(res["deliveries"])
+        cpu = float((res.get("cpu_s") or {}).get("broker", 0.0))
+        result = {
+            "subscribers": int(res["subscribers"]),
+            "deliveries": deliveries,
+            "elapsed_s": float(res["elapsed_s"]),
+            "cpu_s": cpu,
+            "us_per_delivery": cpu / deliveries * 1e6 if deliveries else 0.0,
+            "deliveries_per_s": deliveries / float(res["elapsed_s"]) if res["elapsed_s"] else 0.0,
+        }
+        return Cell(result=result)
+    finally:
+        broker.stop()
+
+
+def log_broadcast(name: str, cell: Cell) -> None:
+    r = cell.result
+    if r is None:
+        log(f"{'broadcast':10} {name:14} error: {cell.error}")
+        return
+    log(
+        f"{'broadcast':10} {name:14} {r['deliveries']:,} deliveries to {r['subscribers']:,} subscribers in "
+        f"{r['elapsed_s']:.2f} s ({r['deliveries_per_s']:,.0f}/s); broker CPU {r['cpu_s']:.2f} s = "
+        f"{r['us_per_delivery']:.2f} µs per delivery"
+    )
+
+
 def log_subscribed(name: str, cell: Cell) -> None:
     r = cell.result
     if r is None:
@@ -937,6 +996,9 @@ def main(argv: list[str] | None = None) -> int:
         "payload": args.payload,
         "conns": args.conns,
         "subscribed_conns": args.subscribed_conns,
+        "broadcast_conns": args.broadcast_conns,
+        "broadcast_messages": BROADCAST_MESSAGES,
+        "broadcast_qos": BROADCAST_QOS,
         "takeover_reps": args.takeover_reps,
         "takeover_queued": TAKEOVER_QUEUED,
         "takeover_inflight": TAKEOVER_INFLIGHT,
@@ -959,7 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
         start_error: dict[str, str] = {}
         try:
             for key in args.rows:
-                if key in ("idle", "subscribed"):
+                if key in ("idle", "subscribed", "broadcast"):
                     continue
                 if key in FLEET_ROWS:
                     rows += fleet_rows(key, brokers, fleet, start_error, binary, args)
@@ -1027,6 +1089,15 @@ def main(argv: list[str] | None = None) -> int:
                     broker.stop()
                     cell = row.cells[name] = run_subscribed_cell(broker, binary, args.subscribed_conns)
                     log_subscribed(name, cell)
+                rows.append(row)
+            if "broadcast" in args.rows:
+                if fleet is not None:
+                    fleet.stop()
+                row = Row("broadcast", None)
+                for name, broker in brokers.items():
+                    broker.stop()
+                    cell = row.cells[name] = run_broadcast_cell(broker, binary, args.broadcast_conns, args)
+                    log_broadcast(name, cell)
                 rows.append(row)
         finally:
             _stop_all(brokers, fleet)

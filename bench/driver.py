@@ -131,6 +131,20 @@ def run_takeover(
     return _run(cmd, timeout=60 + reps * 45)
 
 
+def run_broadcast(
+    binary: Path, port: int, *, conns: int, messages: int, qos: int, payload: int, cpu_pids: dict[str, int]
+) -> dict[str, Any]:
+    """`conns` connections subscribed to one topic, `messages` published to it: each reaches all of them.
+    Returns the deliveries counted and the CPU seconds of `cpu_pids` from the first publish to the last."""
+    cmd = [
+        str(binary),
+        *("-host", "127.0.0.1", "-port", str(port), "-mode", "broadcast", "-qos", str(qos)),
+        *("-conns", str(conns), "-concurrency", "1000", "-messages", str(messages), "-payload", str(payload)),
+        *("-cpu-pids", ",".join(f"{name}={pid}" for name, pid in cpu_pids.items()), "-json"),
+    ]
+    return _run(cmd, timeout=600)
+
+
 def _run(cmd: list[str], timeout: float) -> dict[str, Any]:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

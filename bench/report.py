@@ -455,6 +455,28 @@ def _subscribed_table(row: Row, settings: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _broadcast_table(row: Row, settings: dict[str, Any]) -> list[str]:
+    """Issue 30's broadcast figure: the broker's CPU per delivery of messages every connection gets."""
+    n, m = settings.get("broadcast_conns", 0), settings.get("broadcast_messages", 0)
+    lines = [
+        f"Broadcast: {n:,} connections subscribed (QoS {settings.get('broadcast_qos', 1)}) to one topic, "
+        f"{m} messages published to it; the broker's CPU from the first publish to the last delivery.",
+        "",
+        "| broker | deliveries | deliveries /s | broker CPU | µs per delivery |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, cell in row.cells.items():
+        r = cell.result
+        if r is None:
+            lines.append(f"| {name} | {_err(cell.error)} | | | |")
+            continue
+        lines.append(
+            f"| {name} | {r['deliveries']:,} | {r['deliveries_per_s']:,.0f} | {r['cpu_s']:.2f} s "
+            f"| {r['us_per_delivery']:.2f} |"
+        )
+    return lines
+
+
 def _takeover_line(row: Row, settings: dict[str, Any]) -> str:
     f = row.cells.get("fleetmq")
     what = (
@@ -547,7 +569,7 @@ def markdown(rows: list[Row], machine: dict[str, str], settings: dict[str, Any],
     for row in rows:
         if row.scenario in ANCHORED:
             continue
-        if row.scenario == "subscribed":
+        if row.scenario in ("subscribed", "broadcast"):
             continue  # (a table of its own, below)
         if row.scenario == "idle":
             lines.append(_idle_line(row, settings["conns"]))
@@ -560,6 +582,8 @@ def markdown(rows: list[Row], machine: dict[str, str], settings: dict[str, Any],
     for row in rows:
         if row.scenario == "subscribed":
             lines += ["", *_subscribed_table(row, settings)]
+        if row.scenario == "broadcast":
+            lines += ["", *_broadcast_table(row, settings)]
     fleet_notes = _fleet_notes(rows)
     if fleet_notes:
         lines += ["", *fleet_notes]

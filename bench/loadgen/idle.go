@@ -33,7 +33,11 @@ func retryable(err error) bool {
 		errors.Is(err, syscall.EPIPE) || errors.Is(err, io.EOF) || errors.Is(err, os.ErrDeadlineExceeded)
 }
 
-func runIdle(cfg *config, conns, concurrency int, subscribeEach bool, hold time.Duration, asJSON bool) int {
+// openMany opens `conns` connections, `concurrency` connecting at once, each retried a few times on the
+// errors a loaded broker gives (reset, refused, timeout): setup gets each one after its CONNACK (i is its
+// index) and may close it by returning an error. It returns the connections kept (nil where one failed),
+// how many failed, the first error and how long it all took.
+func openMany(cfg *config, conns, concurrency int, name string, setup func(i int, c net.Conn, r *bufio.Reader) error) ([]net.Conn, int, string, float64) {
 	start := time.Now()
 	held := make([]net.Conn, conns)
 	var failed atomic.Int64
@@ -49,10 +53,9 @@ func runIdle(cfg *config, conns, concurrency int, subscribeEach bool, hold time.
 				for attempt := 0; attempt < 5; attempt++ {
 					var c net.Conn
 					var r *bufio.Reader
-					c, r, err = dial(cfg, fmt.Sprintf("bench-%s-idle-%d", cfg.runID, i), 300)
-					if err == nil && subscribeEach {
-						err = subscribe(c, r, fmt.Sprintf("bench/%s/idle/%d", cfg.runID, i), 1)
-						if err != nil {
+					c, r, err = dial(cfg, fmt.Sprintf("bench-%s-%s-%d", cfg.runID, name, i), 300)
+					if err == nil && setup != nil {
+						if err = setup(i, c, r); err != nil {
 							_ = c.Close()
 						}
 					}
@@ -77,12 +80,34 @@ func runIdle(cfg *config, conns, concurrency int, subscribeEach bool, hold time.
 	}
 	close(jobs)
 	wg.Wait()
-	res := idleResult{Mode: "idle", Failed: int(failed.Load()), Subscribed: subscribeEach,
-		ConnectS: time.Since(start).Seconds()}
-	res.Connected = conns - res.Failed
+	first := ""
 	if v := firstErr.Load(); v != nil {
-		res.Error = fmt.Sprintf("%d connections failed, first: %s", res.Failed, v.(string))
+		first = fmt.Sprintf("%d connections failed, first: %s", failed.Load(), v.(string))
 	}
+	return held, int(failed.Load()), first, time.Since(start).Seconds()
+}
+
+// closeAll says DISCONNECT on every connection kept and closes it.
+func closeAll(held []net.Conn) {
+	for _, c := range held {
+		if c != nil {
+			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+			_, _ = c.Write(disconnectPkt)
+			_ = c.Close()
+		}
+	}
+}
+
+func runIdle(cfg *config, conns, concurrency int, subscribeEach bool, hold time.Duration, asJSON bool) int {
+	var setup func(int, net.Conn, *bufio.Reader) error
+	if subscribeEach {
+		setup = func(i int, c net.Conn, r *bufio.Reader) error {
+			return subscribe(c, r, fmt.Sprintf("bench/%s/idle/%d", cfg.runID, i), 1)
+		}
+	}
+	held, failed, firstErr, connectS := openMany(cfg, conns, concurrency, "idle", setup)
+	res := idleResult{Mode: "idle", Failed: failed, Subscribed: subscribeEach, ConnectS: connectS, Error: firstErr}
+	res.Connected = conns - res.Failed
 	emit(res, asJSON)
 	// Hold until stdin closes (the runner is done measuring) or hold expires.
 	stdinClosed := make(chan struct{})
@@ -94,13 +119,7 @@ func runIdle(cfg *config, conns, concurrency int, subscribeEach bool, hold time.
 	case <-stdinClosed:
 	case <-time.After(hold):
 	}
-	for _, c := range held {
-		if c != nil {
-			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-			_, _ = c.Write(disconnectPkt)
-			_ = c.Close()
-		}
-	}
+	closeAll(held)
 	if res.Error != "" {
 		return 1
 	}

@@ -40,7 +40,7 @@ func main() {
 	flag.StringVar(&cfg.subHost, "sub-host", "", "subscribers' broker host (default -host; takeover: the second node)")
 	flag.IntVar(&cfg.subPort, "sub-port", 0, "subscribers' broker port (default -port; takeover: the second node)")
 	flag.BoolVar(&cfg.clean, "clean", true, "clean_session flag: -clean=false for persistent sessions (client ids are unique per run)")
-	flag.StringVar(&cfg.mode, "mode", "pt2pt", "pt2pt | fanout | fanin | idle | takeover")
+	flag.StringVar(&cfg.mode, "mode", "pt2pt", "pt2pt | fanout | fanin | idle | broadcast | takeover")
 	flag.IntVar(&cfg.qos, "qos", 0, "QoS 0, 1 or 2")
 	flag.IntVar(&cfg.payload, "payload", 64, "payload bytes (>= 20)")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Second, "measurement duration")
@@ -53,8 +53,9 @@ func main() {
 	flag.IntVar(&cfg.pubs, "pubs", 0, "publishers (default by mode: fanin 10, else 1)")
 	flag.IntVar(&cfg.subs, "subs", 0, "subscribers (default by mode: fanout 10, else 1)")
 	flag.StringVar(&cfg.runID, "run-id", "", "topic/client-id namespace (default random)")
-	conns := flag.Int("conns", 10000, "idle: connections to open")
-	concurrency := flag.Int("concurrency", 200, "idle: connects in flight at once")
+	conns := flag.Int("conns", 10000, "idle, broadcast: connections to open")
+	concurrency := flag.Int("concurrency", 200, "idle, broadcast: connects in flight at once")
+	messages := flag.Int("messages", 20, "broadcast: messages published to every connection (at -qos 0 or 1)")
 	hold := flag.Duration("hold", 10*time.Second, "idle: how long to hold connections (or until stdin closes)")
 	subscribeEach := flag.Bool("subscribe", false, "idle: each connection subscribes (QoS 1) to a topic of its own")
 	reps := flag.Int("reps", 30, "takeover: measured repetitions (a new client id each)")
@@ -112,6 +113,17 @@ func main() {
 	}
 	if cfg.mode == "idle" {
 		os.Exit(runIdle(cfg, *conns, *concurrency, *subscribeEach, *hold, *asJSON))
+	}
+	if cfg.mode == "broadcast" {
+		if cfg.qos > 1 {
+			fatal("broadcast: qos 0 or 1")
+		}
+		res := runBroadcast(cfg, *conns, *concurrency, *messages, cfg.cpuPids, 30*time.Second+cfg.drain)
+		emit(res, *asJSON)
+		if res.Error != "" {
+			os.Exit(1)
+		}
+		return
 	}
 	if cfg.mode == "takeover" {
 		res := runTakeover(cfg, *reps, *warmupReps, *queued, *inflight)

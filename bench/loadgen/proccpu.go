@@ -63,20 +63,11 @@ func windowCPU(pids map[string]int, start, end int64) <-chan map[string]float64 
 		done <- nil
 		return done
 	}
-	sample := func() map[string]float64 {
-		m := map[string]float64{}
-		for name, pid := range pids {
-			if v, err := procCPU(pid); err == nil {
-				m[name] = v
-			}
-		}
-		return m
-	}
 	go func() {
 		time.Sleep(time.Duration(start - nowNs()))
-		before := sample()
+		before := sampleCPU(pids)
 		time.Sleep(time.Duration(end - nowNs()))
-		after := sample()
+		after := sampleCPU(pids)
 		out := map[string]float64{}
 		for name, v := range after {
 			if v0, ok := before[name]; ok {
@@ -86,4 +77,15 @@ func windowCPU(pids map[string]int, start, end int64) <-chan map[string]float64 
 		done <- out
 	}()
 	return done
+}
+
+// sampleCPU is each named process's CPU seconds so far (those that can be read).
+func sampleCPU(pids map[string]int) map[string]float64 {
+	m := map[string]float64{}
+	for name, pid := range pids {
+		if v, err := procCPU(pid); err == nil {
+			m[name] = v
+		}
+	}
+	return m
 }
