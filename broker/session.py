@@ -69,8 +69,9 @@ class Session:
         # highest receipt of each publisher incarnation it accepted.
         self.incarnation = ""
         self.received = 0
-        self.receipts: dict[int, int] = {}
-        self.seen: dict[str, int] = {}
+        # (both made by their first entry: most sessions never have one, and an empty dict is 64 bytes)
+        self.receipts: dict[int, int] | None = None
+        self.seen: dict[str, int] | None = None
         self.created_at = now
         self.journal: Journal | None = None  # a persistent session's, in a durable store
         self._epoch = 0
@@ -140,7 +141,8 @@ class Session:
         journal.order = order
         self.incarnation = incarnation
         self.received = journal.received = received
-        self.seen.update(seen or {})
+        for inc, number in (seen or {}).items():
+            self._saw(inc, number)
         dropped: list[Delivery] = []
         repeats: list[Delivery] = []
         # Two copies under one receipt: the store queued one while the session took the message straight
@@ -164,8 +166,8 @@ class Session:
         # The store must know it too: else a resend under that receipt, routed through the store, is
         # queued as new, and once this copy is delivered and gone the next owner delivers it again.
         for inc, number in kept:
-            if number > self.seen.get(inc, 0):
-                self.seen[inc] = number
+            if number > self.seen_of(inc):
+                self._saw(inc, number)
                 journal.seen(inc, number)
         gone = {id(d) for d in repeats}
         for d in deliveries:
@@ -178,7 +180,7 @@ class Session:
         for pid, ts, receipt in awaiting_rel:
             self.awaiting_rel[pid] = ts
             if receipt:
-                self.receipts[pid] = receipt
+                self._give_receipt(pid, receipt)
         self._forget(repeats)
         return self._forget(dropped)
 
@@ -419,7 +421,7 @@ class Session:
         number = 0
         if receipt:
             number = self.received = self.received + 1
-            self.receipts[packet_id] = number
+            self._give_receipt(packet_id, number)
         if self.journal is not None:
             self.journal.received = self.received
             self.journal.awaiting(packet_id, now, number)
@@ -427,17 +429,39 @@ class Session:
 
     def receipt_of(self, packet_id: int) -> tuple[str, int] | None:
         """The receipt of a message awaiting PUBREL, if it got one."""
-        number = self.receipts.get(packet_id)
+        receipts = self.receipts
+        number = receipts.get(packet_id) if receipts is not None else None
         return (self.incarnation, number) if number else None
+
+    def seen_of(self, incarnation: str) -> int:
+        """The highest receipt number of a publisher incarnation this session accepted (0: none)."""
+        seen = self.seen
+        return seen.get(incarnation, 0) if seen is not None else 0
+
+    def _saw(self, incarnation: str, number: int) -> None:
+        seen = self.seen
+        if seen is None:
+            seen = self.seen = {}
+        seen[incarnation] = number
+
+    def _give_receipt(self, packet_id: int, number: int) -> None:
+        receipts = self.receipts
+        if receipts is None:
+            receipts = self.receipts = {}
+        receipts[packet_id] = number
+
+    def _drop_receipt(self, packet_id: int) -> None:
+        if self.receipts is not None:
+            self.receipts.pop(packet_id, None)
 
     def accept(self, receipt: tuple[str, int], stored: bool = False) -> bool:
         """Whether a message with this receipt is new to this session (and remember that it is not
         any more); False for a repeat, which a publisher's resend routes again. `stored`: the store
         accepted it already (a pull), so the journal has nothing to add."""
         incarnation, number = receipt
-        if number <= self.seen.get(incarnation, 0):
+        if number <= self.seen_of(incarnation):
             return False
-        self.seen[incarnation] = number
+        self._saw(incarnation, number)
         if self.journal is not None and not stored:
             self.journal.seen(incarnation, number)
         return True
@@ -458,7 +482,7 @@ class Session:
         """A PUBREL: forget the packet id. False if it was unknown (v5: PUBCOMP 0x92)."""
         if self.awaiting_rel.pop(packet_id, None) is None:
             return False
-        self.receipts.pop(packet_id, None)
+        self._drop_receipt(packet_id)
         if self.journal is not None:
             self.journal.released(packet_id)
         return True
@@ -469,7 +493,7 @@ class Session:
         stale = [pid for pid, t in self.awaiting_rel.items() if now - t >= timeout]
         for pid in stale:
             del self.awaiting_rel[pid]
-            self.receipts.pop(pid, None)
+            self._drop_receipt(pid)
             if self.journal is not None:
                 self.journal.released(pid)
         return len(stale)

@@ -154,6 +154,16 @@ def test_a_session_makes_its_queue_when_the_first_delivery_waits():
     assert other.enqueue(dl(3)) == [] and queued(other) == ["3"]
 
 
+def test_receipts_and_seen_numbers_are_kept_once_there_is_one():
+    """(Most sessions never get a receipt: their tables are made by the first.)"""
+    s = Session("c", zone())
+    assert s.deliver(dl(1), 0.0)[0] is not None and s.receipts is None and s.seen is None
+    assert s.receipt_of(7) is None and s.seen_of("inc1") == 0 and s.release(7) is False
+    assert s.accept(("inc1", 3)) and not s.accept(("inc1", 2)) and s.seen == {"inc1": 3}
+    assert s.await_rel(7, 0.0, receipt=True) and s.receipt_of(7) == ("", 1)
+    assert s.release(7) and s.receipt_of(7) is None and s.receipts == {}
+
+
 def test_enqueue_offline_drops_oldest():
     s = Session("c", zone(max_mqueue_len=3))
     dropped_all = []
