@@ -755,14 +755,24 @@ def log_takeover(key: str, cell: Cell) -> None:
     )
 
 
-def run_idle_cell(broker: Broker, binary: Path, conns: int) -> Cell:
-    """Fresh broker, RSS before, open `conns` idle connections, settle, RSS after."""
+def on_fresh(broker: Broker, measure: Callable[[], Cell]) -> Cell:
+    """`measure` on the broker freshly started and given a second to settle; stopped after, whatever
+    happened."""
     try:
         broker.start()
     except BrokerError as e:
         return Cell(error=str(e))
     try:
         time.sleep(1.0)
+        return measure()
+    finally:
+        broker.stop()
+
+
+def run_idle_cell(broker: Broker, binary: Path, conns: int) -> Cell:
+    """Fresh broker, RSS before, open `conns` idle connections, settle, RSS after."""
+
+    def measure() -> Cell:
         before = procs.rss_kb(broker.pid)
         try:
             idle = driver.IdleConns(binary, broker.port, conns)
@@ -786,20 +796,16 @@ def run_idle_cell(broker: Broker, binary: Path, conns: int) -> Cell:
         }
         error = idle.result.get("error") or (None if connected == conns else f"only {connected} connected")
         return Cell(result=result, error=error)
-    finally:
-        broker.stop()
+
+    return on_fresh(broker, measure)
 
 
 def run_subscribed_cell(broker: Broker, binary: Path, conns: int) -> Cell:
     """Fresh broker; its RSS; `conns` connections, each subscribed to a topic of its own, opened
     SUBSCRIBED_IN_FLIGHT at a time (the connect rate: first CONNECT to last SUBACK); its RSS with them;
     its RSS once they disconnected (how much of what they took it gave back)."""
-    try:
-        broker.start()
-    except BrokerError as e:
-        return Cell(error=str(e))
-    try:
-        time.sleep(1.0)
+
+    def measure() -> Cell:
         before = procs.rss_kb(broker.pid)
         try:
             held = driver.IdleConns(
@@ -834,19 +840,15 @@ def run_subscribed_cell(broker: Broker, binary: Path, conns: int) -> Cell:
         }
         error = held.result.get("error") or (None if connected == conns else f"only {connected} connected")
         return Cell(result=result, error=error)
-    finally:
-        broker.stop()
+
+    return on_fresh(broker, measure)
 
 
 def run_broadcast_cell(broker: Broker, binary: Path, conns: int, args: argparse.Namespace) -> Cell:
     """Fresh broker; `conns` connections subscribed to one topic; BROADCAST_MESSAGES published to it: the
     broker's CPU per delivery (issue 30's broadcast figure)."""
-    try:
-        broker.start()
-    except BrokerError as e:
-        return Cell(error=str(e))
-    try:
-        time.sleep(1.0)
+
+    def measure() -> Cell:
         try:
             res = driver.run_broadcast(
                 binary,
@@ -872,8 +874,8 @@ def run_broadcast_cell(broker: Broker, binary: Path, conns: int, args: argparse.
             "deliveries_per_s": deliveries / float(res["elapsed_s"]) if res["elapsed_s"] else 0.0,
         }
         return Cell(result=result)
-    finally:
-        broker.stop()
+
+    return on_fresh(broker, measure)
 
 
 def log_broadcast(name: str, cell: Cell) -> None:
