@@ -18,7 +18,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from . import __version__, http
+from . import __version__, http, poller
 from .api.app import Api
 from .api.local import LocalApi
 from .apikeys import ApiKeys
@@ -29,6 +29,7 @@ from .connection import Connection, ProxiedTlsListener, ProxyGate, WriteBudget, 
 from .limiter import Pacer
 from .metrics import Metrics
 from .node import Node
+from .poller import PolledServer, Poller, listening_sockets
 from .rebalance import Order, Progress
 from .reclaim import Reclaimer, malloc_trim
 from .store.base import SessionStore
@@ -117,6 +118,7 @@ class Server:
         self.write_budget = WriteBudget(buffers.node, buffers.connection)
         self.listeners: dict[str, Listening] = {}
         self._tls: dict[str, ssl.SSLContext] = {}  # of the open tls/wss listeners, by name
+        self._poller: Poller | None = None  # the epoll set of the connections not on the loop's transports
         self._http: web.AppRunner | None = None
         self._stopping: asyncio.Event | None = None
         #: a config waiting for its users files to arrive (UsersFilePending): their changes are watched
@@ -185,6 +187,11 @@ class Server:
             )
             timeout = listener.proxy_protocol_timeout
             server = ProxiedTlsListener(sock, connection, ctx, timeout, refused)
+        elif ctx is None and self._polled(listener):
+            sockets = listening_sockets(host, port, BACKLOG, reuse_port=self._worker_socket is not None)
+            if self._poller is None:
+                self._poller = Poller(loop)
+            server = PolledServer(self._poller, sockets, factory)
         else:
             server = await loop.create_server(
                 factory,
@@ -200,8 +207,25 @@ class Server:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.listeners[listener.name] = server
         log.info(
-            "listener %s (%s, zone %s) on %s:%d", listener.name, listener.protocol, listener.zone, host, port
+            "listener %s (%s, zone %s, %s transport) on %s:%d",
+            listener.name,
+            listener.protocol,
+            listener.zone,
+            "epoll" if isinstance(server, PolledServer) else "the event loop's",
+            host,
+            port,
         )
+
+    def _polled(self, listener: ListenerConfig) -> bool:
+        """Whether `listener`'s connections are the poller's (config: transport)."""
+        if listener.transport == "loop":
+            return False
+        if not poller.AVAILABLE:
+            if listener.transport == "epoll":
+                log.warning("listener %s: no epoll on this platform, the event loop's transports instead",
+                            listener.name)  # fmt: skip
+            return False
+        return True
 
     def _proxy_refused(self, listener: str, why: str) -> None:
         """A connection closed for its PROXY header: counted, and logged at most once a second."""
@@ -352,6 +376,9 @@ class Server:
         if self._api is not None:
             await self._api.cleanup()
         await self.node.stop()
+        if self._poller is not None:
+            self._poller.close()
+            self._poller = None
         log.info("stopped")
 
     async def _evict(self, rate: float, deadline: float, progress: Progress | None = None) -> int:

@@ -51,6 +51,7 @@ MODULES = (
     "metrics",
     "connection",
     "clock",
+    "poller",
 )
 
 

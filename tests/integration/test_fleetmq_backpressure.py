@@ -19,8 +19,11 @@ PAYLOAD = b"x" * 16384
 MESSAGES = 2500  # 40 MiB: far beyond the 4 MiB high-water mark plus the kernel's socket buffers
 
 
-def test_stalled_subscriber_is_bounded(start_broker, raw_clients):
-    bp = start_broker(zone_overrides={"max_mqueue_len": 50, "max_inflight": 10})
+@pytest.mark.parametrize("transport", ["epoll", "loop"])
+def test_stalled_subscriber_is_bounded(start_broker, raw_clients, transport):
+    """On fleetmq's own transport (the default for tcp listeners) and on the event loop's."""
+    listener = {"name": "mqtt", "bind": "127.0.0.1:0", "protocol": "tcp", "transport": transport}
+    bp = start_broker({"listeners": [listener]}, zone_overrides={"max_mqueue_len": 50, "max_inflight": 10})
     t0, t1 = uid("bp0/"), uid("bp1/")
     sub = raw_clients(bp)
     sub.connect(uid("stalled"))

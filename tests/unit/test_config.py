@@ -349,3 +349,19 @@ def test_a_reload_refuses_an_empty_config_file(tmp_path):
         with pytest.raises(ConfigError, match="the file is empty"):
             load_config(path, empty_ok=False)
         assert load_config(path).node_id
+
+
+def test_transport_epoll_is_for_plain_listeners_only():
+    assert (
+        load(listeners=[{"name": "m", "bind": "0.0.0.0:1883", "transport": "epoll"}]).listeners[0].transport
+        == "epoll"
+    )
+    assert load(listeners=[{"name": "m", "bind": "0.0.0.0:1883"}]).listeners[0].transport == "auto"
+    msg = error_of(
+        listeners=[
+            {"name": "s", "bind": "0.0.0.0:8883", "protocol": "tls", "certfile": "c.pem", "keyfile": "k.pem",
+             "transport": "epoll"}
+        ]
+    )  # fmt: skip
+    assert "listeners.0" in msg and "transport epoll carries tcp and ws listeners only, not tls" in msg
+    assert "transport" in error_of(listeners=[{"name": "m", "bind": "0.0.0.0:1883", "transport": "uring"}])
