@@ -67,7 +67,9 @@ class Router:
     __slots__ = ("_by_client", "_cache", "_exact", "_groups", "_root", "_wild_count")
 
     def __init__(self) -> None:
-        self._exact: dict[str, dict[str, Subscription]] = {}
+        # topic -> its subscribers: the one (client id, subscription) itself while there is one (a dict of
+        # one is 230 bytes, and in a fleet most topics have one subscriber), a dict by client id past it
+        self._exact: dict[str, Match | dict[str, Subscription]] = {}
         self._root = _Node()
         self._wild_count = 0
         # real filter -> group name -> members
@@ -101,12 +103,30 @@ class Router:
             new = client_id not in members
             members[client_id] = sub
             return new
+        if not is_wild(real):
+            return self._add_exact(real, client_id, sub)
         subs = self._subs_for(real, create=True)
         assert subs is not None
         new = client_id not in subs
         subs[client_id] = sub
-        if new and is_wild(real):
+        if new:
             self._wild_count += 1
+        return new
+
+    def _add_exact(self, topic: str, client_id: str, sub: Subscription) -> bool:
+        exact = self._exact
+        subs = exact.get(topic)
+        if subs is None:
+            exact[topic] = (client_id, sub)
+            return True
+        if isinstance(subs, tuple):
+            if subs[0] == client_id:
+                exact[topic] = (client_id, sub)
+                return False
+            exact[topic] = {subs[0]: subs[1], client_id: sub}
+            return True
+        new = client_id not in subs
+        subs[client_id] = sub
         return new
 
     def remove_client(self, client_id: str) -> list[str]:
@@ -139,11 +159,19 @@ class Router:
                     del self._groups[real]
             return True
         if not is_wild(real):
-            subs = self._exact.get(real)
-            if subs is None or subs.pop(client_id, None) is None:
+            exact = self._exact
+            subs = exact.get(real)
+            if subs is None:
                 return False
-            if not subs:
-                del self._exact[real]
+            if isinstance(subs, tuple):
+                if subs[0] != client_id:
+                    return False
+                del exact[real]
+                return True
+            if subs.pop(client_id, None) is None:
+                return False
+            if len(subs) == 1:
+                exact[real] = next(iter(subs.items()))
             return True
         path = [self._root]
         node = self._root
@@ -169,8 +197,11 @@ class Router:
         """Every (client id, subscription) a message on `topic` goes to; one member per shared group."""
         out: list[Match] = []
         subs = self._exact.get(topic)
-        if subs:
-            out.extend(subs.items())
+        if subs is not None:
+            if isinstance(subs, tuple):
+                out.append(subs)
+            else:
+                out.extend(subs.items())
         if not (self._wild_count or self._groups):
             return out
         cached = self._cache.get(topic)
@@ -222,10 +253,7 @@ class Router:
                 stack.append((child, i + 1))
 
     def _subs_for(self, real: str, create: bool) -> dict[str, Subscription] | None:
-        if not is_wild(real):
-            if create:
-                return self._exact.setdefault(real, {})
-            return self._exact.get(real)
+        """The subscribers of wildcard filter `real`, by client id."""
         node = self._root
         for level in real.split("/"):
             nxt = node.children.get(level)
@@ -258,6 +286,12 @@ class Router:
             if group is not None:
                 g = self._groups.get(real, {}).get(group)
                 sub = g.members.get(client_id) if g is not None else None
+            elif not is_wild(real):
+                exact = self._exact.get(real)
+                if isinstance(exact, tuple):
+                    sub = exact[1] if exact[0] == client_id else None
+                else:
+                    sub = exact.get(client_id) if exact is not None else None
             else:
                 subs = self._subs_for(real, create=False)
                 sub = subs.get(client_id) if subs is not None else None

@@ -378,3 +378,25 @@ def test_match_cache_follows_subscription_changes():
     assert r.match("x/1", online) == []
     r.add("e", "x/+", Subscription())  # a node pruned above is created anew
     assert [c for c, _ in r.match("x/1", online)] == ["e"]
+
+
+def test_an_exact_topic_goes_from_one_subscriber_to_many_and_back():
+    """A topic's only subscriber is kept as its (client id, subscription) pair, past it a dict: every step
+    routes, replaces and removes as the other shape does."""
+    r = Router()
+    first, second, again = Subscription(qos=0), Subscription(qos=1), Subscription(qos=2)
+    assert r.add("a", "t/1", first) is True
+    assert r.match("t/1", everyone_online) == [("a", first)]
+    assert r.add("a", "t/1", again) is False  # (replaced: still one subscriber)
+    assert r.match("t/1", everyone_online) == [("a", again)]
+    assert r.add("b", "t/1", second) is True
+    assert sorted(r.match("t/1", everyone_online), key=lambda m: m[0]) == [("a", again), ("b", second)]
+    assert r.subscriptions("b") == {"t/1": second}
+    assert r.remove("c", "t/1") is False
+    assert r.remove("a", "t/1") is True
+    assert r.match("t/1", everyone_online) == [("b", second)]
+    assert r.subscriptions("a") == {} and r.subscriptions("b") == {"t/1": second}
+    assert r.remove("a", "t/1") is False
+    assert r.filters() == 1
+    assert r.remove("b", "t/1") is True
+    assert r.match("t/1", everyone_online) == [] and r.filters() == 0
