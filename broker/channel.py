@@ -208,7 +208,12 @@ def publish_checks(
         checks.append(_check_acl)  # (it refuses $SYS too)
     elif acl is not None and dollar:
         checks.append(_check_sys)
-    return tuple(checks)
+    found = tuple(checks)
+    return _CHECKS.setdefault(found, found)  # (one tuple per combination, not one per client)
+
+
+#: every combination of publish checks made so far (a few: one per zone, quota and ACL shape)
+_CHECKS: dict[tuple[PublishCheck, ...], tuple[PublishCheck, ...]] = {}
 
 
 #: retained messages (or steps of their search) a new subscription gets per loop turn, and their bytes: a

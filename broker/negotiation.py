@@ -139,7 +139,7 @@ def negotiate(
         client_id=client_id,
         version=version,
         clean_start=p.clean_start,
-        expiry=float(expiry),
+        expiry=float(expiry) if expiry else 0.0,  # (0.0: the constant, not a float per session)
         receive_maximum=receive_max,
         keepalive=KeepAlive(ka, zone.keepalive_backoff),
         username=username,
