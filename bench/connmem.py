@@ -1,9 +1,9 @@
 """What one subscribed connection holds (issue 30), beside the `subscribed` row's RSS per connection.
 
-    python -m bench.connmem floor [--loop uvloop|asyncio] [--conns N]
+    python -m bench.connmem floor [--loop uvloop|asyncio] [--transport loop|epoll] [--conns N]
         A bare asyncio Protocol with one slot, answering CONNECT, SUBSCRIBE and PINGREQ and nothing else:
-        what the event loop's transport alone costs per connection (RSS), the floor under any broker
-        written on it.
+        what a transport alone costs per connection (RSS), the floor under any broker written on it: the
+        event loop's own (loop), or fleetmq's (epoll: broker/poller.py, what its tcp listeners use).
     python -m bench.connmem trace [--conns N] [--top K]
         fleetmq (in-memory store, interpreted) under tracemalloc: the bytes each connection's allocations
         hold, by the line that made them, while the connections are open and once they closed.
@@ -58,8 +58,14 @@ class _Bare(asyncio.Protocol):
             i = j + n
 
 
-async def _serve_bare(port: int) -> None:
-    await asyncio.get_running_loop().create_server(_Bare, HOST, port, backlog=4096)
+async def _serve_bare(port: int, transport: str) -> None:
+    loop = asyncio.get_running_loop()
+    if transport == "epoll":
+        from fleetmq.broker.poller import PolledServer, Poller, listening_sockets
+
+        PolledServer(Poller(loop), listening_sockets(HOST, port, 4096, reuse_port=False), _Bare)
+    else:
+        await loop.create_server(_Bare, HOST, port, backlog=4096)
     await asyncio.Event().wait()
 
 
@@ -76,16 +82,17 @@ def _held(port: int, pid: int, conns: int) -> tuple[int, int]:
         held.close()
 
 
-def floor(loop: str, conns: int) -> None:
+def floor(loop: str, transport: str, conns: int) -> None:
     port = free_port()
-    child = subprocess.Popen([sys.executable, "-m", "bench.connmem", "_bare", loop, str(port)])
+    child = subprocess.Popen([sys.executable, "-m", "bench.connmem", "_bare", loop, transport, str(port)])
     try:
         wait_port(HOST, port, 15)
         time.sleep(1.0)
         before, after = _held(port, child.pid, conns)
     finally:
         stop_process(child)
-    print(f"bare Protocol on {loop}: {conns:,} subscribed connections, RSS {before / 1024:.1f} -> "
+    what = f"{loop}'s transport" if transport == "loop" else f"fleetmq's epoll transport on {loop}"
+    print(f"bare Protocol, {what}: {conns:,} subscribed connections, RSS {before / 1024:.1f} -> "
           f"{after / 1024:.1f} MB: {(after - before) / conns:.2f} KB per connection")  # fmt: skip
 
 
@@ -165,13 +172,13 @@ def trace(conns: int, top: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_bare"]:  # (the child of `floor`)
-        loop, port = argv[1], int(argv[2])
+        loop, transport, port = argv[1], argv[2], int(argv[3])
         if loop == "uvloop":
             import uvloop
 
-            uvloop.run(_serve_bare(port))
+            uvloop.run(_serve_bare(port, transport))
         else:
-            asyncio.run(_serve_bare(port))
+            asyncio.run(_serve_bare(port, transport))
         return 0
     if argv[:1] == ["_traced"]:  # (the child of `trace`)
         _traced(argv[1], argv[2])
@@ -180,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     f = sub.add_parser("floor", help="a bare asyncio Protocol's RSS per connection")
     f.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    f.add_argument("--transport", choices=["loop", "epoll"], default="loop")
     f.add_argument("--conns", type=int, default=10000)
     t = sub.add_parser("trace", help="fleetmq's allocations per connection, by line (tracemalloc)")
     t.add_argument("--conns", type=int, default=5000)
@@ -188,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     procs.raise_nofile()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     if a.what == "floor":
-        floor(a.loop, a.conns)
+        floor(a.loop, a.transport, a.conns)
     else:
         trace(a.conns, a.top)
     return 0
