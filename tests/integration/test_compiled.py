@@ -45,7 +45,7 @@ def compiled() -> dict[str, str]:
 def _pytest(env: dict[str, str], *args: str) -> str:
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *args],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800,
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=SUITE_TIMEOUT - 30,
     )  # fmt: skip
     last = run.stdout.splitlines()[-1] if run.stdout else ""
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
@@ -53,6 +53,12 @@ def _pytest(env: dict[str, str], *args: str) -> str:
     return last
 
 
+#: each of the two runs below is a suite of its own in one process (-n 0): 80-120 s alone, more while the
+#: other worker of `make test` runs beside it, so the default per-test timeout (120 s) is not theirs
+SUITE_TIMEOUT = 900
+
+
+@pytest.mark.timeout(SUITE_TIMEOUT)
 def test_the_compiled_per_message_path_passes_the_unit_tests(compiled):
     where = subprocess.run(
         [sys.executable, "-c", "import fleetmq.broker.channel as m, fleetmq.broker.cm as c; print(m.__file__, c.__file__)"],
@@ -62,6 +68,7 @@ def test_the_compiled_per_message_path_passes_the_unit_tests(compiled):
     _pytest(compiled, "tests/unit")
 
 
+@pytest.mark.timeout(SUITE_TIMEOUT)
 def test_the_compiled_broker_passes_the_delivery_tests_on_real_processes(compiled):
     # the broker processes these tests start inherit PYTHONPATH: they run the compiled modules too
     _pytest(compiled, *DELIVERY)
