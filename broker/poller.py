@@ -3,12 +3,12 @@
 An event loop's transport is most of what an idle connection costs: uvloop's holds about 1.2 KB of memory
 per connection (a TCPTransport, its libuv handle and their bookkeeping; `python -m bench.connmem floor`),
 asyncio's own 1.6 KB. A node that keeps tens of thousands of mostly idle clients pays that for each. Here
-a connection is one small object and its socket: the loop watches one file descriptor, the epoll set's,
-and `Poller` reads the sockets it says are ready, about 0.3 KB per connection in all.
+a connection is one small object and its socket's descriptor: the loop watches one file descriptor, the
+epoll set's, and `Poller` reads the sockets it says are ready, about 0.2 KB per connection in all.
 
 `Stream` has what fleetmq's protocols use of an asyncio.Transport, with asyncio's semantics: writes go
 to the socket at once and what it does not take waits in a buffer; past the high-water mark the
-protocol is told to pause writing, and to resume below the low one; `close` lets the buffer drain first,
+protocol is told to pause writing, and to resume once it is all out; `close` lets the buffer drain first,
 `abort` does not; `connection_lost` comes in a later callback, after which the socket is closed. The
 epoll set is level-triggered: a socket that is not read (paused, or past a turn's events) stays ready
 for the next turn. TLS is not here: tls and wss listeners keep the loop's transports.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import select
 import socket
 from collections.abc import Callable, Sequence
@@ -68,10 +69,10 @@ class Poller:
             if events & (_IN | _GONE):
                 stream._readable()
 
-    def add(self, sock: socket.socket, protocol: asyncio.BaseProtocol) -> Stream:
-        """A stream on accepted, non-blocking `sock`, its protocol told it is made."""
-        stream = Stream(self, sock, protocol)
-        fd = sock.fileno()
+    def add(self, fd: int, protocol: asyncio.BaseProtocol) -> Stream:
+        """A stream on the accepted, non-blocking socket `fd` (its own from now on), its protocol told it
+        is made."""
+        stream = Stream(self, fd, protocol)
         self._streams[fd] = stream
         self._epoll.register(fd, _IN)
         try:
@@ -82,7 +83,7 @@ class Poller:
         return stream
 
     def _watch(self, stream: Stream, old: int, new: int) -> None:
-        fd = stream._sock.fileno()
+        fd = stream._fd
         if not new:
             self._epoll.unregister(fd)
         elif not old:
@@ -91,7 +92,7 @@ class Poller:
             self._epoll.modify(fd, new)
 
     def _forget(self, stream: Stream) -> None:
-        fd = stream._sock.fileno()
+        fd = stream._fd
         if self._streams.get(fd) is stream:
             del self._streams[fd]
 
@@ -112,13 +113,16 @@ _WATCHED: Final = 4
 
 
 class Stream:
-    """One connection's socket, as an asyncio.Transport to its protocol (the subset fleetmq uses)."""
+    """One connection's socket, as an asyncio.Transport to its protocol (the subset fleetmq uses).
 
-    __slots__ = ("_buffer", "_high", "_poller", "_protocol", "_sock", "_state")
+    It keeps the socket's file descriptor, not a socket object (88 bytes more per connection): reads and
+    writes are the read(2) and write(2) of a connected socket."""
 
-    def __init__(self, poller: Poller, sock: socket.socket, protocol: asyncio.BaseProtocol) -> None:
+    __slots__ = ("_buffer", "_fd", "_high", "_poller", "_protocol", "_state")
+
+    def __init__(self, poller: Poller, fd: int, protocol: asyncio.BaseProtocol) -> None:
         self._poller = poller
-        self._sock = sock
+        self._fd = fd
         self._protocol: Any = protocol
         self._buffer: bytearray | None = None  # what the socket did not take yet
         self._state = _READING | _IN << _WATCHED  # (Poller.add registers it for reading)
@@ -129,7 +133,7 @@ class Stream:
         if not self._state & _READING:
             return
         try:
-            data = self._sock.recv(READ_SIZE)
+            data = os.read(self._fd, READ_SIZE)
         except _TRY_AGAIN:
             return
         except OSError as e:
@@ -152,7 +156,7 @@ class Stream:
         if buffer is None:
             return
         try:
-            sent = self._sock.send(buffer)
+            sent = os.write(self._fd, buffer)
         except _TRY_AGAIN:
             return
         except OSError as e:
@@ -175,7 +179,7 @@ class Stream:
         buffer = self._buffer
         if buffer is None:
             try:
-                sent = self._sock.send(data)
+                sent = os.write(self._fd, data)
             except _TRY_AGAIN:
                 sent = 0
             except OSError as e:
@@ -252,16 +256,16 @@ class Stream:
         return self._protocol  # type: ignore[no-any-return]
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """peername and sockname (read from the socket when asked; there is no socket object to give)."""
+        if name not in ("peername", "sockname") or self._state & _LOST:
+            return default
+        sock = socket.socket(fileno=self._fd)
         try:
-            if name == "peername":
-                return self._sock.getpeername()
-            if name == "sockname":
-                return self._sock.getsockname()
+            return sock.getpeername() if name == "peername" else sock.getsockname()
         except OSError:
             return default
-        if name == "socket":
-            return self._sock
-        return default
+        finally:
+            sock.detach()
 
     # -- inside ------------------------------------------------------------------------------------
     def _rewatch(self) -> None:
@@ -297,7 +301,7 @@ class Stream:
         except Exception:
             log.exception("internal error in connection_lost")
         finally:
-            self._sock.close()
+            os.close(self._fd)
             self._protocol = None  # (it holds this stream: without the cycle both go by refcount, at once)
 
     def _call(self, method: str) -> None:
@@ -338,9 +342,8 @@ class PolledServer:
                 self._loop.remove_reader(listening.fileno())
                 self._loop.call_later(ACCEPT_PAUSE_S, self._listen_again, listening)
                 return
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._poller.add(sock, self._factory())
+            sock.setblocking(False)  # (TCP_NODELAY comes from the listening socket, on Linux)
+            self._poller.add(sock.detach(), self._factory())
 
     def _listen_again(self, listening: socket.socket) -> None:
         if listening.fileno() >= 0:
@@ -372,6 +375,7 @@ def listening_sockets(host: str, port: int, backlog: int, reuse_port: bool) -> l
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # (the accepted sockets inherit it)
             sock.bind(address)
             sock.listen(backlog)
     except OSError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import socket
 import weakref
 from collections.abc import Callable, Iterator
@@ -140,6 +141,12 @@ def test_bytes_go_both_ways_in_order(echoed: Served):
     assert isinstance(p.transport, Stream)
     assert p.transport.get_extra_info("peername") == sock.getsockname()
     assert p.transport.get_extra_info("sockname") == ("127.0.0.1", served.port)
+    assert p.transport.get_extra_info("socket") is None
+    accepted = socket.socket(fileno=p.transport._fd)
+    try:  # (Nagle off: inherited from the listening socket)
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        accepted.detach()
     payload = bytes(range(256)) * 4096  # 1 MB: more than one read, and more than one write
     sock.setblocking(True)
     sock.sendall(payload)
@@ -196,7 +203,8 @@ def test_close_sends_what_waits_first_then_the_connection_is_lost_and_the_socket
     served.until(lambda: "lost" in p.events)
     assert p.lost == [None]
     assert len(served.poller) == 0
-    assert stream._sock.fileno() == -1
+    with pytest.raises(OSError):  # (closed: nothing opened a descriptor since)
+        os.fstat(stream._fd)
     sock.close()
 
 
@@ -316,6 +324,7 @@ def test_listening_sockets_bind_every_address_of_a_host_once():
         families = sorted(s.family for s in socks)
         assert families and len(families) == len(set(families))
         assert all(s.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) for s in socks)
+        assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in socks)
     finally:
         for s in socks:
             s.close()
