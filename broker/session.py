@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from typing import Final
 
 from .inflight import Inflight
 from .journal import Journal, JournalSink
@@ -17,6 +18,9 @@ from .message import Delivery
 from .mqueue import UNMADE, MQueue, for_zone
 from .router import Subscription
 from .zones import ZoneSettings
+
+#: the awaiting-PUBREL dict of every session without one of its own: read, never written (`_awaiting`)
+NO_AWAITING_REL: Final[dict[int, float]] = {}
 
 
 class AwaitingRelFull(Exception):
@@ -63,7 +67,8 @@ class Session:
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight = Inflight(self._window())
         self.mqueue: MQueue = UNMADE  # (made by the first delivery that waits: `_queue`)
-        self.awaiting_rel: dict[int, float] = {}  # incoming QoS2 packet id -> time received
+        # incoming QoS2 packet id -> time received; one shared empty dict until the first (`_awaiting`)
+        self.awaiting_rel: dict[int, float] = NO_AWAITING_REL
         # Receipts (Message.receipt), on a store without cross-slot transactions: this session's
         # incarnation in the store, the receipts it gave, those of its ids awaiting PUBREL, and the
         # highest receipt of each publisher incarnation it accepted.
@@ -178,7 +183,7 @@ class Session:
             else:
                 dropped += self._queue().push(d)
         for pid, ts, receipt in awaiting_rel:
-            self.awaiting_rel[pid] = ts
+            self._awaiting()[pid] = ts
             if receipt:
                 self._give_receipt(pid, receipt)
         self._forget(repeats)
@@ -407,6 +412,14 @@ class Session:
         return out
 
     # -- incoming QoS2 ----------------------------------------------------------------------------
+    def _awaiting(self) -> dict[int, float]:
+        """This session's own awaiting-PUBREL dict, made at its first entry (most sessions never have
+        one: an empty dict is 64 bytes, and NO_AWAITING_REL is every such session's)."""
+        awaiting = self.awaiting_rel
+        if awaiting is NO_AWAITING_REL:
+            awaiting = self.awaiting_rel = {}
+        return awaiting
+
     def await_rel(self, packet_id: int, now: float, receipt: bool = False) -> bool:
         """Register an incoming QoS2 PUBLISH, with a receipt if asked (receipt_of); False if it is a
         duplicate (already delivered once)."""
@@ -417,7 +430,7 @@ class Session:
             self.expire_awaiting_rel(now)
             if len(self.awaiting_rel) >= limit:
                 raise AwaitingRelFull(packet_id)
-        self.awaiting_rel[packet_id] = now
+        self._awaiting()[packet_id] = now
         number = 0
         if receipt:
             number = self.received = self.received + 1

@@ -10,7 +10,7 @@ import time
 
 import pytest
 from fleetmq.broker.message import Delivery, Message
-from fleetmq.broker.session import AwaitingRelFull, Session
+from fleetmq.broker.session import NO_AWAITING_REL, AwaitingRelFull, Session
 from fleetmq.broker.zones import ZoneSettings
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -502,6 +502,21 @@ def test_await_rel_detects_duplicates_until_release():
     assert s.release(10) is True
     assert s.release(10) is False  # unknown now (v5: PUBCOMP 0x92)
     assert s.await_rel(10, now=2.0) is True  # the id may be reused after PUBREL
+
+
+def test_a_session_has_its_own_awaiting_rel_from_its_first_entry_and_the_shared_one_stays_empty():
+    first, second = Session("a", zone()), Session("b", zone())
+    assert first.awaiting_rel is second.awaiting_rel is NO_AWAITING_REL  # (none made for nothing)
+    assert first.release(5) is False and first.expire_awaiting_rel(1e9) == 0
+    assert first.await_rel(5, 0.0)
+    assert first.awaiting_rel == {5: 0.0} and second.awaiting_rel == {} and NO_AWAITING_REL == {}
+    restored = Session("c", zone())
+    restored.restore(
+        epoch=1, expiry_interval=60.0, next_pid=1, order=0, subscriptions=[], deliveries=[],
+        awaiting_rel=[(9, 1.0, 0)], sink=Sink(),
+    )  # fmt: skip
+    assert restored.awaiting_rel == {9: 1.0} and NO_AWAITING_REL == {}
+    assert first.release(5) is True and first.awaiting_rel == {} and NO_AWAITING_REL == {}
 
 
 def test_max_awaiting_rel_raises_awaiting_rel_full():
