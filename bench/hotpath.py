@@ -119,10 +119,10 @@ class Endpoint:
 
     def __init__(self, node: Node, zone: str, io: str) -> None:
         if io == "connection":
-            from fleetmq.broker.connection import Connection
+            from fleetmq.broker.connection import Connection, Site
 
             t = SinkTransport()
-            conn = Connection(lambda cio, peer, listener: new_channel(node, zone, cio), "bench", set())
+            conn = Connection(Site(lambda cio, peer, listener: new_channel(node, zone, cio), "bench", set()))
             conn.connection_made(t)  # type: ignore[arg-type]
             self.channel = conn.channel
             self.feed = conn.data_received

@@ -25,7 +25,7 @@ from .apikeys import ApiKeys
 from .auth import UsersFileError, UsersFilePending
 from .codec import RC
 from .config import BrokerConfig, ConfigError, ListenerConfig, parse_bind
-from .connection import Connection, ProxiedTlsListener, ProxyGate, WriteBudget, WsConnection
+from .connection import Connection, ProxiedTlsListener, ProxyGate, Site, WriteBudget, WsConnection
 from .limiter import Pacer
 from .metrics import Metrics
 from .node import Node
@@ -164,14 +164,18 @@ class Server:
     async def _open_listener(self, listener: ListenerConfig) -> None:
         host, port = listener.address
         loop = asyncio.get_running_loop()
-        args = (partial(self.node.channel, listener.zone), listener.name, self.connections)
         by_cert = listener.peer_cert_as_username == "cn"
+        site = Site(
+            partial(self.node.channel, listener.zone),
+            listener.name,
+            self.connections,
+            by_cert,
+            self.write_budget,
+        )
         if listener.protocol in ("ws", "wss"):
-            connection: Callable[[], Connection] = partial(
-                WsConnection, *args, listener.path, peer_cert_as_username=by_cert, budget=self.write_budget
-            )
+            connection: Callable[[], Connection] = partial(WsConnection, site, listener.path)
         else:
-            connection = partial(Connection, *args, peer_cert_as_username=by_cert, budget=self.write_budget)
+            connection = partial(Connection, site)
         factory: Callable[[], asyncio.Protocol] = connection
         refused = partial(self._proxy_refused, listener.name)
         if listener.proxy_protocol:

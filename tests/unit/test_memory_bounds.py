@@ -29,7 +29,7 @@ from fleetmq.broker.codec import (
     encode,
 )
 from fleetmq.broker.config import ConfigError, load_config
-from fleetmq.broker.connection import FLUSH_AT, READ_TURN, Connection, WriteBudget
+from fleetmq.broker.connection import FLUSH_AT, READ_TURN, Connection, Site, WriteBudget
 from fleetmq.broker.message import Message
 from fleetmq.broker.node import Node
 from fleetmq.broker.retained import SCAN_STEP, Retained
@@ -268,7 +268,7 @@ class Transport:
 
 def connect(node: Node, client_id: str, transport: Transport, **kw: Any) -> Connection:
     conn = Connection(
-        lambda io, peer, listener: node.channel("default", io, peer, listener), "t", set(), **kw
+        Site(lambda io, peer, listener: node.channel("default", io, peer, listener), "t", set(), **kw)
     )
     transport.protocol = conn
     conn.connection_made(transport)  # type: ignore[arg-type]
@@ -386,7 +386,7 @@ async def test_the_server_bounds_its_connections_by_the_config():
             await asyncio.sleep(0.01)
         assert server.write_budget.limit == 8 << 20
         for conn in server.connections:
-            assert conn._budget is server.write_budget
+            assert conn._site.budget is server.write_budget
             assert conn.transport is not None
             assert conn.transport.get_write_buffer_limits()[1] == 1 << 20
     finally:
