@@ -8,6 +8,8 @@ it gives packet ids, its values() the deliveries in send order.
 
 from __future__ import annotations
 
+from typing import Final
+
 from .message import Delivery
 
 
@@ -23,3 +25,8 @@ class Inflight(dict[int, Delivery]):
 
     def insert(self, delivery: Delivery) -> None:
         self[delivery.packet_id] = delivery
+
+
+#: the window of every session that has not sent a QoS1/2 delivery yet: empty, read and never written
+#: (Session._own_window makes a session's own at its first; an empty one is 72 bytes of every session)
+UNMADE: Final = Inflight()

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
+from . import inflight as window
 from .inflight import Inflight
 from .journal import Journal, JournalSink
 from .message import Delivery
@@ -65,7 +66,7 @@ class Session:
         self.expiry_interval = expiry_interval
         self.receive_maximum = receive_maximum  # the client's (MQTT 5), 0 = not announced
         self.subscriptions: dict[str, Subscription] = {}
-        self.inflight = Inflight(self._window())
+        self.inflight: Inflight = window.UNMADE  # (its own made by the first delivery: `_own_window`)
         self.mqueue: MQueue = UNMADE  # (made by the first delivery that waits: `_queue`)
         # incoming QoS2 packet id -> time received; one shared empty dict until the first (`_awaiting`)
         self.awaiting_rel: dict[int, float] = NO_AWAITING_REL
@@ -179,7 +180,7 @@ class Session:
             if id(d) in gone:
                 continue
             if d.packet_id:
-                self.inflight.insert(d)
+                self._own_window().insert(d)
             else:
                 dropped += self._queue().push(d)
         for pid, ts, receipt in awaiting_rel:
@@ -209,13 +210,26 @@ class Session:
     def apply_zone(self, zone: ZoneSettings) -> list[Delivery]:
         """Adopt new zone settings; return deliveries dropped because the queue limit shrank."""
         self.zone = zone
-        self.inflight.max_size = self._window()
+        if self.inflight is not window.UNMADE:
+            self.inflight.max_size = self._window()
         if self.mqueue is UNMADE:
             return []
         self.mqueue = for_zone(
             zone.max_mqueue_len, zone.mqueue_overflow == "dropNew", zone.max_mqueue_bytes, self.mqueue
         )
         return self._forget(self.mqueue.trim())
+
+    @property
+    def window_size(self) -> int:
+        """How many deliveries the Inflight Window takes (0: no limit), made or not."""
+        return self._window()
+
+    def _own_window(self) -> Inflight:
+        """The Inflight Window, to add to: made now if the session had none yet (the shared UNMADE)."""
+        w = self.inflight
+        if w is window.UNMADE:
+            w = self.inflight = Inflight(self._window())
+        return w
 
     def _queue(self) -> MQueue:
         """The Message Queue, to add to: made now if the session had none yet (the shared UNMADE)."""
@@ -229,7 +243,8 @@ class Session:
 
     def set_receive_maximum(self, value: int) -> None:
         self.receive_maximum = value
-        self.inflight.max_size = self._window()
+        if self.inflight is not window.UNMADE:
+            self.inflight.max_size = self._window()
 
     # -- catching up after opening on a node ------------------------------------------------------
     def hold_back(self, reserve: int) -> int:
@@ -304,7 +319,7 @@ class Session:
         d.packet_id = self._alloc_pid()
         d.stage = 0
         d.sent_at = now
-        self.inflight[d.packet_id] = d
+        self._own_window()[d.packet_id] = d
         if self.journal is not None:
             self.journal.put(d)
 
@@ -334,7 +349,8 @@ class Session:
         """
         sent: list[Delivery] = []
         expired: list[Delivery] = []
-        mqueue, inflight = self.mqueue, self.inflight
+        mqueue = self.mqueue
+        inflight = self._own_window() if mqueue else self.inflight
         if wall is None:
             wall = time.time()
         held_from = self.held_from

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from fleetmq.broker import inflight as window
 from fleetmq.broker.message import Delivery, Message
 from fleetmq.broker.session import NO_AWAITING_REL, AwaitingRelFull, Session
 from fleetmq.broker.zones import ZoneSettings
@@ -430,17 +431,34 @@ def test_packet_id_wraps_at_65535_and_skips_ids_in_use():
 )
 def test_window_is_min_of_max_inflight_and_receive_maximum(max_inflight, receive_maximum, window):
     s = Session("c", zone(max_inflight=max_inflight), receive_maximum=receive_maximum)
-    assert s.inflight.max_size == window
+    assert s.window_size == window
     sends = sum(1 for n in range(50) if s.deliver(dl(n), 0.0)[0] is not None)
     assert sends == (50 if window == 0 else min(window, 50))
+
+
+def test_a_session_has_its_own_window_from_its_first_delivery_and_the_shared_one_stays_empty():
+    fresh, other = Session("a", zone(max_inflight=2)), Session("b", zone(max_inflight=2))
+    assert fresh.inflight is other.inflight is window.UNMADE and fresh.window_size == 2
+    fresh.apply_zone(zone(max_inflight=3))
+    fresh.set_receive_maximum(1)
+    assert window.UNMADE.max_size == 0 and fresh.window_size == 1
+    queued_first = Session("c", zone(max_inflight=2))
+    for n in range(5):  # (offline: queued, no window yet)
+        queued_first.enqueue(dl(n))
+    assert queued_first.inflight is window.UNMADE
+    sent, _ = queued_first.refill(0.0)
+    assert names(sent) == ["0", "1"] and inflight(queued_first) == ["0", "1"]  # the limit held
+    assert fresh.deliver(dl(9), 0.0)[0] is not None
+    assert inflight(fresh) == ["9"] and fresh.inflight.max_size == 1
+    assert len(window.UNMADE) == 0 and other.inflight is window.UNMADE
 
 
 def test_set_receive_maximum_changes_the_window():
     s = Session("c", zone(max_inflight=32))
     s.set_receive_maximum(2)
-    assert s.inflight.max_size == 2
+    assert s.window_size == 2
     s.set_receive_maximum(0)
-    assert s.inflight.max_size == 32
+    assert s.window_size == 32
 
 
 def test_apply_zone_shrinking_queue_drops_oldest():
@@ -461,7 +479,7 @@ def test_apply_zone_growing_window_lets_refill_send_more():
         s.deliver(dl(n), 0.0)
     assert inflight(s) == ["1"]
     assert s.apply_zone(zone(max_inflight=3)) == []
-    assert s.inflight.max_size == 3
+    assert s.window_size == 3
     sent, _ = s.refill(1.0)
     assert names(sent) == ["2", "3"]
     assert inflight(s) == ["1", "2", "3"]
@@ -485,9 +503,9 @@ def test_apply_zone_shrinking_window_sends_nothing_until_below():
 def test_apply_zone_keeps_receive_maximum_cap():
     s = Session("c", zone(max_inflight=10), receive_maximum=4)
     s.apply_zone(zone(max_inflight=100))
-    assert s.inflight.max_size == 4
+    assert s.window_size == 4
     s.apply_zone(zone(max_inflight=2))
-    assert s.inflight.max_size == 2
+    assert s.window_size == 2
 
 
 # -----------------------------------------------------------------------------------------------
@@ -592,7 +610,7 @@ class SessionMachine(RuleBasedStateMachine):
         return int(d.msg.payload)
 
     def _window(self) -> int:
-        return self.s.inflight.max_size
+        return self.s.window_size
 
     def _sent(self, ds):
         for d in ds:
