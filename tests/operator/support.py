@@ -11,6 +11,8 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -50,9 +52,18 @@ def hash_with_zone(k, name: str = "external") -> str:
 
 
 # -------------------------------------------------------------------------------------------- brokers
-def readyz(port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-        return json.loads(r.read())
+def readyz(port: int, within: float = 15.0) -> dict:
+    """The node's /readyz once it is ready, as a readiness probe waits for it: a node's listeners accept
+    connections (into their backlog) a moment before it says it is ready, which is after all of them opened."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
 
 
 def start_pod(config_path, node_id: str, mqtt_port: int, metrics_port: int, workdir) -> BrokerProc:
