@@ -9,6 +9,8 @@ from __future__ import annotations
 
 
 class KeepAlive:
+    """Immutable once made: the clients with the same keep alive under the same backoff share one (`shared_keepalive`)."""
+
     __slots__ = ("interval", "timeout")
 
     def __init__(self, interval: int, backoff: float) -> None:
@@ -22,6 +24,23 @@ class KeepAlive:
     def remaining(self, last_recv: float, now: float) -> float:
         """Seconds until expiry (<= 0 when the connection has been silent too long)."""
         return self.timeout - (now - last_recv)
+
+
+#: the KeepAlive of each (interval, backoff) asked for: a fleet's clients use a handful of intervals, and
+#: one object each is 72 bytes of every connection saved. Bounded: emptied past SHARED_MAX entries.
+_shared: dict[tuple[int, float], KeepAlive] = {}
+SHARED_MAX = 4096
+
+
+def shared_keepalive(interval: int, backoff: float) -> KeepAlive:
+    """The shared KeepAlive for `interval` seconds under `backoff`."""
+    key = (interval, backoff)
+    ka = _shared.get(key)
+    if ka is None:
+        if len(_shared) >= SHARED_MAX:
+            _shared.clear()
+        ka = _shared[key] = KeepAlive(interval, backoff)
+    return ka
 
 
 def effective_keepalive(client_keepalive: int, server_keepalive: int | None) -> tuple[int, bool]:

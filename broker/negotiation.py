@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .codec import MQTT5, MQTT31, RC, Connect, Prop
-from .keepalive import KeepAlive, effective_keepalive
+from .keepalive import KeepAlive, effective_keepalive, shared_keepalive
 from .message import Message
 from .topic import valid_topic
 from .zones import ZoneSettings
@@ -141,7 +141,7 @@ def negotiate(
         clean_start=p.clean_start,
         expiry=float(expiry) if expiry else 0.0,  # (0.0: the constant, not a float per session)
         receive_maximum=receive_max,
-        keepalive=KeepAlive(ka, zone.keepalive_backoff),
+        keepalive=shared_keepalive(ka, zone.keepalive_backoff),
         username=username,
         password=password,
         will=will,
