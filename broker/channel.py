@@ -52,7 +52,7 @@ from .keepalive import KeepAlive
 from .limiter import TokenBucket
 from .message import Delivery, Message
 from .negotiation import INTERNAL, NEVER_EXPIRE, V3_CONNACK, Negotiated, Refusal, negotiate
-from .router import Subscription
+from .router import Subscription, plain_subscription
 from .session import AwaitingRelFull, Session
 from .topic import is_sys, parse_share, valid_filter
 from .trace import Outgoing, Tracer
@@ -1177,9 +1177,14 @@ class Channel:
                 self.read_guard = True
             if group is not None and opts.no_local and self.version >= MQTT5:
                 return self.protocol_error(RC.PROTOCOL_ERROR, "no local on a shared subscription")
-            sub = Subscription(
-                opts.qos, opts.no_local, opts.retain_as_published, opts.retain_handling, sub_id
-            )
+            if group is None and sub_id is None:
+                sub = plain_subscription(
+                    opts.qos, opts.no_local, opts.retain_as_published, opts.retain_handling
+                )
+            else:  # (its own: the router marks a shared one with its group)
+                sub = Subscription(
+                    opts.qos, opts.no_local, opts.retain_as_published, opts.retain_handling, sub_id
+                )
             existed = topic_filter in session.subscriptions
             session.subscriptions[topic_filter] = sub
             self.host.subscribe(self, topic_filter, sub)

@@ -400,3 +400,19 @@ def test_an_exact_topic_goes_from_one_subscriber_to_many_and_back():
     assert r.filters() == 1
     assert r.remove("b", "t/1") is True
     assert r.match("t/1", everyone_online) == [] and r.filters() == 0
+
+
+def test_plain_subscriptions_with_the_same_options_share_one_and_a_shared_one_has_its_own():
+    from fleetmq.broker.router import plain_subscription
+
+    a, b = plain_subscription(1, False, False, 0), plain_subscription(1, False, False, 0)
+    assert a is b and a == Subscription(qos=1)
+    assert plain_subscription(2, False, False, 0) is not a
+    assert plain_subscription(1, True, False, 0).no_local
+    r = Router()
+    r.add("c1", "t/a", a)
+    r.add("c2", "t/a", b)
+    own = Subscription(qos=1)
+    r.add("c3", "$share/g/t/a", own)
+    assert own.group == "g" and a.group is None  # (the router marks only a shared subscription's own)
+    assert sorted(cid for cid, _ in r.match("t/a", everyone_online)) == ["c1", "c2", "c3"]
