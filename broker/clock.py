@@ -84,7 +84,7 @@ class TimerWheel:
         due = self.ticks.get(tick)
         if due is None:
             due = self.ticks[tick] = _Tick(self, tick)
-            loop.call_at(tick * self.RESOLUTION, self._fire, tick)
+            due.handle = loop.call_at(tick * self.RESOLUTION, self._fire, tick)
         timer = WheelTimer(callback, due)
         due.timers[timer] = None
         return timer
@@ -107,12 +107,15 @@ class TimerWheel:
 
 
 class _Tick:
-    __slots__ = ("tick", "timers", "wheel")
+    __slots__ = ("handle", "tick", "timers", "wheel")
 
     def __init__(self, wheel: TimerWheel, tick: int) -> None:
         self.wheel = wheel
         self.tick = tick
         self.timers: dict[WheelTimer, None] = {}
+        #: the loop's timer for the tick: cancelled with its last entry, so that it does not stay behind,
+        #: up to a keep alive's length, among the freed memory of the connections that left
+        self.handle: asyncio.TimerHandle | None = None
 
 
 class WheelTimer:
@@ -130,3 +133,6 @@ class WheelTimer:
             timers.pop(self, None)
             if not timers:
                 due.wheel.ticks.pop(due.tick, None)
+                if due.handle is not None:
+                    due.handle.cancel()
+                    due.handle = None

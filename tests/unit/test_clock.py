@@ -86,9 +86,13 @@ def test_a_cancelled_timer_does_not_fire_and_lets_its_callback_go(loop: asyncio.
     assert fired == ["other"]
     timer.cancel()  # (again, after its tick: nothing happens)
     alone = wheel.call_later(0.2, owner.ping)
+    (tick,) = wheel.ticks.values()
+    handle = tick.handle
+    assert handle is not None and not handle.cancelled()
     alone.cancel()
     assert wheel.ticks == {}, "a tick whose timers were all cancelled goes at once"
-    again = wheel.call_later(0.2, lambda: fired.append("again"))  # (its tick's loop timer is still set)
+    assert handle.cancelled() and tick.handle is None, "and its loop timer with it"
+    again = wheel.call_later(0.2, lambda: fired.append("again"))  # (the same tick anew, its own loop timer)
     run(loop, 0.45)
     assert fired == ["other", "again"] and again.callback is None and wheel.ticks == {}
 
