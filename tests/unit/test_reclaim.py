@@ -18,19 +18,36 @@ class Trims:
         return 1
 
 
-def test_it_trims_once_connections_fell_well_below_their_peak(caplog: pytest.LogCaptureFixture):
+def test_it_trims_once_connections_fell_well_below_their_peak_and_stopped_falling(
+    caplog: pytest.LogCaptureFixture,
+):
     conns, trims = list(range(5000)), Trims()
     r = Reclaimer(conns, trims)
     del conns[-(AFTER_CLOSED - 1) :]
     assert not r.check(100.0), "not for fewer than AFTER_CLOSED gone"
     del conns[-1:]
+    assert not r.check(101.0), "not while they are still leaving"
     with caplog.at_level(logging.INFO, logger="fleetmq.reclaim"):
-        assert r.check(101.0) and trims.n == 1
+        assert r.check(102.0) and trims.n == 1, "once they stopped"
     assert f"{5000 - AFTER_CLOSED} connections now, {AFTER_CLOSED} fewer than at their peak" in caplog.text
-    assert not r.check(102.0), "the count it trimmed at is the new peak"
+    assert not r.check(103.0), "the count it trimmed at is the new peak"
     del conns[-AFTER_CLOSED:]
-    assert not r.check(101.0 + MIN_GAP / 2), "not twice within MIN_GAP"
-    assert r.check(101.0 + MIN_GAP) and trims.n == 2 == r.trims
+    r.check(103.5)
+    assert not r.check(102.0 + MIN_GAP / 2), "not twice within MIN_GAP"
+    assert r.check(102.0 + MIN_GAP) and trims.n == 2 == r.trims
+
+
+def test_a_wave_that_goes_on_gets_its_trim_min_gap_after_it_crossed_the_threshold():
+    conns, trims = list(range(10 * AFTER_CLOSED)), Trims()
+    r = Reclaimer(conns, trims)
+    now = 100.0
+    del conns[-AFTER_CLOSED:]
+    assert not r.check(now)
+    while trims.n == 0:  # (a hundred leave every check, for as long as it takes)
+        now += 2.0
+        del conns[-100:]
+        r.check(now)
+    assert now - 100.0 >= MIN_GAP and now - 100.0 < MIN_GAP + 2.0
 
 
 def test_connections_coming_back_raise_the_peak():
@@ -39,7 +56,8 @@ def test_connections_coming_back_raise_the_peak():
     conns.extend(range(AFTER_CLOSED))
     assert not r.check(100.0)
     del conns[-AFTER_CLOSED:]
-    assert r.check(200.0) and trims.n == 1
+    assert not r.check(200.0)  # (leaving)
+    assert r.check(202.0) and trims.n == 1
 
 
 def test_without_malloc_trim_it_only_watches():
