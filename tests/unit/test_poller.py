@@ -115,11 +115,12 @@ def echoed(loop: asyncio.AbstractEventLoop) -> Iterator[Served]:
     s.close()
 
 
-def receive(served: Served, sock: socket.socket, n: int) -> bytes:
+def receive(served: Served, sock: socket.socket, n: int | None = None) -> bytes:
+    """`n` bytes from `sock` (all of them to its end when None), the loop running meanwhile."""
     got = bytearray()
 
     def more() -> bool:
-        while len(got) < n:
+        while n is None or len(got) < n:
             try:
                 chunk = sock.recv(1 << 20)
             except BlockingIOError:
@@ -186,20 +187,7 @@ def test_close_sends_what_waits_first_then_the_connection_is_lost_and_the_socket
     stream.close()
     assert stream.is_closing() and not stream.is_reading()
     stream.write(b"after close")  # (dropped, as asyncio's)
-    got = bytearray()
-
-    def to_eof() -> bool:
-        while True:
-            try:
-                chunk = sock.recv(1 << 20)
-            except BlockingIOError:
-                return False
-            if not chunk:
-                return True
-            got.extend(chunk)
-
-    served.until(to_eof)
-    assert bytes(got) == payload
+    assert receive(served, sock) == payload  # (then its end)
     served.until(lambda: "lost" in p.events)
     assert p.lost == [None]
     assert len(served.poller) == 0
