@@ -858,7 +858,7 @@ def _d_invalid(b: bytes, b0: int, pos: int, end: int, version: int) -> Packet:
 
 
 _ACK_CLASSES.update({4: Puback, 5: Pubrec, 6: Pubrel, 7: Pubcomp})
-_DECODERS = (
+_DECODERS: tuple[Callable[[bytes, int, int, int, int], Packet], ...] = (
     _d_invalid,
     _d_connect,
     _d_connack,
@@ -1179,7 +1179,7 @@ def publish_parts(
 _ACK_B0 = {4: 0x40, 5: 0x50, 6: 0x62, 7: 0x70}
 _ack_pack = _ACK.pack
 #: the fixed header of a 4-byte PUBACK/PUBREC/PUBREL/PUBCOMP, by packet type
-_ACK_HEAD: Final = (b"", b"", b"", b"", b"\x40\x02", b"\x50\x02", b"\x62\x02", b"\x70\x02")
+_ACK_HEAD: Final[tuple[bytes, ...]] = (b"", b"", b"", b"", b"\x40\x02", b"\x50\x02", b"\x62\x02", b"\x70\x02")
 _ack_rc_pack = _ACK_RC.pack
 
 

@@ -15,7 +15,7 @@ from .codec import MQTT5, Prop, Publish, encode_properties, encode_publish, publ
 
 # Properties a broker forwards unchanged from publisher to subscriber [MQTT-3.3.2-*]. Topic alias and
 # subscription identifiers are per connection; message expiry is rewritten with the time left.
-FORWARDED_PROPS = (
+FORWARDED_PROPS: tuple[Prop, ...] = (
     Prop.PAYLOAD_FORMAT_INDICATOR,
     Prop.CONTENT_TYPE,
     Prop.RESPONSE_TOPIC,

@@ -26,7 +26,7 @@ from .eventschema import BridgeCloseReason, BridgeDropReason, DropReason
 DROP_REASONS = tuple(DropReason)
 BRIDGE_DROP_REASONS = tuple(BridgeDropReason)
 BRIDGE_CLOSE_REASONS = tuple(BridgeCloseReason)
-SESSION_EVENTS = ("created", "resumed", "takenover", "discarded", "expired")
+SESSION_EVENTS: tuple[str, ...] = ("created", "resumed", "takenover", "discarded", "expired")
 
 
 def per_message_path() -> str:
@@ -37,7 +37,7 @@ def per_message_path() -> str:
     return "interpreted" if origin is None or origin.endswith(".py") else "compiled"
 
 
-LATENCY_BUCKETS = (
+LATENCY_BUCKETS: tuple[float, ...] = (
     0.0001,
     0.00025,
     0.0005,
@@ -57,7 +57,7 @@ LATENCY_BUCKETS = (
     30.0,
     60.0,
 )
-STORE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+STORE_BUCKETS: tuple[float, ...] = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class Histogram:

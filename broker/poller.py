@@ -42,7 +42,7 @@ DEFAULT_HIGH: Final = 64 * 1024
 _IN: Final = select.EPOLLIN if AVAILABLE else 1
 _OUT: Final = select.EPOLLOUT if AVAILABLE else 4
 _GONE: Final = select.EPOLLHUP | select.EPOLLERR if AVAILABLE else 24
-_TRY_AGAIN: Final = (BlockingIOError, InterruptedError)
+_TRY_AGAIN: Final[tuple[type[OSError], ...]] = (BlockingIOError, InterruptedError)
 
 
 class Poller:
