@@ -51,6 +51,13 @@ def hash_with_zone(k, name: str = "external") -> str:
     return wait_for(lambda: name in config_of(k)["zones"] and cm_hash(k), msg=f"config with zone {name}")
 
 
+def config_with_zone(k, name: str = "external") -> str:
+    """The rendered config's text once zone `name` is in it (the fleet alone may be rendered first: a
+    broker started from that would listen on none of the zone's ports)."""
+    hash_with_zone(k, name)
+    return k.get("configmap", "edge-config")["data"][render.CONFIG_KEY]
+
+
 # -------------------------------------------------------------------------------------------- brokers
 def readyz(port: int, within: float = 15.0) -> dict:
     """The node's /readyz once it is ready, as a readiness probe waits for it: a node's listeners accept

@@ -16,7 +16,7 @@ from tests.integration.harness import _wait_port
 from tests.support import free_port
 
 from .conftest import fleet, wait_for, zone
-from .support import secret_bytes, start_pod
+from .support import config_with_zone, secret_bytes, start_pod
 
 pytestmark = pytest.mark.redis
 
@@ -50,7 +50,7 @@ def test_spec_api_gets_its_service_a_generated_admin_key_and_the_brokers_serve_i
         "edge-api-keys",
         [{"key": "keys.yaml", "path": "keys.yaml"}],
     )
-    text = k.get("configmap", "edge-config")["data"][render.CONFIG_KEY]
+    text = config_with_zone(k)
     assert yaml.safe_load(text)["api"] == {
         "bind": f"0.0.0.0:{api_port}",
         "keys_file": "/etc/fleetmq/api/keys.yaml",

@@ -14,24 +14,13 @@ from redis.cluster import ClusterNode, RedisCluster
 from tests.support import HOST, free_port
 
 from .conftest import fleet, wait_for, zone
-from .support import PASSWORD, ScriptedRedis, free_cluster_port, run_script, start_pod
+from .support import PASSWORD, ScriptedRedis, config_with_zone, free_cluster_port, run_script, start_pod
 
 pytestmark = pytest.mark.redis
 
 
 def store_status(k) -> dict:
     return ((k.get("brokerfleet", "edge") or {}).get("status") or {}).get("store") or {}
-
-
-def rendered_config(k, zone_name: str = "external") -> str:
-    """The broker config once it holds the zone (the fleet alone may be rendered first)."""
-
-    def text() -> str | None:
-        cm = k.get("configmap", "edge-config")
-        data = cm and cm["data"][render.CONFIG_KEY]
-        return data if data and zone_name in yaml.safe_load(data)["zones"] else None
-
-    return wait_for(text, msg="rendered config")
 
 
 def test_status_follows_the_primary_through_sentinel(k, run_operator, replicated_redis, tmp_path):
@@ -44,7 +33,7 @@ def test_status_follows_the_primary_through_sentinel(k, run_operator, replicated
     )
     k.apply(zone(listeners=[{"name": "mqtt", "port": mqtt_port}]))
     config_path = tmp_path / "broker.yaml"
-    config_path.write_text(rendered_config(k))
+    config_path.write_text(config_with_zone(k))
     assert yaml.safe_load(config_path.read_text())["store"] == {"kind": "redis", "sentinel": sentinel,
                                                                  "wait_replicas": 1}  # fmt: skip
     bp = start_pod(config_path, "edge-0", mqtt_port, metrics_port, tmp_path)
@@ -92,7 +81,7 @@ def test_status_reads_reports_from_a_redis_cluster_with_a_password(k, run_operat
         run_operator()
         k.apply(fleet(replicas=2, redis={"cluster": {"nodes": nodes[:2]}, "secretRef": {"name": "redis-pw"}}))
         k.apply(zone())
-        rendered_config(k)
+        config_with_zone(k)
         config_hash = k.get("configmap", "edge-config")["metadata"]["annotations"][render.A_CONFIG_HASH]
         # what two brokers write in their heartbeat (keys in different slots: the reader follows the cluster)
         client = RedisCluster(startup_nodes=[ClusterNode(HOST, p) for p in ports], password=PASSWORD)
