@@ -7,8 +7,12 @@
     python -m bench.connmem trace [--conns N] [--top K]
         fleetmq (in-memory store, interpreted) under tracemalloc: the bytes each connection's allocations
         hold, by the line that made them, while the connections are open and once they closed.
+    python -m bench.connmem arenas [--compiled] [--conns N]
+        fleetmq (in-memory store) once the connections closed and it gave memory back: CPython's small-
+        object arenas still in use, and in each one mostly free, what keeps it (gdb reads the arenas and
+        the type of each live block: bench/arenawalk.py). With --compiled, the mypyc build's.
 
-Both open the connections with the loadgen's idle mode (`-subscribe`, each to a topic of its own, 1,000
+All open the connections with the loadgen's idle mode (`-subscribe`, each to a topic of its own, 1,000
 connecting at a time).
 """
 
@@ -16,7 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +33,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-from bench import driver, procs
+from bench import brokers, driver, procs
 from tests.support import free_port, stop_process, wait_port
 
 HOST = "127.0.0.1"
@@ -169,6 +176,44 @@ def trace(conns: int, top: int) -> None:
     _report("after they closed", base, closed, conns, top)
 
 
+# --------------------------------------------------------------------------------------------- arenas
+def arenas(compiled: bool, conns: int) -> None:
+    if shutil.which("gdb") is None:
+        subprocess.run(["bash", str(brokers.REPO / "scripts" / "system-deps.sh"), "debug"], check=True)
+    with tempfile.TemporaryDirectory(prefix="fleetmq-connmem-") as tmp:
+        node = brokers.FleetmqCompiled(Path(tmp)) if compiled else brokers.Fleetmq(Path(tmp))
+        node.start()
+        try:
+            time.sleep(1.0)  # (settled, as the bench's rows start)
+            before, with_them = _held(node.port, node.pid, conns)
+            time.sleep(5.0)  # (as the bench's `subscribed` row: the node has trimmed by then)
+            closed = procs.rss_kb(node.pid)
+            walked = subprocess.run(
+                ["gdb", "-p", str(node.pid), "-batch", "-nx", "-ex", f"source {Path(__file__).with_name('arenawalk.py')}"],
+                capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+        finally:
+            node.stop()
+    found = [json.loads(line[6:]) for line in walked.stdout.splitlines() if line.startswith("ARENA ")]
+    if not found:
+        raise SystemExit(
+            f"connmem: gdb read no arenas (the interpreter's debug symbols?): {walked.stderr[-500:]}"
+        )
+    print(f"{node.name}: {conns:,} subscribed connections, RSS {before / 1024:.1f} -> {with_them / 1024:.1f} MB, "
+          f"{closed / 1024:.1f} MB 5 s after they closed: {(with_them - closed) / (with_them - before):.0%} given back")  # fmt: skip
+    sparse = [a for a in found if a["free"] * 2 >= a["total"]]
+    print(f"{len(found)} arenas of 1 MB in use; {len(sparse)} of them more than half free, kept by:")
+    blocks: collections.Counter[str] = collections.Counter()
+    only: collections.Counter[str] = collections.Counter()
+    for a in sparse:
+        blocks.update(a["live"])
+        if len(a["live"]) == 1:
+            only.update(a["live"].keys())
+    for kind, n in blocks.most_common(15):
+        alone = f", the only kind in {only[kind]} arenas" if only[kind] else ""
+        print(f"  {n:5d} {kind}{alone}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_bare"]:  # (the child of `floor`)
@@ -192,11 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("trace", help="fleetmq's allocations per connection, by line (tracemalloc)")
     t.add_argument("--conns", type=int, default=5000)
     t.add_argument("--top", type=int, default=20)
+    r = sub.add_parser("arenas", help="what keeps CPython's arenas once the connections closed (gdb)")
+    r.add_argument("--compiled", action="store_true", help="the mypyc build (scripts/compiled.py)")
+    r.add_argument("--conns", type=int, default=18000)
     a = p.parse_args(argv)
     procs.raise_nofile()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     if a.what == "floor":
         floor(a.loop, a.transport, a.conns)
+    elif a.what == "arenas":
+        arenas(a.compiled, a.conns)
     else:
         trace(a.conns, a.top)
     return 0

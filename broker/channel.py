@@ -247,7 +247,7 @@ class Channel:
         "_asked",
         "_backlog",
         "_checks",
-        "_dollar_checks",  # the checks of a client that publishes on '$' topics",
+        "_dollar_checks",  # the checks of a client that publishes on '$' topics
         "_expiry_timer",
         "_gated",
         "_holding",

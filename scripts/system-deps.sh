@@ -10,13 +10,15 @@
 #                                   debootstrap, jq (its runc wrapper), ip
 #   scripts/system-deps.sh node     the real node (tests/realnode.py): containerd, runc, the CNI plugins,
 #                                   nft (kube-proxy's nftables mode), ip and unshare/nsenter
+#   scripts/system-deps.sh debug    `python -m bench.connmem arenas`: gdb
 set -euo pipefail
 case "${1:-test}" in
   test) pkgs=(redis-server redis-sentinel mosquitto etcd-server prometheus chromium chromium-driver gcc) ;;
   image) pkgs=(docker.io debootstrap) ;;
   kind) pkgs=(docker.io debootstrap jq iproute2) ;;
   node) pkgs=(containerd runc containernetworking-plugins nftables iproute2 util-linux) ;;
-  *) echo "system-deps: unknown set $1 (test, image, kind, node)" >&2; exit 2 ;;
+  debug) pkgs=(gdb) ;;
+  *) echo "system-deps: unknown set $1 (test, image, kind, node, debug)" >&2; exit 2 ;;
 esac
 need=()
 for pkg in "${pkgs[@]}"; do
