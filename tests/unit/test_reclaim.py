@@ -6,8 +6,12 @@ import asyncio
 import ctypes
 import gc
 import logging
+import os
 import re
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import uvloop
@@ -97,19 +101,26 @@ def test_this_c_library_has_malloc_trim_and_it_gives_freed_heap_back():
     assert before - after > 16 * 2**20, (before, after)
 
 
-def _arenas(capfd: pytest.CaptureFixture[str]) -> int:
-    """CPython's small-object arenas (1 MB each) in use now."""
-    capfd.readouterr()
-    sys._debugmallocstats()
-    found = re.search(r"# arenas allocated current\s*=\s*([\d,]+)", capfd.readouterr().err)
+def _arenas() -> int:
+    """CPython's small-object arenas (1 MB each) in use now (from its allocator's own statistics, which
+    it writes to the C stderr)."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        found = re.search(rb"# arenas allocated current\s*=\s*([\d,]+)", out.read())
     assert found is not None
-    return int(found.group(1).replace(",", ""))
+    return int(found.group(1).replace(b",", b""))
 
 
-def test_uvloop_handles_kept_for_reuse_no_longer_keep_the_memory_of_a_wave(capfd: pytest.CaptureFixture[str]):
-    """A wave of 15 MB of small objects, and among them 1,000 callback handles, alive at once (as when a
-    thousand connections close in one turn of the loop): once it is gone, the 250 handles uvloop keeps for
-    reuse keep the arenas they were made in; swapped for the reserve's, those arenas go back."""
+def wave_of_handles() -> tuple[int, int, int]:
+    """Arenas before a wave, once it is gone, and after the reserve's swap (run in a fresh interpreter)."""
 
     async def main() -> tuple[int, int, int]:
         loop = asyncio.get_running_loop()
@@ -117,7 +128,7 @@ def test_uvloop_handles_kept_for_reuse_no_longer_keep_the_memory_of_a_wave(capfd
         assert reserve is not None
         await reserve.fill()
         gc.collect()
-        before = _arenas(capfd)
+        before = _arenas()
         wave: list[object] = []
         handles: list[asyncio.Handle | None] = []
         for i in range(1000):
@@ -130,18 +141,32 @@ def test_uvloop_handles_kept_for_reuse_no_longer_keep_the_memory_of_a_wave(capfd
             handles[k] = None
         del handles, wave
         gc.collect()
-        kept = _arenas(capfd)
+        kept = _arenas()
         await reserve.swap()
-        after = _arenas(capfd)
+        after = _arenas()
         ran = asyncio.Event()
         loop.call_soon(ran.set)  # (the loop's own handles still work)
         await asyncio.wait_for(ran.wait(), 5)
         return before, kept, after
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        before, kept, after = runner.run(main())
+        return runner.run(main())
+
+
+def test_uvloop_handles_kept_for_reuse_no_longer_keep_the_memory_of_a_wave():
+    """A wave of 15 MB of small objects, and among them 1,000 callback handles, alive at once (as when a
+    thousand connections close in one turn of the loop): once it is gone, the 250 handles uvloop keeps for
+    reuse keep the arenas they were made in; swapped for the reserve's, those arenas go back. In a fresh
+    interpreter: in a test process that ran many tests, the wave fits in the free pools of the arenas it
+    already has, and shows nothing."""
+    run = subprocess.run(
+        [sys.executable, "-c", "from tests.unit.test_reclaim import wave_of_handles; print(*wave_of_handles())"],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    before, kept, after = map(int, run.stdout.split())
     assert kept - before >= 8, f"the wave's handles kept {kept - before} arenas: nothing for the test to show"
-    assert after - before <= 2, (before, kept, after)
+    assert after - before < (kept - before) / 2, f"most go back: {before} arenas, {kept} kept, {after} after"
 
 
 def test_asyncio_loops_need_no_reserve():
