@@ -103,8 +103,8 @@ class HandleReserve:
 
     async def swap(self) -> None:
         taken = await self._take()
-        self._held = []  # (into the lists)
-        del taken  # (the lists full: back to the allocator)
+        self._held = []  # (into the free list)
+        del taken  # (the free list full: back to the allocator)
         self._held = await self._take()
 
 
